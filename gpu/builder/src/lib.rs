@@ -1,0 +1,382 @@
+//! Builds `kiln-gpu` into one PTX module per architecture, checks it, and assembles it with ptxas.
+//!
+//! Used by the host crate's build script (so a fresh clone's `cargo test` builds the PTX it needs)
+//! and by `cargo xtask build-ptx` (which adds the ptxas report). Both drive the same nested cargo
+//! invocation with the same environment, into the same target directory, so each reuses the other's
+//! work and nothing is rebuilt unless the kernel sources change.
+//!
+//! The route (see the README's toolchain section): rustc's own NVPTX backend, `core` built from
+//! source (`-Zbuild-std=core`), the crate compiled as an rlib with one codegen unit and `--emit=asm`;
+//! the `.s` file is the PTX module.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The architectures kiln builds, with their rustc target CPU and extra target features.
+/// (Mirrors `kiln_gpu::Arch`, which the builder cannot depend on: it runs before that crate exists.)
+pub const ARCHS: [(&str, &str); 3] = [("sm_80", ""), ("sm_90a", ""), ("sm_100a", "+ptx86")];
+
+/// The kernel crate's package name.
+pub const GPU_PACKAGE: &str = "kiln-gpu";
+
+/// Why a build failed.
+#[derive(Debug)]
+pub enum BuildError {
+    /// Starting a tool failed.
+    Spawn { tool: String, source: std::io::Error },
+    /// The nested cargo build of the kernel crate failed; its output was printed.
+    Cargo { arch: String, status: String },
+    /// The build succeeded but no `.s` file was found.
+    NoAsm { dir: PathBuf },
+    /// The module calls functions it does not define (a call into `core` that was not inlined).
+    UnresolvedExtern { arch: String, functions: Vec<String> },
+    /// ptxas rejected a module.
+    Ptxas { arch: String, log: String },
+    /// A file could not be read or written.
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::Spawn { tool, source } => write!(f, "could not run `{tool}`: {source}"),
+            BuildError::Cargo { arch, status } => write!(
+                f,
+                "building kiln-gpu for {arch} failed ({status}); the compiler's messages are above. \
+                 Is the pinned nightly installed with rust-src (`rustup toolchain install` in the repo)?"
+            ),
+            BuildError::NoAsm { dir } => write!(f, "no PTX (.s) file found under {}", dir.display()),
+            BuildError::UnresolvedExtern { arch, functions } => write!(
+                f,
+                "the {arch} module declares unresolved functions: {}. Kernels cannot link against core: \
+                 mark the helper #[inline(always)] or avoid the core function that is not inlined",
+                functions.join(", ")
+            ),
+            BuildError::Ptxas { arch, log } => write!(f, "ptxas rejected the {arch} module:\n{log}"),
+            BuildError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// One built PTX module.
+#[derive(Debug, Clone)]
+pub struct PtxModule {
+    /// Architecture name (`"sm_90a"`).
+    pub arch: String,
+    /// The module rustc wrote.
+    pub path: PathBuf,
+    /// The PTX text.
+    pub text: String,
+    /// Its `.entry` symbols, in order.
+    pub entries: Vec<String>,
+}
+
+/// Builds PTX for `kiln-gpu` in a workspace.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    workspace: PathBuf,
+    target_dir: PathBuf,
+    cargo: PathBuf,
+    verbose: bool,
+}
+
+/// Environment variables a build script or cargo alias sets that must not leak into the nested build:
+/// they would retarget it, change its flags, or change its fingerprints between the build script and
+/// the xtask (which would make each rebuild what the other built).
+fn leaks_into_nested_cargo(key: &str) -> bool {
+    (key.starts_with("CARGO_") && key != "CARGO_HOME" && key != "CARGO_NET_OFFLINE")
+        || key.starts_with("__CARGO")
+        || key.starts_with("DEP_")
+        || matches!(
+            key,
+            "RUSTC"
+                | "RUSTC_WRAPPER"
+                | "RUSTC_WORKSPACE_WRAPPER"
+                | "RUSTDOC"
+                | "RUSTFLAGS"
+                | "RUSTDOCFLAGS"
+                | "RUSTC_LINKER"
+                | "TARGET"
+                | "HOST"
+                | "OUT_DIR"
+                | "OPT_LEVEL"
+                | "PROFILE"
+                | "DEBUG"
+                | "NUM_JOBS"
+                | "MAKEFLAGS"
+                | "MFLAGS"
+                | "CARGO"
+        )
+}
+
+impl Builder {
+    /// A builder for the workspace at `workspace`, building into `workspace/target/ptx/<arch>`.
+    pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        let workspace = workspace.into();
+        let target_dir = workspace.join("target").join("ptx");
+        let cargo = std::env::var_os("CARGO").map(PathBuf::from).unwrap_or_else(|| "cargo".into());
+        Builder { workspace, target_dir, cargo, verbose: false }
+    }
+
+    /// Print each nested command before running it.
+    pub fn verbose(mut self, v: bool) -> Self {
+        self.verbose = v;
+        self
+    }
+
+    /// The directory holding each architecture's nested target directory.
+    pub fn target_dir(&self) -> &Path {
+        &self.target_dir
+    }
+
+    /// The files whose change means the PTX must be rebuilt (for `cargo:rerun-if-changed`).
+    pub fn source_paths(&self) -> Vec<PathBuf> {
+        let gpu = self.workspace.join("gpu");
+        vec![gpu.join("src"), gpu.join("Cargo.toml"), gpu.join("macros").join("src"), gpu.join("macros").join("Cargo.toml")]
+    }
+
+    /// The rustc flags for one architecture.
+    pub fn rustflags(arch: &str, features: &str) -> Vec<String> {
+        let mut flags = vec![
+            format!("-Ctarget-cpu={arch}"),
+            "-Ccodegen-units=1".into(),
+            "-Zunstable-options".into(),
+            "-Cpanic=immediate-abort".into(),
+            // MIR jump threading can duplicate a barrier into divergent branches (an upstream hazard).
+            "-Zmir-enable-passes=-JumpThreading".into(),
+        ];
+        if !features.is_empty() {
+            flags.push(format!("-Ctarget-feature={features}"));
+        }
+        flags
+    }
+
+    /// Builds the module for `arch` (one of [`ARCHS`]) and checks it.
+    pub fn build(&self, arch: &str) -> Result<PtxModule, BuildError> {
+        let features = ARCHS.iter().find(|(a, _)| *a == arch).map(|(_, f)| *f).unwrap_or("");
+        let target_dir = self.target_dir.join(arch);
+        let mut cmd = Command::new(&self.cargo);
+        let vars: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+        for (k, _) in vars {
+            if k.to_str().is_some_and(leaks_into_nested_cargo) {
+                cmd.env_remove(&k);
+            }
+        }
+        cmd.current_dir(&self.workspace)
+            .args(["rustc", "--package", GPU_PACKAGE, "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+            .arg("--manifest-path")
+            .arg(self.workspace.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .args(["--", "--emit=asm"])
+            .env("CARGO_ENCODED_RUSTFLAGS", Self::rustflags(arch, features).join("\x1f"))
+            // The workspace's release profile keeps line tables for host backtraces; in PTX they add
+            // DWARF sections that ptxas 12.x rejects, and kiln's kernels do not need them.
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+            .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3");
+        if !self.verbose {
+            cmd.arg("--cap-lints=warn").env("CARGO_TERM_QUIET", "true");
+        }
+        if self.verbose {
+            eprintln!("[kiln-ptx] {cmd:?}");
+        }
+        let status = cmd.status().map_err(|source| BuildError::Spawn { tool: self.cargo.display().to_string(), source })?;
+        if !status.success() {
+            return Err(BuildError::Cargo { arch: arch.into(), status: status.to_string() });
+        }
+        let deps = target_dir.join("nvptx64-nvidia-cuda").join("release").join("deps");
+        let path = newest_asm(&deps)?;
+        let text = std::fs::read_to_string(&path).map_err(|source| BuildError::Io { path: path.clone(), source })?;
+        let unresolved = unresolved_externs(&text);
+        if !unresolved.is_empty() {
+            return Err(BuildError::UnresolvedExtern { arch: arch.into(), functions: unresolved });
+        }
+        let entries = entries(&text);
+        Ok(PtxModule { arch: arch.into(), path, text, entries })
+    }
+}
+
+fn newest_asm(deps: &Path) -> Result<PathBuf, BuildError> {
+    let rd = std::fs::read_dir(deps).map_err(|source| BuildError::Io { path: deps.into(), source })?;
+    rd.filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "s")
+                && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("kiln_gpu-"))
+        })
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .ok_or(BuildError::NoAsm { dir: deps.into() })
+}
+
+/// The `.entry` symbols of a PTX module.
+pub fn entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let rest = l.trim_start().strip_prefix(".visible .entry ").or_else(|| l.trim_start().strip_prefix(".entry "))?;
+            Some(rest.split(|c: char| c == '(' || c.is_whitespace()).next()?.to_string())
+        })
+        .collect()
+}
+
+/// Functions the module declares with `.extern .func` (calls it cannot resolve).
+pub fn unresolved_externs(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let rest = l.trim_start().strip_prefix(".extern .func")?;
+            let rest = rest.trim_start();
+            // `.extern .func (.param ...) name(` or `.extern .func name(`
+            let rest = if rest.starts_with('(') { rest.split_once(')').map(|(_, r)| r.trim_start())? } else { rest };
+            Some(rest.split(|c: char| c == '(' || c.is_whitespace()).next()?.to_string())
+        })
+        .collect()
+}
+
+/// Locates ptxas: `$PTXAS`, `$CUDA_HOME/bin`, `PATH`, the project-local PyPI install kiln's CI makes
+/// (`<workspace>/.tools/ptxas`), then the `nvidia-cuda-nvcc-cu12` wheel in the current Python.
+pub fn find_ptxas(workspace: &Path) -> Option<PathBuf> {
+    let exists = |p: PathBuf| p.is_file().then_some(p);
+    if let Some(p) = std::env::var_os("PTXAS").map(PathBuf::from).and_then(exists) {
+        return Some(p);
+    }
+    if let Some(p) = std::env::var_os("CUDA_HOME").map(|h| PathBuf::from(h).join("bin").join("ptxas")).and_then(exists) {
+        return Some(p);
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if let Some(p) = exists(dir.join("ptxas")) {
+                return Some(p);
+            }
+        }
+    }
+    let local = workspace.join(".tools").join("ptxas").join("nvidia").join("cuda_nvcc").join("bin").join("ptxas");
+    if let Some(p) = exists(local) {
+        return Some(p);
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import nvidia.cuda_nvcc as m; print(list(m.__path__)[0])"])
+        .output()
+        .ok()?;
+    let dir = String::from_utf8(out.stdout).ok()?;
+    exists(PathBuf::from(dir.trim()).join("bin").join("ptxas"))
+}
+
+/// Resources ptxas reports for one kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelResources {
+    /// Entry name.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Static shared memory in bytes.
+    pub shared: u32,
+    /// Stack frame in bytes.
+    pub stack: u32,
+    /// Spill stores in bytes.
+    pub spill_stores: u32,
+    /// Spill loads in bytes.
+    pub spill_loads: u32,
+}
+
+/// Assembles `ptx` for `arch` into `cubin`; returns ptxas's per-kernel report.
+pub fn assemble(ptxas: &Path, ptx: &Path, arch: &str, cubin: &Path) -> Result<Vec<KernelResources>, BuildError> {
+    let out = Command::new(ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg("-v")
+        .arg(ptx)
+        .arg("-o")
+        .arg(cubin)
+        .output()
+        .map_err(|source| BuildError::Spawn { tool: ptxas.display().to_string(), source })?;
+    let log = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(BuildError::Ptxas { arch: arch.into(), log });
+    }
+    Ok(parse_ptxas_report(&log))
+}
+
+fn number_before(line: &str, unit: &str) -> Option<u32> {
+    let idx = line.find(unit)?;
+    line[..idx].split_whitespace().last()?.parse().ok()
+}
+
+/// Parses `ptxas -v` output into one record per entry function (device functions are skipped).
+pub fn parse_ptxas_report(log: &str) -> Vec<KernelResources> {
+    let mut out: Vec<KernelResources> = Vec::new();
+    let mut current: Option<usize> = None;
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            out.push(KernelResources { name, ..Default::default() });
+            current = Some(out.len() - 1);
+        } else if line.contains("Function properties for ") {
+            let name = line.split("Function properties for ").nth(1).unwrap_or_default().trim();
+            current = out.iter().position(|k| k.name == name);
+        } else if let Some(i) = current {
+            let k = &mut out[i];
+            if line.contains("bytes stack frame") {
+                k.stack = number_before(line, "bytes stack frame").unwrap_or(0);
+                k.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
+                k.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+            } else if line.contains("Used ") && line.contains("registers") {
+                k.registers = number_before(line, "registers").unwrap_or(0);
+                k.shared = number_before(line, "bytes smem").unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_entries_and_externs() {
+        let ptx = "\
+.extern .func  (.param .b32 func_retval0) vprintf(
+.extern .func foo(
+.visible .entry vector_add(
+	.param .u64 a
+)
+.entry other(
+";
+        assert_eq!(entries(ptx), ["vector_add", "other"]);
+        assert_eq!(unresolved_externs(ptx), ["vprintf", "foo"]);
+    }
+
+    #[test]
+    fn parses_ptxas_report() {
+        let log = "\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'k1' for 'sm_90a'
+ptxas info    : Function properties for k1
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 128 bytes smem, 380 bytes cmem[0]
+ptxas info    : Function properties for helper
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'k2' for 'sm_90a'
+ptxas info    : Function properties for k2
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 0 barriers, 372 bytes cmem[0]
+";
+        let r = parse_ptxas_report(log);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0], KernelResources { name: "k1".into(), registers: 40, shared: 128, stack: 8, spill_stores: 4, spill_loads: 12 });
+        assert_eq!(r[1].registers, 10);
+        assert_eq!(r[1].shared, 0);
+    }
+
+    #[test]
+    fn env_filter_keeps_toolchain_and_home() {
+        assert!(leaks_into_nested_cargo("CARGO_ENCODED_RUSTFLAGS"));
+        assert!(leaks_into_nested_cargo("RUSTFLAGS"));
+        assert!(leaks_into_nested_cargo("OUT_DIR"));
+        assert!(!leaks_into_nested_cargo("CARGO_HOME"));
+        assert!(!leaks_into_nested_cargo("RUSTUP_TOOLCHAIN"));
+        assert!(!leaks_into_nested_cargo("PATH"));
+    }
+}

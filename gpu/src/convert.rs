@@ -1,0 +1,94 @@
+//! bf16 / f16 / tf32 conversion and packing.
+//!
+//! Two 16-bit values share a 32-bit register as the tensor cores expect: the element with the lower
+//! index in the low half. On the host, [`bf16_bits_to_f32`] and the packing helpers give the same
+//! bit patterns, so tests can build fragments without a GPU.
+
+/// Packs two 16-bit patterns into one register: `lo` in bits 0-15, `hi` in bits 16-31.
+pub const fn pack_b16x2(lo: u16, hi: u16) -> u32 {
+    (lo as u32) | ((hi as u32) << 16)
+}
+
+/// The low and high 16-bit halves of a packed register.
+pub const fn unpack_b16x2(v: u32) -> (u16, u16) {
+    (v as u16, (v >> 16) as u16)
+}
+
+/// Widens a bf16 bit pattern to f32 (exact: bf16 is the top half of an f32).
+pub const fn bf16_bits_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+#[cfg(target_arch = "nvptx64")]
+mod device {
+    use core::arch::asm;
+
+    /// Rounds two f32 to bf16 (nearest-even) and packs them, `lo` in the low half.
+    ///
+    /// PTX: `cvt.rn.bf16x2.f32 %r, hi, lo;`
+    #[inline(always)]
+    pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+        let r: u32;
+        // SAFETY: register-only.
+        unsafe { asm!("cvt.rn.bf16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nomem, nostack, pure)) };
+        r
+    }
+
+    /// Rounds two f32 to f16 (nearest-even) and packs them, `lo` in the low half.
+    ///
+    /// PTX: `cvt.rn.f16x2.f32 %r, hi, lo;`
+    #[inline(always)]
+    pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
+        let r: u32;
+        // SAFETY: register-only.
+        unsafe { asm!("cvt.rn.f16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nomem, nostack, pure)) };
+        r
+    }
+
+    /// Rounds an f32 to bf16 (nearest-even).
+    ///
+    /// PTX: `cvt.rn.bf16.f32 %h, x;`
+    #[inline(always)]
+    pub fn f32_to_bf16_bits(x: f32) -> u16 {
+        let r: u16;
+        // SAFETY: register-only.
+        unsafe { asm!("cvt.rn.bf16.f32 {r}, {x};", r = out(reg16) r, x = in(reg32) x, options(nomem, nostack, pure)) };
+        r
+    }
+
+    /// Widens an f16 bit pattern to f32 (exact).
+    ///
+    /// PTX: `cvt.f32.f16 %f, h;`
+    #[inline(always)]
+    pub fn f16_bits_to_f32(h: u16) -> f32 {
+        let r: f32;
+        // SAFETY: register-only.
+        unsafe { asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) h, options(nomem, nostack, pure)) };
+        r
+    }
+
+    /// Rounds an f32 to tf32 (10 mantissa bits, nearest with ties away from zero), as the bit pattern
+    /// `mma.sync ... tf32` reads.
+    ///
+    /// PTX: `cvt.rna.tf32.f32 %r, x;`
+    #[inline(always)]
+    pub fn f32_to_tf32(x: f32) -> u32 {
+        let r: u32;
+        // SAFETY: register-only.
+        unsafe { asm!("cvt.rna.tf32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nomem, nostack, pure)) };
+        r
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+pub use device::*;
+
+/// The host model of [`f32_to_tf32`]'s rounding: round to 10 mantissa bits, ties away from zero
+/// (NaN and infinities unchanged).
+pub const fn tf32_round_host(x: f32) -> f32 {
+    let bits = x.to_bits();
+    if (bits & 0x7f80_0000) == 0x7f80_0000 {
+        return x;
+    }
+    f32::from_bits(bits.wrapping_add(0x1000) & 0xffff_e000)
+}

@@ -1,0 +1,59 @@
+//! Barriers: the whole block, a named subset of it, or a warp.
+//!
+//! A barrier orders ordinary shared-memory accesses among the threads that reach it. Memory written
+//! by ordinary stores that the async proxy (TMA, wgmma) reads next also needs
+//! [`fence::proxy_async_shared_cta`](crate::fence::proxy_async_shared_cta) before the barrier.
+//!
+//! kiln builds its PTX with `-Zmir-enable-passes=-JumpThreading` so that a barrier after a branch is
+//! never duplicated into the branch arms (an upstream hazard); the reduction kernel keeps a barrier
+//! after a divergent branch so the GPU tests would catch a regression.
+
+#[cfg(target_arch = "nvptx64")]
+mod device {
+    use core::arch::asm;
+
+    /// Waits until every thread of the block arrives (`__syncthreads`).
+    ///
+    /// PTX: `bar.sync 0;`
+    ///
+    /// Every thread of the block must call it, in convergent code.
+    #[inline(always)]
+    pub fn sync_threads() {
+        // SAFETY: a barrier has no memory-safety preconditions beyond convergence (a hang, not UB).
+        unsafe { asm!("bar.sync 0;", options(nostack)) };
+    }
+
+    /// Waits until `count` threads (a multiple of 32) reach named barrier `id` (1..16).
+    ///
+    /// PTX: `bar.sync id, count;`
+    ///
+    /// # Safety
+    /// Exactly `count` threads, whole warps, must reach barrier `id`; `id` 0 is [`sync_threads`]'s.
+    #[inline(always)]
+    pub unsafe fn named_barrier_sync(id: u32, count: u32) {
+        unsafe { asm!("bar.sync {id}, {count};", id = in(reg32) id, count = in(reg32) count, options(nostack)) };
+    }
+
+    /// Arrives at named barrier `id` without waiting (a producer signalling consumers).
+    ///
+    /// PTX: `bar.arrive id, count;`
+    ///
+    /// # Safety
+    /// As [`named_barrier_sync`].
+    #[inline(always)]
+    pub unsafe fn named_barrier_arrive(id: u32, count: u32) {
+        unsafe { asm!("bar.arrive {id}, {count};", id = in(reg32) id, count = in(reg32) count, options(nostack)) };
+    }
+
+    /// Synchronizes the lanes in `mask` of the calling warp (`__syncwarp`).
+    ///
+    /// PTX: `bar.warp.sync mask;`
+    #[inline(always)]
+    pub fn sync_warp(mask: u32) {
+        // SAFETY: every lane named in mask must execute it; a mismatch is a hang, not UB.
+        unsafe { asm!("bar.warp.sync {m};", m = in(reg32) mask, options(nostack)) };
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+pub use device::*;
