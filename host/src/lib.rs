@@ -1,0 +1,18 @@
+//! # kiln
+//!
+//! GPU kernels written in Rust, and the engine that runs them. This crate is the host side: it
+//! loads the PTX built from [`kiln_gpu`] through the CUDA driver API, picks the module for the
+//! device, and launches kernels through launchers typed by the kernels' own declarations.
+//!
+//! - [`cuda`]: devices, buffers, typed launches, TMA tensor maps, and checked launchers ([`cuda::ops`]).
+//! - [`ptx`]: the embedded PTX modules and the choice of module per compute capability.
+//! - [`testing`]: the comparison helper and GPU-test plumbing every backend's tests share.
+#![warn(missing_docs)]
+
+pub mod cuda;
+mod error;
+pub mod ptx;
+pub mod testing;
+
+pub use error::{Error, Result};
+pub use kiln_gpu as gpu;

@@ -1,0 +1,259 @@
+use super::DeviceBuffer;
+use crate::error::{Error, Result};
+use crate::ptx;
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits};
+use kiln_gpu::{Arch, Kernel, KernelArgs, KernelTarget};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Set to `1` to synchronize after every launch, so that a failing kernel is named at its launch
+/// instead of at the next synchronization.
+pub const SYNC_LAUNCHES_ENV: &str = "KILN_SYNC_LAUNCHES";
+
+/// One CUDA device: its context, a stream, and its PTX module (loaded on first use).
+///
+/// Cheap to share: hold it in an `Arc` (see [`Device::shared`]).
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: Arch,
+    name: String,
+    cc: (u32, u32),
+    module: OnceLock<Arc<CudaModule>>,
+    functions: Mutex<HashMap<&'static str, (CudaFunction, u32)>>,
+    sync_launches: bool,
+    last_kernel: Mutex<&'static str>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.ctx.ordinal())
+            .field("name", &self.name)
+            .field("compute_capability", &self.cc)
+            .field("arch", &self.arch)
+            .finish()
+    }
+}
+
+fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the driver library.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+impl Device {
+    /// Number of CUDA devices; [`Error::NoDriver`] when no driver is installed (never panics).
+    pub fn count() -> Result<usize> {
+        if !driver_present() {
+            return Err(Error::NoDriver);
+        }
+        cudarc::driver::result::init().map_err(Error::driver("initializing the CUDA driver"))?;
+        let n = CudaContext::device_count().map_err(Error::driver("counting devices"))?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// Opens device `ordinal`. Fails with a typed error (never a panic) without a driver, without
+    /// such a device, or on a device older than compute capability 8.0.
+    pub fn new(ordinal: usize) -> Result<Device> {
+        let count = Self::count()?;
+        if ordinal >= count {
+            return Err(Error::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(Error::driver(format!("creating a context on device {ordinal}")))?;
+        // kiln uses one stream per device; cudarc's cross-stream event tracking is not needed.
+        // SAFETY: no other stream of this context exists yet.
+        unsafe { ctx.disable_event_tracking() };
+        let name = ctx.name().map_err(Error::driver("reading the device name"))?;
+        let (major, minor) = ctx.compute_capability().map_err(Error::driver("reading the compute capability"))?;
+        let cc = (major as u32, minor as u32);
+        let arch = ptx::arch_for(&name, cc.0, cc.1)?;
+        let stream = ctx.default_stream();
+        let sync_launches = std::env::var(SYNC_LAUNCHES_ENV).is_ok_and(|v| v == "1");
+        Ok(Device {
+            ctx,
+            stream,
+            arch,
+            name,
+            cc,
+            module: OnceLock::new(),
+            functions: Mutex::new(HashMap::new()),
+            sync_launches,
+            last_kernel: Mutex::new("(none)"),
+        })
+    }
+
+    /// Device 0, opened once per process and shared.
+    pub fn shared() -> Result<Arc<Device>> {
+        static SHARED: OnceLock<Arc<Device>> = OnceLock::new();
+        if let Some(d) = SHARED.get() {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(Device::new(0)?);
+        Ok(SHARED.get_or_init(|| d).clone())
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Compute capability (major, minor).
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.cc
+    }
+    /// The PTX module this device loads.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+    /// The cudarc context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// The stream kiln launches on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// A device attribute.
+    pub fn attribute(&self, a: cudarc::driver::sys::CUdevice_attribute) -> Result<i32> {
+        self.ctx.attribute(a).map_err(Error::driver(format!("reading attribute {a:?}")))
+    }
+    /// Whether launches synchronize and check each kernel (see [`SYNC_LAUNCHES_ENV`]).
+    pub fn set_sync_launches(&mut self, on: bool) {
+        self.sync_launches = on;
+    }
+
+    fn module(&self) -> Result<&Arc<CudaModule>> {
+        if let Some(m) = self.module.get() {
+            return Ok(m);
+        }
+        let text = ptx::module_text(self.arch)?;
+        let m = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(text.into_owned()))
+            .map_err(Error::driver(format!("loading the {} PTX module", self.arch.name())))?;
+        Ok(self.module.get_or_init(|| m))
+    }
+
+    /// Whether kernel `K` is in this device's module.
+    pub fn supports<K: Kernel>(&self) -> bool {
+        K::TARGET.available_on(self.arch)
+    }
+
+    fn function<K: Kernel>(&self, dynamic_smem: u32) -> Result<CudaFunction> {
+        if !self.supports::<K>() {
+            let needs = match K::TARGET {
+                KernelTarget::Any => "every architecture".to_string(),
+                KernelTarget::MinSm(sm) => format!("sm_{sm} and newer"),
+                KernelTarget::Exact(a) => format!("{} only", a.name()),
+            };
+            return Err(Error::KernelUnavailable { kernel: K::NAME, arch: self.arch.name(), needs, major: self.cc.0, minor: self.cc.1 });
+        }
+        let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if !fns.contains_key(K::NAME) {
+            let f = self.module()?.load_function(K::NAME).map_err(Error::driver(format!("finding kernel `{}`", K::NAME)))?;
+            fns.insert(K::NAME, (f, kiln_gpu::shared::DEFAULT_MAX_DYNAMIC_SMEM));
+        }
+        let entry = fns.get_mut(K::NAME).expect("inserted above");
+        if dynamic_smem > entry.1 {
+            entry
+                .0
+                .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem as i32)
+                .map_err(Error::driver(format!("raising `{}`'s dynamic shared memory to {dynamic_smem} bytes", K::NAME)))?;
+            entry.1 = dynamic_smem;
+        }
+        Ok(entry.0.clone())
+    }
+
+    /// Launches kernel `K` with `args`, typed by the kernel's own declaration.
+    ///
+    /// The launch error is checked; with `KILN_SYNC_LAUNCHES=1` the stream is also synchronized and
+    /// a failure is reported with the kernel's name.
+    ///
+    /// # Safety
+    /// The kernel reads and writes through the pointers in `args`: they must be live allocations of
+    /// this device, large enough for what the kernel touches with this configuration, and not
+    /// accessed concurrently by the host. The safe wrappers in [`ops`](super::ops) check this.
+    ///
+    /// A wrong argument type is a compile error:
+    ///
+    /// ```compile_fail
+    /// # use kiln::cuda::{Device, LaunchConfig};
+    /// # use kiln_gpu::kernels::elementwise::VectorAdd;
+    /// # fn f(dev: &Device, a: kiln_gpu::DevicePtr<f32>, out: kiln_gpu::DevicePtrMut<f32>) {
+    /// // `b` passed as f32 where the kernel declares DevicePtr<f32>:
+    /// unsafe { dev.launch(VectorAdd, LaunchConfig::for_num_elems(1), (a, 1.0f32, out, 1u32)) };
+    /// # }
+    /// ```
+    ///
+    /// and so is a missing argument:
+    ///
+    /// ```compile_fail
+    /// # use kiln::cuda::{Device, LaunchConfig};
+    /// # use kiln_gpu::kernels::elementwise::VectorAdd;
+    /// # fn f(dev: &Device, a: kiln_gpu::DevicePtr<f32>, out: kiln_gpu::DevicePtrMut<f32>) {
+    /// unsafe { dev.launch(VectorAdd, LaunchConfig::for_num_elems(1), (a, a, out)) };
+    /// # }
+    /// ```
+    pub unsafe fn launch<K: Kernel>(&self, _kernel: K, cfg: LaunchConfig, args: K::Args) -> Result<()> {
+        let f = self.function::<K>(cfg.shared_mem_bytes)?;
+        let mut ptrs = args.param_ptrs();
+        *self.last_kernel.lock().unwrap_or_else(|p| p.into_inner()) = K::NAME;
+        self.ctx.bind_to_thread().map_err(Error::driver("binding the context"))?;
+        // SAFETY: the parameter array matches the kernel's declaration (same tuple type on both sides);
+        // the caller guarantees the pointers.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.stream.cu_stream(),
+                ptrs.as_mut(),
+            )
+        }
+        .map_err(|source| Error::Launch { kernel: K::NAME, source })?;
+        if self.sync_launches {
+            self.stream.synchronize().map_err(|source| Error::Launch { kernel: K::NAME, source })?;
+        }
+        Ok(())
+    }
+
+    /// Waits for all work on the device's stream; an asynchronous kernel failure is reported with the
+    /// name of the last kernel launched.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|source| Error::Async {
+            last_kernel: self.last_kernel.lock().unwrap_or_else(|p| p.into_inner()).to_string(),
+            source,
+        })
+    }
+
+    /// Allocates `len` zeroed elements.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let s = self.stream.alloc_zeros::<T>(len).map_err(Error::driver(format!("allocating {len} elements")))?;
+        Ok(DeviceBuffer::from_slice(s))
+    }
+
+    /// Copies a host slice to a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<DeviceBuffer<T>> {
+        let s = self.stream.clone_htod(host).map_err(Error::driver(format!("copying {} elements to the device", host.len())))?;
+        Ok(DeviceBuffer::from_slice(s))
+    }
+
+    /// Copies a device buffer to a new host vector (synchronizes).
+    pub fn download<T: DeviceRepr>(&self, buf: &DeviceBuffer<T>) -> Result<Vec<T>> {
+        let v = self.stream.clone_dtoh(buf.slice()).map_err(|source| Error::Async {
+            last_kernel: self.last_kernel.lock().unwrap_or_else(|p| p.into_inner()).to_string(),
+            source,
+        })?;
+        self.synchronize()?;
+        Ok(v)
+    }
+
+    /// Overwrites a device buffer with host data.
+    pub fn write<T: DeviceRepr>(&self, buf: &mut DeviceBuffer<T>, host: &[T]) -> Result<()> {
+        if host.len() != buf.len() {
+            return Err(Error::shape("write", format!("buffer holds {} elements, host slice {}", buf.len(), host.len())));
+        }
+        self.stream.memcpy_htod(host, buf.slice_mut()).map_err(Error::driver("copying to the device"))
+    }
+}

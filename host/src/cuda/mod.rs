@@ -1,0 +1,12 @@
+//! The CUDA runtime: device discovery, lazy module loading, typed kernel launches, device buffers
+//! and TMA tensor maps, on the CUDA driver API through cudarc.
+
+mod buffer;
+mod device;
+pub mod ops;
+mod tensor_map;
+
+pub use buffer::DeviceBuffer;
+pub use cudarc::driver::LaunchConfig;
+pub use device::{Device, SYNC_LAUNCHES_ENV};
+pub use tensor_map::{DeviceTensorMap, TensorMapSpec, TmaDtype};

@@ -1,0 +1,153 @@
+use super::{Device, DeviceBuffer};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use kiln_gpu::swizzle::Swizzle;
+use kiln_gpu::tma::TensorMap;
+use kiln_gpu::DevicePtr;
+
+/// Element types kiln's TMA maps describe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmaDtype {
+    /// 32-bit float.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    F16,
+}
+
+impl TmaDtype {
+    /// Bytes per element.
+    pub const fn size(self) -> u32 {
+        match self {
+            TmaDtype::F32 => 4,
+            TmaDtype::Bf16 | TmaDtype::F16 => 2,
+        }
+    }
+    fn cu(self) -> sys::CUtensorMapDataType {
+        match self {
+            TmaDtype::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            TmaDtype::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            TmaDtype::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        }
+    }
+}
+
+/// A 2-D row-major matrix in global memory and the box a TMA copy moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorMapSpec {
+    /// Element type.
+    pub dtype: TmaDtype,
+    /// Rows of the matrix.
+    pub rows: u64,
+    /// Columns of the matrix (the contiguous dimension).
+    pub cols: u64,
+    /// Elements from one row to the next (>= cols; the row pitch in bytes must be a multiple of 16).
+    pub row_pitch: u64,
+    /// Box rows (1..=256).
+    pub box_rows: u32,
+    /// Box columns (1..=256; with a swizzle, at most the swizzle span in bytes).
+    pub box_cols: u32,
+    /// Shared-memory swizzle.
+    pub swizzle: Swizzle,
+}
+
+impl TensorMapSpec {
+    /// Checks the driver's rules for a tiled tensor map, with errors that say which value to change.
+    pub fn validate(&self, addr: u64) -> Result<()> {
+        let op = "tensor map";
+        let e = |msg: String| Err(Error::shape(op, msg));
+        let elem = self.dtype.size() as u64;
+        if addr % 16 != 0 {
+            return e(format!("global address {addr:#x} must be 16-byte aligned"));
+        }
+        if self.rows == 0 || self.cols == 0 || self.rows > 1 << 32 || self.cols > 1 << 32 {
+            return e(format!("matrix {}x{}: each dimension must be in 1..=2^32", self.rows, self.cols));
+        }
+        if self.row_pitch < self.cols {
+            return e(format!("row pitch {} is smaller than the {} columns", self.row_pitch, self.cols));
+        }
+        if (self.row_pitch * elem) % 16 != 0 {
+            return e(format!(
+                "row pitch {} elements = {} bytes must be a multiple of 16 bytes: pad rows to a multiple of {} elements",
+                self.row_pitch,
+                self.row_pitch * elem,
+                16 / elem
+            ));
+        }
+        if !(1..=256).contains(&self.box_rows) || !(1..=256).contains(&self.box_cols) {
+            return e(format!("box {}x{}: each dimension must be in 1..=256", self.box_rows, self.box_cols));
+        }
+        let inner = self.box_cols as u64 * elem;
+        if inner % 16 != 0 {
+            return e(format!("box rows of {inner} bytes must be a multiple of 16 bytes"));
+        }
+        if self.swizzle != Swizzle::None && inner > self.swizzle.span() as u64 {
+            return e(format!("box rows of {inner} bytes exceed the {}-byte swizzle span", self.swizzle.span()));
+        }
+        Ok(())
+    }
+
+    /// Bytes of one box in shared memory.
+    pub fn box_bytes(&self) -> u32 {
+        self.box_rows * self.box_cols * self.dtype.size()
+    }
+
+    /// Encodes the map for the matrix at device address `addr` (`cuTensorMapEncodeTiled`).
+    pub fn encode(&self, addr: u64) -> Result<TensorMap> {
+        self.validate(addr)?;
+        let elem = self.dtype.size() as u64;
+        let dims = [self.cols, self.rows];
+        let strides = [self.row_pitch * elem];
+        let boxes = [self.box_cols, self.box_rows];
+        let elem_strides = [1u32, 1];
+        let swizzle = match self.swizzle {
+            Swizzle::None => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            Swizzle::B32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+            Swizzle::B64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            Swizzle::B128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        };
+        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+        // SAFETY: every array has `rank` (or rank - 1) entries; the output is 128 writable bytes.
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                self.dtype.cu(),
+                2,
+                addr as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                elem_strides.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+            .result()
+            .map_err(Error::driver(format!("encoding a tensor map for {self:?}")))?;
+            Ok(TensorMap { opaque: map.assume_init().opaque })
+        }
+    }
+}
+
+/// A tensor map in device global memory, passed to kernels by pointer.
+#[derive(Debug)]
+pub struct DeviceTensorMap {
+    buf: DeviceBuffer<[u64; 16]>,
+}
+
+impl DeviceTensorMap {
+    /// The kernel parameter.
+    pub fn ptr(&self) -> DevicePtr<TensorMap> {
+        DevicePtr::from_addr(self.buf.addr())
+    }
+}
+
+impl Device {
+    /// Encodes a tensor map for the matrix at `addr` and copies it to device memory.
+    pub fn tensor_map(&self, addr: u64, spec: &TensorMapSpec) -> Result<DeviceTensorMap> {
+        let map = spec.encode(addr)?;
+        Ok(DeviceTensorMap { buf: self.upload(&[map.opaque])? })
+    }
+}

@@ -1,0 +1,107 @@
+//! kiln's error type: every failure a user can cause or meet says what happened and what to change.
+
+use cudarc::driver::DriverError;
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in kiln.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No CUDA driver library could be loaded.
+    #[error("no CUDA driver: libcuda could not be loaded. Install an NVIDIA driver, or use the CPU backend")]
+    NoDriver,
+    /// The driver reports no device at that ordinal.
+    #[error("no CUDA device {ordinal}: the driver reports {count} device(s)")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// Devices present.
+        count: usize,
+    },
+    /// The device is too old for kiln's kernels.
+    #[error(
+        "{name} has compute capability {major}.{minor}; kiln's kernels need 8.0 or newer \
+         (Ampere, Hopper or Blackwell: cp.async and bf16 tensor cores). Use the CPU backend on this machine"
+    )]
+    UnsupportedDevice {
+        /// Device name.
+        name: String,
+        /// Compute capability, major.
+        major: u32,
+        /// Compute capability, minor.
+        minor: u32,
+    },
+    /// The kernel is not compiled into the module this device loads.
+    #[error("kernel `{kernel}` is not in the {arch} module that this device ({major}.{minor}) loads: it is built for {needs}")]
+    KernelUnavailable {
+        /// Kernel name.
+        kernel: &'static str,
+        /// The module loaded.
+        arch: &'static str,
+        /// What the kernel needs.
+        needs: String,
+        /// Compute capability, major.
+        major: u32,
+        /// Compute capability, minor.
+        minor: u32,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error while {context}: {source}")]
+    Driver {
+        /// What kiln was doing.
+        context: String,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+    /// A kernel launch, or the kernel itself, failed.
+    #[error("kernel `{kernel}` failed: {source}")]
+    Launch {
+        /// Kernel name.
+        kernel: &'static str,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+    /// An asynchronous error surfaced at a synchronization point.
+    #[error(
+        "a kernel failed asynchronously ({source}); the last kernel launched was `{last_kernel}`. \
+         Run with KILN_SYNC_LAUNCHES=1 to synchronize after each launch and name the kernel that failed"
+    )]
+    Async {
+        /// The last kernel launched before the sync.
+        last_kernel: String,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+    /// Arguments of the wrong shape or size for an operation.
+    #[error("{op}: {msg}")]
+    Shape {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong, with the shapes involved.
+        msg: String,
+    },
+    /// A PTX override file could not be read.
+    #[error("reading PTX module {path}: {source} (KILN_PTX_DIR points at a directory without kiln's modules?)")]
+    PtxFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn driver(context: impl Into<String>) -> impl FnOnce(DriverError) -> Error {
+        let context = context.into();
+        move |source| Error::Driver { context, source }
+    }
+
+    pub(crate) fn shape(op: &'static str, msg: impl Into<String>) -> Error {
+        Error::Shape { op, msg: msg.into() }
+    }
+}
