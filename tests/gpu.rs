@@ -1,1 +1,311 @@
-fn main(){}
+//! The GPU suite: every kernel against a higher-precision CPU reference, on fresh random inputs
+//! (the seed is printed; `KILN_SEED` replays it), with outputs poisoned before each launch.
+//!
+//! Without a GPU each test is reported as ignored, with the count and the reason printed;
+//! `KILN_REQUIRE_GPU=1` turns a missing GPU into failures. Tests that need a newer architecture than
+//! the device's are ignored with the reason (tcgen05 below compute capability 10.0).
+
+use half::{bf16, f16};
+use kiln::cuda::ops::{self, MatrixLayout, TileProductInput};
+use kiln::cuda::Device;
+use kiln::gpu::kernels::mma_tile::GemmShape;
+use kiln::gpu::kernels::tma_tile::{TileTransform, TmaTileTransform};
+use kiln::gpu::kernels::tmem::TmemAllocRoundtrip;
+use kiln::gpu::Kernel;
+use kiln::gpu::kernels::barrier::MbarrierPhases;
+use kiln::gpu::swizzle::Swizzle;
+use kiln::testing::{self, POISON_F32, Tol, compare};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+use std::sync::Arc;
+
+type Outcome = Result<(), String>;
+
+struct GpuTest {
+    name: &'static str,
+    /// Whether the device can run it (kernels built only for newer modules).
+    available: fn(&Device) -> bool,
+    run: fn(&Device) -> Outcome,
+}
+
+fn any(_: &Device) -> bool {
+    true
+}
+
+fn tests() -> Vec<GpuTest> {
+    vec![
+        GpuTest { name: "gpu::vector_add_matches_cpu", available: any, run: vector_add_matches_cpu },
+        GpuTest { name: "gpu::reduce_sum_matches_f64_and_is_deterministic", available: any, run: reduce_sum },
+        GpuTest { name: "gpu::mma_tile_bf16", available: any, run: mma_tile::<bf16> },
+        GpuTest { name: "gpu::mma_tile_f16", available: any, run: mma_tile::<f16> },
+        GpuTest { name: "gpu::mma_tile_tf32", available: any, run: mma_tile::<f32> },
+        GpuTest { name: "gpu::mma_tile_rejects_bad_shapes", available: any, run: mma_tile_rejects_bad_shapes },
+        GpuTest { name: "gpu::mbarrier_phases", available: |d| d.supports::<MbarrierPhases>(), run: mbarrier_phases },
+        GpuTest { name: "gpu::tma_tile_round_trip_with_edges", available: |d| d.supports::<TmaTileTransform>(), run: tma_round_trip },
+        GpuTest { name: "gpu::tmem_alloc_roundtrip_sm100", available: |d| d.supports::<TmemAllocRoundtrip>(), run: tmem_roundtrip },
+        GpuTest { name: "gpu::large_dynamic_smem_launch", available: |d| d.supports::<TmaTileTransform>(), run: large_dynamic_smem },
+    ]
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let (_, seed) = testing::rng();
+    // One seed for the run, printed so a failure can be replayed.
+    // SAFETY: set before any test thread starts.
+    unsafe { std::env::set_var("KILN_SEED", seed.to_string()) };
+    let device = Device::shared();
+    let mut skipped = Vec::new();
+    let trials: Vec<Trial> = tests()
+        .into_iter()
+        .map(|t| match &device {
+            Ok(dev) if (t.available)(dev) => {
+                let dev: Arc<Device> = dev.clone();
+                let run = t.run;
+                Trial::test(t.name, move || run(&dev).map_err(Failed::from))
+            }
+            Ok(dev) => {
+                skipped.push(format!("{} (needs a newer GPU than {} {}.{})", t.name, dev.name(), dev.compute_capability().0, dev.compute_capability().1));
+                Trial::test(t.name, || Ok(())).with_ignored_flag(true)
+            }
+            Err(e) if testing::gpu_required() => {
+                let msg = format!("KILN_REQUIRE_GPU=1 but no GPU is usable: {e}");
+                Trial::test(t.name, move || Err(Failed::from(msg.as_str())))
+            }
+            Err(_) => {
+                skipped.push(t.name.to_string());
+                Trial::test(t.name, || Ok(())).with_ignored_flag(true)
+            }
+        })
+        .collect();
+    match &device {
+        Ok(dev) => eprintln!("kiln GPU suite on {} ({}.{}, {} module), seed {seed}", dev.name(), dev.compute_capability().0, dev.compute_capability().1, dev.arch().name()),
+        Err(e) => eprintln!("kiln GPU suite: no GPU ({e})"),
+    }
+    if !skipped.is_empty() {
+        eprintln!("kiln: {} GPU test(s) skipped (reported as ignored): {}", skipped.len(), skipped.join(", "));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn err(e: kiln::Error) -> String {
+    e.to_string()
+}
+
+fn vector_add_matches_cpu(dev: &Device) -> Outcome {
+    let (mut rng, _) = testing::rng();
+    for n in [1usize, 7, 1000, (1 << 20) + 3] {
+        let a = testing::uniform(&mut rng, n);
+        let b = testing::uniform(&mut rng, n);
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        let mut out = dev.upload(&vec![POISON_F32; n]).map_err(err)?;
+        ops::vector_add(dev, &da, &db, &mut out).map_err(err)?;
+        let got = dev.download(&out).map_err(err)?;
+        // f32 addition is correctly rounded on both sides: the CPU result is the exact reference.
+        let want: Vec<f64> = a.iter().zip(&b).map(|(x, y)| (x + y) as f64).collect();
+        compare(&format!("vector_add n={n}"), &got, &want, Tol::EXACT)?;
+    }
+    let (da, db) = (dev.upload(&[1.0f32; 4]).map_err(err)?, dev.upload(&[1.0f32; 3]).map_err(err)?);
+    let mut out = dev.zeros::<f32>(4).map_err(err)?;
+    match ops::vector_add(dev, &da, &db, &mut out) {
+        Err(kiln::Error::Shape { op: "vector_add", .. }) => Ok(()),
+        other => Err(format!("mismatched lengths should be a Shape error, got {other:?}")),
+    }
+}
+
+fn reduce_sum(dev: &Device) -> Outcome {
+    let (mut rng, _) = testing::rng();
+    for n in [1usize, 31, 257, 100_000, 3_000_017] {
+        let x = testing::uniform(&mut rng, n);
+        let dx = dev.upload(&x).map_err(err)?;
+        let got = ops::sum(dev, &dx).map_err(err)?;
+        let again = ops::sum(dev, &dx).map_err(err)?;
+        if got.to_bits() != again.to_bits() {
+            return Err(format!("sum n={n} is not deterministic: {got:e} then {again:e}"));
+        }
+        let want: f64 = x.iter().map(|&v| v as f64).sum();
+        let abs: f64 = x.iter().map(|&v| v.abs() as f64).sum();
+        // Each thread adds at most ceil(n / threads) terms in sequence, then two 5-level trees
+        // and a second pass add ~20 more: error <= (terms + 20) * eps * sum|x|.
+        let threads = (256 * n.div_ceil(256).min(ops::MAX_GRID_STRIDE_BLOCKS as usize)) as f64;
+        let terms = (n as f64 / threads).ceil() + 20.0;
+        compare(&format!("sum n={n}"), &[got], &[want], Tol { abs: terms * f32::EPSILON as f64 * abs, rel: 0.0 })?;
+    }
+    Ok(())
+}
+
+/// Host-side rounding of an input to the type the kernel consumes, and back to f64 exactly.
+trait TestInput: TileProductInput {
+    fn from_f32(x: f32) -> Self;
+    /// The value the tensor core multiplies (tf32 inputs are rounded on the device).
+    fn as_f64(self) -> f64;
+    /// Relative error of one product from input rounding the reference does not model.
+    const INPUT_REL: f64;
+}
+impl TestInput for bf16 {
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn as_f64(self) -> f64 {
+        self.to_f64()
+    }
+    const INPUT_REL: f64 = 0.0;
+}
+impl TestInput for f16 {
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn as_f64(self) -> f64 {
+        self.to_f64()
+    }
+    const INPUT_REL: f64 = 0.0;
+}
+impl TestInput for f32 {
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn as_f64(self) -> f64 {
+        kiln::gpu::convert::tf32_round_host(self) as f64
+    }
+    // The reference uses the host model of cvt.rna.tf32; allow one tf32 ulp per operand in case
+    // the hardware's rounding of a tie differs.
+    const INPUT_REL: f64 = 2.0 / 1024.0;
+}
+
+fn mma_tile<T: TestInput>(dev: &Device) -> Outcome {
+    let (mut rng, _) = testing::rng();
+    let shapes: &[(u32, u32, u32)] = &[(16, 8, 16), (1, 1, 8), (7, 13, 40), (33, 17, 64), (127, 129, 200), (5, 9, 12)];
+    for &(m, n, k) in shapes {
+        if k % T::K_MULTIPLE != 0 {
+            continue;
+        }
+        let a: Vec<T> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(T::from_f32).collect();
+        let b: Vec<T> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(T::from_f32).collect();
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+        ops::mma_tile(dev, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
+        let got = dev.download(&dc).map_err(err)?;
+        let (mut want, mut bound) = (Vec::new(), Vec::new());
+        for i in 0..m as usize {
+            for j in 0..n as usize {
+                let (mut s, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..k as usize {
+                    let prod = a[i * k as usize + p].as_f64() * b[j * k as usize + p].as_f64();
+                    s += prod;
+                    mag += prod.abs();
+                }
+                want.push(s);
+                // f32 accumulation over k terms: k * 2^-23 * sum|a b|, plus input rounding.
+                bound.push((k as f64 * 2f64.powi(-23) + T::INPUT_REL) * mag + 1e-30);
+            }
+        }
+        for (idx, (&g, (&w, &t))) in got.iter().zip(want.iter().zip(&bound)).enumerate() {
+            compare(&format!("mma_tile<{}> {m}x{n}x{k} element {idx}", std::any::type_name::<T>()), &[g], &[w], Tol { abs: t, rel: 0.0 })?;
+        }
+    }
+    Ok(())
+}
+
+fn mma_tile_rejects_bad_shapes(dev: &Device) -> Outcome {
+    let a = dev.zeros::<bf16>(16 * 12).map_err(err)?;
+    let mut c = dev.zeros::<f32>(16 * 16).map_err(err)?;
+    match ops::mma_tile(dev, &a, &a, &mut c, GemmShape { m: 16, n: 16, k: 12 }) {
+        Err(kiln::Error::Shape { op: "mma_tile", msg }) if msg.contains("multiple of 8") => {}
+        other => return Err(format!("k = 12 with bf16 should be rejected, got {other:?}")),
+    }
+    match ops::mma_tile(dev, &a, &a, &mut c, GemmShape { m: 16, n: 16, k: 16 }) {
+        Err(kiln::Error::Shape { op: "mma_tile", .. }) => Ok(()),
+        other => Err(format!("wrong buffer sizes should be rejected, got {other:?}")),
+    }
+}
+
+fn tma_round_trip(dev: &Device) -> Outcome {
+    let (mut rng, _) = testing::rng();
+    let cases = [(64usize, 32usize, 32usize), (1001, 77, 80), (5, 3, 4), (130, 200, 200), (1, 1, 4)];
+    for (swizzle, (rows, cols, pitch)) in [Swizzle::None, Swizzle::B128].into_iter().flat_map(|s| cases.map(|c| (s, c))) {
+    let t = TileTransform { alpha: 0.5, col_scale: 1.0, swizzle };
+        let len = (rows - 1) * pitch + cols;
+        let src = testing::uniform(&mut rng, len);
+        let dsrc = dev.upload(&src).map_err(err)?;
+        let mut ddst = dev.upload(&vec![POISON_F32; len]).map_err(err)?;
+        let layout = MatrixLayout { rows, cols, row_pitch: pitch };
+        ops::tma_tile_transform(dev, &dsrc, &mut ddst, layout, t).map_err(err)?;
+        let got = dev.download(&ddst).map_err(err)?;
+        for r in 0..rows {
+            for c in 0..pitch {
+                let i = r * pitch + c;
+                if i >= len {
+                    break;
+                }
+                if c < cols {
+                    let want = t.alpha as f64 * src[i] as f64 + t.col_scale as f64 * c as f64;
+                    let tol = 2.0 * f32::EPSILON as f64 * (want.abs() + 1.0);
+                    compare(&format!("tma {swizzle:?} {rows}x{cols} (pitch {pitch}) at row {r} col {c}"), &[got[i]], &[want], Tol { abs: tol, rel: 0.0 })?;
+                } else if got[i].to_bits() != POISON_F32.to_bits() {
+                    return Err(format!("tma {rows}x{cols}: padding at row {r} col {c} was written ({}); the store must clip to the tensor", got[i]));
+                }
+            }
+        }
+    }
+    // A row pitch TMA cannot describe is a typed error, not a driver failure.
+    let dsrc = dev.zeros::<f32>(77 * 3).map_err(err)?;
+    let mut ddst = dev.zeros::<f32>(77 * 3).map_err(err)?;
+    let t = TileTransform { alpha: 1.0, col_scale: 0.0, swizzle: Swizzle::B128 };
+    match ops::tma_tile_transform(dev, &dsrc, &mut ddst, MatrixLayout { rows: 3, cols: 77, row_pitch: 77 }, t) {
+        Err(kiln::Error::Shape { msg, .. }) if msg.contains("multiple of 16") => Ok(()),
+        other => Err(format!("a 308-byte row pitch should be rejected, got {other:?}")),
+    }
+}
+
+fn large_dynamic_smem(dev: &Device) -> Outcome {
+    // The TMA kernel uses 8 KB; launching it with 200 KB of dynamic shared memory makes the runtime
+    // raise the kernel's attribute past the 48 KB default, which must then succeed.
+    use kiln::cuda::LaunchConfig;
+    let spec = kiln::cuda::TensorMapSpec {
+        dtype: kiln::cuda::TmaDtype::F32,
+        rows: 64,
+        cols: 32,
+        row_pitch: 32,
+        box_rows: 64,
+        box_cols: 32,
+        swizzle: kiln::gpu::swizzle::Swizzle::B128,
+    };
+    let (mut rng, _) = testing::rng();
+    let src = testing::uniform(&mut rng, 64 * 32);
+    let dsrc = dev.upload(&src).map_err(err)?;
+    let ddst = dev.upload(&vec![POISON_F32; 64 * 32]).map_err(err)?;
+    let (ms, md) = (dev.tensor_map(dsrc.addr(), &spec).map_err(err)?, dev.tensor_map(ddst.addr(), &spec).map_err(err)?);
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 200 * 1024 };
+    let t = TileTransform { alpha: 1.0, col_scale: 0.0, swizzle: Swizzle::B128 };
+    unsafe { dev.launch(TmaTileTransform, cfg, (ms.ptr(), md.ptr(), t)) }.map_err(err)?;
+    let got = dev.download(&ddst).map_err(err)?;
+    let want: Vec<f64> = src.iter().map(|&v| v as f64).collect();
+    compare("tma copy with 200 KB dynamic shared memory", &got, &want, Tol::EXACT)
+}
+
+fn tmem_roundtrip(dev: &Device) -> Outcome {
+    use kiln::cuda::LaunchConfig;
+    let mut out = dev.upload(&[u32::MAX, 0]).map_err(err)?;
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 16 };
+    unsafe { dev.launch(TmemAllocRoundtrip, cfg, (out.ptr_mut(),)) }.map_err(err)?;
+    let got = dev.download(&out).map_err(err)?;
+    if got[1] != 1 || got[0] == u32::MAX {
+        return Err(format!("{}: expected a TMEM address and the flag 1, got {got:?}", TmemAllocRoundtrip::NAME));
+    }
+    Ok(())
+}
+
+
+fn mbarrier_phases(dev: &Device) -> Outcome {
+    use kiln::cuda::LaunchConfig;
+    for (threads, rounds) in [(32u32, 1u32), (128, 5), (1024, 64)] {
+        let mut out = dev.upload(&vec![u32::MAX; rounds as usize]).map_err(err)?;
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 8 };
+        unsafe { dev.launch(MbarrierPhases, cfg, (out.ptr_mut(), rounds)) }.map_err(err)?;
+        let got = dev.download(&out).map_err(err)?;
+        let want: Vec<u32> = (1..=rounds).collect();
+        if got != want {
+            return Err(format!("mbarrier_phases {threads} threads x {rounds} rounds: got {got:?}"));
+        }
+    }
+    Ok(())
+}

@@ -6,9 +6,9 @@
 //! Waiters name the phase by its parity: phase `k` has parity `k & 1`. One missing or extra arrival
 //! shifts every later phase: waiters then wait forever, so kiln's waits come with a bounded variant.
 
-/// Spins [`wait_parity_bounded`] makes before giving up (with `try_wait`'s own suspend time hint,
-/// this is seconds of waiting, far past any legitimate wait).
-pub const DEFAULT_SPIN_LIMIT: u32 = 1 << 26;
+/// How long [`wait_parity_bounded`] waits by default before giving up: one second, far past any
+/// legitimate wait inside one kernel (a TMA tile arrives in microseconds).
+pub const DEFAULT_WAIT_NS: u64 = 1_000_000_000;
 
 #[cfg(target_arch = "nvptx64")]
 mod device {
@@ -110,21 +110,23 @@ mod device {
         while !unsafe { try_wait_parity(bar, parity) } {}
     }
 
-    /// Waits until the phase with `parity` completes, or `spins` tries have failed. Returns whether
-    /// the phase completed; the caller decides how to report a stall (kiln's kernels trap).
+    /// Waits until the phase with `parity` completes, or `timeout_ns` nanoseconds of the global timer
+    /// have passed. Returns whether the phase completed; the caller decides how to report a stall
+    /// (kiln's kernels trap, so the launch fails instead of hanging).
     ///
     /// # Safety
     /// As [`try_wait_parity`].
     #[inline(always)]
-    pub unsafe fn wait_parity_bounded(bar: SharedAddr, parity: u32, spins: u32) -> bool {
-        let mut n = 0;
-        while n < spins {
+    pub unsafe fn wait_parity_bounded(bar: SharedAddr, parity: u32, timeout_ns: u64) -> bool {
+        let start = crate::thread::globaltimer_ns();
+        loop {
             if unsafe { try_wait_parity(bar, parity) } {
                 return true;
             }
-            n += 1;
+            if crate::thread::globaltimer_ns().wrapping_sub(start) > timeout_ns {
+                return false;
+            }
         }
-        false
     }
 }
 

@@ -7,6 +7,7 @@
 //! `span` bytes packed) to the byte offset where the hardware keeps it. They are involutions.
 
 /// The swizzle modes of TMA tensor maps and wgmma descriptors.
+#[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Swizzle {
     /// No swizzling.
@@ -50,3 +51,6 @@ impl Swizzle {
 pub const fn tile_offset(s: Swizzle, row: u32, col: u32, row_bytes: u32, elem_bytes: u32) -> u32 {
     s.apply(row * row_bytes + col * elem_bytes)
 }
+
+// SAFETY: a fieldless repr(u32) enum; the host only passes its variants.
+unsafe impl crate::KernelParam for Swizzle {}

@@ -80,6 +80,18 @@ mod device {
         unsafe { asm!("trap;", options(noreturn, nostack)) }
     }
 
+    /// Reads the global nanosecond timer (shared by all SMs; it advances in steps of about a
+    /// microsecond). Used to bound waits in wall-clock time.
+    ///
+    /// PTX: `mov.u64 %rd, %globaltimer;`
+    #[inline(always)]
+    pub fn globaltimer_ns() -> u64 {
+        let r: u64;
+        // SAFETY: reading a counter has no side effects.
+        unsafe { asm!("mov.u64 {r}, %globaltimer;", r = out(reg64) r, options(nomem, nostack)) };
+        r
+    }
+
     /// Reads the per-SM cycle counter.
     ///
     /// PTX: `mov.u64 %rd, %clock64;`

@@ -1,1 +1,227 @@
-fn main(){}
+//! `cargo xtask`: kiln's developer tasks.
+//!
+//! - `cargo xtask build-ptx`: build one PTX module per architecture, check it, list its kernels and,
+//!   when ptxas is found, assemble it and print each kernel's registers, shared memory, stack and
+//!   spills. `--require-ptxas` makes a missing ptxas an error (CI uses it).
+//! - `cargo xtask gpu-bundle DIR`: build the test binaries in release mode and the PTX into DIR, with
+//!   `run.sh`, so that a GPU machine with only a driver runs the whole GPU suite (optionally under
+//!   compute-sanitizer).
+
+use clap::{Parser, Subcommand};
+use kiln_ptx_builder::{ARCHS, Builder, KernelResources, assemble, find_ptxas};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "kiln developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build and check the PTX modules (sm_80, sm_90a, sm_100a); assemble them when ptxas is found.
+    BuildPtx {
+        /// Fail when no ptxas is found instead of skipping assembly.
+        #[arg(long)]
+        require_ptxas: bool,
+        /// Where to copy the modules and cubins (default: target/ptx/out).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print the nested cargo commands.
+        #[arg(long, short)]
+        verbose: bool,
+    },
+    /// Build a self-contained GPU test bundle: release test binaries, PTX, and run.sh.
+    GpuBundle {
+        /// The folder to write (created; emptied first).
+        dir: PathBuf,
+    },
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+type Res<T> = Result<T, String>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.task {
+        Task::BuildPtx { require_ptxas, out, verbose } => build_ptx(require_ptxas, out, verbose).map(|_| ()),
+        Task::GpuBundle { dir } => gpu_bundle(&dir),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_table(arch: &str, rows: &[KernelResources]) {
+    println!("  {:<28} {:>5} {:>10} {:>7} {:>12} {:>11}", "kernel", "regs", "smem (B)", "stack", "spill st (B)", "spill ld (B)");
+    for k in rows {
+        println!("  {:<28} {:>5} {:>10} {:>7} {:>12} {:>11}", k.name, k.registers, k.shared, k.stack, k.spill_stores, k.spill_loads);
+    }
+    let spills: Vec<_> = rows.iter().filter(|k| k.spill_stores + k.spill_loads > 0).map(|k| k.name.as_str()).collect();
+    if !spills.is_empty() {
+        println!("  warning: {arch}: kernels with register spills: {}", spills.join(", "));
+    }
+}
+
+/// Builds every module into `out`; returns the paths of the PTX files.
+fn build_ptx(require_ptxas: bool, out: Option<PathBuf>, verbose: bool) -> Res<Vec<PathBuf>> {
+    let ws = workspace();
+    let builder = Builder::new(&ws).verbose(verbose);
+    let out = out.unwrap_or_else(|| builder.target_dir().join("out"));
+    std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let ptxas = find_ptxas(&ws);
+    match &ptxas {
+        Some(p) => println!("ptxas: {}", p.display()),
+        None if require_ptxas => {
+            return Err("no ptxas found ($PTXAS, $CUDA_HOME/bin, PATH, .tools/ptxas, or the nvidia-cuda-nvcc-cu12 wheel); \
+                        `bash .ci/install-ptxas` installs one into .tools/ptxas"
+                .into());
+        }
+        None => println!("ptxas: not found; modules are built and checked but not assembled (see README)"),
+    }
+    let mut paths = Vec::new();
+    for (arch, _) in ARCHS {
+        let m = builder.build(arch).map_err(|e| e.to_string())?;
+        let ptx = out.join(format!("kiln_{arch}.ptx"));
+        let changed = std::fs::read_to_string(&ptx).map(|old| old != m.text).unwrap_or(true);
+        if changed {
+            std::fs::write(&ptx, &m.text).map_err(|e| format!("writing {}: {e}", ptx.display()))?;
+        }
+        let version = m.text.lines().find(|l| l.starts_with(".version")).unwrap_or(".version ?");
+        println!("{arch}: {} ({version}), {} kernels: {}", ptx.display(), m.entries.len(), m.entries.join(", "));
+        if let Some(ptxas) = &ptxas {
+            let cubin = out.join(format!("kiln_{arch}.cubin"));
+            let rows = assemble(ptxas, &ptx, arch, &cubin).map_err(|e| e.to_string())?;
+            let missing: Vec<_> = m.entries.iter().filter(|e| !rows.iter().any(|r| &r.name == *e)).collect();
+            if !missing.is_empty() {
+                return Err(format!("ptxas reported no resources for {missing:?} in {arch}"));
+            }
+            print_table(arch, &rows);
+        }
+        paths.push(ptx);
+    }
+    Ok(paths)
+}
+
+fn run(cmd: &mut Command) -> Res<String> {
+    let out = cmd.output().map_err(|e| format!("running {cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{cmd:?} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# kiln GPU bundle: runs every test binary in tests/ with the PTX in ptx/.
+# The GPU suite runs one process per test (a kernel that traps poisons only its own CUDA context),
+# each under a time limit, so one failure never hides or hangs the others.
+# Usage: ./run.sh [--sanitize] [--only PATTERN]
+#   --sanitize   also run each GPU test under compute-sanitizer (memcheck, racecheck, synccheck)
+#   --only P     run only GPU tests whose name contains P
+# Needs only an NVIDIA driver (and compute-sanitizer for --sanitize); no cargo.
+set -u
+cd "$(dirname "$0")"
+export KILN_REQUIRE_GPU=1 KILN_PTX_DIR="$PWD/ptx"
+sanitize=0; only=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) sanitize=1 ;;
+    --only) only="$2"; shift ;;
+    *) echo "unknown argument $1"; exit 2 ;;
+  esac
+  shift
+done
+passed=0; failed=0; failures=""
+record() { if [ "$1" = 0 ]; then passed=$((passed+1)); else failed=$((failed+1)); failures="$failures $2"; fi; }
+gpu_tests=$(tests/gpu --list 2>/dev/null | sed -n 's/: test$//p' | grep -F -- "$only")
+if [ -z "$only" ]; then
+  for t in tests/*; do
+    [ "$(basename "$t")" = gpu ] && continue
+    echo "=== $t"; "$t" -q; record $? "$t"
+  done
+fi
+for name in $gpu_tests; do
+  echo "=== gpu $name"; timeout 120 tests/gpu --exact "$name"; record $? "$name"
+done
+if [ $sanitize = 1 ]; then
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -z "$cs" ]; then record 1 compute-sanitizer-not-found
+  else
+    for tool in memcheck racecheck synccheck; do
+      for name in $gpu_tests; do
+        echo "=== compute-sanitizer --tool $tool $name"
+        timeout 300 "$cs" --tool "$tool" --error-exitcode 99 tests/gpu --exact "$name"; record $? "$tool:$name"
+      done
+    done
+  fi
+fi
+echo
+[ -n "$failures" ] && echo "failed:$failures"
+echo "bundle: $passed passed, $failed failed"
+[ $failed = 0 ]
+"#;
+
+fn gpu_bundle(dir: &Path) -> Res<()> {
+    let ws = workspace();
+    let ptx_files = build_ptx(false, None, false)?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    println!("building release test binaries...");
+    let json = run(Command::new(&cargo)
+        .current_dir(&ws)
+        .args(["test", "--release", "--workspace", "--no-run", "--message-format=json-render-diagnostics"]))?;
+    let mut exes = Vec::new();
+    for line in json.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        // proc-macro test binaries need the toolchain's shared libraries; the xtask has no GPU tests.
+        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true || v["target"]["kind"][0] == "proc-macro" || v["target"]["name"] == "xtask" {
+            continue;
+        }
+        let (Some(exe), Some(name), Some(kind)) = (v["executable"].as_str(), v["target"]["name"].as_str(), v["target"]["kind"][0].as_str()) else {
+            continue;
+        };
+        // Integration tests keep their name (`gpu`); unit-test binaries get their kind (`kiln-lib`).
+        let file = if kind == "test" { name.to_string() } else { format!("{name}-{kind}") };
+        exes.push((PathBuf::from(exe), file));
+    }
+    if !exes.iter().any(|(_, n)| n == "gpu") {
+        return Err("the GPU test binary was not built".into());
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| format!("emptying {}: {e}", dir.display()))?;
+    }
+    let tests = dir.join("tests");
+    let ptx = dir.join("ptx");
+    for d in [&tests, &ptx] {
+        std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+    }
+    for (exe, name) in &exes {
+        let dest = tests.join(name);
+        std::fs::copy(exe, &dest).map_err(|e| format!("copying {}: {e}", exe.display()))?;
+        // Debug sections are most of a test binary's size; a bundle travels, so drop them when
+        // `strip` is there (symbols stay, so backtraces still name functions).
+        let _ = Command::new("strip").arg("--strip-debug").arg(&dest).status();
+    }
+    for p in ptx_files {
+        let name = p.file_name().expect("ptx file name");
+        std::fs::copy(&p, ptx.join(name)).map_err(|e| format!("copying {}: {e}", p.display()))?;
+    }
+    let script = dir.join("run.sh");
+    std::fs::write(&script, RUN_SH).map_err(|e| format!("writing run.sh: {e}"))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).map_err(|e| format!("chmod run.sh: {e}"))?;
+    }
+    println!("bundle: {} ({} test binaries: {})", dir.display(), exes.len(), exes.iter().map(|(_, n)| n.as_str()).collect::<Vec<_>>().join(", "));
+    println!("run it on a GPU machine with: {}/run.sh [--sanitize]", dir.display());
+    Ok(())
+}

@@ -5,6 +5,7 @@
 // in the modules a kernel is built for (`#[kernel(sm = 90)]` bodies are absent from sm_80's).
 #![allow(unused_imports)]
 
+pub mod barrier;
 pub mod elementwise;
 pub mod mma_tile;
 pub mod reduce;

@@ -11,8 +11,6 @@ pub const TMA_BOX_COLS: u32 = 32;
 pub const TMA_BOX_ROWS: u32 = 64;
 /// Threads per block.
 pub const TMA_THREADS: u32 = 128;
-/// Swizzle mode of both tensor maps.
-pub const TMA_SWIZZLE: Swizzle = Swizzle::B128;
 /// Bytes of one box.
 pub const TMA_TILE_BYTES: u32 = TMA_BOX_COLS * TMA_BOX_ROWS * 4;
 /// Dynamic shared memory per block: the tile, then its mbarrier (8 bytes).
@@ -28,6 +26,8 @@ pub struct TileTransform {
     pub alpha: f32,
     /// Added per global column index.
     pub col_scale: f32,
+    /// The swizzle both tensor maps were encoded with (`None` or `B128`: the box rows are 128 bytes).
+    pub swizzle: Swizzle,
 }
 // SAFETY: repr(C), two f32.
 unsafe impl KernelParam for TileTransform {}
@@ -35,7 +35,7 @@ unsafe impl KernelParam for TileTransform {}
 /// `dst = alpha * src + col_scale * col`, one [`TMA_BOX_ROWS`] x [`TMA_BOX_COLS`] f32 box per block.
 ///
 /// - Parameters: tensor maps (in global memory) of two f32 matrices of the same shape, both with
-///   box `TMA_BOX_COLS` x `TMA_BOX_ROWS` and 128-byte swizzle; the transform, by value.
+///   box `TMA_BOX_COLS` x `TMA_BOX_ROWS` and the swizzle named in the transform (passed by value).
 /// - Grid: (ceil(cols / 32), ceil(rows / 64)); block: [`TMA_THREADS`] threads;
 ///   dynamic shared memory [`TMA_SMEM_BYTES`].
 /// - Thread 0 initializes the mbarrier, announces the box's bytes and issues the TMA load (boxes past
@@ -63,14 +63,14 @@ pub unsafe fn tma_tile_transform(src: DevicePtr<TensorMap>, dst: DevicePtr<Tenso
             tma::load_2d(tile, src.as_ptr(), x0 as i32, y0 as i32, bar);
         }
     }
-    if !unsafe { mbarrier::wait_parity_bounded(bar, 0, mbarrier::DEFAULT_SPIN_LIMIT) } {
+    if !unsafe { mbarrier::wait_parity_bounded(bar, 0, mbarrier::DEFAULT_WAIT_NS) } {
         thread::trap();
     }
     let base: *mut u8 = shared::dynamic_smem(0);
     let mut e = tid;
     while e < TMA_BOX_COLS * TMA_BOX_ROWS {
         let (r, c) = (e / TMA_BOX_COLS, e % TMA_BOX_COLS);
-        let off = swizzle::tile_offset(TMA_SWIZZLE, r, c, TMA_BOX_COLS * 4, 4) as usize;
+        let off = swizzle::tile_offset(t.swizzle, r, c, TMA_BOX_COLS * 4, 4) as usize;
         unsafe {
             let p = base.add(off) as *mut f32;
             *p = t.alpha * *p + t.col_scale * (x0 + c) as f32;

@@ -72,7 +72,7 @@ pub fn tma_tile_transform(dev: &Device, src: &DeviceBuffer<f32>, dst: &mut Devic
         row_pitch: layout.row_pitch as u64,
         box_rows: tma_tile::TMA_BOX_ROWS,
         box_cols: tma_tile::TMA_BOX_COLS,
-        swizzle: tma_tile::TMA_SWIZZLE,
+        swizzle: t.swizzle,
     };
     let src_map = dev.tensor_map(src.addr(), &spec)?;
     let dst_map = dev.tensor_map(dst.addr(), &spec)?;
