@@ -274,6 +274,7 @@ fn large_dynamic_smem(dev: &Device) -> Outcome {
     let dsrc = dev.upload(&src).map_err(err)?;
     let ddst = dev.upload(&vec![POISON_F32; 64 * 32]).map_err(err)?;
     let (ms, md) = (dev.tensor_map(dsrc.addr(), &spec).map_err(err)?, dev.tensor_map(ddst.addr(), &spec).map_err(err)?);
+    eprintln!("tensor maps at {:?} and {:?}, data at {:#x} and {:#x}", ms.ptr(), md.ptr(), dsrc.addr(), ddst.addr());
     let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 200 * 1024 };
     let t = TileTransform { alpha: 1.0, col_scale: 0.0, swizzle: Swizzle::B128 };
     unsafe { dev.launch(TmaTileTransform, cfg, (ms.ptr(), md.ptr(), t)) }.map_err(err)?;

@@ -29,7 +29,7 @@
 //!
 //! Kernels live in [`kernels`], one file per family.
 #![no_std]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, stdarch_nvptx))]
 #![warn(missing_docs)]
 
 pub use kiln_gpu_macros::kernel;

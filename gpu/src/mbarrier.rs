@@ -10,6 +10,9 @@
 /// legitimate wait inside one kernel (a TMA tile arrives in microseconds).
 pub const DEFAULT_WAIT_NS: u64 = 1_000_000_000;
 
+/// At most this many `try_wait`s in [`wait_parity_bounded`], whatever the timer says.
+pub const MAX_TRIES: u32 = 1 << 22;
+
 #[cfg(target_arch = "nvptx64")]
 mod device {
     use crate::shared::SharedAddr;
@@ -119,11 +122,14 @@ mod device {
     #[inline(always)]
     pub unsafe fn wait_parity_bounded(bar: SharedAddr, parity: u32, timeout_ns: u64) -> bool {
         let start = crate::thread::globaltimer_ns();
+        let mut tries = 0u32;
         loop {
             if unsafe { try_wait_parity(bar, parity) } {
                 return true;
             }
-            if crate::thread::globaltimer_ns().wrapping_sub(start) > timeout_ns {
+            tries += 1;
+            // The try count backs up the timer, should the timer not advance.
+            if crate::thread::globaltimer_ns().wrapping_sub(start) > timeout_ns || tries > super::MAX_TRIES {
                 return false;
             }
         }

@@ -4,6 +4,9 @@
 //! for tf32, accumulating in f32. Each lane holds pieces ("fragments") of A, B and C in registers; the
 //! layout functions below say which element each register holds, and are tested on the host.
 //! In all of them `group = lane / 4` and `t = lane % 4`.
+//!
+//! Like every warp-collective wrapper, the `mma` blocks are not `pure` (see [`crate::warp`]): they
+//! must not be moved into a branch that only some lanes take.
 
 /// Where element `i` of a lane's fragment lives: `(row, col)` of the tile.
 pub type RowCol = (u32, u32);
@@ -63,7 +66,7 @@ mod device {
                         a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
                         b0 = in(reg32) b[0], b1 = in(reg32) b[1],
                         c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
-                        options(nomem, nostack, pure))
+                        options(nomem, nostack))
                 };
                 [d0, d1, d2, d3]
             }
@@ -91,7 +94,7 @@ mod device {
                 a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
                 b0 = in(reg32) b[0], b1 = in(reg32) b[1],
                 c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
-                options(nomem, nostack, pure))
+                options(nomem, nostack))
         };
         [d0, d1, d2, d3]
     }

@@ -12,15 +12,23 @@
 mod device {
     use core::arch::asm;
 
+    // The named-barrier and warp-sync wrappers below are asm: keep them out of code that branches
+    // just before them, or check the kernel's PTX (see `sync_threads`).
+
     /// Waits until every thread of the block arrives (`__syncthreads`).
     ///
-    /// PTX: `bar.sync 0;`
+    /// PTX: `bar.sync 0;` (emitted by LLVM's `llvm.nvvm.barrier0` intrinsic)
     ///
-    /// Every thread of the block must call it, in convergent code.
+    /// Every thread of the block must call it, in convergent code. This one barrier is not written
+    /// as `asm!`: LLVM cannot mark inline asm *convergent*, and an asm `bar.sync` after
+    /// `if tid == 0 { ... }` was tail-duplicated into both arms, so thread 0 and the others waited at
+    /// two different barrier instructions and the TMA kernel hung on the H200. The intrinsic is
+    /// convergent, so LLVM never duplicates it into divergent paths; `tests/ptx.rs` counts the
+    /// barriers in each kernel to keep it that way.
     #[inline(always)]
     pub fn sync_threads() {
         // SAFETY: a barrier has no memory-safety preconditions beyond convergence (a hang, not UB).
-        unsafe { asm!("bar.sync 0;", options(nostack)) };
+        unsafe { core::arch::nvptx::_syncthreads() };
     }
 
     /// Waits until `count` threads (a multiple of 32) reach named barrier `id` (1..16).

@@ -2,6 +2,11 @@
 //!
 //! All functions take the participating lanes as `mask` (use [`FULL_MASK`] when the whole warp is
 //! converged); every lane in the mask must execute the same call.
+//!
+//! Warp-collective `asm!` is never marked `pure`: LLVM has no "convergent" attribute for inline
+//! asm, and a pure block whose result one branch uses may be sunk into that branch, where only some
+//! lanes execute it. (kiln's reduction hit exactly this: the second butterfly was sunk into
+//! `if lane == 0`.) A non-pure block counts as a side effect and stays where it is written.
 
 /// Threads per warp.
 pub const WARP_SIZE: u32 = 32;
@@ -24,7 +29,7 @@ mod device {
                 unsafe {
                     asm!(concat!("shfl.sync.", $mode, ".b32 {r}, {v}, {l}, ", $clamp, ", {m};"),
                         r = out(reg32) r, v = in(reg32) value, l = in(reg32) lane_arg, m = in(reg32) mask,
-                        options(nomem, nostack, pure))
+                        options(nomem, nostack))
                 };
                 r
             }
@@ -69,7 +74,7 @@ mod device {
         // SAFETY: a register vote within the warp.
         unsafe {
             asm!("{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, {m}; }}",
-                r = out(reg32) r, x = in(reg32) pred as u32, m = in(reg32) mask, options(nomem, nostack, pure))
+                r = out(reg32) r, x = in(reg32) pred as u32, m = in(reg32) mask, options(nomem, nostack))
         };
         r
     }
@@ -87,7 +92,7 @@ mod device {
                     asm!(concat!("{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; vote.sync.", $mode,
                                  ".pred q, p, {m}; selp.u32 {r}, 1, 0, q; }}"),
                         r = out(reg32) r, x = in(reg32) pred as u32, m = in(reg32) mask,
-                        options(nomem, nostack, pure))
+                        options(nomem, nostack))
                 };
                 r != 0
             }

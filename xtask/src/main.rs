@@ -150,7 +150,7 @@ if [ -z "$only" ]; then
   done
 fi
 for name in $gpu_tests; do
-  echo "=== gpu $name"; timeout 120 tests/gpu --exact "$name"; record $? "$name"
+  echo "=== gpu $name"; timeout 60 tests/gpu --exact "$name"; record $? "$name"
 done
 if [ $sanitize = 1 ]; then
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -159,7 +159,7 @@ if [ $sanitize = 1 ]; then
     for tool in memcheck racecheck synccheck; do
       for name in $gpu_tests; do
         echo "=== compute-sanitizer --tool $tool $name"
-        timeout 300 "$cs" --tool "$tool" --error-exitcode 99 tests/gpu --exact "$name"; record $? "$tool:$name"
+        timeout 120 "$cs" --tool "$tool" --error-exitcode 99 tests/gpu --exact "$name"; record $? "$tool:$name"
       done
     done
   fi

@@ -131,23 +131,34 @@ impl TensorMapSpec {
     }
 }
 
+/// The alignment the copy engine needs for a tensor map in global memory.
+pub const TENSOR_MAP_ALIGN: u64 = 64;
+
 /// A tensor map in device global memory, passed to kernels by pointer.
 #[derive(Debug)]
 pub struct DeviceTensorMap {
-    buf: DeviceBuffer<[u64; 16]>,
+    buf: DeviceBuffer<u64>,
+    offset: usize,
 }
 
 impl DeviceTensorMap {
-    /// The kernel parameter.
+    /// The kernel parameter (64-byte aligned whatever the allocator returned).
     pub fn ptr(&self) -> DevicePtr<TensorMap> {
-        DevicePtr::from_addr(self.buf.addr())
+        DevicePtr::from_addr(self.buf.addr() + (self.offset * 8) as u64)
     }
 }
 
 impl Device {
-    /// Encodes a tensor map for the matrix at `addr` and copies it to device memory.
+    /// Encodes a tensor map for the matrix at `addr` and copies it to device memory, 64-byte aligned.
     pub fn tensor_map(&self, addr: u64, spec: &TensorMapSpec) -> Result<DeviceTensorMap> {
         let map = spec.encode(addr)?;
-        Ok(DeviceTensorMap { buf: self.upload(&[map.opaque])? })
+        // Stream-ordered pool allocations promise less alignment than cuMemAlloc: over-allocate and
+        // place the map at the first 64-byte boundary.
+        let mut buf = self.zeros::<u64>(16 + (TENSOR_MAP_ALIGN / 8) as usize)?;
+        let offset = ((TENSOR_MAP_ALIGN - buf.addr() % TENSOR_MAP_ALIGN) % TENSOR_MAP_ALIGN / 8) as usize;
+        let mut host = vec![0u64; buf.len()];
+        host[offset..offset + 16].copy_from_slice(&map.opaque);
+        self.write(&mut buf, &host)?;
+        Ok(DeviceTensorMap { buf, offset })
     }
 }
