@@ -9,6 +9,11 @@
 //! box inside the tensor.
 //!
 //! kiln passes tensor maps in global memory ([`TensorMap`], 128 bytes, 64-byte aligned), by pointer.
+//!
+//! Observed on the H200 (2026-11-21, kiln's `tma_tile_round_trip_with_edges`): a store whose box
+//! crosses the tensor's last column also wrote the row padding that shares that column's 16-byte
+//! granule (column 77 of a 77-column f32 matrix with an 80-element pitch). Treat the padding up to
+//! the next 16-byte boundary as scratch that a store may overwrite.
 
 /// An encoded tensor map: 128 opaque bytes made by the host driver, read by the copy engine.
 /// The same layout as the driver's `CUtensorMap`.
