@@ -1,0 +1,166 @@
+//! Host tests of the device library's pure arithmetic: fragment layouts, ldmatrix address maps,
+//! swizzles, descriptor encodings, conversions and architecture selection. These are the same
+//! functions the kernels call on the device, compiled for the host.
+
+use kiln::gpu::convert::{bf16_bits_to_f32, pack_b16x2, tf32_round_host, unpack_b16x2};
+use kiln::gpu::matrix::{ldmatrix_x2_b_row_col, ldmatrix_x4_a_row_col};
+use kiln::gpu::mbarrier::ring_parity;
+use kiln::gpu::mma::{m16n8_c, m16n8k8_tf32_a, m16n8k8_tf32_b, m16n8k16_a, m16n8k16_b};
+use kiln::gpu::swizzle::{Swizzle, tile_offset};
+use kiln::gpu::tcgen05::valid_alloc_columns;
+use kiln::gpu::wgmma::smem_descriptor;
+use kiln::gpu::{Arch, KernelTarget};
+use std::collections::HashSet;
+
+/// Every (row, col) of a `rows x cols` tile is held by exactly one (lane, element).
+fn assert_bijection(name: &str, rows: u32, cols: u32, per_lane: u32, f: fn(u32, u32) -> (u32, u32)) {
+    let mut seen = HashSet::new();
+    for lane in 0..32 {
+        for i in 0..per_lane {
+            let (r, c) = f(lane, i);
+            assert!(r < rows && c < cols, "{name}: lane {lane} element {i} -> ({r}, {c}) outside {rows}x{cols}");
+            assert!(seen.insert((r, c)), "{name}: ({r}, {c}) held twice (lane {lane} element {i})");
+        }
+    }
+    assert_eq!(seen.len() as u32, rows * cols, "{name}: not every element is held");
+}
+
+#[test]
+fn mma_fragments_cover_their_tiles_once() {
+    assert_bijection("m16n8k16 A", 16, 16, 8, m16n8k16_a);
+    assert_bijection("m16n8k16 B", 16, 8, 4, m16n8k16_b);
+    assert_bijection("m16n8 C", 16, 8, 4, m16n8_c);
+    assert_bijection("m16n8k8 tf32 A", 16, 8, 4, m16n8k8_tf32_a);
+    assert_bijection("m16n8k8 tf32 B", 8, 8, 2, m16n8k8_tf32_b);
+}
+
+#[test]
+fn mma_fragments_match_the_ptx_isa_figures() {
+    // PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type": lane 5 (group 1,
+    // thread-in-group 1) holds a0,a1 = (1, 2), (1, 3); a2,a3 = (9, 2), (9, 3); a4..a7 = cols + 8.
+    assert_eq!(m16n8k16_a(5, 0), (1, 2));
+    assert_eq!(m16n8k16_a(5, 1), (1, 3));
+    assert_eq!(m16n8k16_a(5, 2), (9, 2));
+    assert_eq!(m16n8k16_a(5, 5), (1, 11));
+    assert_eq!(m16n8k16_a(5, 7), (9, 11));
+    // b0,b1 = k 2,3 / b2,b3 = k 10,11, n = group.
+    assert_eq!(m16n8k16_b(5, 0), (2, 1));
+    assert_eq!(m16n8k16_b(5, 3), (11, 1));
+    // c0,c1 = (group, 2t..2t+1); c2,c3 = row + 8.
+    assert_eq!(m16n8_c(31, 0), (7, 6));
+    assert_eq!(m16n8_c(31, 3), (15, 7));
+    // tf32 m16n8k8: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 (t, g), b1 (t+4, g).
+    assert_eq!(m16n8k8_tf32_a(6, 0), (1, 2));
+    assert_eq!(m16n8k8_tf32_a(6, 1), (9, 2));
+    assert_eq!(m16n8k8_tf32_a(6, 2), (1, 6));
+    assert_eq!(m16n8k8_tf32_b(6, 1), (6, 1));
+}
+
+#[test]
+fn ldmatrix_addresses_produce_the_mma_fragments() {
+    // ldmatrix .x4: register j comes from matrix j, whose rows lanes 8j..8j+8 address; lane l then
+    // holds row l/4, columns 2(l%4)..+1 of that matrix. Check that this lands on the A fragment.
+    for lane in 0..32u32 {
+        for j in 0..4u32 {
+            for half in 0..2u32 {
+                let src_lane = 8 * j + lane / 4; // the lane that addressed this row
+                let (row, col0) = ldmatrix_x4_a_row_col(src_lane);
+                let got = (row, col0 + 2 * (lane % 4) + half);
+                assert_eq!(got, m16n8k16_a(lane, 2 * j + half), "A: lane {lane} register {j} half {half}");
+            }
+        }
+        for j in 0..2u32 {
+            for half in 0..2u32 {
+                let src_lane = 8 * j + lane / 4;
+                let (n, k0) = ldmatrix_x2_b_row_col(src_lane);
+                let (k, nn) = m16n8k16_b(lane, 2 * j + half);
+                assert_eq!((n, k0 + 2 * (lane % 4) + half), (nn, k), "B: lane {lane} register {j} half {half}");
+            }
+        }
+    }
+}
+
+#[test]
+fn swizzles_are_involutions_within_atoms_and_keep_16_byte_chunks() {
+    for s in [Swizzle::None, Swizzle::B32, Swizzle::B64, Swizzle::B128] {
+        let mut seen = HashSet::new();
+        for off in (0..4096u32).step_by(4) {
+            let a = s.apply(off);
+            assert_eq!(s.apply(a), off, "{s:?} is not an involution at {off}");
+            assert_eq!(a / 1024, off / 1024, "{s:?} left its 1024-byte atom at {off}");
+            assert_eq!(a % 16, off % 16, "{s:?} moved bytes within a 16-byte chunk at {off}");
+            assert!(seen.insert(a));
+        }
+    }
+    // 128-byte swizzle, PTX ISA / CUTLASS Swizzle<3,4,3>: chunk c of row r lands at chunk c ^ (r % 8).
+    for r in 0..16u32 {
+        for c in 0..8u32 {
+            assert_eq!(tile_offset(Swizzle::B128, r, c * 4, 128, 4), r * 128 + ((c ^ (r % 8)) * 16));
+        }
+    }
+    assert_eq!(Swizzle::B64.apply(3 * 128 + 16), 3 * 128 + 32); // chunk 1 ^ (3 & 3) = 2
+}
+
+#[test]
+fn wgmma_descriptor_fields() {
+    let d = smem_descriptor(0x1230, 16, 1024, 0, Swizzle::B128);
+    assert_eq!(d & 0x3fff, 0x123);
+    assert_eq!((d >> 16) & 0x3fff, 1);
+    assert_eq!((d >> 32) & 0x3fff, 64);
+    assert_eq!((d >> 49) & 7, 0);
+    assert_eq!(d >> 62, 1);
+    assert_eq!(smem_descriptor(0, 0, 0, 5, Swizzle::B32) >> 62, 3);
+    assert_eq!((smem_descriptor(0, 0, 0, 5, Swizzle::B32) >> 49) & 7, 5);
+    assert_eq!(smem_descriptor(0, 0, 0, 0, Swizzle::B64) >> 62, 2);
+}
+
+#[test]
+fn conversions() {
+    assert_eq!(pack_b16x2(0x1234, 0xabcd), 0xabcd_1234);
+    assert_eq!(unpack_b16x2(0xabcd_1234), (0x1234, 0xabcd));
+    for x in [1.0f32, -2.5, 3.140625, 0.0, -0.0] {
+        let b = half::bf16::from_f32(x);
+        assert_eq!(bf16_bits_to_f32(b.to_bits()), b.to_f32());
+    }
+    // tf32 keeps 10 mantissa bits, rounding half away from zero.
+    assert_eq!(tf32_round_host(1.0 + 2f32.powi(-11)), 1.0 + 2f32.powi(-10));
+    assert_eq!(tf32_round_host(1.0 + 2f32.powi(-12)), 1.0);
+    assert_eq!(tf32_round_host(-(1.0 + 2f32.powi(-11))), -(1.0 + 2f32.powi(-10)));
+    assert!(tf32_round_host(f32::NAN).is_nan());
+    assert_eq!(tf32_round_host(f32::INFINITY), f32::INFINITY);
+}
+
+#[test]
+fn architecture_selection() {
+    assert_eq!(Arch::for_compute_capability(9, 0), Some(Arch::Sm90a));
+    assert_eq!(Arch::for_compute_capability(10, 0), Some(Arch::Sm100a));
+    assert_eq!(Arch::for_compute_capability(10, 3), Some(Arch::Sm100a));
+    assert_eq!(Arch::for_compute_capability(8, 0), Some(Arch::Sm80));
+    assert_eq!(Arch::for_compute_capability(8, 9), Some(Arch::Sm80));
+    assert_eq!(Arch::for_compute_capability(12, 0), Some(Arch::Sm80));
+    assert_eq!(Arch::for_compute_capability(7, 5), None);
+    assert!(matches!(kiln::ptx::arch_for("Tesla T4", 7, 5), Err(kiln::Error::UnsupportedDevice { major: 7, minor: 5, .. })));
+    let msg = kiln::ptx::arch_for("Tesla T4", 7, 5).unwrap_err().to_string();
+    assert!(msg.contains("8.0 or newer") && msg.contains("Tesla T4"), "{msg}");
+    for a in Arch::ALL {
+        assert_eq!(Arch::from_name(a.name()), Some(a));
+    }
+}
+
+#[test]
+fn kernel_targets() {
+    assert!(KernelTarget::Any.available_on(Arch::Sm80));
+    assert!(!KernelTarget::MinSm(90).available_on(Arch::Sm80));
+    assert!(KernelTarget::MinSm(90).available_on(Arch::Sm90a));
+    assert!(KernelTarget::MinSm(90).available_on(Arch::Sm100a));
+    assert!(KernelTarget::Exact(Arch::Sm90a).available_on(Arch::Sm90a));
+    assert!(!KernelTarget::Exact(Arch::Sm90a).available_on(Arch::Sm100a));
+    assert!(!KernelTarget::Exact(Arch::Sm100a).available_on(Arch::Sm90a));
+}
+
+#[test]
+fn misc_device_helpers() {
+    assert_eq!((0..6).map(|k| ring_parity(k, 2)).collect::<Vec<_>>(), [0, 0, 1, 1, 0, 0]);
+    assert!(valid_alloc_columns(32) && valid_alloc_columns(512));
+    assert!(!valid_alloc_columns(16) && !valid_alloc_columns(48) && !valid_alloc_columns(1024));
+}

@@ -1,0 +1,92 @@
+//! Golden-PTX checks on the modules embedded in the host library: what each architecture's module
+//! must contain, what it must not, and that no kernel's barriers were duplicated by the compiler.
+
+use kiln::gpu::Arch;
+use kiln::gpu::Kernel;
+use kiln::gpu::kernels;
+use kiln::ptx::{embedded, entries};
+
+fn body<'a>(ptx: &'a str, kernel: &str) -> &'a str {
+    let start = ptx.find(&format!(".entry {kernel}(")).unwrap_or_else(|| panic!("no entry {kernel}"));
+    let rest = &ptx[start..];
+    let end = rest.find("\n}\n").expect("entry body ends");
+    &rest[..end]
+}
+
+#[test]
+fn modules_declare_their_targets() {
+    assert!(embedded(Arch::Sm80).contains(".target sm_80"));
+    assert!(embedded(Arch::Sm90a).contains(".target sm_90a"));
+    assert!(embedded(Arch::Sm100a).contains(".target sm_100a"));
+    assert!(embedded(Arch::Sm100a).contains(".version 8.6"));
+    for a in Arch::ALL {
+        assert!(!embedded(a).contains(".extern .func"), "{} calls a function it does not define", a.name());
+    }
+}
+
+#[test]
+fn golden_instructions() {
+    let sm90 = embedded(Arch::Sm90a);
+    for needle in ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global",
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes", "cp.async.bulk.tensor.2d.global.shared::cta",
+        "mbarrier.try_wait.parity", "mbarrier.arrive.expect_tx", "fence.proxy.async.shared::cta", "shfl.sync.bfly.b32"]
+    {
+        assert!(sm90.contains(needle), "sm_90a module lacks `{needle}`");
+    }
+    let sm100 = embedded(Arch::Sm100a);
+    assert!(sm100.contains("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32"));
+    assert!(sm100.contains("tcgen05.dealloc"));
+    let sm80 = embedded(Arch::Sm80);
+    assert!(sm80.contains("mma.sync.aligned"));
+    assert!(!sm80.contains("cp.async.bulk"), "sm_80 has no TMA: no kernel using it may be in its module");
+    assert!(!sm80.contains("tcgen05") && !embedded(Arch::Sm90a).contains("tcgen05"));
+}
+
+#[test]
+fn every_kernel_is_where_its_target_says() {
+    fn check<K: Kernel>() {
+        for a in Arch::ALL {
+            let present = entries(embedded(a)).contains(&K::NAME);
+            assert_eq!(present, K::TARGET.available_on(a), "{} in {}: present {present}", K::NAME, a.name());
+        }
+    }
+    check::<kernels::elementwise::VectorAdd>();
+    check::<kernels::reduce::ReduceSumF32>();
+    check::<kernels::mma_tile::MmaTileBf16>();
+    check::<kernels::mma_tile::MmaTileF16>();
+    check::<kernels::mma_tile::MmaTileTf32>();
+    check::<kernels::tma_tile::TmaTileTransform>();
+    check::<kernels::barrier::MbarrierPhases>();
+    check::<kernels::tmem::TmemAllocRoundtrip>();
+}
+
+/// The compiler must not duplicate a block barrier into divergent branches (it did, with an asm
+/// `bar.sync`, and the TMA kernel hung on the H200). Each kernel has as many `bar.sync` as its
+/// source has `sync_threads()` calls.
+#[test]
+fn barriers_are_not_duplicated() {
+    let expected = [("reduce_sum_f32", 1), ("tma_tile_transform", 2), ("mbarrier_phases", 1)];
+    for a in [Arch::Sm90a, Arch::Sm100a] {
+        for (k, n) in expected {
+            let count = body(embedded(a), k).matches("bar.sync").count();
+            assert_eq!(count, n, "{k} in {} has {count} bar.sync, its source {n}", a.name());
+        }
+    }
+    assert_eq!(body(embedded(Arch::Sm80), "reduce_sum_f32").matches("bar.sync").count(), 1);
+}
+
+/// Warp-collective asm must never be `pure`: LLVM may then sink it into a branch only some lanes
+/// take (the reduction's second butterfly was once sunk into `if lane == 0`, and its sum was wrong
+/// on the H200). The PTX alone cannot show that reliably, so this checks the cause in the source.
+#[test]
+fn collective_asm_is_not_pure() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../gpu/src");
+    for file in ["warp.rs", "mma.rs", "matrix.rs", "sync.rs"] {
+        let src = std::fs::read_to_string(format!("{dir}/{file}")).expect("device library source");
+        for (n, line) in src.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            assert!(!(code.contains("options(") && code.contains("pure")), "{file}:{}: warp-collective asm marked pure: {line}", n + 1);
+        }
+    }
+}
