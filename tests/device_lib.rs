@@ -139,7 +139,10 @@ fn architecture_selection() {
     assert_eq!(Arch::for_compute_capability(8, 9), Some(Arch::Sm80));
     assert_eq!(Arch::for_compute_capability(12, 0), Some(Arch::Sm80));
     assert_eq!(Arch::for_compute_capability(7, 5), None);
-    assert!(matches!(kiln::ptx::arch_for("Tesla T4", 7, 5), Err(kiln::Error::UnsupportedDevice { major: 7, minor: 5, .. })));
+    assert!(matches!(
+        kiln::ptx::arch_for("Tesla T4", 7, 5),
+        Err(kiln::Error::UnsupportedDevice { major: 7, minor: 5, .. })
+    ));
     let msg = kiln::ptx::arch_for("Tesla T4", 7, 5).unwrap_err().to_string();
     assert!(msg.contains("8.0 or newer") && msg.contains("Tesla T4"), "{msg}");
     for a in Arch::ALL {

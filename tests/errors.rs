@@ -13,7 +13,15 @@ fn device_discovery_never_panics() {
 }
 
 fn spec() -> TensorMapSpec {
-    TensorMapSpec { dtype: TmaDtype::F32, rows: 64, cols: 32, row_pitch: 32, box_rows: 64, box_cols: 32, swizzle: Swizzle::B128 }
+    TensorMapSpec {
+        dtype: TmaDtype::F32,
+        rows: 64,
+        cols: 32,
+        row_pitch: 32,
+        box_rows: 64,
+        box_cols: 32,
+        swizzle: Swizzle::B128,
+    }
 }
 
 #[test]
@@ -21,7 +29,11 @@ fn tensor_map_specs_are_validated_with_actionable_errors() {
     assert!(spec().validate(0x1000).is_ok());
     let cases: [(TensorMapSpec, u64, &str); 6] = [
         (spec(), 0x1004, "16-byte aligned"),
-        (TensorMapSpec { row_pitch: 77, cols: 77, ..spec() }, 0x1000, "multiple of 16 bytes: pad rows to a multiple of 4"),
+        (
+            TensorMapSpec { row_pitch: 77, cols: 77, ..spec() },
+            0x1000,
+            "multiple of 16 bytes: pad rows to a multiple of 4",
+        ),
         (TensorMapSpec { row_pitch: 16, ..spec() }, 0x1000, "smaller than the 32 columns"),
         (TensorMapSpec { box_rows: 300, ..spec() }, 0x1000, "1..=256"),
         (TensorMapSpec { box_cols: 64, row_pitch: 64, cols: 64, ..spec() }, 0x1000, "exceed the 128-byte swizzle span"),

@@ -6,13 +6,13 @@
 //! the device's are ignored with the reason (tcgen05 below compute capability 10.0).
 
 use half::{bf16, f16};
-use kiln::cuda::ops::{self, MatrixLayout, TileProductInput};
 use kiln::cuda::Device;
+use kiln::cuda::ops::{self, MatrixLayout, TileProductInput};
+use kiln::gpu::Kernel;
+use kiln::gpu::kernels::barrier::MbarrierPhases;
 use kiln::gpu::kernels::mma_tile::GemmShape;
 use kiln::gpu::kernels::tma_tile::{TileTransform, TmaTileTransform};
 use kiln::gpu::kernels::tmem::TmemAllocRoundtrip;
-use kiln::gpu::Kernel;
-use kiln::gpu::kernels::barrier::MbarrierPhases;
 use kiln::gpu::swizzle::Swizzle;
 use kiln::testing::{self, POISON_F32, Tol, compare};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -41,9 +41,21 @@ fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::mma_tile_tf32", available: any, run: mma_tile::<f32> },
         GpuTest { name: "gpu::mma_tile_rejects_bad_shapes", available: any, run: mma_tile_rejects_bad_shapes },
         GpuTest { name: "gpu::mbarrier_phases", available: |d| d.supports::<MbarrierPhases>(), run: mbarrier_phases },
-        GpuTest { name: "gpu::tma_tile_round_trip_with_edges", available: |d| d.supports::<TmaTileTransform>(), run: tma_round_trip },
-        GpuTest { name: "gpu::tmem_alloc_roundtrip_sm100", available: |d| d.supports::<TmemAllocRoundtrip>(), run: tmem_roundtrip },
-        GpuTest { name: "gpu::large_dynamic_smem_launch", available: |d| d.supports::<TmaTileTransform>(), run: large_dynamic_smem },
+        GpuTest {
+            name: "gpu::tma_tile_round_trip_with_edges",
+            available: |d| d.supports::<TmaTileTransform>(),
+            run: tma_round_trip,
+        },
+        GpuTest {
+            name: "gpu::tmem_alloc_roundtrip_sm100",
+            available: |d| d.supports::<TmemAllocRoundtrip>(),
+            run: tmem_roundtrip,
+        },
+        GpuTest {
+            name: "gpu::large_dynamic_smem_launch",
+            available: |d| d.supports::<TmaTileTransform>(),
+            run: large_dynamic_smem,
+        },
     ]
 }
 
@@ -64,7 +76,13 @@ fn main() {
                 Trial::test(t.name, move || run(&dev).map_err(Failed::from))
             }
             Ok(dev) => {
-                skipped.push(format!("{} (needs a newer GPU than {} {}.{})", t.name, dev.name(), dev.compute_capability().0, dev.compute_capability().1));
+                skipped.push(format!(
+                    "{} (needs a newer GPU than {} {}.{})",
+                    t.name,
+                    dev.name(),
+                    dev.compute_capability().0,
+                    dev.compute_capability().1
+                ));
                 Trial::test(t.name, || Ok(())).with_ignored_flag(true)
             }
             Err(e) if testing::gpu_required() => {
@@ -78,7 +96,13 @@ fn main() {
         })
         .collect();
     match &device {
-        Ok(dev) => eprintln!("kiln GPU suite on {} ({}.{}, {} module), seed {seed}", dev.name(), dev.compute_capability().0, dev.compute_capability().1, dev.arch().name()),
+        Ok(dev) => eprintln!(
+            "kiln GPU suite on {} ({}.{}, {} module), seed {seed}",
+            dev.name(),
+            dev.compute_capability().0,
+            dev.compute_capability().1,
+            dev.arch().name()
+        ),
         Err(e) => eprintln!("kiln GPU suite: no GPU ({e})"),
     }
     if !skipped.is_empty() {
@@ -199,7 +223,12 @@ fn mma_tile<T: TestInput>(dev: &Device) -> Outcome {
             }
         }
         for (idx, (&g, (&w, &t))) in got.iter().zip(want.iter().zip(&bound)).enumerate() {
-            compare(&format!("mma_tile<{}> {m}x{n}x{k} element {idx}", std::any::type_name::<T>()), &[g], &[w], Tol { abs: t, rel: 0.0 })?;
+            compare(
+                &format!("mma_tile<{}> {m}x{n}x{k} element {idx}", std::any::type_name::<T>()),
+                &[g],
+                &[w],
+                Tol { abs: t, rel: 0.0 },
+            )?;
         }
     }
     Ok(())
@@ -223,8 +252,9 @@ fn tma_round_trip(dev: &Device) -> Outcome {
     // (100, 40, 64): the box at x = 32 covers columns 32..64, of which 40..64 lie outside the tensor
     // and past the last column's 16-byte granule: the store must leave them untouched.
     let cases = [(64usize, 32usize, 32usize), (1001, 77, 80), (5, 3, 4), (130, 200, 200), (1, 1, 4), (100, 40, 64)];
-    for (swizzle, (rows, cols, pitch)) in [Swizzle::None, Swizzle::B128].into_iter().flat_map(|s| cases.map(|c| (s, c))) {
-    let t = TileTransform { alpha: 0.5, col_scale: 1.0, swizzle };
+    for (swizzle, (rows, cols, pitch)) in [Swizzle::None, Swizzle::B128].into_iter().flat_map(|s| cases.map(|c| (s, c)))
+    {
+        let t = TileTransform { alpha: 0.5, col_scale: 1.0, swizzle };
         let len = (rows - 1) * pitch + cols;
         let src = testing::uniform(&mut rng, len);
         let dsrc = dev.upload(&src).map_err(err)?;
@@ -241,13 +271,21 @@ fn tma_round_trip(dev: &Device) -> Outcome {
                 if c < cols {
                     let want = t.alpha as f64 * src[i] as f64 + t.col_scale as f64 * c as f64;
                     let tol = 2.0 * f32::EPSILON as f64 * (want.abs() + 1.0);
-                    compare(&format!("tma {swizzle:?} {rows}x{cols} (pitch {pitch}) at row {r} col {c}"), &[got[i]], &[want], Tol { abs: tol, rel: 0.0 })?;
+                    compare(
+                        &format!("tma {swizzle:?} {rows}x{cols} (pitch {pitch}) at row {r} col {c}"),
+                        &[got[i]],
+                        &[want],
+                        Tol { abs: tol, rel: 0.0 },
+                    )?;
                 } else if c < cols.next_multiple_of(4) {
                     // Observed on the H200 (2026-11-21): a TMA store clipped at the tensor's last
                     // column also wrote the padding in that column's 16-byte granule (row 0, column
                     // 77 of a 77-column f32 matrix with pitch 80). Those elements are not checked.
                 } else if got[i].to_bits() != POISON_F32.to_bits() {
-                    return Err(format!("tma {rows}x{cols}: padding at row {r} col {c} was written ({}); the store must clip to the tensor beyond the last column's 16-byte granule", got[i]));
+                    return Err(format!(
+                        "tma {rows}x{cols}: padding at row {r} col {c} was written ({}); the store must clip to the tensor beyond the last column's 16-byte granule",
+                        got[i]
+                    ));
                 }
             }
         }
@@ -300,7 +338,6 @@ fn tmem_roundtrip(dev: &Device) -> Outcome {
     }
     Ok(())
 }
-
 
 fn mbarrier_phases(dev: &Device) -> Outcome {
     use kiln::cuda::LaunchConfig;

@@ -27,11 +27,19 @@ fn modules_declare_their_targets() {
 #[test]
 fn golden_instructions() {
     let sm90 = embedded(Arch::Sm90a);
-    for needle in ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global",
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes", "cp.async.bulk.tensor.2d.global.shared::cta",
-        "mbarrier.try_wait.parity", "mbarrier.arrive.expect_tx", "fence.proxy.async.shared::cta", "shfl.sync.bfly.b32"]
-    {
+    for needle in [
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+        "cp.async.cg.shared.global",
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+        "cp.async.bulk.tensor.2d.global.shared::cta",
+        "mbarrier.try_wait.parity",
+        "mbarrier.arrive.expect_tx",
+        "fence.proxy.async.shared::cta",
+        "shfl.sync.bfly.b32",
+    ] {
         assert!(sm90.contains(needle), "sm_90a module lacks `{needle}`");
     }
     let sm100 = embedded(Arch::Sm100a);
@@ -86,7 +94,11 @@ fn collective_asm_is_not_pure() {
         let src = std::fs::read_to_string(format!("{dir}/{file}")).expect("device library source");
         for (n, line) in src.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
-            assert!(!(code.contains("options(") && code.contains("pure")), "{file}:{}: warp-collective asm marked pure: {line}", n + 1);
+            assert!(
+                !(code.contains("options(") && code.contains("pure")),
+                "{file}:{}: warp-collective asm marked pure: {line}",
+                n + 1
+            );
         }
     }
 }

@@ -14,7 +14,9 @@ mod device {
     #[inline(always)]
     pub unsafe fn atomic_add_f32(addr: *mut f32, v: f32) -> f32 {
         let r: u32;
-        unsafe { asm!("atom.add.f32 {r}, [{a}], {v};", r = out(reg32) r, a = in(reg64) addr, v = in(reg32) v.to_bits(), options(nostack)) };
+        unsafe {
+            asm!("atom.add.f32 {r}, [{a}], {v};", r = out(reg32) r, a = in(reg64) addr, v = in(reg32) v.to_bits(), options(nostack))
+        };
         f32::from_bits(r)
     }
 
@@ -27,7 +29,9 @@ mod device {
     #[inline(always)]
     pub unsafe fn atomic_add_u32(addr: *mut u32, v: u32) -> u32 {
         let r: u32;
-        unsafe { asm!("atom.add.u32 {r}, [{a}], {v};", r = out(reg32) r, a = in(reg64) addr, v = in(reg32) v, options(nostack)) };
+        unsafe {
+            asm!("atom.add.u32 {r}, [{a}], {v};", r = out(reg32) r, a = in(reg64) addr, v = in(reg32) v, options(nostack))
+        };
         r
     }
 
@@ -40,7 +44,9 @@ mod device {
     #[inline(always)]
     pub unsafe fn atomic_max_u32(addr: *mut u32, v: u32) -> u32 {
         let r: u32;
-        unsafe { asm!("atom.max.u32 {r}, [{a}], {v};", r = out(reg32) r, a = in(reg64) addr, v = in(reg32) v, options(nostack)) };
+        unsafe {
+            asm!("atom.max.u32 {r}, [{a}], {v};", r = out(reg32) r, a = in(reg64) addr, v = in(reg32) v, options(nostack))
+        };
         r
     }
 
@@ -69,7 +75,9 @@ mod device {
     #[inline(always)]
     pub unsafe fn load_acquire_gpu(addr: *const u32) -> u32 {
         let r: u32;
-        unsafe { asm!("ld.acquire.gpu.global.u32 {r}, [{a}];", r = out(reg32) r, a = in(reg64) addr, options(nostack)) };
+        unsafe {
+            asm!("ld.acquire.gpu.global.u32 {r}, [{a}];", r = out(reg32) r, a = in(reg64) addr, options(nostack))
+        };
         r
     }
 

@@ -30,7 +30,9 @@ mod device {
     pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
         let r: u32;
         // SAFETY: register-only.
-        unsafe { asm!("cvt.rn.bf16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nomem, nostack, pure)) };
+        unsafe {
+            asm!("cvt.rn.bf16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nomem, nostack, pure))
+        };
         r
     }
 
@@ -41,7 +43,9 @@ mod device {
     pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
         let r: u32;
         // SAFETY: register-only.
-        unsafe { asm!("cvt.rn.f16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nomem, nostack, pure)) };
+        unsafe {
+            asm!("cvt.rn.f16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nomem, nostack, pure))
+        };
         r
     }
 

@@ -36,7 +36,9 @@ mod device {
     /// Both addresses 4-byte aligned and valid.
     #[inline(always)]
     pub unsafe fn copy_4(dst: SharedAddr, src: *const u8) {
-        unsafe { asm!("cp.async.ca.shared.global [{d}], [{s}], 4;", d = in(reg32) dst, s = in(reg64) src, options(nostack)) };
+        unsafe {
+            asm!("cp.async.ca.shared.global [{d}], [{s}], 4;", d = in(reg32) dst, s = in(reg64) src, options(nostack))
+        };
     }
 
     /// Closes the group of copies this thread issued since the last commit.

@@ -28,7 +28,9 @@ mod device {
     /// publish it before anyone arrives or waits.
     #[inline(always)]
     pub unsafe fn init(bar: SharedAddr, count: u32) {
-        unsafe { asm!("mbarrier.init.shared::cta.b64 [{b}], {c};", b = in(reg32) bar, c = in(reg32) count, options(nostack)) };
+        unsafe {
+            asm!("mbarrier.init.shared::cta.b64 [{b}], {c};", b = in(reg32) bar, c = in(reg32) count, options(nostack))
+        };
     }
 
     /// Invalidates the barrier so its memory can be reused.
@@ -51,7 +53,9 @@ mod device {
     #[inline(always)]
     pub unsafe fn arrive(bar: SharedAddr) -> u64 {
         let state: u64;
-        unsafe { asm!("mbarrier.arrive.shared::cta.b64 {s}, [{b}];", s = out(reg64) state, b = in(reg32) bar, options(nostack)) };
+        unsafe {
+            asm!("mbarrier.arrive.shared::cta.b64 {s}, [{b}];", s = out(reg64) state, b = in(reg32) bar, options(nostack))
+        };
         state
     }
 

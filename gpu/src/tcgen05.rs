@@ -25,7 +25,9 @@ mod device {
     /// the columns with [`dealloc`] before the block exits.
     #[inline(always)]
     pub unsafe fn alloc(dst: SharedAddr, ncols: u32) {
-        unsafe { asm!("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{d}], {n};", d = in(reg32) dst, n = in(reg32) ncols, options(nostack)) };
+        unsafe {
+            asm!("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{d}], {n};", d = in(reg32) dst, n = in(reg32) ncols, options(nostack))
+        };
     }
 
     /// Frees `ncols` columns at TMEM address `taddr`. Warp-wide.
@@ -36,7 +38,9 @@ mod device {
     /// `taddr`/`ncols` must be exactly an allocation this warp made; nothing may use it afterwards.
     #[inline(always)]
     pub unsafe fn dealloc(taddr: u32, ncols: u32) {
-        unsafe { asm!("tcgen05.dealloc.cta_group::1.sync.aligned.b32 {t}, {n};", t = in(reg32) taddr, n = in(reg32) ncols, options(nostack)) };
+        unsafe {
+            asm!("tcgen05.dealloc.cta_group::1.sync.aligned.b32 {t}, {n};", t = in(reg32) taddr, n = in(reg32) ncols, options(nostack))
+        };
     }
 
     /// Gives up the right to allocate, so other blocks on the SM may.

@@ -26,7 +26,13 @@ const fn enc14(x: u32) -> u64 {
 /// Encodes a wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"):
 /// bits 0-13 start address >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension
 /// byte offset >> 4, 49-51 base offset, 62-63 swizzle mode.
-pub const fn smem_descriptor(start: u32, leading_byte_offset: u32, stride_byte_offset: u32, base_offset: u32, s: Swizzle) -> u64 {
+pub const fn smem_descriptor(
+    start: u32,
+    leading_byte_offset: u32,
+    stride_byte_offset: u32,
+    base_offset: u32,
+    s: Swizzle,
+) -> u64 {
     enc14(start)
         | (enc14(leading_byte_offset) << 16)
         | (enc14(stride_byte_offset) << 32)

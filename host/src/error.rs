@@ -33,7 +33,9 @@ pub enum Error {
         minor: u32,
     },
     /// The kernel is not compiled into the module this device loads.
-    #[error("kernel `{kernel}` is not in the {arch} module that this device ({major}.{minor}) loads: it is built for {needs}")]
+    #[error(
+        "kernel `{kernel}` is not in the {arch} module that this device ({major}.{minor}) loads: it is built for {needs}"
+    )]
     KernelUnavailable {
         /// Kernel name.
         kernel: &'static str,

@@ -28,7 +28,11 @@ fn info() -> kiln::Result<()> {
     match Device::new(0) {
         Ok(dev) => {
             let (major, minor) = dev.compute_capability();
-            println!("device 0: {} (compute capability {major}.{minor}), loads the {} module", dev.name(), dev.arch().name());
+            println!(
+                "device 0: {} (compute capability {major}.{minor}), loads the {} module",
+                dev.name(),
+                dev.arch().name()
+            );
         }
         Err(e) => println!("no usable GPU: {e}"),
     }

@@ -49,5 +49,9 @@ pub fn entries(ptx: &str) -> Vec<&str> {
 
 /// The module a device of compute capability `major.minor` loads, or the error that says why none.
 pub fn arch_for(name: &str, major: u32, minor: u32) -> Result<Arch> {
-    Arch::for_compute_capability(major, minor).ok_or_else(|| Error::UnsupportedDevice { name: name.into(), major, minor })
+    Arch::for_compute_capability(major, minor).ok_or_else(|| Error::UnsupportedDevice {
+        name: name.into(),
+        major,
+        minor,
+    })
 }

@@ -54,7 +54,10 @@ pub fn compare(what: &str, got: &[f32], want: &[f64], tol: Tol) -> Result<(), St
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let allowed = tol.abs + tol.rel * w.abs();
         let err = (g as f64 - w).abs();
-        if !(err <= allowed) {
+        // Written so that a NaN on either side fails.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
+        let ok = err <= allowed;
+        if !ok {
             bad += 1;
             if first.is_none() {
                 first = Some((i, g, w, allowed));

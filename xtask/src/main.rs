@@ -3,6 +3,7 @@
 //! - `cargo xtask build-ptx`: build one PTX module per architecture, check it, list its kernels and,
 //!   when ptxas is found, assemble it and print each kernel's registers, shared memory, stack and
 //!   spills. `--require-ptxas` makes a missing ptxas an error (CI uses it).
+//! - `cargo xtask test`: the README's test command: `build-ptx`, then `cargo test --workspace`.
 //! - `cargo xtask gpu-bundle DIR`: build the test binaries in release mode and the PTX into DIR, with
 //!   `run.sh`, so that a GPU machine with only a driver runs the whole GPU suite (optionally under
 //!   compute-sanitizer).
@@ -33,6 +34,16 @@ enum Task {
         #[arg(long, short)]
         verbose: bool,
     },
+    /// The test command: build and check the PTX (assembled when ptxas is found; required with
+    /// `--require-ptxas` or KILN_REQUIRE_PTXAS=1), then `cargo test --workspace`.
+    Test {
+        /// Fail when no ptxas is found.
+        #[arg(long)]
+        require_ptxas: bool,
+        /// Extra arguments for `cargo test`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// Build a self-contained GPU test bundle: release test binaries, PTX, and run.sh.
     GpuBundle {
         /// The folder to write (created; emptied first).
@@ -50,6 +61,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.task {
         Task::BuildPtx { require_ptxas, out, verbose } => build_ptx(require_ptxas, out, verbose).map(|_| ()),
+        Task::Test { require_ptxas, args } => {
+            test(require_ptxas || std::env::var("KILN_REQUIRE_PTXAS").is_ok_and(|v| v == "1"), &args)
+        }
         Task::GpuBundle { dir } => gpu_bundle(&dir),
     };
     match r {
@@ -62,9 +76,15 @@ fn main() -> ExitCode {
 }
 
 fn print_table(arch: &str, rows: &[KernelResources]) {
-    println!("  {:<28} {:>5} {:>10} {:>7} {:>12} {:>11}", "kernel", "regs", "smem (B)", "stack", "spill st (B)", "spill ld (B)");
+    println!(
+        "  {:<28} {:>5} {:>10} {:>7} {:>12} {:>11}",
+        "kernel", "regs", "smem (B)", "stack", "spill st (B)", "spill ld (B)"
+    );
     for k in rows {
-        println!("  {:<28} {:>5} {:>10} {:>7} {:>12} {:>11}", k.name, k.registers, k.shared, k.stack, k.spill_stores, k.spill_loads);
+        println!(
+            "  {:<28} {:>5} {:>10} {:>7} {:>12} {:>11}",
+            k.name, k.registers, k.shared, k.stack, k.spill_stores, k.spill_loads
+        );
     }
     let spills: Vec<_> = rows.iter().filter(|k| k.spill_stores + k.spill_loads > 0).map(|k| k.name.as_str()).collect();
     if !spills.is_empty() {
@@ -82,9 +102,11 @@ fn build_ptx(require_ptxas: bool, out: Option<PathBuf>, verbose: bool) -> Res<Ve
     match &ptxas {
         Some(p) => println!("ptxas: {}", p.display()),
         None if require_ptxas => {
-            return Err("no ptxas found ($PTXAS, $CUDA_HOME/bin, PATH, .tools/ptxas, or the nvidia-cuda-nvcc-cu12 wheel); \
+            return Err(
+                "no ptxas found ($PTXAS, $CUDA_HOME/bin, PATH, .tools/ptxas, or the nvidia-cuda-nvcc-cu12 wheel); \
                         `bash .ci/install-ptxas` installs one into .tools/ptxas"
-                .into());
+                    .into(),
+            );
         }
         None => println!("ptxas: not found; modules are built and checked but not assembled (see README)"),
     }
@@ -110,6 +132,18 @@ fn build_ptx(require_ptxas: bool, out: Option<PathBuf>, verbose: bool) -> Res<Ve
         paths.push(ptx);
     }
     Ok(paths)
+}
+
+fn test(require_ptxas: bool, args: &[String]) -> Res<()> {
+    build_ptx(require_ptxas, None, false)?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(workspace())
+        .args(["test", "--workspace"])
+        .args(args)
+        .status()
+        .map_err(|e| format!("running cargo test: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo test failed ({status})")) }
 }
 
 fn run(cmd: &mut Command) -> Res<String> {
@@ -175,17 +209,27 @@ fn gpu_bundle(dir: &Path) -> Res<()> {
     let ptx_files = build_ptx(false, None, false)?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     println!("building release test binaries...");
-    let json = run(Command::new(&cargo)
-        .current_dir(&ws)
-        .args(["test", "--release", "--workspace", "--no-run", "--message-format=json-render-diagnostics"]))?;
+    let json = run(Command::new(&cargo).current_dir(&ws).args([
+        "test",
+        "--release",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]))?;
     let mut exes = Vec::new();
     for line in json.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         // proc-macro test binaries need the toolchain's shared libraries; the xtask has no GPU tests.
-        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true || v["target"]["kind"][0] == "proc-macro" || v["target"]["name"] == "xtask" {
+        if v["reason"] != "compiler-artifact"
+            || v["profile"]["test"] != true
+            || v["target"]["kind"][0] == "proc-macro"
+            || v["target"]["name"] == "xtask"
+        {
             continue;
         }
-        let (Some(exe), Some(name), Some(kind)) = (v["executable"].as_str(), v["target"]["name"].as_str(), v["target"]["kind"][0].as_str()) else {
+        let (Some(exe), Some(name), Some(kind)) =
+            (v["executable"].as_str(), v["target"]["name"].as_str(), v["target"]["kind"][0].as_str())
+        else {
             continue;
         };
         // Integration tests keep their name (`gpu`); unit-test binaries get their kind (`kiln-lib`).
@@ -219,9 +263,15 @@ fn gpu_bundle(dir: &Path) -> Res<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).map_err(|e| format!("chmod run.sh: {e}"))?;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("chmod run.sh: {e}"))?;
     }
-    println!("bundle: {} ({} test binaries: {})", dir.display(), exes.len(), exes.iter().map(|(_, n)| n.as_str()).collect::<Vec<_>>().join(", "));
+    println!(
+        "bundle: {} ({} test binaries: {})",
+        dir.display(),
+        exes.len(),
+        exes.iter().map(|(_, n)| n.as_str()).collect::<Vec<_>>().join(", ")
+    );
     println!("run it on a GPU machine with: {}/run.sh [--sanitize]", dir.display());
     Ok(())
 }

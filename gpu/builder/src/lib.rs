@@ -136,7 +136,12 @@ impl Builder {
     /// The files whose change means the PTX must be rebuilt (for `cargo:rerun-if-changed`).
     pub fn source_paths(&self) -> Vec<PathBuf> {
         let gpu = self.workspace.join("gpu");
-        vec![gpu.join("src"), gpu.join("Cargo.toml"), gpu.join("macros").join("src"), gpu.join("macros").join("Cargo.toml")]
+        vec![
+            gpu.join("src"),
+            gpu.join("Cargo.toml"),
+            gpu.join("macros").join("src"),
+            gpu.join("macros").join("Cargo.toml"),
+        ]
     }
 
     /// The rustc flags for one architecture.
@@ -167,7 +172,15 @@ impl Builder {
             }
         }
         cmd.current_dir(&self.workspace)
-            .args(["rustc", "--package", GPU_PACKAGE, "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+            .args([
+                "rustc",
+                "--package",
+                GPU_PACKAGE,
+                "--release",
+                "--target",
+                "nvptx64-nvidia-cuda",
+                "-Zbuild-std=core",
+            ])
             .arg("--manifest-path")
             .arg(self.workspace.join("Cargo.toml"))
             .arg("--target-dir")
@@ -184,7 +197,8 @@ impl Builder {
         if self.verbose {
             eprintln!("[kiln-ptx] {cmd:?}");
         }
-        let status = cmd.status().map_err(|source| BuildError::Spawn { tool: self.cargo.display().to_string(), source })?;
+        let status =
+            cmd.status().map_err(|source| BuildError::Spawn { tool: self.cargo.display().to_string(), source })?;
         if !status.success() {
             return Err(BuildError::Cargo { arch: arch.into(), status: status.to_string() });
         }
@@ -216,7 +230,8 @@ fn newest_asm(deps: &Path) -> Result<PathBuf, BuildError> {
 pub fn entries(ptx: &str) -> Vec<String> {
     ptx.lines()
         .filter_map(|l| {
-            let rest = l.trim_start().strip_prefix(".visible .entry ").or_else(|| l.trim_start().strip_prefix(".entry "))?;
+            let rest =
+                l.trim_start().strip_prefix(".visible .entry ").or_else(|| l.trim_start().strip_prefix(".entry "))?;
             Some(rest.split(|c: char| c == '(' || c.is_whitespace()).next()?.to_string())
         })
         .collect()
@@ -242,7 +257,8 @@ pub fn find_ptxas(workspace: &Path) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PTXAS").map(PathBuf::from).and_then(exists) {
         return Some(p);
     }
-    if let Some(p) = std::env::var_os("CUDA_HOME").map(|h| PathBuf::from(h).join("bin").join("ptxas")).and_then(exists) {
+    if let Some(p) = std::env::var_os("CUDA_HOME").map(|h| PathBuf::from(h).join("bin").join("ptxas")).and_then(exists)
+    {
         return Some(p);
     }
     if let Some(path) = std::env::var_os("PATH") {
@@ -365,7 +381,17 @@ ptxas info    : Used 10 registers, used 0 barriers, 372 bytes cmem[0]
 ";
         let r = parse_ptxas_report(log);
         assert_eq!(r.len(), 2);
-        assert_eq!(r[0], KernelResources { name: "k1".into(), registers: 40, shared: 128, stack: 8, spill_stores: 4, spill_loads: 12 });
+        assert_eq!(
+            r[0],
+            KernelResources {
+                name: "k1".into(),
+                registers: 40,
+                shared: 128,
+                stack: 8,
+                spill_stores: 4,
+                spill_loads: 12
+            }
+        );
         assert_eq!(r[1].registers, 10);
         assert_eq!(r[1].shared, 0);
     }

@@ -60,7 +60,8 @@ impl Device {
         if ordinal >= count {
             return Err(Error::NoDevice { ordinal, count });
         }
-        let ctx = CudaContext::new(ordinal).map_err(Error::driver(format!("creating a context on device {ordinal}")))?;
+        let ctx =
+            CudaContext::new(ordinal).map_err(Error::driver(format!("creating a context on device {ordinal}")))?;
         // kiln uses one stream per device; cudarc's cross-stream event tracking is not needed.
         // SAFETY: no other stream of this context exists yet.
         unsafe { ctx.disable_event_tracking() };
@@ -146,19 +147,34 @@ impl Device {
                 KernelTarget::MinSm(sm) => format!("sm_{sm} and newer"),
                 KernelTarget::Exact(a) => format!("{} only", a.name()),
             };
-            return Err(Error::KernelUnavailable { kernel: K::NAME, arch: self.arch.name(), needs, major: self.cc.0, minor: self.cc.1 });
+            return Err(Error::KernelUnavailable {
+                kernel: K::NAME,
+                arch: self.arch.name(),
+                needs,
+                major: self.cc.0,
+                minor: self.cc.1,
+            });
         }
         let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
         if !fns.contains_key(K::NAME) {
-            let f = self.module()?.load_function(K::NAME).map_err(Error::driver(format!("finding kernel `{}`", K::NAME)))?;
+            let f = self
+                .module()?
+                .load_function(K::NAME)
+                .map_err(Error::driver(format!("finding kernel `{}`", K::NAME)))?;
             fns.insert(K::NAME, (f, kiln_gpu::shared::DEFAULT_MAX_DYNAMIC_SMEM));
         }
         let entry = fns.get_mut(K::NAME).expect("inserted above");
         if dynamic_smem > entry.1 {
             entry
                 .0
-                .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem as i32)
-                .map_err(Error::driver(format!("raising `{}`'s dynamic shared memory to {dynamic_smem} bytes", K::NAME)))?;
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dynamic_smem as i32,
+                )
+                .map_err(Error::driver(format!(
+                    "raising `{}`'s dynamic shared memory to {dynamic_smem} bytes",
+                    K::NAME
+                )))?;
             entry.1 = dynamic_smem;
         }
         Ok(entry.0.clone())
@@ -173,6 +189,16 @@ impl Device {
     /// The kernel reads and writes through the pointers in `args`: they must be live allocations of
     /// this device, large enough for what the kernel touches with this configuration, and not
     /// accessed concurrently by the host. The safe wrappers in [`ops`](super::ops) check this.
+    ///
+    /// The arguments are the kernel's own parameter types, in order:
+    ///
+    /// ```no_run
+    /// # use kiln::cuda::{Device, LaunchConfig};
+    /// # use kiln_gpu::kernels::elementwise::VectorAdd;
+    /// # fn f(dev: &Device, a: kiln_gpu::DevicePtr<f32>, out: kiln_gpu::DevicePtrMut<f32>) -> kiln::Result<()> {
+    /// unsafe { dev.launch(VectorAdd, LaunchConfig::for_num_elems(1), (a, a, out, 1u32)) }
+    /// # }
+    /// ```
     ///
     /// A wrong argument type is a compile error:
     ///
@@ -235,7 +261,10 @@ impl Device {
 
     /// Copies a host slice to a new device buffer.
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<DeviceBuffer<T>> {
-        let s = self.stream.clone_htod(host).map_err(Error::driver(format!("copying {} elements to the device", host.len())))?;
+        let s = self
+            .stream
+            .clone_htod(host)
+            .map_err(Error::driver(format!("copying {} elements to the device", host.len())))?;
         Ok(DeviceBuffer::from_slice(s))
     }
 
@@ -252,7 +281,10 @@ impl Device {
     /// Overwrites a device buffer with host data.
     pub fn write<T: DeviceRepr>(&self, buf: &mut DeviceBuffer<T>, host: &[T]) -> Result<()> {
         if host.len() != buf.len() {
-            return Err(Error::shape("write", format!("buffer holds {} elements, host slice {}", buf.len(), host.len())));
+            return Err(Error::shape(
+                "write",
+                format!("buffer holds {} elements, host slice {}", buf.len(), host.len()),
+            ));
         }
         self.stream.memcpy_htod(host, buf.slice_mut()).map_err(Error::driver("copying to the device"))
     }

@@ -18,13 +18,25 @@ fn len_u32(op: &'static str, n: usize) -> Result<u32> {
 }
 
 fn grid_stride(n: u32, threads: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: (n.div_ceil(threads).clamp(1, MAX_GRID_STRIDE_BLOCKS), 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (n.div_ceil(threads).clamp(1, MAX_GRID_STRIDE_BLOCKS), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// `out = a + b`, elementwise.
-pub fn vector_add(dev: &Device, a: &DeviceBuffer<f32>, b: &DeviceBuffer<f32>, out: &mut DeviceBuffer<f32>) -> Result<()> {
+pub fn vector_add(
+    dev: &Device,
+    a: &DeviceBuffer<f32>,
+    b: &DeviceBuffer<f32>,
+    out: &mut DeviceBuffer<f32>,
+) -> Result<()> {
     if a.len() != b.len() || a.len() != out.len() {
-        return Err(Error::shape("vector_add", format!("lengths differ: a {}, b {}, out {}", a.len(), b.len(), out.len())));
+        return Err(Error::shape(
+            "vector_add",
+            format!("lengths differ: a {}, b {}, out {}", a.len(), b.len(), out.len()),
+        ));
     }
     let n = len_u32("vector_add", a.len())?;
     // SAFETY: all three buffers hold n elements.
@@ -60,10 +72,19 @@ pub struct MatrixLayout {
 
 /// `dst = t.alpha * src + t.col_scale * column` through the TMA round-trip kernel (sm_90 and newer).
 /// Both buffers have `layout`; the padding columns of `dst` beyond `cols` are not written.
-pub fn tma_tile_transform(dev: &Device, src: &DeviceBuffer<f32>, dst: &mut DeviceBuffer<f32>, layout: MatrixLayout, t: TileTransform) -> Result<()> {
+pub fn tma_tile_transform(
+    dev: &Device,
+    src: &DeviceBuffer<f32>,
+    dst: &mut DeviceBuffer<f32>,
+    layout: MatrixLayout,
+    t: TileTransform,
+) -> Result<()> {
     let need = layout.rows.saturating_sub(1) * layout.row_pitch + layout.cols;
     if src.len() < need || dst.len() < need {
-        return Err(Error::shape("tma_tile_transform", format!("{layout:?} needs {need} elements; src has {}, dst {}", src.len(), dst.len())));
+        return Err(Error::shape(
+            "tma_tile_transform",
+            format!("{layout:?} needs {need} elements; src has {}, dst {}", src.len(), dst.len()),
+        ));
     }
     let spec = TensorMapSpec {
         dtype: TmaDtype::F32,
@@ -77,7 +98,11 @@ pub fn tma_tile_transform(dev: &Device, src: &DeviceBuffer<f32>, dst: &mut Devic
     let src_map = dev.tensor_map(src.addr(), &spec)?;
     let dst_map = dev.tensor_map(dst.addr(), &spec)?;
     let cfg = LaunchConfig {
-        grid_dim: (len_u32("tma_tile_transform", layout.cols.div_ceil(tma_tile::TMA_BOX_COLS as usize))?, len_u32("tma_tile_transform", layout.rows.div_ceil(tma_tile::TMA_BOX_ROWS as usize))?, 1),
+        grid_dim: (
+            len_u32("tma_tile_transform", layout.cols.div_ceil(tma_tile::TMA_BOX_COLS as usize))?,
+            len_u32("tma_tile_transform", layout.rows.div_ceil(tma_tile::TMA_BOX_ROWS as usize))?,
+            1,
+        ),
         block_dim: (tma_tile::TMA_THREADS, 1, 1),
         shared_mem_bytes: tma_tile::TMA_SMEM_BYTES,
     };
@@ -109,17 +134,37 @@ impl TileProductInput for f32 {
 
 /// `c[m][n] = sum_k a[m][k] * b[n][k]` (C = A B^T) with `mma.sync`, f32 accumulation.
 /// `a` is m x k, `b` is n x k, `c` is m x n, all row-major and dense.
-pub fn mma_tile<T: TileProductInput>(dev: &Device, a: &DeviceBuffer<T>, b: &DeviceBuffer<T>, c: &mut DeviceBuffer<f32>, shape: GemmShape) -> Result<()> {
+pub fn mma_tile<T: TileProductInput>(
+    dev: &Device,
+    a: &DeviceBuffer<T>,
+    b: &DeviceBuffer<T>,
+    c: &mut DeviceBuffer<f32>,
+    shape: GemmShape,
+) -> Result<()> {
     let op = "mma_tile";
     let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
     if shape.m == 0 || shape.n == 0 || shape.k == 0 {
         return Err(Error::shape(op, format!("empty product {m}x{n}x{k}")));
     }
-    if shape.k % T::K_MULTIPLE != 0 {
-        return Err(Error::shape(op, format!("k = {k} must be a multiple of {} for {}", T::K_MULTIPLE, std::any::type_name::<T>())));
+    if !shape.k.is_multiple_of(T::K_MULTIPLE) {
+        return Err(Error::shape(
+            op,
+            format!("k = {k} must be a multiple of {} for {}", T::K_MULTIPLE, std::any::type_name::<T>()),
+        ));
     }
     if a.len() != m * k || b.len() != n * k || c.len() != m * n {
-        return Err(Error::shape(op, format!("shape {m}x{n}x{k} needs a: {}, b: {}, c: {}; got {}, {}, {}", m * k, n * k, m * n, a.len(), b.len(), c.len())));
+        return Err(Error::shape(
+            op,
+            format!(
+                "shape {m}x{n}x{k} needs a: {}, b: {}, c: {}; got {}, {}, {}",
+                m * k,
+                n * k,
+                m * n,
+                a.len(),
+                b.len(),
+                c.len()
+            ),
+        ));
     }
     let (gx, gy) = shape.tile_grid();
     let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (MMA_THREADS, 1, 1), shared_mem_bytes: MMA_SMEM_BYTES };

@@ -1,9 +1,9 @@
 use super::{Device, DeviceBuffer};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
+use kiln_gpu::DevicePtr;
 use kiln_gpu::swizzle::Swizzle;
 use kiln_gpu::tma::TensorMap;
-use kiln_gpu::DevicePtr;
 
 /// Element types kiln's TMA maps describe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,7 +58,7 @@ impl TensorMapSpec {
         let op = "tensor map";
         let e = |msg: String| Err(Error::shape(op, msg));
         let elem = self.dtype.size() as u64;
-        if addr % 16 != 0 {
+        if !addr.is_multiple_of(16) {
             return e(format!("global address {addr:#x} must be 16-byte aligned"));
         }
         if self.rows == 0 || self.cols == 0 || self.rows > 1 << 32 || self.cols > 1 << 32 {
@@ -67,7 +67,7 @@ impl TensorMapSpec {
         if self.row_pitch < self.cols {
             return e(format!("row pitch {} is smaller than the {} columns", self.row_pitch, self.cols));
         }
-        if (self.row_pitch * elem) % 16 != 0 {
+        if !(self.row_pitch * elem).is_multiple_of(16) {
             return e(format!(
                 "row pitch {} elements = {} bytes must be a multiple of 16 bytes: pad rows to a multiple of {} elements",
                 self.row_pitch,
@@ -79,7 +79,7 @@ impl TensorMapSpec {
             return e(format!("box {}x{}: each dimension must be in 1..=256", self.box_rows, self.box_cols));
         }
         let inner = self.box_cols as u64 * elem;
-        if inner % 16 != 0 {
+        if !inner.is_multiple_of(16) {
             return e(format!("box rows of {inner} bytes must be a multiple of 16 bytes"));
         }
         if self.swizzle != Swizzle::None && inner > self.swizzle.span() as u64 {
