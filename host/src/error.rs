@@ -86,6 +86,53 @@ pub enum Error {
         /// What is wrong, with the shapes involved.
         msg: String,
     },
+    /// Inputs of different dtypes, or a dtype the op does not take.
+    #[error("{op}: expected dtype {expected:?}, got {got:?}")]
+    DType {
+        /// The operation.
+        op: &'static str,
+        /// The dtype given.
+        got: crate::tensor::DType,
+        /// The dtype expected.
+        expected: crate::tensor::DType,
+    },
+    /// Something the op does not support.
+    #[error("{op} does not support {what}")]
+    Unsupported {
+        /// The operation.
+        op: &'static str,
+        /// What is unsupported, and what to do instead.
+        what: String,
+    },
+    /// An index or target out of range.
+    #[error("{op}: {msg}")]
+    Index {
+        /// The operation.
+        op: &'static str,
+        /// Which index, and the valid range.
+        msg: String,
+    },
+    /// Autograd misuse (backward from a non-scalar, no graph).
+    #[error("backward: {0}")]
+    Autograd(String),
+    /// A loss or gradient that is NaN or infinite.
+    #[error("{what} is not finite ({value}) at step {step}: lower the learning rate, check the inputs, or enable gradient clipping")]
+    NonFinite {
+        /// What became non-finite.
+        what: String,
+        /// Its value.
+        value: f64,
+        /// The training step.
+        step: usize,
+    },
+    /// Reading or writing a file.
+    #[error("{path}: {msg}")]
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        msg: String,
+    },
     /// A PTX override file could not be read.
     #[error("reading PTX module {path}: {source} (KILN_PTX_DIR points at a directory without kiln's modules?)")]
     PtxFile {

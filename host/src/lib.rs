@@ -12,7 +12,9 @@
 pub mod cuda;
 mod error;
 pub mod ptx;
+pub mod tensor;
 pub mod testing;
 
 pub use error::{Error, Result};
 pub use kiln_gpu as gpu;
+pub use tensor::{DType, Device, Shape, Tensor};
