@@ -1,4 +1,5 @@
 //! Every op's backward against central finite differences in f64 (`gradcheck`), plus the autograd
+#![allow(clippy::cloned_ref_to_slice_refs)]
 //! machinery: accumulation, detach, no_grad, zero_grad, and typed errors.
 
 use kiln::tensor::{DType, Tensor, gradcheck, no_grad};
@@ -178,7 +179,8 @@ fn bad_input_is_a_typed_error_naming_op_and_shapes() {
     assert!(e.contains("softmax") && e.contains("[2, 0]"), "{e}");
     let e = a.reshape([4, 2]).unwrap_err().to_string();
     assert!(e.contains("reshape"), "{e}");
-    let e = a.layer_norm(&Tensor::ones([2], DType::F32), &Tensor::zeros([3], DType::F32), 1e-5).unwrap_err().to_string();
+    let e =
+        a.layer_norm(&Tensor::ones([2], DType::F32), &Tensor::zeros([3], DType::F32), 1e-5).unwrap_err().to_string();
     assert!(e.contains("layer_norm") && e.contains("[3]"), "{e}");
     let e = Tensor::zeros([2], DType::BF16).exp().unwrap_err().to_string();
     assert!(e.contains("BF16"), "{e}");

@@ -116,7 +116,9 @@ pub enum Error {
     #[error("backward: {0}")]
     Autograd(String),
     /// A loss or gradient that is NaN or infinite.
-    #[error("{what} is not finite ({value}) at step {step}: lower the learning rate, check the inputs, or enable gradient clipping")]
+    #[error(
+        "{what} is not finite ({value}) at step {step}: lower the learning rate, check the inputs, or enable gradient clipping"
+    )]
     NonFinite {
         /// What became non-finite.
         what: String,

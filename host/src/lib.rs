@@ -9,11 +9,16 @@
 //! - [`testing`]: the comparison helper and GPU-test plumbing every backend's tests share.
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod cuda;
+pub mod data;
 mod error;
+pub mod nn;
+pub mod optim;
 pub mod ptx;
 pub mod tensor;
 pub mod testing;
+pub mod train;
 
 pub use error::{Error, Result};
 pub use kiln_gpu as gpu;

@@ -1,19 +1,124 @@
-//! The `kiln` command line.
+//! The `kiln` command line: `train` (the default), `eval` and `info`.
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use kiln::cuda::Device;
 use kiln::gpu::Arch;
+use kiln::nn::Activation;
+use kiln::train::{DataSource, DeviceChoice, OptimizerKind, TrainConfig};
+use kiln::{DType, Tensor};
+
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "GPU kernels in Rust, and the engine that runs them")]
+#[command(args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// With no subcommand, `kiln` trains with these options.
+    #[command(flatten)]
+    train: TrainArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Opt {
+    Sgd,
+    Nesterov,
+    Adam,
+    Adamw,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Dev {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Dt {
+    F32,
+    F64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Act {
+    Relu,
+    Gelu,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Data {
+    Spirals,
+    Mnist,
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// Dataset: generated spirals, or MNIST IDX files in --data-dir.
+    #[arg(long, value_enum, default_value = "spirals")]
+    dataset: Data,
+    /// Directory with MNIST's IDX files (train-images-idx3-ubyte, ...).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Hidden width.
+    #[arg(long, default_value_t = 64)]
+    width: usize,
+    /// Linear layers.
+    #[arg(long, default_value_t = 3)]
+    depth: usize,
+    /// Activation.
+    #[arg(long, value_enum, default_value = "relu")]
+    activation: Act,
+    /// Batch size.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Epochs.
+    #[arg(long, default_value_t = 40)]
+    epochs: usize,
+    /// Optimizer.
+    #[arg(long, value_enum, default_value = "adam")]
+    optimizer: Opt,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-2)]
+    lr: f64,
+    /// Weight decay.
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f64,
+    /// Warmup steps of the cosine schedule (0: constant rate).
+    #[arg(long, default_value_t = 50)]
+    warmup: usize,
+    /// Device.
+    #[arg(long, value_enum, default_value = "auto")]
+    device: Dev,
+    /// Parameter dtype.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: Dt,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Checkpoint to write.
+    #[arg(long, default_value = "kiln-mlp.safetensors")]
+    checkpoint: PathBuf,
+    /// Test accuracy the run must reach (exit status 1 otherwise).
+    #[arg(long)]
+    target_accuracy: Option<f64>,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Show the device, its compute capability, the PTX module it loads and the kernels in it.
+    /// Train a classifier MLP (the default command).
+    Train(TrainArgs),
+    /// Evaluate a checkpoint on its dataset's held-out split.
+    Eval {
+        /// The checkpoint.
+        #[arg(long, default_value = "kiln-mlp.safetensors")]
+        checkpoint: PathBuf,
+        /// MNIST directory, for MNIST checkpoints.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Show the device, its compute capability, the PTX modules and their kernels.
     Info,
 }
 
@@ -21,9 +126,8 @@ fn info() -> kiln::Result<()> {
     println!("kiln {}", env!("CARGO_PKG_VERSION"));
     println!("PTX modules built into this binary:");
     for arch in Arch::ALL {
-        let text = kiln::ptx::embedded(arch);
-        let entries = kiln::ptx::entries(text);
-        println!("  {:8} {:3} kernels: {}", arch.name(), entries.len(), entries.join(", "));
+        let entries = kiln::ptx::entries(kiln::ptx::embedded(arch));
+        println!("  {:8} {:2} kernels: {}", arch.name(), entries.len(), entries.join(", "));
     }
     match Device::new(0) {
         Ok(dev) => {
@@ -36,16 +140,94 @@ fn info() -> kiln::Result<()> {
         }
         Err(e) => println!("no usable GPU: {e}"),
     }
+    println!("CPU backend: {} threads", kiln::tensor::cpu::num_threads());
+    Ok(())
+}
+
+fn train(a: TrainArgs) -> kiln::Result<bool> {
+    let data = match a.dataset {
+        Data::Spirals => DataSource::Spirals { per_class: 1000, classes: 3, noise: 0.2 },
+        Data::Mnist => DataSource::Mnist(a.data_dir.clone().ok_or_else(|| kiln::Error::Unsupported {
+            op: "train",
+            what:
+                "--dataset mnist without --data-dir (the directory holding train-images-idx3-ubyte and friends)".into(),
+        })?),
+    };
+    let cfg = TrainConfig {
+        data,
+        width: a.width,
+        depth: a.depth,
+        activation: match a.activation {
+            Act::Relu => Activation::Relu,
+            Act::Gelu => Activation::Gelu,
+        },
+        batch: a.batch,
+        epochs: a.epochs,
+        optimizer: match a.optimizer {
+            Opt::Sgd => OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
+            Opt::Nesterov => OptimizerKind::Sgd { momentum: 0.9, nesterov: true },
+            Opt::Adam => OptimizerKind::Adam,
+            Opt::Adamw => OptimizerKind::AdamW,
+        },
+        lr: a.lr,
+        weight_decay: a.weight_decay,
+        warmup: a.warmup,
+        device: match a.device {
+            Dev::Auto => DeviceChoice::Auto,
+            Dev::Cpu => DeviceChoice::Cpu,
+            Dev::Cuda => DeviceChoice::Cuda,
+        },
+        dtype: match a.dtype {
+            Dt::F32 => DType::F32,
+            Dt::F64 => DType::F64,
+        },
+        seed: a.seed,
+        checkpoint: Some(a.checkpoint),
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let report = kiln::train::train(&cfg, |line| println!("{line}"))?;
+    let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
+    let target = a.target_accuracy.unwrap_or(if a.dataset == Data::Spirals { 0.95 } else { 0.0 });
+    if acc >= target {
+        println!("reached {:.2}% test accuracy (target {:.0}%)", 100.0 * acc, 100.0 * target);
+        Ok(true)
+    } else {
+        println!("test accuracy {:.2}% is below the target {:.0}%", 100.0 * acc, 100.0 * target);
+        Ok(false)
+    }
+}
+
+fn eval(checkpoint: PathBuf, data_dir: Option<PathBuf>) -> kiln::Result<()> {
+    let (model, meta) = kiln::train::load_model(&checkpoint)?;
+    let data = meta.get("data").cloned().unwrap_or_default();
+    let test = if data.starts_with("Mnist") {
+        let dir = data_dir.ok_or_else(|| kiln::Error::Unsupported {
+            op: "eval",
+            what: "an MNIST checkpoint without --data-dir".into(),
+        })?;
+        kiln::data::mnist(&dir, true)?
+    } else {
+        let seed: u64 = meta.get("seed").and_then(|s| s.parse().ok()).unwrap_or(0);
+        let mut rng = Tensor::rng(seed);
+        kiln::data::spirals(1000, 3, 0.2, &mut rng).split(0.2, &mut rng).1
+    };
+    let dtype = if meta.get("dtype").map(String::as_str) == Some("f64") { DType::F64 } else { DType::F32 };
+    let acc = kiln::train::accuracy(&model, &test, dtype)?;
+    println!("{}: {:.2}% accuracy on {} held-out rows", checkpoint.display(), 100.0 * acc, test.len());
     Ok(())
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Command::Info) {
-        Command::Info => info(),
+    let result = match cli.command {
+        None => train(cli.train),
+        Some(Command::Train(a)) => train(a),
+        Some(Command::Eval { checkpoint, data_dir }) => eval(checkpoint, data_dir).map(|_| true),
+        Some(Command::Info) => info().map(|_| true),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
             eprintln!("error: {e}");
             std::process::ExitCode::FAILURE

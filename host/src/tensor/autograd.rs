@@ -105,10 +105,18 @@ impl Tensor {
 /// `inputs` are converted to f64 leaves; `f` maps them to any tensor, which is reduced to a scalar
 /// with fixed random weights (so every output element's gradient is exercised). Returns the largest
 /// error found, or a message naming the input, element, analytic and numeric values.
-pub fn gradcheck(name: &str, inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>, tol: f64) -> std::result::Result<f64, String> {
+pub fn gradcheck(
+    name: &str,
+    inputs: &[Tensor],
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+    tol: f64,
+) -> std::result::Result<f64, String> {
     let e = |x: Error| format!("{name}: {x}");
-    let leaves: Vec<Tensor> =
-        inputs.iter().map(|t| t.to_dtype(DType::F64).map(|t| t.detach().requires_grad())).collect::<Result<_>>().map_err(e)?;
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.to_dtype(DType::F64).map(|t| t.detach().requires_grad()))
+        .collect::<Result<_>>()
+        .map_err(e)?;
     let out = f(&leaves).map_err(e)?;
     let mut rng = Tensor::rng(0x5eed);
     let weights = Tensor::rand(0.5, 1.5, out.shape().clone(), DType::F64, &mut rng);
@@ -137,7 +145,10 @@ pub fn gradcheck(name: &str, inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<
             let numeric = (shifted(h).map_err(e)? - shifted(-h).map_err(e)?) / (2.0 * h);
             let err = (analytic[j] - numeric).abs();
             worst = worst.max(err / (1.0 + numeric.abs()));
-            if !(err <= tol * (1.0 + numeric.abs())) {
+            // NaN on either side must fail, so no `>` here.
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
+            let bad = !(err <= tol * (1.0 + numeric.abs()));
+            if bad {
                 return Err(format!(
                     "{name}: input {i} element {j}: analytic gradient {:e}, numeric {numeric:e}, tolerance {tol:e}",
                     analytic[j]

@@ -95,7 +95,7 @@ pub trait Float:
     }
     /// NaN test.
     fn is_nan_(self) -> bool {
-        self != self
+        self.partial_cmp(&self).is_none()
     }
 }
 
@@ -257,8 +257,13 @@ pub fn num_threads() -> usize {
 /// Runs `f(row_start, rows_chunk)` over `out` split into chunks of whole rows of `row_len`, in
 /// parallel when the work is large. Each chunk is written by one thread: results do not depend on
 /// the thread count.
-pub(crate) fn par_rows<T: Send>(out: &mut [T], row_len: usize, work_per_row: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    let rows = if row_len == 0 { 0 } else { out.len() / row_len };
+pub(crate) fn par_rows<T: Send>(
+    out: &mut [T],
+    row_len: usize,
+    work_per_row: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let rows = out.len().checked_div(row_len).unwrap_or(0);
     let threads = num_threads().min(rows.max(1));
     if threads <= 1 || rows * work_per_row.max(1) < 1 << 15 {
         f(0, out);
@@ -276,7 +281,15 @@ pub(crate) fn par_rows<T: Send>(out: &mut [T], row_len: usize, work_per_row: usi
 /// Blocked matrix product on f32 or f64: `c[b] = a[b] · b[b]` for `batch` independent products,
 /// `a` m x k, `b` k x n, all row-major. Each output row is computed by one thread with a fixed
 /// summation order over k (ascending), so results do not depend on the thread count.
-pub(crate) fn matmul<T: Float>(a: &[T], b: &[T], batch: usize, m: usize, k: usize, n: usize, b_batched: bool) -> Vec<T> {
+pub(crate) fn matmul<T: Float>(
+    a: &[T],
+    b: &[T],
+    batch: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    b_batched: bool,
+) -> Vec<T> {
     let mut c = vec![T::ZERO; batch * m * n];
     const KB: usize = 256;
     par_rows(&mut c, n, k * n, |row0, chunk| {

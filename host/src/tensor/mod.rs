@@ -72,7 +72,8 @@ pub struct Tensor(Arc<Inner>);
 impl Tensor {
     pub(crate) fn from_storage(data: CpuStorage, shape: Shape, op: Option<Op>) -> Tensor {
         debug_assert_eq!(data.len(), shape.elem_count(), "storage and shape disagree");
-        let op = if autograd::is_grad_enabled() { op.filter(|o| o.inputs().iter().any(|t| t.is_tracked())) } else { None };
+        let op =
+            if autograd::is_grad_enabled() { op.filter(|o| o.inputs().iter().any(|t| t.is_tracked())) } else { None };
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
             data: RwLock::new(data),
@@ -194,7 +195,10 @@ impl Tensor {
     /// The value of a one-element tensor.
     pub fn item(&self) -> Result<f64> {
         if self.elem_count() != 1 {
-            return Err(Error::shape("item", format!("tensor of shape {} has {} elements, not 1", self.shape(), self.elem_count())));
+            return Err(Error::shape(
+                "item",
+                format!("tensor of shape {} has {} elements, not 1", self.shape(), self.elem_count()),
+            ));
         }
         Ok(self.to_vec_f64()[0])
     }

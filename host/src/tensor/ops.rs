@@ -601,9 +601,14 @@ impl Tensor {
         let data = {
             let (sa, sb) = (self.storage(), other.storage());
             match (&*sa, &*sb) {
-                (CpuStorage::F32(x), CpuStorage::F32(y)) => CpuStorage::F32(cpu::matmul(x, y, batch, m, k, n, b_batched)),
-                (CpuStorage::F64(x), CpuStorage::F64(y)) => CpuStorage::F64(cpu::matmul(x, y, batch, m, k, n, b_batched)),
-                (x, y) => CpuStorage::F32(cpu::matmul(&x.as_f32(), &y.as_f32(), batch, m, k, n, b_batched)).to_dtype(x.dtype()),
+                (CpuStorage::F32(x), CpuStorage::F32(y)) => {
+                    CpuStorage::F32(cpu::matmul(x, y, batch, m, k, n, b_batched))
+                }
+                (CpuStorage::F64(x), CpuStorage::F64(y)) => {
+                    CpuStorage::F64(cpu::matmul(x, y, batch, m, k, n, b_batched))
+                }
+                (x, y) => CpuStorage::F32(cpu::matmul(&x.as_f32(), &y.as_f32(), batch, m, k, n, b_batched))
+                    .to_dtype(x.dtype()),
             }
         };
         Ok(Tensor::from_storage(data, Shape(out_shape), Some(Op::Matmul(self.clone(), other.clone()))))
@@ -672,7 +677,8 @@ impl Tensor {
         if dims[d] == 0 {
             return Err(Error::shape("max", format!("dimension {dim} of {} is empty", self.shape())));
         }
-        let (outer, len, inner) = (dims[..d].iter().product::<usize>(), dims[d], dims[d + 1..].iter().product::<usize>());
+        let (outer, len, inner) =
+            (dims[..d].iter().product::<usize>(), dims[d], dims[d + 1..].iter().product::<usize>());
         let v = self.to_vec_f64();
         let mut vals = Vec::with_capacity(outer * inner);
         let mut arg = Vec::with_capacity(outer * inner);
@@ -690,8 +696,11 @@ impl Tensor {
             }
         }
         let kept = keep_shape(self.shape(), &[d]);
-        let out =
-            if keepdim { kept } else { Shape(dims.iter().enumerate().filter(|(i, _)| *i != d).map(|(_, &x)| x).collect()) };
+        let out = if keepdim {
+            kept
+        } else {
+            Shape(dims.iter().enumerate().filter(|(i, _)| *i != d).map(|(_, &x)| x).collect())
+        };
         let data = CpuStorage::from_f64(self.dtype(), &vals);
         Ok(Tensor::from_storage(data, out, Some(Op::Max { x: self.clone(), dim: d, keepdim, argmax: Arc::new(arg) })))
     }
@@ -750,7 +759,10 @@ impl Tensor {
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
         if shape.elem_count() != self.elem_count() {
-            return Err(Error::shape("reshape", format!("cannot view {} ({} elements) as {shape}", self.shape(), self.elem_count())));
+            return Err(Error::shape(
+                "reshape",
+                format!("cannot view {} ({} elements) as {shape}", self.shape(), self.elem_count()),
+            ));
         }
         let data = self.storage().clone();
         Ok(Tensor::from_storage(data, shape, Some(Op::Reshape(self.clone()))))
@@ -815,13 +827,20 @@ impl Tensor {
         };
         let loss: f64 = targets.iter().enumerate().map(|(i, &t)| -logp[i * c + t]).sum::<f64>() / n as f64;
         let data = CpuStorage::from_f64(self.dtype(), &[loss]);
-        Ok(Tensor::from_storage(data, Shape(vec![]), Some(Op::CrossEntropy { logits: self.clone(), targets: Arc::new(targets.to_vec()) })))
+        Ok(Tensor::from_storage(
+            data,
+            Shape(vec![]),
+            Some(Op::CrossEntropy { logits: self.clone(), targets: Arc::new(targets.to_vec()) }),
+        ))
     }
 
     /// Mean squared error against `target` (same shape).
     pub fn mse(&self, target: &Tensor) -> Result<Tensor> {
         if self.shape() != target.shape() {
-            return Err(Error::shape("mse", format!("prediction {} and target {} differ", self.shape(), target.shape())));
+            return Err(Error::shape(
+                "mse",
+                format!("prediction {} and target {} differ", self.shape(), target.shape()),
+            ));
         }
         let d = self.sub(target)?;
         d.mul(&d)?.mean_all()
@@ -833,7 +852,15 @@ impl Tensor {
         let op = "layer_norm";
         let d = self.last_dim_op(op)?;
         if weight.dims() != [d] || bias.dims() != [d] {
-            return Err(Error::shape(op, format!("input {} needs weight and bias of shape [{d}], got {} and {}", self.shape(), weight.shape(), bias.shape())));
+            return Err(Error::shape(
+                op,
+                format!(
+                    "input {} needs weight and bias of shape [{d}], got {} and {}",
+                    self.shape(),
+                    weight.shape(),
+                    bias.shape()
+                ),
+            ));
         }
         let f = LayerNormFwd { d, eps };
         let (out, mean, rstd) = {
@@ -847,8 +874,12 @@ impl Tensor {
                     let (o, m, r) = f.run(x, w, b);
                     (CpuStorage::F64(o), CpuStorage::F64(m), CpuStorage::F64(r))
                 }
-                (x, w, _) if x.dtype() != w.dtype() => return Err(Error::DType { op, got: w.dtype(), expected: x.dtype() }),
-                (x, _, b) if x.dtype() != b.dtype() => return Err(Error::DType { op, got: b.dtype(), expected: x.dtype() }),
+                (x, w, _) if x.dtype() != w.dtype() => {
+                    return Err(Error::DType { op, got: w.dtype(), expected: x.dtype() });
+                }
+                (x, _, b) if x.dtype() != b.dtype() => {
+                    return Err(Error::DType { op, got: b.dtype(), expected: x.dtype() });
+                }
                 (x, ..) => return Err(unsupported(op, x.dtype())),
             }
         };
@@ -874,7 +905,10 @@ impl Tensor {
         }
         let (v, d) = (self.dims()[0], self.dims()[1]);
         if let Some((i, &id)) = ids.iter().enumerate().find(|(_, x)| **x >= v) {
-            return Err(Error::Index { op, msg: format!("id {id} at position {i} is out of range for a table of {v} rows") });
+            return Err(Error::Index {
+                op,
+                msg: format!("id {id} at position {i} is out of range for a table of {v} rows"),
+            });
         }
         let table = self.to_vec_f64();
         let mut out = Vec::with_capacity(ids.len() * d);
@@ -884,7 +918,11 @@ impl Tensor {
         let mut dims = ids_shape.dims().to_vec();
         dims.push(d);
         let data = CpuStorage::from_f64(self.dtype(), &out);
-        Ok(Tensor::from_storage(data, Shape(dims), Some(Op::Embedding { weight: self.clone(), ids: Arc::new(ids.to_vec()) })))
+        Ok(Tensor::from_storage(
+            data,
+            Shape(dims),
+            Some(Op::Embedding { weight: self.clone(), ids: Arc::new(ids.to_vec()) }),
+        ))
     }
 
     /// Zeroes each element with probability `p` (seeded) and scales the rest by 1 / (1 - p).

@@ -84,6 +84,7 @@ impl Shape {
     pub fn broadcast(op: &'static str, a: &Shape, b: &Shape) -> Result<Shape> {
         let r = a.rank().max(b.rank());
         let mut out = vec![0; r];
+        #[allow(clippy::needless_range_loop)]
         for i in 0..r {
             let da = if i + a.rank() >= r { a.0[i + a.rank() - r] } else { 1 };
             let db = if i + b.rank() >= r { b.0[i + b.rank() - r] } else { 1 };
@@ -91,7 +92,12 @@ impl Shape {
                 (x, y) if x == y => x,
                 (1, y) => y,
                 (x, 1) => x,
-                _ => return Err(Error::shape(op, format!("shapes {a} and {b} do not broadcast (dimension {i}: {da} vs {db})"))),
+                _ => {
+                    return Err(Error::shape(
+                        op,
+                        format!("shapes {a} and {b} do not broadcast (dimension {i}: {da} vs {db})"),
+                    ));
+                }
             };
         }
         Ok(Shape(out))

@@ -1,0 +1,328 @@
+//! The main job: train a classifier MLP, report loss and accuracy per epoch, save a checkpoint.
+
+use crate::checkpoint;
+use crate::data::{self, Dataset};
+use crate::error::{Error, Result};
+use crate::nn::{Activation, Module, Sequential, mlp};
+use crate::optim::{Adam, LrSchedule, Optimizer, Sgd};
+use crate::tensor::{DType, Tensor, no_grad};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Where the data comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DataSource {
+    /// Generated spirals (kiln ships the generator, not a file).
+    Spirals {
+        /// Points per class.
+        per_class: usize,
+        /// Number of classes (arms).
+        classes: usize,
+        /// Angle noise.
+        noise: f64,
+    },
+    /// MNIST IDX files in a directory.
+    Mnist(PathBuf),
+}
+
+/// The optimizer to train with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OptimizerKind {
+    /// SGD with momentum (Nesterov when the flag is set).
+    Sgd {
+        /// Momentum.
+        momentum: f64,
+        /// Nesterov momentum.
+        nesterov: bool,
+    },
+    /// Adam.
+    Adam,
+    /// AdamW.
+    AdamW,
+}
+
+/// Which device to train on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The GPU when kiln can train there, else the CPU.
+    Auto,
+    /// The CPU reference backend.
+    Cpu,
+    /// The GPU.
+    Cuda,
+}
+
+/// Everything a training run needs.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// The data.
+    pub data: DataSource,
+    /// Hidden width.
+    pub width: usize,
+    /// Linear layers.
+    pub depth: usize,
+    /// Activation.
+    pub activation: Activation,
+    /// Batch size.
+    pub batch: usize,
+    /// Passes over the training set.
+    pub epochs: usize,
+    /// Optimizer.
+    pub optimizer: OptimizerKind,
+    /// Base learning rate.
+    pub lr: f64,
+    /// Weight decay.
+    pub weight_decay: f64,
+    /// Warmup steps of the cosine schedule (0: constant rate).
+    pub warmup: usize,
+    /// Device.
+    pub device: DeviceChoice,
+    /// Parameter dtype.
+    pub dtype: DType,
+    /// Seed for data, initialization and shuffling.
+    pub seed: u64,
+    /// Where to save the checkpoint (None: do not save).
+    pub checkpoint: Option<PathBuf>,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            data: DataSource::Spirals { per_class: 1000, classes: 3, noise: 0.2 },
+            width: 64,
+            depth: 3,
+            activation: Activation::Relu,
+            batch: 64,
+            epochs: 40,
+            optimizer: OptimizerKind::Adam,
+            lr: 1e-2,
+            weight_decay: 0.0,
+            warmup: 50,
+            device: DeviceChoice::Auto,
+            dtype: DType::F32,
+            seed: 0,
+            checkpoint: Some(PathBuf::from("kiln-mlp.safetensors")),
+            progress: true,
+        }
+    }
+}
+
+/// One epoch's numbers.
+#[derive(Clone, Debug)]
+pub struct EpochReport {
+    /// 1-based epoch.
+    pub epoch: usize,
+    /// Mean training loss.
+    pub loss: f64,
+    /// Accuracy on the training set (during the epoch's batches).
+    pub train_accuracy: f64,
+    /// Accuracy on the held-out set after the epoch.
+    pub test_accuracy: f64,
+    /// Mean wall time per step.
+    pub step_ms: f64,
+    /// Training samples per second.
+    pub samples_per_s: f64,
+}
+
+/// What a run produced.
+pub struct TrainReport {
+    /// Per-epoch numbers.
+    pub epochs: Vec<EpochReport>,
+    /// The trained model.
+    pub model: Sequential,
+    /// Where the checkpoint went.
+    pub checkpoint: Option<PathBuf>,
+    /// The device trained on, in words.
+    pub device: String,
+}
+
+fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset)> {
+    match &cfg.data {
+        DataSource::Spirals { per_class, classes, noise } => {
+            let mut rng = Tensor::rng(cfg.seed);
+            let all = data::spirals(*per_class, *classes, *noise, &mut rng);
+            Ok(all.split(0.2, &mut rng))
+        }
+        DataSource::Mnist(dir) => Ok((data::mnist(dir, false)?, data::mnist(dir, true)?)),
+    }
+}
+
+/// Accuracy of `model` on `data`, in batches, without recording a graph.
+pub fn accuracy(model: &Sequential, data: &Dataset, dtype: DType) -> Result<f64> {
+    let _g = no_grad();
+    let mut correct = 0usize;
+    let idx: Vec<usize> = (0..data.len()).collect();
+    for chunk in idx.chunks(1024) {
+        let (x, y) = data.gather(chunk);
+        let x = Tensor::from_vec(x, [chunk.len(), data.features])?.to_dtype(dtype)?;
+        let pred = model.forward(&x)?.argmax_last()?;
+        correct += pred.iter().zip(&y).filter(|(p, t)| p == t).count();
+    }
+    Ok(correct as f64 / data.len().max(1) as f64)
+}
+
+fn pick_device(choice: DeviceChoice) -> Result<String> {
+    let gpu = crate::cuda::Device::new(0).ok();
+    match (choice, gpu) {
+        (DeviceChoice::Cuda, _) => Err(Error::Unsupported {
+            op: "train",
+            what: "--device cuda yet: kiln's tensor ops run on the CPU backend until the CUDA tensor backend lands; use --device cpu".into(),
+        }),
+        (DeviceChoice::Auto, Some(d)) => Ok(format!(
+            "CPU (a GPU is present, {} {}.{}, but kiln's CUDA tensor backend is not built yet)",
+            d.name(),
+            d.compute_capability().0,
+            d.compute_capability().1
+        )),
+        (DeviceChoice::Auto, None) => Ok("CPU (no usable GPU found)".into()),
+        (DeviceChoice::Cpu, _) => Ok("CPU (as asked)".into()),
+    }
+}
+
+/// Checkpoint metadata describing the model, so `eval` can rebuild it.
+fn metadata(cfg: &TrainConfig, data: &Dataset) -> HashMap<String, String> {
+    let mut m = HashMap::new();
+    m.insert("features".into(), data.features.to_string());
+    m.insert("classes".into(), data.classes.to_string());
+    m.insert("width".into(), cfg.width.to_string());
+    m.insert("depth".into(), cfg.depth.to_string());
+    m.insert("activation".into(), format!("{:?}", cfg.activation));
+    m.insert("dtype".into(), checkpoint::dtype_name(cfg.dtype).into());
+    m.insert("seed".into(), cfg.seed.to_string());
+    m.insert("data".into(), format!("{:?}", cfg.data));
+    m
+}
+
+/// Trains per `cfg`, printing one line per epoch to `log`.
+pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport> {
+    if cfg.batch == 0 || cfg.epochs == 0 {
+        return Err(Error::shape("train", format!("batch {} and epochs {} must be positive", cfg.batch, cfg.epochs)));
+    }
+    let device = pick_device(cfg.device)?;
+    log(&format!("training on the {device}"));
+    let (train_set, test_set) = load_data(cfg)?;
+    if train_set.is_empty() || test_set.is_empty() {
+        return Err(Error::shape("train", "the dataset split left no training or no test rows"));
+    }
+    let mut rng = Tensor::rng(cfg.seed.wrapping_add(1));
+    let model = mlp(train_set.features, cfg.width, cfg.depth, train_set.classes, cfg.activation, cfg.dtype, &mut rng)?;
+    let params = model.named_parameters();
+    let n_params: usize = params.iter().map(|(_, p)| p.elem_count()).sum();
+    log(&format!(
+        "model: MLP {} -> {} x {} -> {} ({} parameters), {} train / {} test rows, batch {}, {:?}, lr {}",
+        train_set.features,
+        cfg.depth.saturating_sub(1),
+        cfg.width,
+        train_set.classes,
+        n_params,
+        train_set.len(),
+        test_set.len(),
+        cfg.batch,
+        cfg.optimizer,
+        cfg.lr
+    ));
+    let mut opt: Box<dyn Optimizer> = match cfg.optimizer {
+        OptimizerKind::Sgd { momentum, nesterov } => {
+            Box::new(Sgd::new(params, cfg.lr, momentum, cfg.weight_decay, nesterov))
+        }
+        OptimizerKind::Adam => Box::new(Adam::adam(params, cfg.lr, cfg.weight_decay)),
+        OptimizerKind::AdamW => Box::new(Adam::adamw(params, cfg.lr, cfg.weight_decay)),
+    };
+    let steps_per_epoch = train_set.len().div_ceil(cfg.batch);
+    let total = steps_per_epoch * cfg.epochs;
+    let schedule = if cfg.warmup > 0 {
+        LrSchedule::CosineWarmup { warmup: cfg.warmup.min(total), total, min_ratio: 0.05 }
+    } else {
+        LrSchedule::Constant
+    };
+    let mut reports = Vec::new();
+    let mut step = 0usize;
+    let mut order: Vec<usize> = (0..train_set.len()).collect();
+    for epoch in 1..=cfg.epochs {
+        for i in (1..order.len()).rev() {
+            order.swap(i, rand::Rng::random_range(&mut rng, 0..=i));
+        }
+        let bar = if cfg.progress {
+            let b = indicatif::ProgressBar::new(steps_per_epoch as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template("epoch {prefix:>3} [{bar:30}] {pos}/{len} loss {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            b.set_prefix(epoch.to_string());
+            b
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        let (mut loss_sum, mut correct) = (0.0, 0usize);
+        let started = Instant::now();
+        for chunk in order.chunks(cfg.batch) {
+            opt.set_lr(schedule.lr(cfg.lr, step));
+            let (x, y) = train_set.gather(chunk);
+            let x = Tensor::from_vec(x, [chunk.len(), train_set.features])?.to_dtype(cfg.dtype)?;
+            let logits = model.forward(&x)?;
+            let loss = logits.cross_entropy(&y)?;
+            let lv = loss.item()?;
+            if !lv.is_finite() {
+                return Err(Error::NonFinite { what: "the training loss".into(), value: lv, step });
+            }
+            loss.backward()?;
+            opt.step()?;
+            opt.zero_grad();
+            loss_sum += lv * chunk.len() as f64;
+            correct += logits.argmax_last()?.iter().zip(&y).filter(|(p, t)| p == t).count();
+            step += 1;
+            bar.set_message(format!("{lv:.4}"));
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let elapsed = started.elapsed().as_secs_f64();
+        let r = EpochReport {
+            epoch,
+            loss: loss_sum / train_set.len() as f64,
+            train_accuracy: correct as f64 / train_set.len() as f64,
+            test_accuracy: accuracy(&model, &test_set, cfg.dtype)?,
+            step_ms: 1e3 * elapsed / steps_per_epoch as f64,
+            samples_per_s: train_set.len() as f64 / elapsed,
+        };
+        log(&format!(
+            "epoch {:>3}  loss {:.4}  train acc {:6.2}%  test acc {:6.2}%  step {:.3} ms  {:.0} samples/s",
+            r.epoch,
+            r.loss,
+            100.0 * r.train_accuracy,
+            100.0 * r.test_accuracy,
+            r.step_ms,
+            r.samples_per_s
+        ));
+        reports.push(r);
+    }
+    if let Some(path) = &cfg.checkpoint {
+        let mut tensors = model.named_parameters();
+        tensors.extend(opt.state()?.into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
+        checkpoint::save(path, &tensors, metadata(cfg, &train_set))?;
+        log(&format!("saved checkpoint {}", path.display()));
+    }
+    Ok(TrainReport { epochs: reports, model, checkpoint: cfg.checkpoint.clone(), device })
+}
+
+/// Rebuilds the model a checkpoint describes and loads its parameters.
+pub fn load_model(path: &std::path::Path) -> Result<(Sequential, HashMap<String, String>)> {
+    let (tensors, meta) = checkpoint::load(path)?;
+    let get = |k: &str| -> Result<usize> {
+        meta.get(k)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Error::File { path: path.into(), msg: format!("metadata `{k}` missing") })
+    };
+    let act =
+        if meta.get("activation").map(String::as_str) == Some("Gelu") { Activation::Gelu } else { Activation::Relu };
+    let dtype = match meta.get("dtype").map(String::as_str) {
+        Some("f64") => DType::F64,
+        _ => DType::F32,
+    };
+    let model = mlp(get("features")?, get("width")?, get("depth")?, get("classes")?, act, dtype, &mut Tensor::rng(0))?;
+    checkpoint::assign(&model.named_parameters(), &tensors, "")?;
+    Ok((model, meta))
+}
