@@ -1,6 +1,6 @@
 //! Every op's backward against central finite differences in f64 (`gradcheck`), plus the autograd
-#![allow(clippy::cloned_ref_to_slice_refs)]
 //! machinery: accumulation, detach, no_grad, zero_grad, and typed errors.
+#![allow(clippy::cloned_ref_to_slice_refs)]
 
 use kiln::tensor::{DType, Tensor, gradcheck, no_grad};
 

@@ -7,6 +7,7 @@ use kiln::nn::Activation;
 use kiln::train::{DataSource, DeviceChoice, OptimizerKind, TrainConfig};
 use kiln::{DType, Tensor};
 
+use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -185,7 +186,10 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         checkpoint: Some(a.checkpoint),
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
-    let report = kiln::train::train(&cfg, |line| println!("{line}"))?;
+    // A closed pipe (`kiln | head`) ends the output, not the run.
+    let report = kiln::train::train(&cfg, |line| {
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
+    })?;
     let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
     let target = a.target_accuracy.unwrap_or(if a.dataset == Data::Spirals { 0.95 } else { 0.0 });
     if acc >= target {
