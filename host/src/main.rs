@@ -10,6 +10,13 @@ use kiln::{DType, Tensor};
 use std::io::Write;
 use std::path::PathBuf;
 
+/// `println!` that ignores a closed pipe (`kiln | head` ends the output, not the run).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "GPU kernels in Rust, and the engine that runs them")]
 #[command(args_conflicts_with_subcommands = true)]
@@ -124,24 +131,24 @@ enum Command {
 }
 
 fn info() -> kiln::Result<()> {
-    println!("kiln {}", env!("CARGO_PKG_VERSION"));
-    println!("PTX modules built into this binary:");
+    say!("kiln {}", env!("CARGO_PKG_VERSION"));
+    say!("PTX modules built into this binary:");
     for arch in Arch::ALL {
         let entries = kiln::ptx::entries(kiln::ptx::embedded(arch));
-        println!("  {:8} {:2} kernels: {}", arch.name(), entries.len(), entries.join(", "));
+        say!("  {:8} {:2} kernels: {}", arch.name(), entries.len(), entries.join(", "));
     }
     match Device::new(0) {
         Ok(dev) => {
             let (major, minor) = dev.compute_capability();
-            println!(
+            say!(
                 "device 0: {} (compute capability {major}.{minor}), loads the {} module",
                 dev.name(),
                 dev.arch().name()
             );
         }
-        Err(e) => println!("no usable GPU: {e}"),
+        Err(e) => say!("no usable GPU: {e}"),
     }
-    println!("CPU backend: {} threads", kiln::tensor::cpu::num_threads());
+    say!("CPU backend: {} threads", kiln::tensor::cpu::num_threads());
     Ok(())
 }
 
@@ -186,17 +193,14 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         checkpoint: Some(a.checkpoint),
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
-    // A closed pipe (`kiln | head`) ends the output, not the run.
-    let report = kiln::train::train(&cfg, |line| {
-        let _ = writeln!(std::io::stdout().lock(), "{line}");
-    })?;
+    let report = kiln::train::train(&cfg, |line| say!("{line}"))?;
     let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
     let target = a.target_accuracy.unwrap_or(if a.dataset == Data::Spirals { 0.95 } else { 0.0 });
     if acc >= target {
-        println!("reached {:.2}% test accuracy (target {:.0}%)", 100.0 * acc, 100.0 * target);
+        say!("reached {:.2}% test accuracy (target {:.0}%)", 100.0 * acc, 100.0 * target);
         Ok(true)
     } else {
-        println!("test accuracy {:.2}% is below the target {:.0}%", 100.0 * acc, 100.0 * target);
+        say!("test accuracy {:.2}% is below the target {:.0}%", 100.0 * acc, 100.0 * target);
         Ok(false)
     }
 }
@@ -217,7 +221,7 @@ fn eval(checkpoint: PathBuf, data_dir: Option<PathBuf>) -> kiln::Result<()> {
     };
     let dtype = if meta.get("dtype").map(String::as_str) == Some("f64") { DType::F64 } else { DType::F32 };
     let acc = kiln::train::accuracy(&model, &test, dtype)?;
-    println!("{}: {:.2}% accuracy on {} held-out rows", checkpoint.display(), 100.0 * acc, test.len());
+    say!("{}: {:.2}% accuracy on {} held-out rows", checkpoint.display(), 100.0 * acc, test.len());
     Ok(())
 }
 
@@ -233,7 +237,7 @@ fn main() -> std::process::ExitCode {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e}");
+            esay!("error: {e}");
             std::process::ExitCode::FAILURE
         }
     }
