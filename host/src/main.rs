@@ -237,7 +237,7 @@ fn main() -> std::process::ExitCode {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
-            esay!("error: {e}");
+            eprintln!("error: {e}");
             std::process::ExitCode::FAILURE
         }
     }
