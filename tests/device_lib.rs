@@ -167,3 +167,82 @@ fn misc_device_helpers() {
     assert!(valid_alloc_columns(32) && valid_alloc_columns(512));
     assert!(!valid_alloc_columns(16) && !valid_alloc_columns(48) && !valid_alloc_columns(1024));
 }
+
+/// Largest error in ulps of `got` against the f64 value `want` rounded to f32.
+fn ulps(got: f32, want: f64) -> u32 {
+    let w = want as f32;
+    if got == w || (got.is_nan() && w.is_nan()) {
+        return 0;
+    }
+    if !got.is_finite() || !w.is_finite() {
+        return u32::MAX;
+    }
+    (got.to_bits() as i64 - w.to_bits() as i64).unsigned_abs() as u32
+}
+
+fn sweep() -> impl Iterator<Item = f32> {
+    // every 997th bit pattern of the positive and negative finite floats, plus edge values
+    (0..0x7f80_0000u32).step_by(997).flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)]).chain([0.0, -0.0, 1.0, -1.0, 0.5, 2.0])
+}
+
+#[test]
+fn device_math_is_accurate() {
+    use kiln::gpu::math;
+    let (mut worst_exp, mut worst_ln, mut worst_tanh, mut worst_expm1) = (0, 0, 0, 0);
+    for x in sweep() {
+        if x.abs() < 100.0 {
+            let w = (x as f64).exp();
+            if w < f32::MAX as f64 && w > f32::MIN_POSITIVE as f64 {
+                worst_exp = worst_exp.max(ulps(math::exp(x), w));
+            }
+            worst_tanh = worst_tanh.max(ulps(math::tanh(x), (x as f64).tanh()));
+            if x.abs() > 1e-30 && x < 80.0 {
+                worst_expm1 = worst_expm1.max(ulps(math::expm1(x), (x as f64).exp_m1()));
+            }
+        }
+        if x > 0.0 {
+            worst_ln = worst_ln.max(ulps(math::ln(x), (x as f64).ln()));
+        }
+    }
+    assert!(worst_exp <= 2, "exp: {worst_exp} ulp");
+    assert!(worst_ln <= 3, "ln: {worst_ln} ulp");
+    assert!(worst_expm1 <= 3, "expm1: {worst_expm1} ulp");
+    assert!(worst_tanh <= 4, "tanh: {worst_tanh} ulp");
+    assert_eq!(math::exp(f32::NEG_INFINITY), 0.0);
+    assert_eq!(math::exp(f32::INFINITY), f32::INFINITY);
+    assert!(math::exp(f32::NAN).is_nan() && math::ln(-1.0).is_nan() && math::tanh(f32::NAN).is_nan());
+    assert_eq!(math::ln(0.0), f32::NEG_INFINITY);
+    assert_eq!(math::tanh(20.0), 1.0);
+    assert_eq!(math::tanh(-20.0), -1.0);
+    assert!((math::sigmoid(0.0) - 0.5).abs() < 1e-7);
+}
+
+#[test]
+fn strided_and_reduce_index_maps() {
+    use kiln::gpu::kernels::tensor_ops::{Strided2, offset_of, strided_offsets};
+    // transpose of a 2x3 as a strided read: out (3, 2), input strides (1, 3)
+    let p = Strided2 { n: 6, dims: [1, 1, 3, 2], a: [0, 0, 1, 3], b: [0; 4], op: 0 };
+    let got: Vec<u32> = (0..6).map(|i| strided_offsets(&p, i).0).collect();
+    assert_eq!(got, [0, 3, 1, 4, 2, 5]);
+    // row broadcast: b of shape (3) against out (2, 3)
+    let p = Strided2 { n: 6, dims: [1, 1, 2, 3], a: [0, 0, 3, 1], b: [0, 0, 0, 1], op: 0 };
+    assert_eq!((0..6).map(|i| strided_offsets(&p, i).1).collect::<Vec<_>>(), [0, 1, 2, 0, 1, 2]);
+    assert_eq!(offset_of(&[1, 2, 3, 4], &[0, 12, 4, 1], 23), 23);
+    assert_eq!(offset_of(&[1, 1, 1, 4], &[0, 0, 0, 6], 3), 18);
+}
+
+#[test]
+fn welford_combine_matches_two_pass() {
+    use kiln::gpu::kernels::tensor_ops::welford_combine;
+    let xs = [1.0f32, 4.0, -2.0, 7.5, 3.25, 0.0, 9.0];
+    let state = |v: &[f32]| {
+        let n = v.len() as f32;
+        let m = v.iter().sum::<f32>() / n;
+        (n, m, v.iter().map(|x| (x - m) * (x - m)).sum::<f32>())
+    };
+    let c = welford_combine(state(&xs[..3]), state(&xs[3..]));
+    let all = state(&xs);
+    assert!((c.0 - all.0).abs() < 1e-6 && (c.1 - all.1).abs() < 1e-5 && (c.2 - all.2).abs() < 1e-4, "{c:?} {all:?}");
+    assert_eq!(welford_combine((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)), (0.0, 0.0, 0.0));
+    assert_eq!(welford_combine((0.0, 0.0, 0.0), (2.0, 3.0, 1.0)), (2.0, 3.0, 1.0));
+}

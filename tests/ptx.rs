@@ -74,7 +74,15 @@ fn every_kernel_is_where_its_target_says() {
 /// source has `sync_threads()` calls.
 #[test]
 fn barriers_are_not_duplicated() {
-    let expected = [("reduce_sum_f32", 1), ("tma_tile_transform", 2), ("mbarrier_phases", 1)];
+    let expected = [
+        ("reduce_sum_f32", 1),
+        ("tma_tile_transform", 2),
+        ("mbarrier_phases", 1),
+        ("softmax_rows_f32", 4),
+        ("cross_entropy_rows_f32", 4),
+        ("layer_norm_rows_f32", 1),
+        ("matmul_f32", 2),
+    ];
     for a in [Arch::Sm90a, Arch::Sm100a] {
         for (k, n) in expected {
             let count = body(embedded(a), k).matches("bar.sync").count();

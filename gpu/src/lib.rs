@@ -23,6 +23,7 @@
 //! | [`matrix`] | `ldmatrix` / `stmatrix` |
 //! | [`mma`] | warp-level tensor-core products (`mma.sync`) and their fragment layouts |
 //! | [`convert`] | bf16 / f16 / tf32 conversion and packing |
+//! | [`math`] | exp, ln, tanh, sigmoid, expm1 in plain Rust (host-tested); sqrt |
 //! | [`swizzle`] | shared-memory swizzle patterns (pure arithmetic) |
 //! | [`wgmma`] | Hopper warpgroup products (sm_90a): fences, groups, descriptors |
 //! | [`tcgen05`] | Blackwell tensor memory (sm_100a) |
@@ -44,6 +45,7 @@ pub mod atomic;
 pub mod convert;
 pub mod cp_async;
 pub mod fence;
+pub mod math;
 pub mod matrix;
 pub mod mbarrier;
 pub mod mma;

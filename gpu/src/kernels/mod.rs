@@ -9,5 +9,6 @@ pub mod barrier;
 pub mod elementwise;
 pub mod mma_tile;
 pub mod reduce;
+pub mod tensor_ops;
 pub mod tma_tile;
 pub mod tmem;

@@ -1,0 +1,607 @@
+//! Tensor kernels (f32): the CUDA backend of kiln's tensors. Elementwise maps with broadcasting,
+//! strided copies, reductions over any dimensions, row-wise softmax / cross-entropy / layer norm,
+//! embedding gather and deterministic scatter, and the fused optimizer updates.
+//!
+//! Every kernel reduces in a fixed order (no float atomics), so results are bit-reproducible for a
+//! given launch configuration, which the host keeps fixed per shape.
+
+use crate::{DevicePtr, DevicePtrMut, KernelParam, kernel, shared_array};
+use crate::{math, sync, thread, warp};
+
+/// Most dimensions a strided or broadcast kernel handles (the host merges or pads to this).
+pub const MAX_DIMS: usize = 4;
+/// Threads per block for the row kernels (one block per row).
+pub const ROW_THREADS: u32 = 256;
+
+/// Unary function codes for [`unary_f32`].
+pub mod unary {
+    /// -x
+    pub const NEG: u32 = 0;
+    /// e^x
+    pub const EXP: u32 = 1;
+    /// ln x
+    pub const LOG: u32 = 2;
+    /// sqrt x
+    pub const SQRT: u32 = 3;
+    /// max(x, 0)
+    pub const RELU: u32 = 4;
+    /// GELU, tanh form
+    pub const GELU: u32 = 5;
+    /// d GELU / dx
+    pub const GELU_GRAD: u32 = 6;
+    /// tanh x
+    pub const TANH: u32 = 7;
+    /// logistic sigmoid
+    pub const SIGMOID: u32 = 8;
+    /// 1 where x > 0
+    pub const STEP: u32 = 9;
+    /// x + s
+    pub const ADD_SCALAR: u32 = 10;
+    /// x * s
+    pub const MUL_SCALAR: u32 = 11;
+}
+
+/// Binary function codes for [`binary_f32`].
+pub mod binary {
+    /// a + b
+    pub const ADD: u32 = 0;
+    /// a - b
+    pub const SUB: u32 = 1;
+    /// a * b
+    pub const MUL: u32 = 2;
+    /// a / b
+    pub const DIV: u32 = 3;
+}
+
+/// An output of `n` elements with dimensions `dims` (row-major, padded on the left with 1s to
+/// [`MAX_DIMS`]) and, for each input, the stride of each dimension (0 where it broadcasts).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Strided2 {
+    /// Output elements.
+    pub n: u32,
+    /// Output dimensions.
+    pub dims: [u32; MAX_DIMS],
+    /// Input A's strides.
+    pub a: [u32; MAX_DIMS],
+    /// Input B's strides (unused by one-input kernels).
+    pub b: [u32; MAX_DIMS],
+    /// Function code ([`binary`]).
+    pub op: u32,
+}
+// SAFETY: repr(C), u32 fields only.
+unsafe impl KernelParam for Strided2 {}
+
+/// The input offsets of output element `i` (pure: host-tested).
+#[inline(always)]
+pub const fn strided_offsets(p: &Strided2, mut i: u32) -> (u32, u32) {
+    let (mut oa, mut ob) = (0, 0);
+    let mut d = MAX_DIMS;
+    while d > 0 {
+        d -= 1;
+        let c = i % p.dims[d];
+        i /= p.dims[d];
+        oa += c * p.a[d];
+        ob += c * p.b[d];
+    }
+    (oa, ob)
+}
+
+/// A sum over some dimensions: output element `o` (of `out_n`) has kept coordinates in `kept_dims`
+/// read through `kept_strides`, and sums the `red_n` input elements at `red_dims` / `red_strides`
+/// from there, in row-major order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReduceDims {
+    /// Output elements.
+    pub out_n: u32,
+    /// Kept dimensions (output shape, padded).
+    pub kept_dims: [u32; MAX_DIMS],
+    /// Input strides of the kept dimensions.
+    pub kept_strides: [u32; MAX_DIMS],
+    /// Elements summed per output.
+    pub red_n: u32,
+    /// Reduced dimensions (padded).
+    pub red_dims: [u32; MAX_DIMS],
+    /// Input strides of the reduced dimensions.
+    pub red_strides: [u32; MAX_DIMS],
+}
+// SAFETY: repr(C), u32 fields only.
+unsafe impl KernelParam for ReduceDims {}
+
+/// Offset of coordinate index `i` in a (dims, strides) space (pure: host-tested).
+#[inline(always)]
+pub const fn offset_of(dims: &[u32; MAX_DIMS], strides: &[u32; MAX_DIMS], mut i: u32) -> u32 {
+    let mut off = 0;
+    let mut d = MAX_DIMS;
+    while d > 0 {
+        d -= 1;
+        off += (i % dims[d]) * strides[d];
+        i /= dims[d];
+    }
+    off
+}
+
+/// Batched matrix product shape: `c[b] = a[b] (m x k) . b[b] (k x n)`, `b_stride` 0 for a shared B.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatmulShape {
+    /// Rows of A and C.
+    pub m: u32,
+    /// Columns of B and C.
+    pub n: u32,
+    /// The reduction.
+    pub k: u32,
+    /// Elements between consecutive A matrices.
+    pub a_stride: u32,
+    /// Elements between consecutive B matrices (0: one B for every batch).
+    pub b_stride: u32,
+}
+// SAFETY: repr(C), u32 fields only.
+unsafe impl KernelParam for MatmulShape {}
+
+/// Tile edge of [`matmul_f32`].
+pub const MATMUL_TILE: u32 = 16;
+
+/// Adam / AdamW hyper-parameters for one step, with the bias corrections precomputed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AdamStep {
+    /// Elements.
+    pub n: u32,
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Denominator epsilon.
+    pub eps: f32,
+    /// Weight decay.
+    pub weight_decay: f32,
+    /// 1 - beta1^t.
+    pub c1: f32,
+    /// 1 - beta2^t.
+    pub c2: f32,
+    /// 1: AdamW (decoupled decay), 0: Adam (decay added to the gradient).
+    pub decoupled: u32,
+}
+// SAFETY: repr(C), 4-byte fields only.
+unsafe impl KernelParam for AdamStep {}
+
+/// SGD hyper-parameters for one step.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SgdStep {
+    /// Elements.
+    pub n: u32,
+    /// Learning rate.
+    pub lr: f32,
+    /// Momentum (0: none).
+    pub momentum: f32,
+    /// Weight decay.
+    pub weight_decay: f32,
+    /// 1: Nesterov.
+    pub nesterov: u32,
+    /// 1: the first step (the velocity starts as the gradient).
+    pub first: u32,
+}
+// SAFETY: repr(C), 4-byte fields only.
+unsafe impl KernelParam for SgdStep {}
+
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn apply_unary(op: u32, v: f32, s: f32) -> f32 {
+    const C: f32 = 0.797_884_6;
+    const A: f32 = 0.044_715;
+    match op {
+        unary::NEG => -v,
+        unary::EXP => math::exp(v),
+        unary::LOG => math::ln(v),
+        unary::SQRT => math::sqrt(v),
+        unary::RELU => {
+            if v > 0.0 {
+                v
+            } else {
+                0.0
+            }
+        }
+        unary::GELU => 0.5 * v * (1.0 + math::tanh(C * (v + A * v * v * v))),
+        unary::GELU_GRAD => {
+            let t = math::tanh(C * (v + A * v * v * v));
+            0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * C * (1.0 + 3.0 * A * v * v)
+        }
+        unary::TANH => math::tanh(v),
+        unary::SIGMOID => math::sigmoid(v),
+        unary::STEP => {
+            if v > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        unary::ADD_SCALAR => v + s,
+        unary::MUL_SCALAR => v * s,
+        _ => thread::trap(),
+    }
+}
+
+/// `out[i] = f(x[i])` for the function `op` ([`unary`]), with scalar `s` for the scalar ops.
+/// Grid-stride over `n`.
+#[kernel]
+pub unsafe fn unary_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, n: u32, op: u32, s: f32) {
+    let mut i = thread::global_idx_x() as usize;
+    while i < n as usize {
+        unsafe { out.write(i, apply_unary(op, x.read(i), s)) };
+        i += thread::grid_stride_x() as usize;
+    }
+}
+
+/// `out[i] = a[off_a(i)] (op) b[off_b(i)]` with broadcasting strides ([`Strided2`]). Grid-stride.
+#[kernel]
+pub unsafe fn binary_f32(a: DevicePtr<f32>, b: DevicePtr<f32>, out: DevicePtrMut<f32>, p: Strided2) {
+    let mut i = thread::global_idx_x();
+    while i < p.n {
+        let (oa, ob) = strided_offsets(&p, i);
+        let (x, y) = unsafe { (a.read(oa as usize), b.read(ob as usize)) };
+        let v = match p.op {
+            binary::ADD => x + y,
+            binary::SUB => x - y,
+            binary::MUL => x * y,
+            binary::DIV => x / y,
+            _ => thread::trap(),
+        };
+        unsafe { out.write(i as usize, v) };
+        i += thread::grid_stride_x();
+    }
+}
+
+/// `out[i] = x[off_a(i)]`: transposes, broadcasts (expand) and other strided gathers. Grid-stride.
+#[kernel]
+pub unsafe fn strided_copy_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, p: Strided2) {
+    let mut i = thread::global_idx_x();
+    while i < p.n {
+        let (oa, _) = strided_offsets(&p, i);
+        unsafe { out.write(i as usize, x.read(oa as usize)) };
+        i += thread::grid_stride_x();
+    }
+}
+
+/// `out[i] = value`. Grid-stride.
+#[kernel]
+pub unsafe fn fill_f32(out: DevicePtrMut<f32>, n: u32, value: f32) {
+    let mut i = thread::global_idx_x() as usize;
+    while i < n as usize {
+        unsafe { out.write(i, value) };
+        i += thread::grid_stride_x() as usize;
+    }
+}
+
+/// Sums over dimensions ([`ReduceDims`]): one thread per output element, adding its inputs in
+/// row-major order in f64 and rounding once, so the result matches the CPU backend's order.
+#[kernel]
+pub unsafe fn reduce_sum_dims_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, p: ReduceDims) {
+    let mut o = thread::global_idx_x();
+    while o < p.out_n {
+        let base = offset_of(&p.kept_dims, &p.kept_strides, o);
+        let mut acc = 0.0f64;
+        let mut r = 0;
+        while r < p.red_n {
+            acc += unsafe { x.read((base + offset_of(&p.red_dims, &p.red_strides, r)) as usize) } as f64;
+            r += 1;
+        }
+        unsafe { out.write(o as usize, acc as f32) };
+        o += thread::grid_stride_x();
+    }
+}
+
+/// Maximum along one dimension: input viewed as (outer, len, inner); one thread per (outer, inner)
+/// writes the first maximum and its input offset.
+#[kernel]
+pub unsafe fn max_dim_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, argmax: DevicePtrMut<u32>, outer: u32, len: u32, inner: u32) {
+    let mut o = thread::global_idx_x();
+    while o < outer * inner {
+        let (a, b) = (o / inner, o % inner);
+        let mut best = a * len * inner + b;
+        let mut bv = unsafe { x.read(best as usize) };
+        let mut j = 1;
+        while j < len {
+            let idx = (a * len + j) * inner + b;
+            let v = unsafe { x.read(idx as usize) };
+            if v > bv || (v != v && bv == bv) {
+                best = idx;
+                bv = v;
+            }
+            j += 1;
+        }
+        unsafe {
+            out.write(o as usize, bv);
+            argmax.write(o as usize, best);
+        }
+        o += thread::grid_stride_x();
+    }
+}
+
+/// `gx[argmax[o]] = g[o]` (gx zeroed first; argmax offsets are distinct, so no two threads write
+/// one element).
+#[kernel]
+pub unsafe fn scatter_argmax_f32(g: DevicePtr<f32>, argmax: DevicePtr<u32>, gx: DevicePtrMut<f32>, n: u32) {
+    let mut o = thread::global_idx_x() as usize;
+    while o < n as usize {
+        unsafe { gx.write(argmax.read(o) as usize, g.read(o)) };
+        o += thread::grid_stride_x() as usize;
+    }
+}
+
+shared_array!(fn mm_a() -> [f32; 256], align 16);
+shared_array!(fn mm_b() -> [f32; 256], align 16);
+
+/// Batched matrix product with 16x16 shared-memory tiles (the simple kernel the GEMM ladder
+/// replaces). Block (16, 16): thread (tx, ty) computes `c[b][row0 + ty][col0 + tx]`; grid
+/// (ceil(n / 16), ceil(m / 16), batch). The k loop runs in ascending order.
+#[kernel]
+pub unsafe fn matmul_f32(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: MatmulShape) {
+    let (tx, ty) = (thread::thread_idx_x(), thread::thread_idx_y());
+    let bz = thread::block_idx_z();
+    let row = thread::block_idx_y() * MATMUL_TILE + ty;
+    let col = thread::block_idx_x() * MATMUL_TILE + tx;
+    let a0 = (bz * s.a_stride) as usize;
+    let b0 = (bz * s.b_stride) as usize;
+    let (sa, sb) = (mm_a(), mm_b());
+    let mut acc = 0.0f32;
+    let mut k0 = 0;
+    while k0 < s.k {
+        let (ka, kb) = (k0 + tx, k0 + ty);
+        let va = if row < s.m && ka < s.k { unsafe { a.read(a0 + (row * s.k + ka) as usize) } } else { 0.0 };
+        let vb = if kb < s.k && col < s.n { unsafe { b.read(b0 + (kb * s.n + col) as usize) } } else { 0.0 };
+        unsafe {
+            (*sa)[(ty * MATMUL_TILE + tx) as usize] = va;
+            (*sb)[(ty * MATMUL_TILE + tx) as usize] = vb;
+        }
+        sync::sync_threads();
+        let mut kk = 0;
+        while kk < MATMUL_TILE {
+            acc += unsafe { (*sa)[(ty * MATMUL_TILE + kk) as usize] * (*sb)[(kk * MATMUL_TILE + tx) as usize] };
+            kk += 1;
+        }
+        sync::sync_threads();
+        k0 += MATMUL_TILE;
+    }
+    if row < s.m && col < s.n {
+        unsafe { c.write((bz * s.m * s.n + row * s.n + col) as usize, acc) };
+    }
+}
+
+shared_array!(fn row_red() -> [f32; 32], align 16);
+
+/// Block-wide reduction of one value per thread (sum or max), every thread gets the result.
+/// All threads of the block must call it.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn block_reduce(v: f32, max: bool) -> f32 {
+    let (lane, w) = (thread::lane_id(), thread::warp_id());
+    let warps = thread::block_dim_x() / warp::WARP_SIZE;
+    let r = if max { warp::reduce_max_f32(v) } else { warp::reduce_sum_f32(v) };
+    let sh = row_red();
+    if lane == 0 {
+        unsafe { (*sh)[w as usize] = r };
+    }
+    sync::sync_threads();
+    let init = if max { f32::NEG_INFINITY } else { 0.0 };
+    let x = if lane < warps { unsafe { (*sh)[lane as usize] } } else { init };
+    let total = if max { warp::reduce_max_f32(x) } else { warp::reduce_sum_f32(x) };
+    sync::sync_threads(); // the shared slots are reused by the next call
+    total
+}
+
+/// Softmax (`log = 0`) or log-softmax (`log = 1`) of each row of `d` elements. One block of
+/// [`ROW_THREADS`] per row: block max, block sum of exp(x - max), then the write.
+#[kernel]
+pub unsafe fn softmax_rows_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, d: u32, log: u32) {
+    let row = (thread::block_idx_x() * d) as usize;
+    let t = thread::thread_idx_x();
+    let mut m = f32::NEG_INFINITY;
+    let mut c = t;
+    while c < d {
+        m = m.max(unsafe { x.read(row + c as usize) });
+        c += ROW_THREADS;
+    }
+    let m = block_reduce(m, true);
+    let mut s = 0.0f32;
+    c = t;
+    while c < d {
+        s += math::exp(unsafe { x.read(row + c as usize) } - m);
+        c += ROW_THREADS;
+    }
+    let s = block_reduce(s, false);
+    let (ls, inv) = (math::ln(s), 1.0 / s);
+    c = t;
+    while c < d {
+        let v = unsafe { x.read(row + c as usize) } - m;
+        unsafe { out.write(row + c as usize, if log != 0 { v - ls } else { math::exp(v) * inv }) };
+        c += ROW_THREADS;
+    }
+}
+
+/// Per-row cross-entropy `logsumexp(x) - x[target]` of logits rows of `d`; the host averages the
+/// row losses with [`reduce_sum_dims_f32`]. One block per row.
+#[kernel]
+pub unsafe fn cross_entropy_rows_f32(logits: DevicePtr<f32>, targets: DevicePtr<u32>, row_loss: DevicePtrMut<f32>, d: u32) {
+    let r = thread::block_idx_x();
+    let row = (r * d) as usize;
+    let t = thread::thread_idx_x();
+    let mut m = f32::NEG_INFINITY;
+    let mut c = t;
+    while c < d {
+        m = m.max(unsafe { logits.read(row + c as usize) });
+        c += ROW_THREADS;
+    }
+    let m = block_reduce(m, true);
+    let mut s = 0.0f32;
+    c = t;
+    while c < d {
+        s += math::exp(unsafe { logits.read(row + c as usize) } - m);
+        c += ROW_THREADS;
+    }
+    let s = block_reduce(s, false);
+    if t == 0 {
+        let target = unsafe { targets.read(r as usize) };
+        unsafe { row_loss.write(r as usize, m + math::ln(s) - logits.read(row + target as usize)) };
+    }
+}
+
+/// Combines two Welford states (count, mean, M2) (Chan et al.).
+#[inline(always)]
+pub fn welford_combine(a: (f32, f32, f32), b: (f32, f32, f32)) -> (f32, f32, f32) {
+    let n = a.0 + b.0;
+    if n == 0.0 {
+        return (0.0, 0.0, 0.0);
+    }
+    let delta = b.1 - a.1;
+    (n, a.1 + delta * b.0 / n, a.2 + b.2 + delta * delta * a.0 * b.0 / n)
+}
+
+shared_array!(fn ln_stats() -> [f32; 96], align 16);
+
+/// Layer norm of each row of `d`: `out = (x - mean) * rstd * w + b`, writing the row's mean and
+/// rstd for the backward. One block per row; each thread keeps a Welford state over its strided
+/// elements, warps combine by butterfly, warp 0 combines the warps.
+#[kernel]
+pub unsafe fn layer_norm_rows_f32(
+    x: DevicePtr<f32>,
+    w: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    out: DevicePtrMut<f32>,
+    stats: DevicePtrMut<f32>,
+    d: u32,
+    eps: f32,
+) {
+    let r = thread::block_idx_x();
+    let row = (r * d) as usize;
+    let t = thread::thread_idx_x();
+    let mut st = (0.0f32, 0.0f32, 0.0f32);
+    let mut c = t;
+    while c < d {
+        let v = unsafe { x.read(row + c as usize) };
+        st.0 += 1.0;
+        let delta = v - st.1;
+        st.1 += delta / st.0;
+        st.2 += delta * (v - st.1);
+        c += ROW_THREADS;
+    }
+    let mut off = warp::WARP_SIZE / 2;
+    while off > 0 {
+        let o = (
+            warp::shfl_xor_f32(warp::FULL_MASK, st.0, off),
+            warp::shfl_xor_f32(warp::FULL_MASK, st.1, off),
+            warp::shfl_xor_f32(warp::FULL_MASK, st.2, off),
+        );
+        st = welford_combine(st, o);
+        off /= 2;
+    }
+    let sh = ln_stats();
+    let (lane, wid) = (thread::lane_id(), thread::warp_id());
+    if lane == 0 {
+        unsafe {
+            (*sh)[(wid * 3) as usize] = st.0;
+            (*sh)[(wid * 3 + 1) as usize] = st.1;
+            (*sh)[(wid * 3 + 2) as usize] = st.2;
+        }
+    }
+    sync::sync_threads();
+    let mut all = (0.0f32, 0.0f32, 0.0f32);
+    let mut i = 0;
+    while i < ROW_THREADS / warp::WARP_SIZE {
+        let s = unsafe { ((*sh)[(i * 3) as usize], (*sh)[(i * 3 + 1) as usize], (*sh)[(i * 3 + 2) as usize]) };
+        all = welford_combine(all, s);
+        i += 1;
+    }
+    let (mean, rstd) = (all.1, 1.0 / math::sqrt(all.2 / d as f32 + eps));
+    if t == 0 {
+        unsafe {
+            stats.write((2 * r) as usize, mean);
+            stats.write((2 * r + 1) as usize, rstd);
+        }
+    }
+    c = t;
+    while c < d {
+        let v = unsafe { x.read(row + c as usize) };
+        unsafe { out.write(row + c as usize, (v - mean) * rstd * w.read(c as usize) + b.read(c as usize)) };
+        c += ROW_THREADS;
+    }
+}
+
+/// `out[p][c] = table[ids[p]][c]` for `n` positions of `d` features. Grid-stride over n * d.
+#[kernel]
+pub unsafe fn embedding_gather_f32(table: DevicePtr<f32>, ids: DevicePtr<u32>, out: DevicePtrMut<f32>, n: u32, d: u32) {
+    let mut i = thread::global_idx_x();
+    while i < n * d {
+        let (p, c) = (i / d, i % d);
+        unsafe { out.write(i as usize, table.read((ids.read(p as usize) * d + c) as usize)) };
+        i += thread::grid_stride_x();
+    }
+}
+
+/// Deterministic scatter-add for the embedding gradient: `gw[v][c] = sum of g[p][c]` over the
+/// positions `p` with `ids[p] == v`, taken in position order. The host sorts positions by id
+/// (`order`, with `offsets[v]..offsets[v + 1]` the positions of row v); one thread per (v, c).
+#[kernel]
+pub unsafe fn embedding_scatter_f32(g: DevicePtr<f32>, order: DevicePtr<u32>, offsets: DevicePtr<u32>, gw: DevicePtrMut<f32>, v: u32, d: u32) {
+    let mut i = thread::global_idx_x();
+    while i < v * d {
+        let (row, c) = (i / d, i % d);
+        let (lo, hi) = unsafe { (offsets.read(row as usize), offsets.read(row as usize + 1)) };
+        let mut acc = 0.0f32;
+        let mut j = lo;
+        while j < hi {
+            acc += unsafe { g.read((order.read(j as usize) * d + c) as usize) };
+            j += 1;
+        }
+        unsafe { gw.write(i as usize, acc) };
+        i += thread::grid_stride_x();
+    }
+}
+
+/// One fused Adam / AdamW step over `n` parameters: updates `m`, `v` and `p` in place from `g`.
+#[kernel]
+pub unsafe fn adam_step_f32(p: DevicePtrMut<f32>, g: DevicePtr<f32>, m: DevicePtrMut<f32>, v: DevicePtrMut<f32>, h: AdamStep) {
+    let mut i = thread::global_idx_x() as usize;
+    while i < h.n as usize {
+        unsafe {
+            let mut w = p.as_const().read(i);
+            let mut gi = g.read(i);
+            if h.decoupled == 0 {
+                gi += h.weight_decay * w;
+            }
+            let mi = h.beta1 * m.as_const().read(i) + (1.0 - h.beta1) * gi;
+            let vi = h.beta2 * v.as_const().read(i) + (1.0 - h.beta2) * gi * gi;
+            m.write(i, mi);
+            v.write(i, vi);
+            if h.decoupled != 0 {
+                w -= h.lr * h.weight_decay * w;
+            }
+            w -= h.lr * (mi / h.c1) / (math::sqrt(vi / h.c2) + h.eps);
+            p.write(i, w);
+        }
+        i += thread::grid_stride_x() as usize;
+    }
+}
+
+/// One fused SGD step (momentum, weight decay, Nesterov) over `n` parameters.
+#[kernel]
+pub unsafe fn sgd_step_f32(p: DevicePtrMut<f32>, g: DevicePtr<f32>, vel: DevicePtrMut<f32>, h: SgdStep) {
+    let mut i = thread::global_idx_x() as usize;
+    while i < h.n as usize {
+        unsafe {
+            let w = p.as_const().read(i);
+            let mut gi = g.read(i) + h.weight_decay * w;
+            if h.momentum != 0.0 {
+                let v = if h.first != 0 { gi } else { h.momentum * vel.as_const().read(i) + gi };
+                vel.write(i, v);
+                gi = if h.nesterov != 0 { gi + h.momentum * v } else { v };
+            }
+            p.write(i, w - h.lr * gi);
+        }
+        i += thread::grid_stride_x() as usize;
+    }
+}
