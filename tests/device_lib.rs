@@ -182,7 +182,10 @@ fn ulps(got: f32, want: f64) -> u32 {
 
 fn sweep() -> impl Iterator<Item = f32> {
     // every 997th bit pattern of the positive and negative finite floats, plus edge values
-    (0..0x7f80_0000u32).step_by(997).flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)]).chain([0.0, -0.0, 1.0, -1.0, 0.5, 2.0])
+    (0..0x7f80_0000u32)
+        .step_by(997)
+        .flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)])
+        .chain([0.0, -0.0, 1.0, -1.0, 0.5, 2.0])
 }
 
 #[test]

@@ -19,6 +19,9 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 use std::sync::Arc;
 
+#[path = "backend_cases.rs"]
+mod backend_cases;
+
 type Outcome = Result<(), String>;
 
 struct GpuTest {
@@ -56,6 +59,58 @@ fn tests() -> Vec<GpuTest> {
             available: |d| d.supports::<TmaTileTransform>(),
             run: large_dynamic_smem,
         },
+        // The tensor backend: the same cases the CPU backend runs (tests/backend_cases.rs).
+        GpuTest {
+            name: "gpu::tensor::matmul_matches_naive",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::matmul_matches_naive),
+        },
+        GpuTest {
+            name: "gpu::tensor::broadcast_binary",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::broadcast_binary),
+        },
+        GpuTest {
+            name: "gpu::tensor::reductions_and_max",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::reductions_and_max),
+        },
+        GpuTest {
+            name: "gpu::tensor::softmax_and_cross_entropy",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::softmax_and_cross_entropy),
+        },
+        GpuTest {
+            name: "gpu::tensor::layer_norm_matches_two_pass",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::layer_norm_matches_two_pass),
+        },
+        GpuTest {
+            name: "gpu::tensor::gelu_and_friends",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::gelu_and_friends),
+        },
+        GpuTest {
+            name: "gpu::tensor::embedding_and_transpose",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::embedding_and_transpose),
+        },
+        GpuTest {
+            name: "gpu::tensor::dtypes_round_trip",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::dtypes_round_trip),
+        },
+        GpuTest {
+            name: "gpu::tensor::gradients_match_cpu",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::gradients_match_cpu),
+        },
+        GpuTest {
+            name: "gpu::tensor::training_step_matches_cpu",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::training_step_matches_cpu),
+        },
+        GpuTest { name: "gpu::train_main_job_on_cuda", available: any, run: train_main_job_on_cuda },
     ]
 }
 
@@ -350,6 +405,33 @@ fn mbarrier_phases(dev: &Device) -> Outcome {
         if got != want {
             return Err(format!("mbarrier_phases {threads} threads x {rounds} rounds: got {got:?}"));
         }
+    }
+    Ok(())
+}
+
+/// Runs a backend case (which asserts) on the CUDA device.
+fn on_cuda(_: &Device, case: fn(&kiln::tensor::Device)) -> Outcome {
+    case(&kiln::tensor::Device::Cuda(Device::shared().map_err(err)?));
+    Ok(())
+}
+
+fn train_main_job_on_cuda(_: &Device) -> Outcome {
+    use kiln::train::{DataSource, DeviceChoice, TrainConfig};
+    let cfg = TrainConfig {
+        data: DataSource::Spirals { per_class: 300, classes: 3, noise: 0.2 },
+        epochs: 20,
+        device: DeviceChoice::Cuda,
+        checkpoint: None,
+        progress: false,
+        ..TrainConfig::default()
+    };
+    let report = kiln::train::train(&cfg, |l| eprintln!("{l}")).map_err(err)?;
+    if !report.device.starts_with("GPU") {
+        return Err(format!("trained on {} instead of the GPU", report.device));
+    }
+    let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
+    if acc < 0.9 {
+        return Err(format!("test accuracy {acc} after 20 epochs on the GPU (the CPU backend reaches 0.99)"));
     }
     Ok(())
 }

@@ -31,7 +31,8 @@ pub fn exp(x: f32) -> f32 {
     let r = (x - k as f32 * LN2_HI) - k as f32 * LN2_LO;
     let p = 1.0
         + r * (1.0
-            + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
     if k < -126 {
         // subnormal result: scale in two steps
         p * pow2(k + 64) * pow2(-64)
@@ -50,7 +51,8 @@ pub fn expm1(x: f32) -> f32 {
             + x * (0.5
                 + x * (1.0 / 6.0
                     + x * (1.0 / 24.0
-                        + x * (1.0 / 120.0 + x * (1.0 / 720.0 + x * (1.0 / 5040.0 + x * (1.0 / 40320.0 + x * (1.0 / 362_880.0)))))))))
+                        + x * (1.0 / 120.0
+                            + x * (1.0 / 720.0 + x * (1.0 / 5040.0 + x * (1.0 / 40320.0 + x * (1.0 / 362_880.0)))))))))
     } else {
         exp(x) - 1.0
     }
@@ -98,7 +100,13 @@ pub fn tanh(x: f32) -> f32 {
         let y = expm1(2.0 * a);
         y / (y + 2.0)
     };
-    if x < 0.0 { -t } else if x != x { x } else { t }
+    if x < 0.0 {
+        -t
+    } else if x != x {
+        x
+    } else {
+        t
+    }
 }
 
 /// The logistic sigmoid `1 / (1 + e^-x)`.
@@ -115,6 +123,8 @@ pub fn sigmoid(x: f32) -> f32 {
 pub fn sqrt(x: f32) -> f32 {
     let r: f32;
     // SAFETY: register-only.
-    unsafe { core::arch::asm!("sqrt.rn.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nomem, nostack, pure)) };
+    unsafe {
+        core::arch::asm!("sqrt.rn.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nomem, nostack, pure))
+    };
     r
 }

@@ -27,15 +27,15 @@ impl safetensors::View for View {
     }
 }
 
-fn view(t: &Tensor) -> View {
-    let s = t.storage();
-    let (dtype, bytes) = match &*s {
+fn view(t: &Tensor) -> Result<View> {
+    let s = t.storage().to_cpu()?;
+    let (dtype, bytes) = match &s {
         CpuStorage::F32(v) => (safetensors::Dtype::F32, bytemuck::cast_slice(v).to_vec()),
         CpuStorage::F64(v) => (safetensors::Dtype::F64, bytemuck::cast_slice(v).to_vec()),
         CpuStorage::BF16(v) => (safetensors::Dtype::BF16, bytemuck::cast_slice(v).to_vec()),
         CpuStorage::F16(v) => (safetensors::Dtype::F16, bytemuck::cast_slice(v).to_vec()),
     };
-    View { dtype, shape: t.dims().to_vec(), bytes }
+    Ok(View { dtype, shape: t.dims().to_vec(), bytes })
 }
 
 fn file_err(path: &Path, msg: impl std::fmt::Display) -> Error {
@@ -44,7 +44,7 @@ fn file_err(path: &Path, msg: impl std::fmt::Display) -> Error {
 
 /// Writes named tensors to `path`, with string metadata.
 pub fn save(path: &Path, tensors: &[(String, Tensor)], metadata: HashMap<String, String>) -> Result<()> {
-    let views: Vec<(String, View)> = tensors.iter().map(|(n, t)| (n.clone(), view(t))).collect();
+    let views: Vec<(String, View)> = tensors.iter().map(|(n, t)| Ok((n.clone(), view(t)?))).collect::<Result<_>>()?;
     safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| file_err(path, e))
 }
 
@@ -69,7 +69,7 @@ pub fn load(path: &Path) -> Result<(HashMap<String, Tensor>, HashMap<String, Str
         if shape.elem_count() != storage.len() {
             return Err(file_err(path, format!("tensor `{name}`: {} values for shape {shape}", storage.len())));
         }
-        out.insert(name, Tensor::from_storage(storage, shape, None));
+        out.insert(name, Tensor::from_cpu(storage, shape, None));
     }
     Ok((out, meta.metadata().clone().unwrap_or_default()))
 }

@@ -96,6 +96,16 @@ pub enum Error {
         /// The dtype expected.
         expected: crate::tensor::DType,
     },
+    /// Inputs on different devices.
+    #[error("{op}: inputs are on different devices ({a} and {b}); move one with .to_device()")]
+    Device {
+        /// The operation.
+        op: &'static str,
+        /// The first input's device.
+        a: String,
+        /// The second input's device.
+        b: String,
+    },
     /// Something the op does not support.
     #[error("{op} does not support {what}")]
     Unsupported {

@@ -220,7 +220,7 @@ fn eval(checkpoint: PathBuf, data_dir: Option<PathBuf>) -> kiln::Result<()> {
         kiln::data::spirals(1000, 3, 0.2, &mut rng).split(0.2, &mut rng).1
     };
     let dtype = if meta.get("dtype").map(String::as_str) == Some("f64") { DType::F64 } else { DType::F32 };
-    let acc = kiln::train::accuracy(&model, &test, dtype)?;
+    let acc = kiln::train::accuracy(&model, &test, dtype, &kiln::Device::Cpu)?;
     say!("{}: {:.2}% accuracy on {} held-out rows", checkpoint.display(), 100.0 * acc, test.len());
     Ok(())
 }

@@ -2,7 +2,23 @@
 //! rounding once to the parameter's dtype.
 
 use crate::error::{Error, Result};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{CudaStorage, DType, Storage, Tensor};
+use kiln_gpu::kernels::tensor_ops::{AdamStep, SgdStep};
+
+/// Runs `f` on a CUDA parameter's storage and its gradient's; `None` when the parameter is not on
+/// a GPU (the caller takes the host path).
+fn on_cuda<R>(p: &Tensor, f: impl FnOnce(&mut CudaStorage, &CudaStorage) -> Result<R>) -> Option<Result<R>> {
+    if !matches!(p.device(), crate::tensor::Device::Cuda(_)) {
+        return None;
+    }
+    let g = p.grad()?;
+    let gs = g.storage();
+    let mut ps = p.storage_mut();
+    match (&mut *ps, &*gs) {
+        (Storage::Cuda(pc), Storage::Cuda(gc)) => Some(f(pc, gc)),
+        _ => Some(Err(Error::Device { op: "optimizer step", a: p.device().name(), b: g.device().name() })),
+    }
+}
 
 /// An optimizer over a fixed list of named parameters.
 pub trait Optimizer {
@@ -68,19 +84,50 @@ pub struct Sgd {
     /// Nesterov momentum.
     pub nesterov: bool,
     velocity: Vec<Option<Vec<f64>>>,
+    device_velocity: Vec<Option<CudaStorage>>,
 }
 
 impl Sgd {
     /// A new optimizer.
     pub fn new(params: Vec<(String, Tensor)>, lr: f64, momentum: f64, weight_decay: f64, nesterov: bool) -> Sgd {
         let n = params.len();
-        Sgd { params, lr, momentum, weight_decay, nesterov, velocity: vec![None; n] }
+        Sgd {
+            params,
+            lr,
+            momentum,
+            weight_decay,
+            nesterov,
+            velocity: vec![None; n],
+            device_velocity: (0..n).map(|_| None).collect(),
+        }
     }
 }
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         for (i, (_, p)) in self.params.iter().enumerate() {
+            let (lr, momentum, weight_decay, nesterov) = (self.lr, self.momentum, self.weight_decay, self.nesterov);
+            let slot = &mut self.device_velocity[i];
+            let fused = on_cuda(p, |pc, gc| {
+                let first = slot.is_none();
+                let vel = match slot {
+                    Some(v) => v,
+                    None => slot.insert(CudaStorage::full(&pc.dev, pc.len(), 0.0)?),
+                };
+                let h = SgdStep {
+                    n: 0,
+                    lr: lr as f32,
+                    momentum: momentum as f32,
+                    weight_decay: weight_decay as f32,
+                    nesterov: nesterov as u32,
+                    first: first as u32,
+                };
+                pc.sgd_step(gc, vel, h)
+            });
+            if let Some(r) = fused {
+                r?;
+                continue;
+            }
             let Some(mut g) = grad_of(p) else { continue };
             let mut w = p.to_vec_f64();
             if self.weight_decay != 0.0 {
@@ -125,8 +172,11 @@ impl Optimizer for Sgd {
     }
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
-        for ((name, p), v) in self.params.iter().zip(&self.velocity) {
-            if let Some(v) = v {
+        for (i, (name, p)) in self.params.iter().enumerate() {
+            if let Some(v) = &self.device_velocity[i] {
+                let v: Vec<f64> = v.download()?.into_iter().map(f64::from).collect();
+                out.push(state_vec(name, "sgd.velocity", &v, p)?);
+            } else if let Some(v) = &self.velocity[i] {
                 out.push(state_vec(name, "sgd.velocity", v, p)?);
             }
         }
@@ -135,7 +185,12 @@ impl Optimizer for Sgd {
     fn load_state(&mut self, state: &std::collections::HashMap<String, Tensor>) -> Result<()> {
         for (i, (name, p)) in self.params.iter().enumerate() {
             if state.contains_key(&format!("sgd.velocity.{name}")) {
-                self.velocity[i] = Some(load_vec(state, "sgd.velocity", name, p)?);
+                let v = load_vec(state, "sgd.velocity", name, p)?;
+                if let crate::tensor::Device::Cuda(dev) = p.device() {
+                    self.device_velocity[i] =
+                        Some(CudaStorage::upload(&dev, &v.iter().map(|&x| x as f32).collect::<Vec<_>>())?);
+                }
+                self.velocity[i] = Some(v);
             }
         }
         Ok(())
@@ -159,6 +214,7 @@ pub struct Adam {
     t: u64,
     m: Vec<Vec<f64>>,
     v: Vec<Vec<f64>>,
+    device_mv: Vec<Option<(CudaStorage, CudaStorage)>>,
 }
 
 impl Adam {
@@ -174,7 +230,8 @@ impl Adam {
     fn new(params: Vec<(String, Tensor)>, lr: f64, weight_decay: f64, decoupled: bool) -> Adam {
         let m = params.iter().map(|(_, p)| vec![0.0; p.elem_count()]).collect();
         let v = params.iter().map(|(_, p)| vec![0.0; p.elem_count()]).collect();
-        Adam { params, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, decoupled, t: 0, m, v }
+        let device_mv = params.iter().map(|_| None).collect();
+        Adam { params, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, decoupled, t: 0, m, v, device_mv }
     }
     /// Steps taken.
     pub fn steps(&self) -> u64 {
@@ -189,6 +246,32 @@ impl Optimizer for Adam {
         let c1 = 1.0 - b1.powi(self.t as i32);
         let c2 = 1.0 - b2.powi(self.t as i32);
         for (i, (_, p)) in self.params.iter().enumerate() {
+            let h = AdamStep {
+                n: 0,
+                lr: self.lr as f32,
+                beta1: b1 as f32,
+                beta2: b2 as f32,
+                eps: self.eps as f32,
+                weight_decay: self.weight_decay as f32,
+                c1: c1 as f32,
+                c2: c2 as f32,
+                decoupled: self.decoupled as u32,
+            };
+            let slot = &mut self.device_mv[i];
+            let fused = on_cuda(p, |pc, gc| {
+                let (m, v) = match slot {
+                    Some(mv) => mv,
+                    None => slot.insert((
+                        CudaStorage::full(&pc.dev, pc.len(), 0.0)?,
+                        CudaStorage::full(&pc.dev, pc.len(), 0.0)?,
+                    )),
+                };
+                pc.adam_step(gc, m, v, h)
+            });
+            if let Some(r) = fused {
+                r?;
+                continue;
+            }
             let Some(mut g) = grad_of(p) else { continue };
             let mut w = p.to_vec_f64();
             if self.weight_decay != 0.0 && !self.decoupled {
@@ -223,8 +306,15 @@ impl Optimizer for Adam {
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = vec![("adam.t".to_string(), Tensor::from_f64(&[self.t as f64], [1], DType::F64)?)];
         for (i, (name, p)) in self.params.iter().enumerate() {
-            out.push(state_vec(name, "adam.m", &self.m[i], p)?);
-            out.push(state_vec(name, "adam.v", &self.v[i], p)?);
+            let (m, v) = match &self.device_mv[i] {
+                Some((m, v)) => (
+                    m.download()?.into_iter().map(f64::from).collect(),
+                    v.download()?.into_iter().map(f64::from).collect(),
+                ),
+                None => (self.m[i].clone(), self.v[i].clone()),
+            };
+            out.push(state_vec(name, "adam.m", &m, p)?);
+            out.push(state_vec(name, "adam.v", &v, p)?);
         }
         Ok(out)
     }
@@ -234,6 +324,10 @@ impl Optimizer for Adam {
         for (i, (name, p)) in self.params.iter().enumerate() {
             self.m[i] = load_vec(state, "adam.m", name, p)?;
             self.v[i] = load_vec(state, "adam.v", name, p)?;
+            if let crate::tensor::Device::Cuda(dev) = p.device() {
+                let up = |v: &[f64]| CudaStorage::upload(&dev, &v.iter().map(|&x| x as f32).collect::<Vec<_>>());
+                self.device_mv[i] = Some((up(&self.m[i])?, up(&self.v[i])?));
+            }
         }
         Ok(())
     }

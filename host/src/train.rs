@@ -5,7 +5,7 @@ use crate::data::{self, Dataset};
 use crate::error::{Error, Result};
 use crate::nn::{Activation, Module, Sequential, mlp};
 use crate::optim::{Adam, LrSchedule, Optimizer, Sgd};
-use crate::tensor::{DType, Tensor, no_grad};
+use crate::tensor::{DType, Device, Tensor, no_grad};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -151,34 +151,39 @@ fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset)> {
 }
 
 /// Accuracy of `model` on `data`, in batches, without recording a graph.
-pub fn accuracy(model: &Sequential, data: &Dataset, dtype: DType) -> Result<f64> {
+pub fn accuracy(model: &Sequential, data: &Dataset, dtype: DType, device: &Device) -> Result<f64> {
     let _g = no_grad();
     let mut correct = 0usize;
     let idx: Vec<usize> = (0..data.len()).collect();
     for chunk in idx.chunks(1024) {
         let (x, y) = data.gather(chunk);
-        let x = Tensor::from_vec(x, [chunk.len(), data.features])?.to_dtype(dtype)?;
+        let x = Tensor::from_vec(x, [chunk.len(), data.features])?.to_dtype(dtype)?.to_device(device)?;
         let pred = model.forward(&x)?.argmax_last()?;
         correct += pred.iter().zip(&y).filter(|(p, t)| p == t).count();
     }
     Ok(correct as f64 / data.len().max(1) as f64)
 }
 
-fn pick_device(choice: DeviceChoice) -> Result<String> {
-    let gpu = crate::cuda::Device::new(0).ok();
+fn pick_device(choice: DeviceChoice, dtype: DType) -> Result<(Device, String)> {
+    let gpu = crate::cuda::Device::shared();
     match (choice, gpu) {
-        (DeviceChoice::Cuda, _) => Err(Error::Unsupported {
-            op: "train",
-            what: "--device cuda yet: kiln's tensor ops run on the CPU backend until the CUDA tensor backend lands; use --device cpu".into(),
-        }),
-        (DeviceChoice::Auto, Some(d)) => Ok(format!(
-            "CPU (a GPU is present, {} {}.{}, but kiln's CUDA tensor backend is not built yet)",
-            d.name(),
-            d.compute_capability().0,
-            d.compute_capability().1
-        )),
-        (DeviceChoice::Auto, None) => Ok("CPU (no usable GPU found)".into()),
-        (DeviceChoice::Cpu, _) => Ok("CPU (as asked)".into()),
+        (DeviceChoice::Cpu, _) => Ok((Device::Cpu, "CPU (as asked)".into())),
+        (DeviceChoice::Cuda | DeviceChoice::Auto, Ok(_)) if dtype != DType::F32 => {
+            if choice == DeviceChoice::Cuda {
+                return Err(Error::Unsupported {
+                    op: "train",
+                    what: format!("{dtype:?} on CUDA: kiln's CUDA tensors are f32"),
+                });
+            }
+            Ok((Device::Cpu, format!("CPU ({dtype:?} runs on the CPU backend; CUDA tensors are f32)")))
+        }
+        (DeviceChoice::Cuda | DeviceChoice::Auto, Ok(d)) => {
+            let (major, minor) = d.compute_capability();
+            let what = format!("GPU: {} (compute capability {major}.{minor}, {} module)", d.name(), d.arch().name());
+            Ok((Device::Cuda(d), what))
+        }
+        (DeviceChoice::Cuda, Err(e)) => Err(e),
+        (DeviceChoice::Auto, Err(e)) => Ok((Device::Cpu, format!("CPU (no usable GPU: {e})"))),
     }
 }
 
@@ -201,8 +206,8 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
     if cfg.batch == 0 || cfg.epochs == 0 {
         return Err(Error::shape("train", format!("batch {} and epochs {} must be positive", cfg.batch, cfg.epochs)));
     }
-    let device = pick_device(cfg.device)?;
-    log(&format!("training on the {device}"));
+    let (device, device_name) = pick_device(cfg.device, cfg.dtype)?;
+    log(&format!("training on the {device_name}"));
     let (train_set, test_set) = load_data(cfg)?;
     if train_set.is_empty() || test_set.is_empty() {
         return Err(Error::shape("train", "the dataset split left no training or no test rows"));
@@ -210,6 +215,9 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
     let mut rng = Tensor::rng(cfg.seed.wrapping_add(1));
     let model = mlp(train_set.features, cfg.width, cfg.depth, train_set.classes, cfg.activation, cfg.dtype, &mut rng)?;
     let params = model.named_parameters();
+    for (_, p) in &params {
+        p.move_to(&device)?;
+    }
     let n_params: usize = params.iter().map(|(_, p)| p.elem_count()).sum();
     log(&format!(
         "model: MLP {} -> {} x {} -> {} ({} parameters), {} train / {} test rows, batch {}, {:?}, lr {}",
@@ -262,7 +270,7 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         for chunk in order.chunks(cfg.batch) {
             opt.set_lr(schedule.lr(cfg.lr, step));
             let (x, y) = train_set.gather(chunk);
-            let x = Tensor::from_vec(x, [chunk.len(), train_set.features])?.to_dtype(cfg.dtype)?;
+            let x = Tensor::from_vec(x, [chunk.len(), train_set.features])?.to_dtype(cfg.dtype)?.to_device(&device)?;
             let logits = model.forward(&x)?;
             let loss = logits.cross_entropy(&y)?;
             let lv = loss.item()?;
@@ -284,7 +292,7 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
             epoch,
             loss: loss_sum / train_set.len() as f64,
             train_accuracy: correct as f64 / train_set.len() as f64,
-            test_accuracy: accuracy(&model, &test_set, cfg.dtype)?,
+            test_accuracy: accuracy(&model, &test_set, cfg.dtype, &device)?,
             step_ms: 1e3 * elapsed / steps_per_epoch as f64,
             samples_per_s: train_set.len() as f64 / elapsed,
         };
@@ -305,7 +313,7 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         checkpoint::save(path, &tensors, metadata(cfg, &train_set))?;
         log(&format!("saved checkpoint {}", path.display()));
     }
-    Ok(TrainReport { epochs: reports, model, checkpoint: cfg.checkpoint.clone(), device })
+    Ok(TrainReport { epochs: reports, model, checkpoint: cfg.checkpoint.clone(), device: device_name })
 }
 
 /// Rebuilds the model a checkpoint describes and loads its parameters.

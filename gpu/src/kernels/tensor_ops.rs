@@ -298,7 +298,14 @@ pub unsafe fn reduce_sum_dims_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, p: 
 /// Maximum along one dimension: input viewed as (outer, len, inner); one thread per (outer, inner)
 /// writes the first maximum and its input offset.
 #[kernel]
-pub unsafe fn max_dim_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, argmax: DevicePtrMut<u32>, outer: u32, len: u32, inner: u32) {
+pub unsafe fn max_dim_f32(
+    x: DevicePtr<f32>,
+    out: DevicePtrMut<f32>,
+    argmax: DevicePtrMut<u32>,
+    outer: u32,
+    len: u32,
+    inner: u32,
+) {
     let mut o = thread::global_idx_x();
     while o < outer * inner {
         let (a, b) = (o / inner, o % inner);
@@ -426,7 +433,12 @@ pub unsafe fn softmax_rows_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, d: u32
 /// Per-row cross-entropy `logsumexp(x) - x[target]` of logits rows of `d`; the host averages the
 /// row losses with [`reduce_sum_dims_f32`]. One block per row.
 #[kernel]
-pub unsafe fn cross_entropy_rows_f32(logits: DevicePtr<f32>, targets: DevicePtr<u32>, row_loss: DevicePtrMut<f32>, d: u32) {
+pub unsafe fn cross_entropy_rows_f32(
+    logits: DevicePtr<f32>,
+    targets: DevicePtr<u32>,
+    row_loss: DevicePtrMut<f32>,
+    d: u32,
+) {
     let r = thread::block_idx_x();
     let row = (r * d) as usize;
     let t = thread::thread_idx_x();
@@ -463,8 +475,8 @@ pub fn welford_combine(a: (f32, f32, f32), b: (f32, f32, f32)) -> (f32, f32, f32
 
 shared_array!(fn ln_stats() -> [f32; 96], align 16);
 
-/// Layer norm of each row of `d`: `out = (x - mean) * rstd * w + b`, writing the row's mean and
-/// rstd for the backward. One block per row; each thread keeps a Welford state over its strided
+/// Layer norm of each row of `d`: `out = (x - mean) * rstd * w + b`, writing the row's `mean` and
+/// `rstd` for the backward. One block per row; each thread keeps a Welford state over its strided
 /// elements, warps combine by butterfly, warp 0 combines the warps.
 #[kernel]
 pub unsafe fn layer_norm_rows_f32(
@@ -472,7 +484,8 @@ pub unsafe fn layer_norm_rows_f32(
     w: DevicePtr<f32>,
     b: DevicePtr<f32>,
     out: DevicePtrMut<f32>,
-    stats: DevicePtrMut<f32>,
+    mean_out: DevicePtrMut<f32>,
+    rstd_out: DevicePtrMut<f32>,
     d: u32,
     eps: f32,
 ) {
@@ -519,8 +532,8 @@ pub unsafe fn layer_norm_rows_f32(
     let (mean, rstd) = (all.1, 1.0 / math::sqrt(all.2 / d as f32 + eps));
     if t == 0 {
         unsafe {
-            stats.write((2 * r) as usize, mean);
-            stats.write((2 * r + 1) as usize, rstd);
+            mean_out.write(r as usize, mean);
+            rstd_out.write(r as usize, rstd);
         }
     }
     c = t;
@@ -546,7 +559,14 @@ pub unsafe fn embedding_gather_f32(table: DevicePtr<f32>, ids: DevicePtr<u32>, o
 /// positions `p` with `ids[p] == v`, taken in position order. The host sorts positions by id
 /// (`order`, with `offsets[v]..offsets[v + 1]` the positions of row v); one thread per (v, c).
 #[kernel]
-pub unsafe fn embedding_scatter_f32(g: DevicePtr<f32>, order: DevicePtr<u32>, offsets: DevicePtr<u32>, gw: DevicePtrMut<f32>, v: u32, d: u32) {
+pub unsafe fn embedding_scatter_f32(
+    g: DevicePtr<f32>,
+    order: DevicePtr<u32>,
+    offsets: DevicePtr<u32>,
+    gw: DevicePtrMut<f32>,
+    v: u32,
+    d: u32,
+) {
     let mut i = thread::global_idx_x();
     while i < v * d {
         let (row, c) = (i / d, i % d);
@@ -564,7 +584,13 @@ pub unsafe fn embedding_scatter_f32(g: DevicePtr<f32>, order: DevicePtr<u32>, of
 
 /// One fused Adam / AdamW step over `n` parameters: updates `m`, `v` and `p` in place from `g`.
 #[kernel]
-pub unsafe fn adam_step_f32(p: DevicePtrMut<f32>, g: DevicePtr<f32>, m: DevicePtrMut<f32>, v: DevicePtrMut<f32>, h: AdamStep) {
+pub unsafe fn adam_step_f32(
+    p: DevicePtrMut<f32>,
+    g: DevicePtr<f32>,
+    m: DevicePtrMut<f32>,
+    v: DevicePtrMut<f32>,
+    h: AdamStep,
+) {
     let mut i = thread::global_idx_x() as usize;
     while i < h.n as usize {
         unsafe {

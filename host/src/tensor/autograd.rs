@@ -69,7 +69,7 @@ impl Tensor {
         let _guard = no_grad();
         let order = self.topo_order();
         let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
-        grads.insert(self.id(), Tensor::ones(self.shape().clone(), self.dtype()));
+        grads.insert(self.id(), self.ones_like()?);
         for node in order.iter().rev() {
             let Some(g) = grads.remove(&node.id()) else { continue };
             if node.is_requires_grad() {

@@ -7,11 +7,13 @@
 
 mod autograd;
 pub mod cpu;
+pub mod cuda_backend;
 pub mod ops;
 mod shape;
 
 pub use autograd::{NoGradGuard, gradcheck, is_grad_enabled, no_grad};
 pub use cpu::{CpuStorage, DType};
+pub use cuda_backend::CudaStorage;
 pub use shape::Shape;
 
 use crate::error::{Error, Result};
@@ -21,10 +23,103 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Where a tensor lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Device {
     /// Host memory, the reference backend.
     Cpu,
+    /// A CUDA GPU (f32 tensors; every op a kiln kernel).
+    Cuda(Arc<crate::cuda::Device>),
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Device) -> bool {
+        match (self, other) {
+            (Device::Cpu, Device::Cpu) => true,
+            (Device::Cuda(a), Device::Cuda(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Device {
+    /// The shared CUDA device 0, as a tensor device.
+    pub fn cuda() -> Result<Device> {
+        Ok(Device::Cuda(crate::cuda::Device::shared()?))
+    }
+    /// A short name for messages ("cpu", "cuda:NVIDIA H200").
+    pub fn name(&self) -> String {
+        match self {
+            Device::Cpu => "cpu".into(),
+            Device::Cuda(d) => format!("cuda:{}", d.name()),
+        }
+    }
+}
+
+/// A tensor's data: host memory, or a GPU buffer.
+#[derive(Debug)]
+pub enum Storage {
+    /// On the host.
+    Cpu(CpuStorage),
+    /// On a GPU (f32).
+    Cuda(CudaStorage),
+}
+
+impl Storage {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Storage::Cpu(s) => s.dtype(),
+            Storage::Cuda(_) => DType::F32,
+        }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Storage::Cpu(s) => s.len(),
+            Storage::Cuda(s) => s.len(),
+        }
+    }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Where it lives.
+    pub fn device(&self) -> Device {
+        match self {
+            Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(s) => Device::Cuda(s.dev.clone()),
+        }
+    }
+    /// A copy on the same device.
+    pub fn try_clone(&self) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.clone()),
+            Storage::Cuda(s) => Storage::Cuda(s.try_clone()?),
+        })
+    }
+    /// The host copy of the data (downloads from a GPU).
+    pub fn to_cpu(&self) -> Result<CpuStorage> {
+        Ok(match self {
+            Storage::Cpu(s) => s.clone(),
+            Storage::Cuda(s) => CpuStorage::F32(s.download()?),
+        })
+    }
+    /// The data on `device`.
+    pub fn to_device(&self, device: &Device) -> Result<Storage> {
+        Ok(match (self, device) {
+            (Storage::Cpu(s), Device::Cpu) => Storage::Cpu(s.clone()),
+            (Storage::Cuda(s), Device::Cpu) => Storage::Cpu(CpuStorage::F32(s.download()?)),
+            (Storage::Cpu(CpuStorage::F32(v)), Device::Cuda(d)) => Storage::Cuda(CudaStorage::upload(d, v)?),
+            (Storage::Cpu(s), Device::Cuda(_)) => {
+                return Err(Error::Unsupported {
+                    op: "to_device",
+                    what: format!("{:?} tensors on CUDA (convert with .to_dtype(DType::F32) first)", s.dtype()),
+                });
+            }
+            (Storage::Cuda(s), Device::Cuda(d)) if Arc::ptr_eq(&s.dev, d) => Storage::Cuda(s.try_clone()?),
+            (Storage::Cuda(s), Device::Cuda(d)) => Storage::Cuda(CudaStorage::upload(d, &s.download()?)?),
+        })
+    }
 }
 
 /// A unique id per tensor (graph bookkeeping).
@@ -40,7 +135,7 @@ impl TensorId {
 
 pub(crate) struct Inner {
     id: TensorId,
-    data: RwLock<CpuStorage>,
+    data: RwLock<Storage>,
     shape: Shape,
     op: Option<Op>,
     requires_grad: bool,
@@ -70,7 +165,11 @@ impl Drop for Inner {
 pub struct Tensor(Arc<Inner>);
 
 impl Tensor {
-    pub(crate) fn from_storage(data: CpuStorage, shape: Shape, op: Option<Op>) -> Tensor {
+    pub(crate) fn from_cpu(data: CpuStorage, shape: Shape, op: Option<Op>) -> Tensor {
+        Tensor::from_storage(Storage::Cpu(data), shape, op)
+    }
+
+    pub(crate) fn from_storage(data: Storage, shape: Shape, op: Option<Op>) -> Tensor {
         debug_assert_eq!(data.len(), shape.elem_count(), "storage and shape disagree");
         let op =
             if autograd::is_grad_enabled() { op.filter(|o| o.inputs().iter().any(|t| t.is_tracked())) } else { None };
@@ -90,7 +189,7 @@ impl Tensor {
         if v.len() != shape.elem_count() {
             return Err(Error::shape("from_vec", format!("{} values do not fill shape {shape}", v.len())));
         }
-        Ok(Tensor::from_storage(T::wrap(v), shape, None))
+        Ok(Tensor::from_cpu(T::wrap(v), shape, None))
     }
 
     /// A tensor from f64 values, stored as `dtype`.
@@ -99,13 +198,13 @@ impl Tensor {
         if v.len() != shape.elem_count() {
             return Err(Error::shape("from_f64", format!("{} values do not fill shape {shape}", v.len())));
         }
-        Ok(Tensor::from_storage(CpuStorage::from_f64(dtype, v), shape, None))
+        Ok(Tensor::from_cpu(CpuStorage::from_f64(dtype, v), shape, None))
     }
 
     /// All elements equal to `value`.
     pub fn full(value: f64, shape: impl Into<Shape>, dtype: DType) -> Tensor {
         let shape = shape.into();
-        Tensor::from_storage(CpuStorage::from_f64(dtype, &vec![value; shape.elem_count()]), shape, None)
+        Tensor::from_cpu(CpuStorage::from_f64(dtype, &vec![value; shape.elem_count()]), shape, None)
     }
     /// Zeros.
     pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Tensor {
@@ -118,7 +217,7 @@ impl Tensor {
     /// `0, 1, ..., n - 1`.
     pub fn arange(n: usize, dtype: DType) -> Tensor {
         let v: Vec<f64> = (0..n).map(|i| i as f64).collect();
-        Tensor::from_storage(CpuStorage::from_f64(dtype, &v), Shape(vec![n]), None)
+        Tensor::from_cpu(CpuStorage::from_f64(dtype, &v), Shape(vec![n]), None)
     }
     /// Normal(0, 1) samples from a seeded generator.
     pub fn randn(shape: impl Into<Shape>, dtype: DType, rng: &mut StdRng) -> Tensor {
@@ -131,13 +230,13 @@ impl Tensor {
                 (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
             })
             .collect();
-        Tensor::from_storage(CpuStorage::from_f64(dtype, &v), shape, None)
+        Tensor::from_cpu(CpuStorage::from_f64(dtype, &v), shape, None)
     }
     /// Uniform samples in `[lo, hi)` from a seeded generator.
     pub fn rand(lo: f64, hi: f64, shape: impl Into<Shape>, dtype: DType, rng: &mut StdRng) -> Tensor {
         let shape = shape.into();
         let v: Vec<f64> = (0..shape.elem_count()).map(|_| rng.random_range(lo..hi)).collect();
-        Tensor::from_storage(CpuStorage::from_f64(dtype, &v), shape, None)
+        Tensor::from_cpu(CpuStorage::from_f64(dtype, &v), shape, None)
     }
     /// A seeded generator (kiln's models take one, so runs are reproducible).
     pub fn rng(seed: u64) -> StdRng {
@@ -166,31 +265,71 @@ impl Tensor {
     }
     /// The device.
     pub fn device(&self) -> Device {
-        Device::Cpu
+        self.storage().device()
     }
-    /// Copies to a device.
-    pub fn to_device(&self, device: Device) -> Result<Tensor> {
-        match device {
-            Device::Cpu => Ok(self.clone()),
+    /// The tensor on `device` (the same handle when it is already there). Gradients flow back to
+    /// the original device.
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if &self.device() == device {
+            return Ok(self.clone());
         }
+        let data = self.storage().to_device(device)?;
+        Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::ToDevice(self.clone()))))
     }
-    pub(crate) fn storage(&self) -> std::sync::RwLockReadGuard<'_, CpuStorage> {
+    /// Moves a tensor's data to `device` in place, keeping its identity (parameters move this way,
+    /// so optimizers and modules keep referring to the same tensors).
+    pub fn move_to(&self, device: &Device) -> Result<()> {
+        if &self.device() == device {
+            return Ok(());
+        }
+        let data = self.storage().to_device(device)?;
+        *self.storage_mut() = data;
+        Ok(())
+    }
+    pub(crate) fn storage(&self) -> std::sync::RwLockReadGuard<'_, Storage> {
         self.0.data.read().unwrap_or_else(|p| p.into_inner())
     }
-    pub(crate) fn storage_mut(&self) -> std::sync::RwLockWriteGuard<'_, CpuStorage> {
+    pub(crate) fn storage_mut(&self) -> std::sync::RwLockWriteGuard<'_, Storage> {
         self.0.data.write().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Zeros with this tensor's shape, dtype and device.
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Tensor::full(0.0, self.shape().clone(), self.dtype()).to_device(&self.device()).map(|t| t.detach_cheap())
+    }
+    /// Ones with this tensor's shape, dtype and device.
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Tensor::full(1.0, self.shape().clone(), self.dtype()).to_device(&self.device()).map(|t| t.detach_cheap())
+    }
+    /// The same storage handle without its graph (no copy).
+    fn detach_cheap(self) -> Tensor {
+        if self.0.op.is_none() {
+            return self;
+        }
+        match Arc::try_unwrap(self.0) {
+            Ok(mut inner) => {
+                inner.op = None;
+                Tensor(Arc::new(inner))
+            }
+            Err(arc) => Tensor(arc).detach(),
+        }
     }
     pub(crate) fn op(&self) -> Option<&Op> {
         self.0.op.as_ref()
     }
 
-    /// Every element as f64, in row-major order.
-    pub fn to_vec_f64(&self) -> Vec<f64> {
-        self.storage().to_f64_vec()
+    /// Every element as f64, in row-major order (downloaded from a GPU).
+    pub fn try_to_vec_f64(&self) -> Result<Vec<f64>> {
+        Ok(self.storage().to_cpu()?.to_f64_vec())
     }
-    /// Every element as f32.
+    /// Every element as f64. Panics only if a GPU download fails (a device fault, not a usage
+    /// error); use [`Tensor::try_to_vec_f64`] to handle that.
+    pub fn to_vec_f64(&self) -> Vec<f64> {
+        self.try_to_vec_f64().unwrap_or_else(|e| panic!("downloading a tensor: {e}"))
+    }
+    /// Every element as f32 (see [`Tensor::to_vec_f64`]).
     pub fn to_vec_f32(&self) -> Vec<f32> {
-        self.storage().as_f32().into_owned()
+        let s = self.storage().to_cpu().unwrap_or_else(|e| panic!("downloading a tensor: {e}"));
+        s.as_f32().into_owned()
     }
     /// The value of a one-element tensor.
     pub fn item(&self) -> Result<f64> {
@@ -200,7 +339,7 @@ impl Tensor {
                 format!("tensor of shape {} has {} elements, not 1", self.shape(), self.elem_count()),
             ));
         }
-        Ok(self.to_vec_f64()[0])
+        Ok(self.try_to_vec_f64()?[0])
     }
 
     /// Converts to another dtype (a new tensor; gradients flow through f32/f64 conversions).
@@ -208,14 +347,22 @@ impl Tensor {
         if d == self.dtype() {
             return Ok(self.clone());
         }
-        let data = self.storage().to_dtype(d);
+        let data = match &*self.storage() {
+            Storage::Cpu(s) => Storage::Cpu(s.to_dtype(d)),
+            Storage::Cuda(_) => {
+                return Err(Error::Unsupported {
+                    op: "to_dtype",
+                    what: format!("{d:?} on CUDA: kiln's CUDA tensors are f32"),
+                });
+            }
+        };
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::ToDType(self.clone()))))
     }
 
     /// Marks a leaf tensor as needing gradients (returns a new handle sharing nothing with `self`'s
     /// graph).
     pub fn requires_grad(self) -> Tensor {
-        let data = self.storage().clone();
+        let data = self.storage().try_clone().unwrap_or_else(|e| panic!("copying a tensor on its device: {e}"));
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
             data: RwLock::new(data),
@@ -235,7 +382,8 @@ impl Tensor {
     }
     /// The same data, cut from the graph.
     pub fn detach(&self) -> Tensor {
-        Tensor::from_storage(self.storage().clone(), self.shape().clone(), None)
+        let data = self.storage().try_clone().unwrap_or_else(|e| panic!("copying a tensor on its device: {e}"));
+        Tensor::from_storage(data, self.shape().clone(), None)
     }
     /// The accumulated gradient of a leaf, if any.
     pub fn grad(&self) -> Option<Tensor> {
@@ -257,6 +405,9 @@ impl Tensor {
 
     /// Overwrites the data in place (optimizers; the shape and dtype must match).
     pub fn set_data(&self, src: &Tensor) -> Result<()> {
+        if src.device() != self.device() {
+            return Err(Error::Device { op: "set_data", a: self.device().name(), b: src.device().name() });
+        }
         if src.shape() != self.shape() || src.dtype() != self.dtype() {
             return Err(Error::shape(
                 "set_data",
@@ -266,7 +417,7 @@ impl Tensor {
         if src.id() == self.id() {
             return Ok(());
         }
-        let data = src.storage().clone();
+        let data = src.storage().try_clone()?;
         *self.storage_mut() = data;
         Ok(())
     }
@@ -275,17 +426,14 @@ impl Tensor {
     pub fn with_data_mut<T: Float, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
         let mut s = self.storage_mut();
         let d = s.dtype();
-        match T::slice_mut(&mut s) {
-            Some(v) => Ok(f(v)),
-            None => Err(Error::DType { op: "with_data_mut", got: d, expected: T::DTYPE }),
-        }
-    }
-    /// Runs `f` on the data as a slice of `T`.
-    pub fn with_data<T: Float, R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
-        let s = self.storage();
-        match T::slice(&s) {
-            Some(v) => Ok(f(v)),
-            None => Err(Error::DType { op: "with_data", got: s.dtype(), expected: T::DTYPE }),
+        match &mut *s {
+            Storage::Cpu(c) => match T::slice_mut(c) {
+                Some(v) => Ok(f(v)),
+                None => Err(Error::DType { op: "with_data_mut", got: d, expected: T::DTYPE }),
+            },
+            Storage::Cuda(_) => {
+                Err(Error::Unsupported { op: "with_data_mut", what: "CUDA tensors (host slices only)".into() })
+            }
         }
     }
 }
@@ -294,7 +442,7 @@ pub use cpu::Float;
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor({}, {:?}, {:?}", self.shape(), self.dtype(), self.device())?;
+        write!(f, "Tensor({}, {:?}, {}", self.shape(), self.dtype(), self.device().name())?;
         if let Some(op) = self.op() {
             write!(f, ", op={}", op.name())?;
         }
@@ -307,7 +455,10 @@ impl std::fmt::Debug for Tensor {
 
 impl std::fmt::Display for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let v = self.to_vec_f64();
+        let v = match self.try_to_vec_f64() {
+            Ok(v) => v,
+            Err(e) => return write!(f, "<tensor on {}: {e}>", self.device().name()),
+        };
         let dims = self.dims();
         let last = self.shape().last().max(1);
         const MAX_ROWS: usize = 8;

@@ -2,8 +2,10 @@
 //! backward rule, written with the same tensor ops.
 
 use super::cpu::{self, CpuStorage, Float, Map1, Map2, par_rows, unsupported};
-use super::{DType, Shape, Tensor};
+use super::{DType, Shape, Storage, Tensor};
+use crate::cuda::DeviceBuffer;
 use crate::error::{Error, Result};
+use kiln_gpu::kernels::tensor_ops as k;
 use rand::Rng;
 use std::sync::Arc;
 
@@ -34,6 +36,26 @@ pub enum Unary {
     AddScalar(f64),
     /// x * s
     MulScalar(f64),
+}
+
+impl Unary {
+    /// The CUDA kernel's function code and scalar.
+    fn cuda_code(self) -> (u32, f32) {
+        match self {
+            Unary::Neg => (k::unary::NEG, 0.0),
+            Unary::Exp => (k::unary::EXP, 0.0),
+            Unary::Log => (k::unary::LOG, 0.0),
+            Unary::Sqrt => (k::unary::SQRT, 0.0),
+            Unary::Relu => (k::unary::RELU, 0.0),
+            Unary::Gelu => (k::unary::GELU, 0.0),
+            Unary::GeluGrad => (k::unary::GELU_GRAD, 0.0),
+            Unary::Tanh => (k::unary::TANH, 0.0),
+            Unary::Sigmoid => (k::unary::SIGMOID, 0.0),
+            Unary::Step => (k::unary::STEP, 0.0),
+            Unary::AddScalar(s) => (k::unary::ADD_SCALAR, s as f32),
+            Unary::MulScalar(s) => (k::unary::MUL_SCALAR, s as f32),
+        }
+    }
 }
 
 const GELU_C: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
@@ -88,6 +110,14 @@ pub enum Binary {
 }
 
 impl Binary {
+    fn cuda_code(self) -> u32 {
+        match self {
+            Binary::Add => k::binary::ADD,
+            Binary::Sub => k::binary::SUB,
+            Binary::Mul => k::binary::MUL,
+            Binary::Div => k::binary::DIV,
+        }
+    }
     fn name(self) -> &'static str {
         match self {
             Binary::Add => "add",
@@ -167,6 +197,14 @@ fn sum_into<T: Float>(x: &[T], from: &Shape, to: &Shape) -> Vec<T> {
     acc.into_iter().map(T::from_f64).collect()
 }
 
+/// Where a max op's argmax offsets live (host for CPU tensors, device for CUDA tensors).
+pub enum ArgMax {
+    /// Host offsets.
+    Host(Vec<usize>),
+    /// Device offsets.
+    Device(DeviceBuffer<u32>),
+}
+
 /// The op that made a tensor, holding its inputs and whatever its backward needs.
 #[derive(Clone)]
 pub enum Op {
@@ -194,7 +232,7 @@ pub enum Op {
         /// Whether it was kept as 1.
         keepdim: bool,
         /// For each output element, the input offset of the (first) maximum.
-        argmax: Arc<Vec<usize>>,
+        argmax: Arc<ArgMax>,
     },
     /// Broadcast to a larger shape.
     Expand(Tensor),
@@ -239,6 +277,8 @@ pub enum Op {
     Dropout(Tensor, Tensor),
     /// dtype conversion.
     ToDType(Tensor),
+    /// Copy to another device.
+    ToDevice(Tensor),
 }
 
 impl Op {
@@ -261,6 +301,7 @@ impl Op {
             Op::Embedding { .. } => "embedding",
             Op::Dropout(..) => "dropout",
             Op::ToDType(_) => "to_dtype",
+            Op::ToDevice(_) => "to_device",
         }
     }
 
@@ -275,7 +316,8 @@ impl Op {
             | Op::Softmax(x)
             | Op::LogSoftmax(x)
             | Op::Dropout(x, _)
-            | Op::ToDType(x) => vec![x],
+            | Op::ToDType(x)
+            | Op::ToDevice(x) => vec![x],
             Op::Binary(a, b, _) | Op::Matmul(a, b) => vec![a, b],
             Op::Sum { x, .. } | Op::Max { x, .. } => vec![x],
             Op::CrossEntropy { logits, .. } => vec![logits],
@@ -295,6 +337,7 @@ impl Op {
             | Op::Softmax(x)
             | Op::LogSoftmax(x)
             | Op::ToDType(x)
+            | Op::ToDevice(x)
             | Op::Sum { x, .. }
             | Op::Max { x, .. } => vec![x],
             Op::Dropout(x, m) => vec![x, m],
@@ -352,12 +395,23 @@ impl Op {
                 vec![(x.clone(), kept.expand(x.shape())?)]
             }
             Op::Max { x, argmax, .. } => {
-                let gv = g.to_vec_f64();
-                let mut gx = vec![0.0; x.elem_count()];
-                for (o, &src) in argmax.iter().enumerate() {
-                    gx[src] += gv[o];
-                }
-                vec![(x.clone(), Tensor::from_f64(&gx, x.shape().clone(), x.dtype())?)]
+                let gx = match (&**argmax, &*g.storage()) {
+                    (ArgMax::Host(arg), Storage::Cpu(gs)) => {
+                        let gv = gs.to_f64_vec();
+                        let mut gx = vec![0.0; x.elem_count()];
+                        for (o, &src) in arg.iter().enumerate() {
+                            gx[src] += gv[o];
+                        }
+                        Tensor::from_f64(&gx, x.shape().clone(), x.dtype())?
+                    }
+                    (ArgMax::Device(arg), Storage::Cuda(gs)) => Tensor::from_storage(
+                        Storage::Cuda(gs.scatter_argmax(arg, x.elem_count())?),
+                        x.shape().clone(),
+                        None,
+                    ),
+                    _ => return Err(Error::Device { op: "max backward", a: x.device().name(), b: g.device().name() }),
+                };
+                vec![(x.clone(), gx)]
             }
             Op::Expand(x) => vec![(x.clone(), g.sum_to(x.shape())?)],
             Op::SumTo(x) => vec![(x.clone(), g.expand(x.shape())?)],
@@ -374,7 +428,7 @@ impl Op {
             Op::CrossEntropy { logits, targets } => {
                 let n = logits.dims()[0];
                 let p = logits.softmax()?;
-                let onehot = one_hot(targets, logits.dims()[1], logits.dtype())?;
+                let onehot = one_hot(targets, logits.dims()[1], logits.dtype())?.to_device(&logits.device())?;
                 let gl = p.sub(&onehot)?.mul_scalar(1.0 / n as f64)?.mul(g)?;
                 vec![(logits.clone(), gl)]
             }
@@ -389,19 +443,30 @@ impl Op {
                 vec![(x.clone(), gx), (weight.clone(), gw), (bias.clone(), gb)]
             }
             Op::Embedding { weight, ids } => {
-                let d = weight.dims()[1];
-                let gv = g.to_vec_f64();
-                let mut gw = vec![0.0; weight.elem_count()];
-                // Deterministic scatter-add: positions in order, one thread.
-                for (pos, &row) in ids.iter().enumerate() {
-                    for c in 0..d {
-                        gw[row * d + c] += gv[pos * d + c];
+                let (v, d) = (weight.dims()[0], weight.dims()[1]);
+                let gw = match &*g.storage() {
+                    Storage::Cpu(gs) => {
+                        let gv = gs.to_f64_vec();
+                        let mut gw = vec![0.0; weight.elem_count()];
+                        // Deterministic scatter-add: positions in order, one thread.
+                        for (pos, &row) in ids.iter().enumerate() {
+                            for c in 0..d {
+                                gw[row * d + c] += gv[pos * d + c];
+                            }
+                        }
+                        Tensor::from_f64(&gw, weight.shape().clone(), weight.dtype())?
                     }
-                }
-                vec![(weight.clone(), Tensor::from_f64(&gw, weight.shape().clone(), weight.dtype())?)]
+                    Storage::Cuda(gs) => Tensor::from_storage(
+                        Storage::Cuda(gs.embedding_backward(ids, v, d)?),
+                        weight.shape().clone(),
+                        None,
+                    ),
+                };
+                vec![(weight.clone(), gw)]
             }
             Op::Dropout(x, mask) => vec![(x.clone(), g.mul(mask)?)],
             Op::ToDType(x) => vec![(x.clone(), g.to_dtype(x.dtype())?)],
+            Op::ToDevice(x) => vec![(x.clone(), g.to_device(&x.device())?)],
         })
     }
 }
@@ -512,17 +577,30 @@ impl LayerNormFwd {
 
 impl Tensor {
     pub(crate) fn unary(&self, u: Unary) -> Result<Tensor> {
-        let data = u.map(&self.storage())?;
+        let data = match &*self.storage() {
+            Storage::Cpu(s) => Storage::Cpu(u.map(s)?),
+            Storage::Cuda(s) => {
+                let (code, scalar) = u.cuda_code();
+                Storage::Cuda(s.unary(code, scalar)?)
+            }
+        };
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::Unary(self.clone(), u))))
     }
     fn binary(&self, other: &Tensor, op: Binary) -> Result<Tensor> {
         let out = Shape::broadcast(op.name(), self.shape(), other.shape())?;
-        let data = {
-            let (a, b) = (self.storage(), other.storage());
-            BroadcastBinary { op, a: self.shape(), b: other.shape(), out: &out }.map(&a, &b).map_err(|e| match e {
-                Error::DType { got, expected, .. } => Error::DType { op: op.name(), got, expected },
-                e => e,
-            })?
+        let data = match (&*self.storage(), &*other.storage()) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => {
+                Storage::Cpu(BroadcastBinary { op, a: self.shape(), b: other.shape(), out: &out }.map(a, b).map_err(
+                    |e| match e {
+                        Error::DType { got, expected, .. } => Error::DType { op: op.name(), got, expected },
+                        e => e,
+                    },
+                )?)
+            }
+            (Storage::Cuda(a), Storage::Cuda(b)) => {
+                Storage::Cuda(a.binary(self.shape(), b, other.shape(), &out, op.cuda_code())?)
+            }
+            (a, b) => return Err(Error::Device { op: op.name(), a: a.device().name(), b: b.device().name() }),
         };
         Ok(Tensor::from_storage(data, out, Some(Op::Binary(self.clone(), other.clone(), op))))
     }
@@ -598,9 +676,8 @@ impl Tensor {
         if self.dtype() != other.dtype() {
             return Err(Error::DType { op: "matmul", got: other.dtype(), expected: self.dtype() });
         }
-        let data = {
-            let (sa, sb) = (self.storage(), other.storage());
-            match (&*sa, &*sb) {
+        let data = match (&*self.storage(), &*other.storage()) {
+            (Storage::Cpu(sa), Storage::Cpu(sb)) => Storage::Cpu(match (sa, sb) {
                 (CpuStorage::F32(x), CpuStorage::F32(y)) => {
                     CpuStorage::F32(cpu::matmul(x, y, batch, m, k, n, b_batched))
                 }
@@ -609,7 +686,9 @@ impl Tensor {
                 }
                 (x, y) => CpuStorage::F32(cpu::matmul(&x.as_f32(), &y.as_f32(), batch, m, k, n, b_batched))
                     .to_dtype(x.dtype()),
-            }
+            }),
+            (Storage::Cuda(x), Storage::Cuda(y)) => Storage::Cuda(x.matmul(y, batch, m, k, n, b_batched)?),
+            (a, b) => return Err(Error::Device { op: "matmul", a: a.device().name(), b: b.device().name() }),
         };
         Ok(Tensor::from_storage(data, Shape(out_shape), Some(Op::Matmul(self.clone(), other.clone()))))
     }
@@ -619,20 +698,23 @@ impl Tensor {
         dims.sort_unstable();
         dims.dedup();
         let kept = keep_shape(self.shape(), &dims);
-        let data = {
-            let s = self.storage();
-            match &*s {
-                CpuStorage::F32(v) => CpuStorage::F32(sum_into(v, self.shape(), &kept)),
-                CpuStorage::F64(v) => CpuStorage::F64(sum_into(v, self.shape(), &kept)),
-                other => return Err(unsupported("sum", other.dtype())),
-            }
-        };
+        let data = self.sum_storage("sum", &kept)?;
         let out = if keepdim {
             kept
         } else {
             Shape(self.dims().iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, &d)| d).collect())
         };
         Ok(Tensor::from_storage(data, out, Some(Op::Sum { x: self.clone(), dims, keepdim })))
+    }
+
+    /// The data summed from this shape into `to` (which broadcasts to it), on either backend.
+    fn sum_storage(&self, op: &'static str, to: &Shape) -> Result<Storage> {
+        Ok(match &*self.storage() {
+            Storage::Cpu(CpuStorage::F32(v)) => Storage::Cpu(CpuStorage::F32(sum_into(v, self.shape(), to))),
+            Storage::Cpu(CpuStorage::F64(v)) => Storage::Cpu(CpuStorage::F64(sum_into(v, self.shape(), to))),
+            Storage::Cpu(other) => return Err(unsupported(op, other.dtype())),
+            Storage::Cuda(s) => Storage::Cuda(s.sum_into(self.shape(), to)?),
+        })
     }
 
     /// Sum of every element (a scalar).
@@ -679,7 +761,17 @@ impl Tensor {
         }
         let (outer, len, inner) =
             (dims[..d].iter().product::<usize>(), dims[d], dims[d + 1..].iter().product::<usize>());
-        let v = self.to_vec_f64();
+        let out = if keepdim {
+            keep_shape(self.shape(), &[d])
+        } else {
+            Shape(dims.iter().enumerate().filter(|(i, _)| *i != d).map(|(_, &x)| x).collect())
+        };
+        if let Storage::Cuda(s) = &*self.storage() {
+            let (vals, arg) = s.max_dim(outer, len, inner)?;
+            let op = Op::Max { x: self.clone(), dim: d, keepdim, argmax: Arc::new(ArgMax::Device(arg)) };
+            return Ok(Tensor::from_storage(Storage::Cuda(vals), out, Some(op)));
+        }
+        let v = self.try_to_vec_f64()?;
         let mut vals = Vec::with_capacity(outer * inner);
         let mut arg = Vec::with_capacity(outer * inner);
         for o in 0..outer {
@@ -695,24 +787,24 @@ impl Tensor {
                 arg.push(best);
             }
         }
-        let kept = keep_shape(self.shape(), &[d]);
-        let out = if keepdim {
-            kept
-        } else {
-            Shape(dims.iter().enumerate().filter(|(i, _)| *i != d).map(|(_, &x)| x).collect())
-        };
         let data = CpuStorage::from_f64(self.dtype(), &vals);
-        Ok(Tensor::from_storage(data, out, Some(Op::Max { x: self.clone(), dim: d, keepdim, argmax: Arc::new(arg) })))
+        let op = Op::Max { x: self.clone(), dim: d, keepdim, argmax: Arc::new(ArgMax::Host(arg)) };
+        Ok(Tensor::from_cpu(data, out, Some(op)))
     }
 
     /// Index of the maximum along the last dimension, per row (no gradient).
     pub fn argmax_last(&self) -> Result<Vec<usize>> {
         let d = self.shape().last();
-        if d == 0 {
+        if d == 0 || self.shape().rank() == 0 {
             return Err(Error::shape("argmax", format!("empty last dimension in {}", self.shape())));
         }
+        if let Storage::Cuda(s) = &*self.storage() {
+            // the max kernel's offsets, downloaded: row r's offset is r * d + column
+            let (_, arg) = s.max_dim(self.elem_count() / d, d, 1)?;
+            return Ok(s.dev.download(&arg)?.into_iter().map(|off| off as usize % d).collect());
+        }
         Ok(self
-            .to_vec_f64()
+            .try_to_vec_f64()?
             .chunks(d)
             .map(|r| r.iter().enumerate().fold(0, |best, (i, &x)| if x > r[best] { i } else { best }))
             .collect())
@@ -727,10 +819,12 @@ impl Tensor {
         if &b != shape {
             return Err(Error::shape("expand", format!("{} does not broadcast to {shape}", self.shape())));
         }
-        let zero = Tensor::zeros(shape.clone(), self.dtype());
-        let data = {
-            let (a, z) = (self.storage(), zero.storage());
-            BroadcastBinary { op: Binary::Add, a: self.shape(), b: shape, out: shape }.map(&a, &z)?
+        let data = match &*self.storage() {
+            Storage::Cpu(a) => {
+                let zero = CpuStorage::from_f64(self.dtype(), &vec![0.0; shape.elem_count()]);
+                Storage::Cpu(BroadcastBinary { op: Binary::Add, a: self.shape(), b: shape, out: shape }.map(a, &zero)?)
+            }
+            Storage::Cuda(a) => Storage::Cuda(a.strided_copy(shape, &self.shape().broadcast_strides(shape))?),
         };
         Ok(Tensor::from_storage(data, shape.clone(), Some(Op::Expand(self.clone()))))
     }
@@ -744,14 +838,7 @@ impl Tensor {
         if shape.rank() > self.shape().rank() || &Shape::broadcast("sum_to", shape, self.shape())? != self.shape() {
             return Err(Error::shape("sum_to", format!("{shape} does not broadcast to {}", self.shape())));
         }
-        let data = {
-            let s = self.storage();
-            match &*s {
-                CpuStorage::F32(v) => CpuStorage::F32(sum_into(v, self.shape(), shape)),
-                CpuStorage::F64(v) => CpuStorage::F64(sum_into(v, self.shape(), shape)),
-                other => return Err(unsupported("sum_to", other.dtype())),
-            }
-        };
+        let data = self.sum_storage("sum_to", shape)?;
         Ok(Tensor::from_storage(data, shape.clone(), Some(Op::SumTo(self.clone()))))
     }
 
@@ -764,7 +851,7 @@ impl Tensor {
                 format!("cannot view {} ({} elements) as {shape}", self.shape(), self.elem_count()),
             ));
         }
-        let data = self.storage().clone();
+        let data = self.storage().try_clone()?;
         Ok(Tensor::from_storage(data, shape, Some(Op::Reshape(self.clone()))))
     }
     /// Alias of [`Tensor::reshape`].
@@ -778,9 +865,16 @@ impl Tensor {
         if a == b {
             return Ok(self.clone());
         }
-        let data = Transpose2 { shape: self.shape(), d0: a, d1: b }.map(&self.storage())?;
         let mut dims = self.dims().to_vec();
         dims.swap(a, b);
+        let data = match &*self.storage() {
+            Storage::Cpu(s) => Storage::Cpu(Transpose2 { shape: self.shape(), d0: a, d1: b }.map(s)?),
+            Storage::Cuda(s) => {
+                let mut strides = self.shape().strides();
+                strides.swap(a, b);
+                Storage::Cuda(s.strided_copy(&Shape(dims.clone()), &strides)?)
+            }
+        };
         Ok(Tensor::from_storage(data, Shape(dims), Some(Op::Transpose(self.clone(), a, b))))
     }
 
@@ -794,13 +888,19 @@ impl Tensor {
     /// Softmax over the last dimension (max-subtracted).
     pub fn softmax(&self) -> Result<Tensor> {
         let d = self.last_dim_op("softmax")?;
-        let data = SoftmaxRows { log: false, d }.map(&self.storage())?;
+        let data = match &*self.storage() {
+            Storage::Cpu(s) => Storage::Cpu(SoftmaxRows { log: false, d }.map(s)?),
+            Storage::Cuda(s) => Storage::Cuda(s.softmax(d, false)?),
+        };
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::Softmax(self.clone()))))
     }
     /// Log-softmax over the last dimension (max-subtracted).
     pub fn log_softmax(&self) -> Result<Tensor> {
         let d = self.last_dim_op("log_softmax")?;
-        let data = SoftmaxRows { log: true, d }.map(&self.storage())?;
+        let data = match &*self.storage() {
+            Storage::Cpu(s) => Storage::Cpu(SoftmaxRows { log: true, d }.map(s)?),
+            Storage::Cuda(s) => Storage::Cuda(s.softmax(d, true)?),
+        };
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::LogSoftmax(self.clone()))))
     }
 
@@ -821,17 +921,16 @@ impl Tensor {
         if let Some((i, &t)) = targets.iter().enumerate().find(|(_, t)| **t >= c) {
             return Err(Error::Index { op, msg: format!("target {t} at row {i} is out of range for {c} classes") });
         }
+        let op = Op::CrossEntropy { logits: self.clone(), targets: Arc::new(targets.to_vec()) };
+        if let Storage::Cuda(s) = &*self.storage() {
+            return Ok(Tensor::from_storage(Storage::Cuda(s.cross_entropy(targets, c)?), Shape(vec![]), Some(op)));
+        }
         let logp = {
             let _g = super::no_grad();
-            self.log_softmax()?.to_vec_f64()
+            self.log_softmax()?.try_to_vec_f64()?
         };
         let loss: f64 = targets.iter().enumerate().map(|(i, &t)| -logp[i * c + t]).sum::<f64>() / n as f64;
-        let data = CpuStorage::from_f64(self.dtype(), &[loss]);
-        Ok(Tensor::from_storage(
-            data,
-            Shape(vec![]),
-            Some(Op::CrossEntropy { logits: self.clone(), targets: Arc::new(targets.to_vec()) }),
-        ))
+        Ok(Tensor::from_cpu(CpuStorage::from_f64(self.dtype(), &[loss]), Shape(vec![]), Some(op)))
     }
 
     /// Mean squared error against `target` (same shape).
@@ -862,10 +961,24 @@ impl Tensor {
                 ),
             ));
         }
+        let stat_shape = keep_shape(self.shape(), &[self.shape().rank() - 1]);
+        let devs = [self.device(), weight.device(), bias.device()];
+        if let Some(other) = devs[1..].iter().find(|d| **d != devs[0]) {
+            return Err(Error::Device { op, a: devs[0].name(), b: other.name() });
+        }
+        if let (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(b)) =
+            (&*self.storage(), &*weight.storage(), &*bias.storage())
+        {
+            let (out, mean, rstd) = x.layer_norm(w, b, d, eps)?;
+            let mean = Tensor::from_storage(Storage::Cuda(mean), stat_shape.clone(), None);
+            let rstd = Tensor::from_storage(Storage::Cuda(rstd), stat_shape, None);
+            let op = Op::LayerNorm { x: self.clone(), weight: weight.clone(), bias: bias.clone(), mean, rstd };
+            return Ok(Tensor::from_storage(Storage::Cuda(out), self.shape().clone(), Some(op)));
+        }
         let f = LayerNormFwd { d, eps };
         let (out, mean, rstd) = {
-            let (x, w, b) = (self.storage(), weight.storage(), bias.storage());
-            match (&*x, &*w, &*b) {
+            let (x, w, b) = (self.storage().to_cpu()?, weight.storage().to_cpu()?, bias.storage().to_cpu()?);
+            match (&x, &w, &b) {
                 (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(b)) => {
                     let (o, m, r) = f.run(x, w, b);
                     (CpuStorage::F32(o), CpuStorage::F32(m), CpuStorage::F32(r))
@@ -883,10 +996,10 @@ impl Tensor {
                 (x, ..) => return Err(unsupported(op, x.dtype())),
             }
         };
-        let stat_shape = keep_shape(self.shape(), &[self.shape().rank() - 1]);
-        let mean = Tensor::from_storage(mean, stat_shape.clone(), None);
-        let rstd = Tensor::from_storage(rstd, stat_shape, None);
-        Ok(Tensor::from_storage(
+
+        let mean = Tensor::from_cpu(mean, stat_shape.clone(), None);
+        let rstd = Tensor::from_cpu(rstd, stat_shape, None);
+        Ok(Tensor::from_cpu(
             out,
             self.shape().clone(),
             Some(Op::LayerNorm { x: self.clone(), weight: weight.clone(), bias: bias.clone(), mean, rstd }),
@@ -910,19 +1023,18 @@ impl Tensor {
                 msg: format!("id {id} at position {i} is out of range for a table of {v} rows"),
             });
         }
-        let table = self.to_vec_f64();
+        let mut dims = ids_shape.dims().to_vec();
+        dims.push(d);
+        let op = Op::Embedding { weight: self.clone(), ids: Arc::new(ids.to_vec()) };
+        if let Storage::Cuda(s) = &*self.storage() {
+            return Ok(Tensor::from_storage(Storage::Cuda(s.embedding(ids, d)?), Shape(dims), Some(op)));
+        }
+        let table = self.try_to_vec_f64()?;
         let mut out = Vec::with_capacity(ids.len() * d);
         for &id in ids {
             out.extend_from_slice(&table[id * d..(id + 1) * d]);
         }
-        let mut dims = ids_shape.dims().to_vec();
-        dims.push(d);
-        let data = CpuStorage::from_f64(self.dtype(), &out);
-        Ok(Tensor::from_storage(
-            data,
-            Shape(dims),
-            Some(Op::Embedding { weight: self.clone(), ids: Arc::new(ids.to_vec()) }),
-        ))
+        Ok(Tensor::from_cpu(CpuStorage::from_f64(self.dtype(), &out), Shape(dims), Some(op)))
     }
 
     /// Zeroes each element with probability `p` (seeded) and scales the rest by 1 / (1 - p).
@@ -935,11 +1047,11 @@ impl Tensor {
         }
         let scale = 1.0 / (1.0 - p);
         let m: Vec<f64> = (0..self.elem_count()).map(|_| if rng.random::<f64>() < p { 0.0 } else { scale }).collect();
-        let mask = Tensor::from_f64(&m, self.shape().clone(), self.dtype())?;
+        let mask = Tensor::from_f64(&m, self.shape().clone(), self.dtype())?.to_device(&self.device())?;
         let data = {
             let _g = super::no_grad();
             let out = self.detach().mul(&mask)?;
-            out.storage().clone()
+            out.storage().try_clone()?
         };
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::Dropout(self.clone(), mask))))
     }

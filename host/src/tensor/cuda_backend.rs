@@ -1,0 +1,393 @@
+//! The CUDA backend of tensors: f32 device buffers and one safe launcher per kernel family of
+//! `kiln_gpu::kernels::tensor_ops`. Every CUDA op runs a kiln Rust kernel; none is computed on the
+//! host, and none falls back to the CPU.
+
+use super::Shape;
+use crate::cuda::{Device as CudaDevice, DeviceBuffer, LaunchConfig};
+use crate::error::{Error, Result};
+use kiln_gpu::kernels::tensor_ops::{
+    self as k, AdamStep, MAX_DIMS, MatmulShape, ROW_THREADS, ReduceDims, SgdStep, Strided2,
+};
+use std::sync::Arc;
+
+/// An f32 tensor's data on a GPU.
+pub struct CudaStorage {
+    /// The elements.
+    pub buf: DeviceBuffer<f32>,
+    /// The device.
+    pub dev: Arc<CudaDevice>,
+}
+
+impl std::fmt::Debug for CudaStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaStorage({} f32 on {})", self.buf.len(), self.dev.name())
+    }
+}
+
+const MAX_BLOCKS: u32 = 8192;
+
+fn grid(n: usize, op: &'static str) -> Result<(u32, LaunchConfig)> {
+    let n32 =
+        u32::try_from(n).map_err(|_| Error::shape(op, format!("{n} elements exceed the CUDA kernels' u32 indices")))?;
+    Ok((
+        n32,
+        LaunchConfig {
+            grid_dim: (n32.div_ceil(256).clamp(1, MAX_BLOCKS), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        },
+    ))
+}
+
+fn u32s(op: &'static str, v: &[usize]) -> Result<Vec<u32>> {
+    v.iter().map(|&x| u32::try_from(x).map_err(|_| Error::shape(op, format!("{x} exceeds u32")))).collect()
+}
+
+/// Pads dims/strides on the left to [`MAX_DIMS`]; errors above it.
+fn pad(op: &'static str, dims: &[usize], strides: &[usize]) -> Result<([u32; MAX_DIMS], [u32; MAX_DIMS])> {
+    if dims.len() > MAX_DIMS {
+        return Err(Error::Unsupported {
+            op,
+            what: format!("{} dimensions on CUDA (at most {MAX_DIMS}): reshape first", dims.len()),
+        });
+    }
+    let (mut d, mut s) = ([1u32; MAX_DIMS], [0u32; MAX_DIMS]);
+    let off = MAX_DIMS - dims.len();
+    let (dd, ss) = (u32s(op, dims)?, u32s(op, strides)?);
+    d[off..].copy_from_slice(&dd);
+    s[off..].copy_from_slice(&ss);
+    Ok((d, s))
+}
+
+impl CudaStorage {
+    fn alloc(dev: &Arc<CudaDevice>, n: usize) -> Result<CudaStorage> {
+        Ok(CudaStorage { buf: dev.zeros::<f32>(n)?, dev: dev.clone() })
+    }
+    /// Copies host values to the device.
+    pub fn upload(dev: &Arc<CudaDevice>, v: &[f32]) -> Result<CudaStorage> {
+        Ok(CudaStorage { buf: dev.upload(v)?, dev: dev.clone() })
+    }
+    /// Copies the elements to the host.
+    pub fn download(&self) -> Result<Vec<f32>> {
+        self.dev.download(&self.buf)
+    }
+    /// A device-side copy.
+    pub fn try_clone(&self) -> Result<CudaStorage> {
+        let mut out = Self::alloc(&self.dev, self.buf.len())?;
+        let p = Strided2 {
+            n: self.buf.len() as u32,
+            dims: [1, 1, 1, self.buf.len().max(1) as u32],
+            a: [0, 0, 0, 1],
+            ..Default::default()
+        };
+        if !self.buf.is_empty() {
+            let (_, cfg) = grid(self.buf.len(), "copy")?;
+            // SAFETY: both buffers hold n elements.
+            unsafe { self.dev.launch(k::StridedCopyF32, cfg, (self.buf.ptr(), out.buf.ptr_mut(), p))? };
+        }
+        Ok(out)
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// `value` everywhere.
+    pub fn full(dev: &Arc<CudaDevice>, n: usize, value: f32) -> Result<CudaStorage> {
+        let mut out = Self::alloc(dev, n)?;
+        if n > 0 {
+            let (n32, cfg) = grid(n, "full")?;
+            // SAFETY: out holds n elements.
+            unsafe { dev.launch(k::FillF32, cfg, (out.buf.ptr_mut(), n32, value))? };
+        }
+        Ok(out)
+    }
+
+    /// Elementwise function ([`k::unary`] code) with scalar `s`.
+    pub fn unary(&self, op: u32, s: f32) -> Result<CudaStorage> {
+        let mut out = Self::alloc(&self.dev, self.len())?;
+        if self.len() > 0 {
+            let (n, cfg) = grid(self.len(), "unary")?;
+            // SAFETY: same length in and out.
+            unsafe { self.dev.launch(k::UnaryF32, cfg, (self.buf.ptr(), out.buf.ptr_mut(), n, op, s))? };
+        }
+        Ok(out)
+    }
+
+    /// `self (op) other` broadcast to `out` ([`k::binary`] code).
+    pub fn binary(
+        &self,
+        a_shape: &Shape,
+        other: &CudaStorage,
+        b_shape: &Shape,
+        out: &Shape,
+        op: u32,
+    ) -> Result<CudaStorage> {
+        let (dims, sa) = pad("binary", out.dims(), &a_shape.broadcast_strides(out))?;
+        let (_, sb) = pad("binary", out.dims(), &b_shape.broadcast_strides(out))?;
+        let mut res = Self::alloc(&self.dev, out.elem_count())?;
+        if out.elem_count() > 0 {
+            let (n, cfg) = grid(out.elem_count(), "binary")?;
+            let p = Strided2 { n, dims, a: sa, b: sb, op };
+            // SAFETY: offsets stay inside each input by construction of the strides.
+            unsafe { self.dev.launch(k::BinaryF32, cfg, (self.buf.ptr(), other.buf.ptr(), res.buf.ptr_mut(), p))? };
+        }
+        Ok(res)
+    }
+
+    /// `out[i] = self[offset(i)]` for an output of `out` dims read through `strides`.
+    pub fn strided_copy(&self, out: &Shape, strides: &[usize]) -> Result<CudaStorage> {
+        let (dims, sa) = pad("strided copy", out.dims(), strides)?;
+        let mut res = Self::alloc(&self.dev, out.elem_count())?;
+        if out.elem_count() > 0 {
+            let (n, cfg) = grid(out.elem_count(), "strided copy")?;
+            let p = Strided2 { n, dims, a: sa, b: [0; MAX_DIMS], op: 0 };
+            // SAFETY: offsets stay inside the input.
+            unsafe { self.dev.launch(k::StridedCopyF32, cfg, (self.buf.ptr(), res.buf.ptr_mut(), p))? };
+        }
+        Ok(res)
+    }
+
+    /// Sum of `self` (shape `from`) into `to` (a shape that broadcasts to `from`).
+    pub fn sum_into(&self, from: &Shape, to: &Shape) -> Result<CudaStorage> {
+        let padded = Shape([vec![1; from.rank() - to.rank()], to.dims().to_vec()].concat());
+        let strides = from.strides();
+        let (mut kept_dims, mut kept_strides, mut red_dims, mut red_strides) = (vec![], vec![], vec![], vec![]);
+        for (i, (&fd, &td)) in from.dims().iter().zip(padded.dims()).enumerate() {
+            if td == fd {
+                kept_dims.push(fd);
+                kept_strides.push(strides[i]);
+            } else {
+                red_dims.push(fd);
+                red_strides.push(strides[i]);
+            }
+        }
+        let (kd, ks) = pad("sum", &kept_dims, &kept_strides)?;
+        let (rd, rs) = pad("sum", &red_dims, &red_strides)?;
+        let out_n = to.elem_count();
+        let red_n: usize = red_dims.iter().product();
+        let mut res = Self::alloc(&self.dev, out_n)?;
+        if out_n > 0 {
+            let (n, cfg) = grid(out_n, "sum")?;
+            let p = ReduceDims {
+                out_n: n,
+                kept_dims: kd,
+                kept_strides: ks,
+                red_n: red_n as u32,
+                red_dims: rd,
+                red_strides: rs,
+            };
+            // SAFETY: every offset is a valid index of `from`.
+            unsafe { self.dev.launch(k::ReduceSumDimsF32, cfg, (self.buf.ptr(), res.buf.ptr_mut(), p))? };
+        }
+        Ok(res)
+    }
+
+    /// Batched product (see `Tensor::matmul`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(
+        &self,
+        b: &CudaStorage,
+        batch: usize,
+        m: usize,
+        kk: usize,
+        n: usize,
+        b_batched: bool,
+    ) -> Result<CudaStorage> {
+        let mut c = Self::alloc(&self.dev, batch * m * n)?;
+        if batch * m * n == 0 {
+            return Ok(c);
+        }
+        let v = u32s("matmul", &[m, n, kk, batch])?;
+        let s = MatmulShape {
+            m: v[0],
+            n: v[1],
+            k: v[2],
+            a_stride: (m * kk) as u32,
+            b_stride: if b_batched { (kk * n) as u32 } else { 0 },
+        };
+        let t = k::MATMUL_TILE;
+        let cfg = LaunchConfig {
+            grid_dim: (v[1].div_ceil(t), v[0].div_ceil(t), v[3]),
+            block_dim: (t, t, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: a, b and c hold the products' operands as described by `s`.
+        unsafe { self.dev.launch(k::MatmulF32, cfg, (self.buf.ptr(), b.buf.ptr(), c.buf.ptr_mut(), s))? };
+        Ok(c)
+    }
+
+    fn rows_cfg(rows: usize) -> Result<LaunchConfig> {
+        let r = u32::try_from(rows).map_err(|_| Error::shape("rows", format!("{rows} rows exceed u32")))?;
+        Ok(LaunchConfig { grid_dim: (r, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 })
+    }
+
+    /// Softmax or log-softmax of each row of `d`.
+    pub fn softmax(&self, d: usize, log: bool) -> Result<CudaStorage> {
+        let rows = self.len() / d;
+        let mut out = Self::alloc(&self.dev, self.len())?;
+        // SAFETY: rows * d elements in and out.
+        unsafe {
+            self.dev.launch(
+                k::SoftmaxRowsF32,
+                Self::rows_cfg(rows)?,
+                (self.buf.ptr(), out.buf.ptr_mut(), d as u32, log as u32),
+            )?
+        };
+        Ok(out)
+    }
+
+    /// Mean cross-entropy of (n, c) logits against `targets` (already range-checked).
+    pub fn cross_entropy(&self, targets: &[usize], c: usize) -> Result<CudaStorage> {
+        let n = targets.len();
+        let t = self.dev.upload(&u32s("cross_entropy", targets)?)?;
+        let mut rows = Self::alloc(&self.dev, n)?;
+        // SAFETY: n rows of c logits; one target per row, each < c.
+        unsafe {
+            self.dev.launch(
+                k::CrossEntropyRowsF32,
+                Self::rows_cfg(n)?,
+                (self.buf.ptr(), t.ptr(), rows.buf.ptr_mut(), c as u32),
+            )?
+        };
+        let total = rows.sum_into(&Shape(vec![n]), &Shape(vec![]))?;
+        total.unary(k::unary::MUL_SCALAR, 1.0 / n as f32)
+    }
+
+    /// Layer norm rows of `d`: (out, mean, rstd).
+    pub fn layer_norm(
+        &self,
+        w: &CudaStorage,
+        b: &CudaStorage,
+        d: usize,
+        eps: f64,
+    ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+        let rows = self.len() / d;
+        let mut out = Self::alloc(&self.dev, self.len())?;
+        let mut mean = Self::alloc(&self.dev, rows)?;
+        let mut rstd = Self::alloc(&self.dev, rows)?;
+        // SAFETY: rows * d in and out; one mean and rstd per row; w and b hold d.
+        unsafe {
+            self.dev.launch(
+                k::LayerNormRowsF32,
+                Self::rows_cfg(rows)?,
+                (
+                    self.buf.ptr(),
+                    w.buf.ptr(),
+                    b.buf.ptr(),
+                    out.buf.ptr_mut(),
+                    mean.buf.ptr_mut(),
+                    rstd.buf.ptr_mut(),
+                    d as u32,
+                    eps as f32,
+                ),
+            )?
+        };
+        Ok((out, mean, rstd))
+    }
+
+    /// Rows of the (v, d) table `self` for `ids` (already range-checked).
+    pub fn embedding(&self, ids: &[usize], d: usize) -> Result<CudaStorage> {
+        let dev_ids = self.dev.upload(&u32s("embedding", ids)?)?;
+        let mut out = Self::alloc(&self.dev, ids.len() * d)?;
+        if !ids.is_empty() && d > 0 {
+            let (_, cfg) = grid(ids.len() * d, "embedding")?;
+            // SAFETY: every id < v; out holds n * d.
+            unsafe {
+                self.dev.launch(
+                    k::EmbeddingGatherF32,
+                    cfg,
+                    (self.buf.ptr(), dev_ids.ptr(), out.buf.ptr_mut(), ids.len() as u32, d as u32),
+                )?
+            };
+        }
+        Ok(out)
+    }
+
+    /// The embedding gradient: rows of `self` (n, d) summed per id into a (v, d) table, in position
+    /// order (positions are bucketed by id on the host: a counting sort).
+    pub fn embedding_backward(&self, ids: &[usize], v: usize, d: usize) -> Result<CudaStorage> {
+        let mut offsets = vec![0u32; v + 1];
+        for &id in ids {
+            offsets[id + 1] += 1;
+        }
+        for i in 0..v {
+            offsets[i + 1] += offsets[i];
+        }
+        let mut fill = offsets.clone();
+        let mut order = vec![0u32; ids.len()];
+        for (p, &id) in ids.iter().enumerate() {
+            order[fill[id] as usize] = p as u32;
+            fill[id] += 1;
+        }
+        let (o, off) = (self.dev.upload(&order)?, self.dev.upload(&offsets)?);
+        let mut gw = Self::alloc(&self.dev, v * d)?;
+        if v * d > 0 {
+            let (_, cfg) = grid(v * d, "embedding backward")?;
+            // SAFETY: offsets index `order`, whose entries index rows of self.
+            unsafe {
+                self.dev.launch(
+                    k::EmbeddingScatterF32,
+                    cfg,
+                    (self.buf.ptr(), o.ptr(), off.ptr(), gw.buf.ptr_mut(), v as u32, d as u32),
+                )?
+            };
+        }
+        Ok(gw)
+    }
+
+    /// Maximum along the middle of (outer, len, inner): values and the input offset of each.
+    pub fn max_dim(&self, outer: usize, len: usize, inner: usize) -> Result<(CudaStorage, DeviceBuffer<u32>)> {
+        let n = outer * inner;
+        let mut vals = Self::alloc(&self.dev, n)?;
+        let mut arg = self.dev.zeros::<u32>(n)?;
+        if n > 0 {
+            let (_, cfg) = grid(n, "max")?;
+            let v = u32s("max", &[outer, len, inner])?;
+            // SAFETY: outer * len * inner inputs, n outputs.
+            unsafe {
+                self.dev.launch(
+                    k::MaxDimF32,
+                    cfg,
+                    (self.buf.ptr(), vals.buf.ptr_mut(), arg.ptr_mut(), v[0], v[1], v[2]),
+                )?
+            };
+        }
+        Ok((vals, arg))
+    }
+
+    /// The gradient of a max: `g` scattered to the argmax offsets of an input of `n_in` elements.
+    pub fn scatter_argmax(&self, argmax: &DeviceBuffer<u32>, n_in: usize) -> Result<CudaStorage> {
+        let mut gx = Self::alloc(&self.dev, n_in)?;
+        if !argmax.is_empty() {
+            let (n, cfg) = grid(argmax.len(), "max backward")?;
+            // SAFETY: argmax offsets are < n_in and distinct.
+            unsafe { self.dev.launch(k::ScatterArgmaxF32, cfg, (self.buf.ptr(), argmax.ptr(), gx.buf.ptr_mut(), n))? };
+        }
+        Ok(gx)
+    }
+
+    /// One fused Adam step on `self` (the parameter) from `g`, updating `m` and `v`.
+    pub fn adam_step(
+        &mut self,
+        g: &CudaStorage,
+        m: &mut CudaStorage,
+        v: &mut CudaStorage,
+        mut h: AdamStep,
+    ) -> Result<()> {
+        let (n, cfg) = grid(self.len(), "adam")?;
+        h.n = n;
+        // SAFETY: all four buffers hold n elements.
+        unsafe {
+            self.dev.launch(k::AdamStepF32, cfg, (self.buf.ptr_mut(), g.buf.ptr(), m.buf.ptr_mut(), v.buf.ptr_mut(), h))
+        }
+    }
+
+    /// One fused SGD step on `self` from `g`, updating the velocity.
+    pub fn sgd_step(&mut self, g: &CudaStorage, vel: &mut CudaStorage, mut h: SgdStep) -> Result<()> {
+        let (n, cfg) = grid(self.len(), "sgd")?;
+        h.n = n;
+        // SAFETY: all three buffers hold n elements.
+        unsafe { self.dev.launch(k::SgdStepF32, cfg, (self.buf.ptr_mut(), g.buf.ptr(), vel.buf.ptr_mut(), h)) }
+    }
+}
