@@ -17,7 +17,7 @@ const fn pow2(k: i32) -> f32 {
 /// for e^r, then scaling by 2^k.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    if x != x {
+    if x.is_nan() {
         return x;
     }
     if x > 88.722_84 {
@@ -62,7 +62,7 @@ pub fn expm1(x: f32) -> f32 {
 /// ln m = 2 atanh(s) with s = (m - 1) / (m + 1), as an odd series to s^9.
 #[inline(always)]
 pub fn ln(x: f32) -> f32 {
-    if x != x || x < 0.0 {
+    if x.is_nan() || x < 0.0 {
         return f32::NAN;
     }
     if x == 0.0 {
@@ -102,7 +102,7 @@ pub fn tanh(x: f32) -> f32 {
     };
     if x < 0.0 {
         -t
-    } else if x != x {
+    } else if x.is_nan() {
         x
     } else {
         t

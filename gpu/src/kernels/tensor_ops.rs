@@ -315,7 +315,7 @@ pub unsafe fn max_dim_f32(
         while j < len {
             let idx = (a * len + j) * inner + b;
             let v = unsafe { x.read(idx as usize) };
-            if v > bv || (v != v && bv == bv) {
+            if v > bv || (v.is_nan() && !bv.is_nan()) {
                 best = idx;
                 bv = v;
             }
