@@ -91,6 +91,10 @@ impl CudaStorage {
     pub fn len(&self) -> usize {
         self.buf.len()
     }
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
 
     /// `value` everywhere.
     pub fn full(dev: &Arc<CudaDevice>, n: usize, value: f32) -> Result<CudaStorage> {
