@@ -98,6 +98,11 @@ fn barriers_are_not_duplicated() {
 #[test]
 fn collective_asm_is_not_pure() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../gpu/src");
+    if !std::path::Path::new(dir).exists() {
+        // A GPU bundle runs this binary away from the source tree; CI checks the sources.
+        eprintln!("collective_asm_is_not_pure: {dir} is not here; checked where the sources are");
+        return;
+    }
     for file in ["warp.rs", "mma.rs", "matrix.rs", "sync.rs"] {
         let src = std::fs::read_to_string(format!("{dir}/{file}")).expect("device library source");
         for (n, line) in src.lines().enumerate() {

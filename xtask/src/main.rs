@@ -158,18 +158,20 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # kiln GPU bundle: runs every test binary in tests/ with the PTX in ptx/.
 # The GPU suite runs one process per test (a kernel that traps poisons only its own CUDA context),
 # each under a time limit, so one failure never hides or hangs the others.
-# Usage: ./run.sh [--sanitize] [--only PATTERN]
+# Usage: ./run.sh [--sanitize] [--only PATTERN] [--bench]
 #   --sanitize   also run each GPU test under compute-sanitizer (memcheck, racecheck, synccheck)
 #   --only P     run only GPU tests whose name contains P
+#   --bench      then run the benchmarks in benches/ (kiln's and PyTorch's, same shapes), results in results/
 # Needs only an NVIDIA driver (and compute-sanitizer for --sanitize); no cargo.
 set -u
 cd "$(dirname "$0")"
 export KILN_REQUIRE_GPU=1 KILN_PTX_DIR="$PWD/ptx"
-sanitize=0; only=""
+sanitize=0; only=""; bench=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=1 ;;
     --only) only="$2"; shift ;;
+    --bench) bench=1 ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -197,6 +199,15 @@ if [ $sanitize = 1 ]; then
       done
     done
   fi
+fi
+if [ $bench = 1 ]; then
+  mkdir -p results
+  for b in benches/*; do
+    case "$b" in
+      *.py) echo "=== python3 $b"; python3 "$b" "results/$(basename "$b" .py).json"; record $? "$b" ;;
+      *) echo "=== $b"; KILN_BENCH_OUT="results/$(basename "$b").json" "$b"; record $? "$b" ;;
+    esac
+  done
 fi
 echo
 [ -n "$failures" ] && echo "failed:$failures"
@@ -236,6 +247,21 @@ fn gpu_bundle(dir: &Path) -> Res<()> {
         let file = if kind == "test" { name.to_string() } else { format!("{name}-{kind}") };
         exes.push((PathBuf::from(exe), file));
     }
+    let bench_json = run(Command::new(&cargo).current_dir(&ws).args([
+        "bench",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]))?;
+    let mut benches = Vec::new();
+    for line in bench_json.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if v["reason"] == "compiler-artifact" && v["target"]["kind"][0] == "bench" {
+            if let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str()) {
+                benches.push((PathBuf::from(exe), name.to_string()));
+            }
+        }
+    }
     if !exes.iter().any(|(_, n)| n == "gpu") {
         return Err("the GPU test binary was not built".into());
     }
@@ -244,7 +270,8 @@ fn gpu_bundle(dir: &Path) -> Res<()> {
     }
     let tests = dir.join("tests");
     let ptx = dir.join("ptx");
-    for d in [&tests, &ptx] {
+    let bench_dir = dir.join("benches");
+    for d in [&tests, &ptx, &bench_dir] {
         std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
     }
     for (exe, name) in &exes {
@@ -253,6 +280,18 @@ fn gpu_bundle(dir: &Path) -> Res<()> {
         // Debug sections are most of a test binary's size; a bundle travels, so drop them when
         // `strip` is there (symbols stay, so backtraces still name functions).
         let _ = Command::new("strip").arg("--strip-debug").arg(&dest).status();
+    }
+    for (exe, name) in &benches {
+        let dest = bench_dir.join(name);
+        std::fs::copy(exe, &dest).map_err(|e| format!("copying {}: {e}", exe.display()))?;
+        let _ = Command::new("strip").arg("--strip-debug").arg(&dest).status();
+    }
+    for entry in std::fs::read_dir(ws.join("benches")).map_err(|e| format!("reading benches/: {e}"))? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.extension().is_some_and(|x| x == "py") {
+            let name = path.file_name().expect("file name");
+            std::fs::copy(&path, bench_dir.join(name)).map_err(|e| format!("copying {}: {e}", path.display()))?;
+        }
     }
     for p in ptx_files {
         let name = p.file_name().expect("ptx file name");
