@@ -209,6 +209,8 @@ if [ $bench = 1 ]; then
     esac
   done
 fi
+# Where the device tool collects outputs ($OUT), leave the bench results there too.
+if [ -n "${OUT:-}" ] && [ -d results ]; then cp results/* "$OUT"/ 2>/dev/null; fi
 echo
 [ -n "$failures" ] && echo "failed:$failures"
 echo "bundle: $passed passed, $failed failed"
