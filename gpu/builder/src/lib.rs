@@ -153,6 +153,11 @@ impl Builder {
             "-Cpanic=immediate-abort".into(),
             // MIR jump threading can duplicate a barrier into divergent branches (an upstream hazard).
             "-Zmir-enable-passes=-JumpThreading".into(),
+            // Register tiles (`[f32; 64]` accumulators indexed in nested loops) stay in registers only
+            // if those loops are unrolled completely; LLVM's default threshold leaves the GEMM tiles in
+            // local memory (256-576 bytes of stack each). 2000 unrolls the tile loops and not the k
+            // loop around them (20000 unrolls that too and spills).
+            "-Cllvm-args=-unroll-threshold=2000".into(),
         ];
         if !features.is_empty() {
             flags.push(format!("-Ctarget-feature={features}"));

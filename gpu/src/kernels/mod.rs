@@ -9,6 +9,7 @@ pub mod barrier;
 pub mod elementwise;
 pub mod mma_tile;
 pub mod reduce;
+pub mod sgemm;
 pub mod tensor_ops;
 pub mod tma_tile;
 pub mod tmem;

@@ -46,6 +46,12 @@ pub fn vector_add(
 /// The sum of `x`, reduced on the device in two passes (per-block partials, then one block).
 /// Deterministic: the same input gives the same bits.
 pub fn sum(dev: &Device, x: &DeviceBuffer<f32>) -> Result<f32> {
+    let total = sum_on_device(dev, x)?;
+    Ok(dev.download(&total)?[0])
+}
+
+/// The sum of `x` as a one-element device buffer (no host round trip).
+pub fn sum_on_device(dev: &Device, x: &DeviceBuffer<f32>) -> Result<DeviceBuffer<f32>> {
     let n = len_u32("sum", x.len())?;
     let cfg = grid_stride(n, REDUCE_THREADS);
     let mut partials = dev.zeros::<f32>(cfg.grid_dim.0 as usize)?;
@@ -56,7 +62,7 @@ pub fn sum(dev: &Device, x: &DeviceBuffer<f32>) -> Result<f32> {
         let one = LaunchConfig { grid_dim: (1, 1, 1), ..cfg };
         dev.launch(ReduceSumF32, one, (partials.ptr(), total.ptr_mut(), cfg.grid_dim.0))?;
     }
-    Ok(dev.download(&total)?[0])
+    Ok(total)
 }
 
 /// A row-major f32 matrix in a device buffer, rows `row_pitch` elements apart.

@@ -12,15 +12,30 @@ use std::sync::Arc;
 
 /// An f32 tensor's data on a GPU.
 pub struct CudaStorage {
-    /// The elements.
+    /// The elements (at least one allocated, so that empty tensors need no zero-byte allocation).
     pub buf: DeviceBuffer<f32>,
     /// The device.
     pub dev: Arc<CudaDevice>,
+    len: usize,
+}
+
+/// Most elements a CUDA tensor may hold: the kernels index in u32, and every offset product and
+/// grid-stride step must stay below 2^32.
+pub const MAX_CUDA_ELEMENTS: usize = (1 << 31) - 1;
+
+fn check_len(op: &'static str, n: usize) -> Result<()> {
+    if n > MAX_CUDA_ELEMENTS {
+        return Err(Error::Unsupported {
+            op,
+            what: format!("{n} elements in one CUDA tensor (at most {MAX_CUDA_ELEMENTS}: the kernels index in 32 bits); split the tensor"),
+        });
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for CudaStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaStorage({} f32 on {})", self.buf.len(), self.dev.name())
+        write!(f, "CudaStorage({} f32 on {})", self.len, self.dev.name())
     }
 }
 
@@ -61,27 +76,29 @@ fn pad(op: &'static str, dims: &[usize], strides: &[usize]) -> Result<([u32; MAX
 
 impl CudaStorage {
     fn alloc(dev: &Arc<CudaDevice>, n: usize) -> Result<CudaStorage> {
-        Ok(CudaStorage { buf: dev.zeros::<f32>(n)?, dev: dev.clone() })
+        check_len("alloc", n)?;
+        Ok(CudaStorage { buf: dev.zeros::<f32>(n.max(1))?, dev: dev.clone(), len: n })
     }
     /// Copies host values to the device.
     pub fn upload(dev: &Arc<CudaDevice>, v: &[f32]) -> Result<CudaStorage> {
-        Ok(CudaStorage { buf: dev.upload(v)?, dev: dev.clone() })
+        check_len("to_device", v.len())?;
+        if v.is_empty() {
+            return Self::alloc(dev, 0);
+        }
+        Ok(CudaStorage { buf: dev.upload(v)?, dev: dev.clone(), len: v.len() })
     }
     /// Copies the elements to the host.
     pub fn download(&self) -> Result<Vec<f32>> {
-        self.dev.download(&self.buf)
+        let mut v = self.dev.download(&self.buf)?;
+        v.truncate(self.len);
+        Ok(v)
     }
     /// A device-side copy.
     pub fn try_clone(&self) -> Result<CudaStorage> {
-        let mut out = Self::alloc(&self.dev, self.buf.len())?;
-        let p = Strided2 {
-            n: self.buf.len() as u32,
-            dims: [1, 1, 1, self.buf.len().max(1) as u32],
-            a: [0, 0, 0, 1],
-            ..Default::default()
-        };
-        if !self.buf.is_empty() {
-            let (_, cfg) = grid(self.buf.len(), "copy")?;
+                let mut out = Self::alloc(&self.dev, self.len)?;
+        let p = Strided2 { n: self.len as u32, dims: [1, 1, 1, self.len.max(1) as u32], a: [0, 0, 0, 1], ..Default::default() };
+        if self.len > 0 {
+            let (_, cfg) = grid(self.len, "copy")?;
             // SAFETY: both buffers hold n elements.
             unsafe { self.dev.launch(k::StridedCopyF32, cfg, (self.buf.ptr(), out.buf.ptr_mut(), p))? };
         }
@@ -89,11 +106,11 @@ impl CudaStorage {
     }
     /// Number of elements.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.len
     }
     /// Whether it holds no elements.
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len == 0
     }
 
     /// `value` everywhere.
@@ -170,6 +187,12 @@ impl CudaStorage {
         let (rd, rs) = pad("sum", &red_dims, &red_strides)?;
         let out_n = to.elem_count();
         let red_n: usize = red_dims.iter().product();
+        if out_n == 1 && red_n > 1 {
+            // One output: a block-parallel two-pass reduction (fixed order for a given size)
+            // instead of one thread walking every element.
+            let total = crate::cuda::ops::sum_on_device(&self.dev, &self.buf)?;
+            return Ok(CudaStorage { buf: total, dev: self.dev.clone(), len: 1 });
+        }
         let mut res = Self::alloc(&self.dev, out_n)?;
         if out_n > 0 {
             let (n, cfg) = grid(out_n, "sum")?;
@@ -211,6 +234,12 @@ impl CudaStorage {
             b_stride: if b_batched { (kk * n) as u32 } else { 0 },
         };
         let t = k::MATMUL_TILE;
+        if v[0].div_ceil(t) > 65535 || v[3] > 65535 {
+            return Err(Error::Unsupported {
+                op: "matmul",
+                what: format!("{m} rows or {batch} batches on CUDA (the grid allows 65535 x 16 rows and 65535 batches)"),
+            });
+        }
         let cfg = LaunchConfig {
             grid_dim: (v[1].div_ceil(t), v[0].div_ceil(t), v[3]),
             block_dim: (t, t, 1),
@@ -230,6 +259,9 @@ impl CudaStorage {
     pub fn softmax(&self, d: usize, log: bool) -> Result<CudaStorage> {
         let rows = self.len() / d;
         let mut out = Self::alloc(&self.dev, self.len())?;
+        if rows == 0 {
+            return Ok(out);
+        }
         // SAFETY: rows * d elements in and out.
         unsafe {
             self.dev.launch(
@@ -270,6 +302,9 @@ impl CudaStorage {
         let mut out = Self::alloc(&self.dev, self.len())?;
         let mut mean = Self::alloc(&self.dev, rows)?;
         let mut rstd = Self::alloc(&self.dev, rows)?;
+        if rows == 0 {
+            return Ok((out, mean, rstd));
+        }
         // SAFETY: rows * d in and out; one mean and rstd per row; w and b hold d.
         unsafe {
             self.dev.launch(

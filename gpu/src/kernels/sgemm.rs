@@ -1,0 +1,441 @@
+//! The FP32 GEMM ladder: `C = A B` with A (m x k), B (k x n) and C (m x n) row-major and dense, in
+//! seven rungs from a naive kernel to warp tiling. Each rung changes one thing; the guide measures
+//! what it buys. Any m, n, k work (edge tiles are zero-filled on load and masked on store); the
+//! vectorized rungs also need `k % 4 == 0` and `n % 4 == 0` (16-byte rows), and the host falls back
+//! to the previous rung otherwise.
+//!
+//! Tile parameters are const generics of one `#[inline(always)]` body per rung; each `#[kernel]` is
+//! one instantiation, so the host can pick per shape class.
+
+use super::mma_tile::GemmShape;
+use crate::{DevicePtr, DevicePtrMut, kernel};
+use crate::{shared, sync, thread};
+
+/// Rung 3's square tile edge.
+pub const SMEM_TILE: u32 = 32;
+
+/// Four floats with 16-byte alignment, so loads and stores of it are single 128-bit accesses
+/// (`ld.global.v4.f32`).
+#[cfg(target_arch = "nvptx64")]
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct F4([f32; 4]);
+
+/// Reads 4 floats at element offset `off` (a multiple of 4) as one 16-byte load.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn load4(p: DevicePtr<f32>, off: u32) -> [f32; 4] {
+    unsafe { (*(p.as_ptr().add(off as usize) as *const F4)).0 }
+}
+
+/// `a[r][c]` of a row-major matrix with `cols` columns, or 0 outside `rows x cols`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn load_or_zero(p: DevicePtr<f32>, r: u32, c: u32, rows: u32, cols: u32) -> f32 {
+    if r < rows && c < cols { unsafe { p.read((r as usize) * cols as usize + c as usize) } } else { 0.0 }
+}
+
+/// Rung 1, naive: thread (x, y) of a (32, 32) block computes `C[row][col]` with row from x. Adjacent
+/// threads of a warp walk different rows of A and write different rows of C: nothing coalesces.
+/// Grid (ceil(m / 32), ceil(n / 32)), block (32, 32).
+#[kernel]
+pub unsafe fn sgemm_naive(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    let row = thread::block_idx_x() * thread::block_dim_x() + thread::thread_idx_x();
+    let col = thread::block_idx_y() * thread::block_dim_y() + thread::thread_idx_y();
+    if row < s.m && col < s.n {
+        let mut acc = 0.0f32;
+        let mut p = 0;
+        while p < s.k {
+            acc += unsafe { a.read((row * s.k + p) as usize) * b.read((p * s.n + col) as usize) };
+            p += 1;
+        }
+        unsafe { c.write((row * s.n + col) as usize, acc) };
+    }
+}
+
+/// Rung 2, coalesced: the same work, but a warp's 32 threads take 32 adjacent columns of one row, so
+/// B and C are read and written in 128-byte runs and A is a broadcast.
+/// Grid (ceil(n / 32), ceil(m / 32)), block 1024.
+#[kernel]
+pub unsafe fn sgemm_coalesced(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    let t = thread::thread_idx_x();
+    let row = thread::block_idx_y() * 32 + t / 32;
+    let col = thread::block_idx_x() * 32 + t % 32;
+    if row < s.m && col < s.n {
+        let mut acc = 0.0f32;
+        let mut p = 0;
+        while p < s.k {
+            acc += unsafe { a.read((row * s.k + p) as usize) * b.read((p * s.n + col) as usize) };
+            p += 1;
+        }
+        unsafe { c.write((row * s.n + col) as usize, acc) };
+    }
+}
+
+/// Rung 3, shared-memory blocking: the block stages 32 x 32 tiles of A and B in shared memory, so
+/// each global element is read once per block instead of once per thread.
+/// Grid (ceil(n / 32), ceil(m / 32)), block 1024, dynamic shared memory 8 KB.
+#[kernel]
+pub unsafe fn sgemm_smem(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    const T: u32 = SMEM_TILE;
+    let t = thread::thread_idx_x();
+    let (tr, tc) = (t / T, t % T);
+    let (row0, col0) = (thread::block_idx_y() * T, thread::block_idx_x() * T);
+    let at: *mut f32 = shared::dynamic_smem(0);
+    let bt: *mut f32 = shared::dynamic_smem((T * T * 4) as usize);
+    let mut acc = 0.0f32;
+    let mut k0 = 0;
+    while k0 < s.k {
+        unsafe {
+            *at.add((tr * T + tc) as usize) = load_or_zero(a, row0 + tr, k0 + tc, s.m, s.k);
+            *bt.add((tr * T + tc) as usize) = load_or_zero(b, k0 + tr, col0 + tc, s.k, s.n);
+        }
+        sync::sync_threads();
+        let mut p = 0;
+        while p < T {
+            acc += unsafe { *at.add((tr * T + p) as usize) * *bt.add((p * T + tc) as usize) };
+            p += 1;
+        }
+        sync::sync_threads();
+        k0 += T;
+    }
+    if row0 + tr < s.m && col0 + tc < s.n {
+        unsafe { c.write(((row0 + tr) * s.n + col0 + tc) as usize, acc) };
+    }
+}
+
+/// Rung 4 body, 1-D block tiling: a BM x BN tile per block, BK deep; each of the BM * BN / TM
+/// threads computes TM results down one column, reusing each B value TM times from a register.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn tile_1d<const BM: u32, const BN: u32, const BK: u32, const TM: u32>(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    let t = thread::thread_idx_x();
+    let (row0, col0) = (thread::block_idx_y() * BM, thread::block_idx_x() * BN);
+    let (tr, tc) = (t / BN, t % BN); // this thread's rows tr*TM .. tr*TM+TM, column tc
+    let at: *mut f32 = shared::dynamic_smem(0);
+    let bt: *mut f32 = shared::dynamic_smem((BM * BK * 4) as usize);
+    let threads = BM * BN / TM;
+    let mut acc = [0.0f32; 16];
+    let mut k0 = 0;
+    while k0 < s.k {
+        let mut i = t;
+        while i < BM * BK {
+            unsafe { *at.add(i as usize) = load_or_zero(a, row0 + i / BK, k0 + i % BK, s.m, s.k) };
+            i += threads;
+        }
+        i = t;
+        while i < BK * BN {
+            unsafe { *bt.add(i as usize) = load_or_zero(b, k0 + i / BN, col0 + i % BN, s.k, s.n) };
+            i += threads;
+        }
+        sync::sync_threads();
+        let mut p = 0;
+        while p < BK {
+            let bv = unsafe { *bt.add((p * BN + tc) as usize) };
+            let mut r = 0;
+            while r < TM {
+                acc[r as usize] += unsafe { *at.add(((tr * TM + r) * BK + p) as usize) } * bv;
+                r += 1;
+            }
+            p += 1;
+        }
+        sync::sync_threads();
+        k0 += BK;
+    }
+    let mut r = 0;
+    while r < TM {
+        let (row, col) = (row0 + tr * TM + r, col0 + tc);
+        if row < s.m && col < s.n {
+            unsafe { c.write((row * s.n + col) as usize, acc[r as usize]) };
+        }
+        r += 1;
+    }
+}
+
+/// Rung 4: 1-D block tiling, BM = BN = 64, BK = 8, TM = 8. Grid (ceil(n / 64), ceil(m / 64)), block
+/// 512, dynamic shared memory 4 KB.
+#[kernel]
+pub unsafe fn sgemm_tile1d_64x64x8_8(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    unsafe { tile_1d::<64, 64, 8, 8>(a, b, c, s) }
+}
+
+/// Rung 5 and 6 body, 2-D block tiling: each of the (BM / TM) * (BN / TN) threads computes a TM x TN
+/// block of results from TM values of A and TN values of B held in registers per step of k
+/// (TM * TN multiply-adds per TM + TN shared loads). With `VEC`, A and B are loaded as 16-byte
+/// vectors and A is stored transposed (k-major) so the register loads are contiguous too.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn tile_2d<const BM: u32, const BN: u32, const BK: u32, const TM: u32, const TN: u32, const VEC: bool>(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    let t = thread::thread_idx_x();
+    let threads = (BM / TM) * (BN / TN);
+    let (row0, col0) = (thread::block_idx_y() * BM, thread::block_idx_x() * BN);
+    let (tr, tc) = (t / (BN / TN), t % (BN / TN));
+    let at: *mut f32 = shared::dynamic_smem(0); // [BM][BK], or [BK][BM] transposed with VEC
+    let bt: *mut f32 = shared::dynamic_smem((BM * BK * 4) as usize); // [BK][BN]
+    let mut acc = [0.0f32; 64];
+    let mut rm = [0.0f32; 8];
+    let mut rn = [0.0f32; 8];
+    let mut k0 = 0;
+    while k0 < s.k {
+        if VEC {
+            // A: BM x BK as float4 along k; stored transposed at [k][m].
+            let mut i = t;
+            while i < BM * BK / 4 {
+                let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
+                let (gr, gc) = (row0 + r, k0 + c4);
+                let v = if gr < s.m && gc < s.k {
+                    unsafe { load4(a, gr * s.k + gc) }
+                } else {
+                    [0.0; 4]
+                };
+                let mut j = 0;
+                while j < 4 {
+                    unsafe { *at.add(((c4 + j) * BM + r) as usize) = v[j as usize] };
+                    j += 1;
+                }
+                i += threads;
+            }
+            // B: BK x BN as float4 along n.
+            i = t;
+            while i < BK * BN / 4 {
+                let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
+                let (gr, gc) = (k0 + r, col0 + c4);
+                let v = if gr < s.k && gc < s.n {
+                    unsafe { load4(b, gr * s.n + gc) }
+                } else {
+                    [0.0; 4]
+                };
+                unsafe { *(bt.add((r * BN + c4) as usize) as *mut F4) = F4(v) };
+                i += threads;
+            }
+        } else {
+            let mut i = t;
+            while i < BM * BK {
+                unsafe { *at.add(i as usize) = load_or_zero(a, row0 + i / BK, k0 + i % BK, s.m, s.k) };
+                i += threads;
+            }
+            i = t;
+            while i < BK * BN {
+                unsafe { *bt.add(i as usize) = load_or_zero(b, k0 + i / BN, col0 + i % BN, s.k, s.n) };
+                i += threads;
+            }
+        }
+        sync::sync_threads();
+        let mut p = 0;
+        while p < BK {
+            let mut r = 0;
+            while r < TM {
+                let m = tr * TM + r;
+                rm[r as usize] = unsafe { if VEC { *at.add((p * BM + m) as usize) } else { *at.add((m * BK + p) as usize) } };
+                r += 1;
+            }
+            let mut q = 0;
+            while q < TN {
+                rn[q as usize] = unsafe { *bt.add((p * BN + tc * TN + q) as usize) };
+                q += 1;
+            }
+            r = 0;
+            while r < TM {
+                q = 0;
+                while q < TN {
+                    acc[(r * TN + q) as usize] += rm[r as usize] * rn[q as usize];
+                    q += 1;
+                }
+                r += 1;
+            }
+            p += 1;
+        }
+        sync::sync_threads();
+        k0 += BK;
+    }
+    let mut r = 0;
+    while r < TM {
+        let mut q = 0;
+        while q < TN {
+            let (row, col) = (row0 + tr * TM + r, col0 + tc * TN + q);
+            if row < s.m && col < s.n {
+                unsafe { c.write((row * s.n + col) as usize, acc[(r * TN + q) as usize]) };
+            }
+            q += 1;
+        }
+        r += 1;
+    }
+}
+
+/// Rung 5: 2-D block tiling, 128 x 128 x 8 tiles, 8 x 8 results per thread. Grid (ceil(n / 128),
+/// ceil(m / 128)), block 256, dynamic shared memory 8 KB.
+#[kernel]
+pub unsafe fn sgemm_tile2d_128x128x8_8x8(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    unsafe { tile_2d::<128, 128, 8, 8, 8, false>(a, b, c, s) }
+}
+
+/// Rung 5, smaller tiles for small matrices: 64 x 64 x 8, 4 x 4 per thread. Block 256, 4 KB.
+#[kernel]
+pub unsafe fn sgemm_tile2d_64x64x8_4x4(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    unsafe { tile_2d::<64, 64, 8, 4, 4, false>(a, b, c, s) }
+}
+
+/// Rung 6: rung 5 with 16-byte loads and A transposed in shared memory (`k % 4 == 0`,
+/// `n % 4 == 0`). 128 x 128 x 8, 8 x 8 per thread; block 256, 8 KB.
+#[kernel]
+pub unsafe fn sgemm_vec_128x128x8_8x8(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    unsafe { tile_2d::<128, 128, 8, 8, 8, true>(a, b, c, s) }
+}
+
+/// Rung 6 with a deeper k step: 128 x 128 x 16, 8 x 8 per thread; block 256, 16 KB.
+#[kernel]
+pub unsafe fn sgemm_vec_128x128x16_8x8(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    unsafe { tile_2d::<128, 128, 16, 8, 8, true>(a, b, c, s) }
+}
+
+/// Rung 7 body, warp tiling: the block tile (BM x BN) is split among warps (WM x WN each); a warp
+/// sweeps its tile in WMITER x WNITER sub-tiles of (WM / WMITER) x (WN / WNITER), each lane computing
+/// TM x TN results per sub-tile. Lanes of a warp read neighbouring shared-memory addresses, and the
+/// warp's loads of A and B are reused across its sub-tiles. 16-byte loads as in rung 6.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn warptile<
+    const BM: u32,
+    const BN: u32,
+    const BK: u32,
+    const WM: u32,
+    const WN: u32,
+    const WNITER: u32,
+    const TM: u32,
+    const TN: u32,
+>(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    const WARP: u32 = 32;
+    let wmiter = (WM * WN) / (WARP * TM * TN * WNITER);
+    let (wsub_m, wsub_n) = (WM / wmiter, WN / WNITER); // one sub-tile
+    let t = thread::thread_idx_x();
+    let threads = (BM / WM) * (BN / WN) * WARP;
+    let (w, lane) = (t / WARP, t % WARP);
+    let (wr, wc) = (w / (BN / WN), w % (BN / WN));
+    let (lr, lc) = (lane / (wsub_n / TN), lane % (wsub_n / TN));
+    let (row0, col0) = (thread::block_idx_y() * BM, thread::block_idx_x() * BN);
+    let at: *mut f32 = shared::dynamic_smem(0); // [BK][BM] (transposed)
+    let bt: *mut f32 = shared::dynamic_smem((BM * BK * 4) as usize); // [BK][BN]
+    let mut acc = [0.0f32; 128];
+    let mut rm = [0.0f32; 16];
+    let mut rn = [0.0f32; 16];
+    let mut k0 = 0;
+    while k0 < s.k {
+        let mut i = t;
+        while i < BM * BK / 4 {
+            let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
+            let (gr, gc) = (row0 + r, k0 + c4);
+            let v = if gr < s.m && gc < s.k {
+                unsafe { load4(a, gr * s.k + gc) }
+            } else {
+                [0.0; 4]
+            };
+            let mut j = 0;
+            while j < 4 {
+                unsafe { *at.add(((c4 + j) * BM + r) as usize) = v[j as usize] };
+                j += 1;
+            }
+            i += threads;
+        }
+        i = t;
+        while i < BK * BN / 4 {
+            let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
+            let (gr, gc) = (k0 + r, col0 + c4);
+            let v = if gr < s.k && gc < s.n {
+                unsafe { load4(b, gr * s.n + gc) }
+            } else {
+                [0.0; 4]
+            };
+            unsafe { *(bt.add((r * BN + c4) as usize) as *mut F4) = F4(v) };
+            i += threads;
+        }
+        sync::sync_threads();
+        let mut p = 0;
+        while p < BK {
+            let mut mi = 0;
+            while mi < wmiter {
+                let mut r = 0;
+                while r < TM {
+                    let m = wr * WM + mi * wsub_m + lr * TM + r;
+                    rm[(mi * TM + r) as usize] = unsafe { *at.add((p * BM + m) as usize) };
+                    r += 1;
+                }
+                mi += 1;
+            }
+            let mut ni = 0;
+            while ni < WNITER {
+                let mut q = 0;
+                while q < TN {
+                    let n = wc * WN + ni * wsub_n + lc * TN + q;
+                    rn[(ni * TN + q) as usize] = unsafe { *bt.add((p * BN + n) as usize) };
+                    q += 1;
+                }
+                ni += 1;
+            }
+            mi = 0;
+            while mi < wmiter {
+                ni = 0;
+                while ni < WNITER {
+                    let mut r = 0;
+                    while r < TM {
+                        let mut q = 0;
+                        while q < TN {
+                            let idx = ((mi * TM + r) * (WNITER * TN) + ni * TN + q) as usize;
+                            acc[idx] += rm[(mi * TM + r) as usize] * rn[(ni * TN + q) as usize];
+                            q += 1;
+                        }
+                        r += 1;
+                    }
+                    ni += 1;
+                }
+                mi += 1;
+            }
+            p += 1;
+        }
+        sync::sync_threads();
+        k0 += BK;
+    }
+    let mut mi = 0;
+    while mi < wmiter {
+        let mut ni = 0;
+        while ni < WNITER {
+            let mut r = 0;
+            while r < TM {
+                let mut q = 0;
+                while q < TN {
+                    let row = row0 + wr * WM + mi * wsub_m + lr * TM + r;
+                    let col = col0 + wc * WN + ni * wsub_n + lc * TN + q;
+                    if row < s.m && col < s.n {
+                        let idx = ((mi * TM + r) * (WNITER * TN) + ni * TN + q) as usize;
+                        unsafe { c.write((row * s.n + col) as usize, acc[idx]) };
+                    }
+                    q += 1;
+                }
+                r += 1;
+            }
+            ni += 1;
+        }
+        mi += 1;
+    }
+}
+
+/// Rung 7: warp tiling, 128 x 128 x 16 block tile, 4 warps of 64 x 64, sub-tiles of 32 x 16 per
+/// lane-group (WNITER = 4, TM = 8, TN = 4). Block 128, dynamic shared memory 16 KB.
+#[kernel]
+pub unsafe fn sgemm_warptile_128x128x16(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    unsafe { warptile::<128, 128, 16, 64, 64, 4, 8, 4>(a, b, c, s) }
+}
