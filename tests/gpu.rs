@@ -111,6 +111,7 @@ fn tests() -> Vec<GpuTest> {
             run: |d| on_cuda(d, backend_cases::training_step_matches_cpu),
         },
         GpuTest { name: "gpu::train_main_job_on_cuda", available: any, run: train_main_job_on_cuda },
+        GpuTest { name: "gpu::sgemm_ladder_matches_f64", available: any, run: sgemm_ladder },
     ]
 }
 
@@ -432,6 +433,61 @@ fn train_main_job_on_cuda(_: &Device) -> Outcome {
     let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
     if acc < 0.9 {
         return Err(format!("test accuracy {acc} after 20 epochs on the GPU (the CPU backend reaches 0.99)"));
+    }
+    Ok(())
+}
+
+/// Every rung of the FP32 GEMM ladder against an f64 reference, at aligned and odd shapes, output
+/// poisoned first. Rungs that need 16-byte rows get only shapes with k and n multiples of 4, and must
+/// reject the others with a typed error.
+fn sgemm_ladder(dev: &Device) -> Outcome {
+    use kiln::cuda::gemm::RUNGS;
+    let (mut rng, _) = testing::rng();
+    let shapes: &[(u32, u32, u32)] = &[
+        (1, 1, 1),
+        (7, 13, 5),
+        (127, 129, 65),
+        (129, 127, 200),
+        (256, 256, 256),
+        (1000, 17, 33),
+        (64, 132, 36),
+        (257, 260, 1024),
+    ];
+    for r in RUNGS {
+        for &(m, n, k) in shapes {
+            let a = testing::uniform(&mut rng, (m * k) as usize);
+            let b = testing::uniform(&mut rng, (k * n) as usize);
+            let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+            let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+            let s = GemmShape { m, n, k };
+            if r.vec4 && (k % 4 != 0 || n % 4 != 0) {
+                match r.run(dev, &da, &db, &mut dc, s) {
+                    Err(kiln::Error::Unsupported { .. }) => continue,
+                    other => {
+                        return Err(format!("{} at {m}x{n}x{k} should refuse unaligned rows, got {other:?}", r.name));
+                    }
+                }
+            }
+            r.run(dev, &da, &db, &mut dc, s).map_err(err)?;
+            let got = dev.download(&dc).map_err(err)?;
+            for i in 0..m as usize {
+                for j in 0..n as usize {
+                    let (mut want, mut mag) = (0.0f64, 0.0f64);
+                    for p in 0..k as usize {
+                        let x = a[i * k as usize + p] as f64 * b[p * n as usize + j] as f64;
+                        want += x;
+                        mag += x.abs();
+                    }
+                    let tol = k as f64 * 2f64.powi(-23) * mag + 1e-30;
+                    compare(
+                        &format!("{} {m}x{n}x{k} at ({i}, {j})", r.name),
+                        &[got[i * n as usize + j]],
+                        &[want],
+                        Tol { abs: tol, rel: 0.0 },
+                    )?;
+                }
+            }
+        }
     }
     Ok(())
 }

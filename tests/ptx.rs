@@ -115,3 +115,28 @@ fn collective_asm_is_not_pure() {
         }
     }
 }
+
+/// The host's GEMM table names kernels that exist in every module, with consistent launch shapes.
+#[test]
+fn sgemm_table_matches_the_modules() {
+    use kiln::cuda::gemm::{Mapping, RUNGS, choose};
+    use kiln::gpu::kernels::mma_tile::GemmShape;
+    for a in Arch::ALL {
+        let names = entries(embedded(a));
+        for r in RUNGS {
+            assert!(names.contains(&r.name), "{} missing from {}", r.name, a.name());
+        }
+    }
+    for r in RUNGS {
+        assert!(r.threads <= 1024 && r.smem <= 48 * 1024, "{}", r.name);
+        if r.mapping == Mapping::Tiled && r.level >= 4 {
+            // every thread owns an equal share of the tile
+            assert_eq!((r.tile_m * r.tile_n) % r.threads, 0, "{}", r.name);
+        }
+    }
+    let c = choose(GemmShape { m: 4096, n: 4096, k: 4096 });
+    assert_eq!(c.level, 7);
+    assert_eq!(choose(GemmShape { m: 4096, n: 4095, k: 4096 }).level, 5);
+    let cfg = c.config(GemmShape { m: 4096, n: 1000, k: 64 });
+    assert_eq!(cfg.grid_dim, (8, 32, 1));
+}

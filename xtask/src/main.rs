@@ -202,6 +202,10 @@ if [ $sanitize = 1 ]; then
 fi
 if [ $bench = 1 ]; then
   mkdir -p results
+  # cuBLAS for the GEMM comparison: the CUDA toolkit's, or the one PyTorch's wheels carry.
+  for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia.cublas as m; print(list(m.__path__)[0] + "/lib")' 2>/dev/null); do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+  done
   for b in benches/*; do
     case "$b" in
       *.py) echo "=== python3 $b"; python3 "$b" "results/$(basename "$b" .py).json"; record $? "$b" ;;

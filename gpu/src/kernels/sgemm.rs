@@ -193,11 +193,7 @@ unsafe fn tile_2d<const BM: u32, const BN: u32, const BK: u32, const TM: u32, co
             while i < BM * BK / 4 {
                 let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
                 let (gr, gc) = (row0 + r, k0 + c4);
-                let v = if gr < s.m && gc < s.k {
-                    unsafe { load4(a, gr * s.k + gc) }
-                } else {
-                    [0.0; 4]
-                };
+                let v = if gr < s.m && gc < s.k { unsafe { load4(a, gr * s.k + gc) } } else { [0.0; 4] };
                 let mut j = 0;
                 while j < 4 {
                     unsafe { *at.add(((c4 + j) * BM + r) as usize) = v[j as usize] };
@@ -210,11 +206,7 @@ unsafe fn tile_2d<const BM: u32, const BN: u32, const BK: u32, const TM: u32, co
             while i < BK * BN / 4 {
                 let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
                 let (gr, gc) = (k0 + r, col0 + c4);
-                let v = if gr < s.k && gc < s.n {
-                    unsafe { load4(b, gr * s.n + gc) }
-                } else {
-                    [0.0; 4]
-                };
+                let v = if gr < s.k && gc < s.n { unsafe { load4(b, gr * s.n + gc) } } else { [0.0; 4] };
                 unsafe { *(bt.add((r * BN + c4) as usize) as *mut F4) = F4(v) };
                 i += threads;
             }
@@ -236,7 +228,8 @@ unsafe fn tile_2d<const BM: u32, const BN: u32, const BK: u32, const TM: u32, co
             let mut r = 0;
             while r < TM {
                 let m = tr * TM + r;
-                rm[r as usize] = unsafe { if VEC { *at.add((p * BM + m) as usize) } else { *at.add((m * BK + p) as usize) } };
+                rm[r as usize] =
+                    unsafe { if VEC { *at.add((p * BM + m) as usize) } else { *at.add((m * BK + p) as usize) } };
                 r += 1;
             }
             let mut q = 0;
@@ -339,11 +332,7 @@ unsafe fn warptile<
         while i < BM * BK / 4 {
             let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
             let (gr, gc) = (row0 + r, k0 + c4);
-            let v = if gr < s.m && gc < s.k {
-                unsafe { load4(a, gr * s.k + gc) }
-            } else {
-                [0.0; 4]
-            };
+            let v = if gr < s.m && gc < s.k { unsafe { load4(a, gr * s.k + gc) } } else { [0.0; 4] };
             let mut j = 0;
             while j < 4 {
                 unsafe { *at.add(((c4 + j) * BM + r) as usize) = v[j as usize] };
@@ -355,11 +344,7 @@ unsafe fn warptile<
         while i < BK * BN / 4 {
             let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
             let (gr, gc) = (k0 + r, col0 + c4);
-            let v = if gr < s.k && gc < s.n {
-                unsafe { load4(b, gr * s.n + gc) }
-            } else {
-                [0.0; 4]
-            };
+            let v = if gr < s.k && gc < s.n { unsafe { load4(b, gr * s.n + gc) } } else { [0.0; 4] };
             unsafe { *(bt.add((r * BN + c4) as usize) as *mut F4) = F4(v) };
             i += threads;
         }

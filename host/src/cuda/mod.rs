@@ -3,6 +3,7 @@
 
 mod buffer;
 mod device;
+pub mod gemm;
 pub mod ops;
 mod tensor_map;
 

@@ -27,7 +27,9 @@ fn check_len(op: &'static str, n: usize) -> Result<()> {
     if n > MAX_CUDA_ELEMENTS {
         return Err(Error::Unsupported {
             op,
-            what: format!("{n} elements in one CUDA tensor (at most {MAX_CUDA_ELEMENTS}: the kernels index in 32 bits); split the tensor"),
+            what: format!(
+                "{n} elements in one CUDA tensor (at most {MAX_CUDA_ELEMENTS}: the kernels index in 32 bits); split the tensor"
+            ),
         });
     }
     Ok(())
@@ -95,8 +97,13 @@ impl CudaStorage {
     }
     /// A device-side copy.
     pub fn try_clone(&self) -> Result<CudaStorage> {
-                let mut out = Self::alloc(&self.dev, self.len)?;
-        let p = Strided2 { n: self.len as u32, dims: [1, 1, 1, self.len.max(1) as u32], a: [0, 0, 0, 1], ..Default::default() };
+        let mut out = Self::alloc(&self.dev, self.len)?;
+        let p = Strided2 {
+            n: self.len as u32,
+            dims: [1, 1, 1, self.len.max(1) as u32],
+            a: [0, 0, 0, 1],
+            ..Default::default()
+        };
         if self.len > 0 {
             let (_, cfg) = grid(self.len, "copy")?;
             // SAFETY: both buffers hold n elements.
@@ -237,7 +244,9 @@ impl CudaStorage {
         if v[0].div_ceil(t) > 65535 || v[3] > 65535 {
             return Err(Error::Unsupported {
                 op: "matmul",
-                what: format!("{m} rows or {batch} batches on CUDA (the grid allows 65535 x 16 rows and 65535 batches)"),
+                what: format!(
+                    "{m} rows or {batch} batches on CUDA (the grid allows 65535 x 16 rows and 65535 batches)"
+                ),
             });
         }
         let cfg = LaunchConfig {

@@ -1,0 +1,97 @@
+//! The FP32 GEMM ladder against cuBLAS SGEMM (TF32 off: cuBLAS's default math for FP32) in the same
+//! process: TFLOP/s per rung and size, and the ratio to cuBLAS. Writes JSON to `$KILN_BENCH_OUT`
+//! (default `gemm.json`). Run: `cargo bench --bench gemm`, or `benches/gemm` from a GPU bundle.
+//! Without a GPU it prints why and exits 0.
+
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+use kiln::cuda::Device;
+use kiln::cuda::gemm::RUNGS;
+use kiln::gpu::kernels::mma_tile::GemmShape;
+use std::sync::Arc;
+
+const REPS: usize = 10;
+
+fn median_ms(dev: &Arc<Device>, mut f: impl FnMut()) -> f64 {
+    use cudarc::driver::sys::CUevent_flags;
+    f();
+    dev.synchronize().expect("warm-up");
+    let ctx = dev.context();
+    let mut ms = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let (s, e) = (
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event"),
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event"),
+        );
+        s.record(dev.stream()).expect("record");
+        f();
+        e.record(dev.stream()).expect("record");
+        e.synchronize().expect("sync");
+        ms.push(s.elapsed_ms(&e).expect("elapsed") as f64);
+    }
+    ms.sort_by(|a, b| a.total_cmp(b));
+    ms[REPS / 2]
+}
+
+fn main() {
+    let dev = match Device::shared() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("gemm bench: no GPU ({e}); nothing measured");
+            return;
+        }
+    };
+    // SAFETY: only tries to dlopen the library.
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        println!("gemm bench: libcublas not found (set LD_LIBRARY_PATH); the ratios need cuBLAS in the same run");
+        return;
+    }
+    let blas = CudaBlas::new(dev.stream().clone()).expect("cuBLAS handle");
+    let sizes: &[(u32, u32, u32)] = &[(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (4096, 1024, 4096)];
+    let mut json = format!("{{\"device\":\"{}\",\"results\":[", dev.name());
+    let mut first = true;
+    println!("device: {}, median of {REPS}", dev.name());
+    for &(m, n, k) in sizes {
+        let s = GemmShape { m, n, k };
+        let fl = 2.0 * m as f64 * n as f64 * k as f64;
+        let a: Vec<f32> = (0..m * k).map(|i| ((i % 97) as f32 - 48.0) / 64.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i % 89) as f32 - 44.0) / 64.0).collect();
+        let (da, db) = (dev.upload(&a).expect("upload"), dev.upload(&b).expect("upload"));
+        let mut dc = dev.zeros::<f32>((m * n) as usize).expect("alloc");
+        // cuBLAS is column-major: C^T = B^T A^T with the row-major buffers as they are.
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: n as i32,
+            n: m as i32,
+            k: k as i32,
+            alpha: 1.0f32,
+            lda: n as i32,
+            ldb: k as i32,
+            beta: 0.0f32,
+            ldc: n as i32,
+        };
+        let cublas_ms =
+            median_ms(&dev, || unsafe { blas.gemm(cfg, db.slice(), da.slice(), dc.slice_mut()) }.expect("cublas"));
+        let cublas_tf = fl / cublas_ms / 1e9;
+        println!("{m}x{n}x{k}: cuBLAS SGEMM {cublas_ms:.3} ms, {cublas_tf:.1} TFLOP/s");
+        for r in RUNGS {
+            if r.level <= 2 && m >= 4096 {
+                continue; // the first rungs take seconds at this size and teach nothing more
+            }
+            let ms = median_ms(&dev, || r.run(&dev, &da, &db, &mut dc, s).expect("kiln sgemm"));
+            let tf = fl / ms / 1e9;
+            println!("  {:<28} {:>8.3} ms {:>7.2} TFLOP/s {:>6.1}% of cuBLAS", r.name, ms, tf, 100.0 * tf / cublas_tf);
+            json += &format!(
+                "{}{{\"m\":{m},\"n\":{n},\"k\":{k},\"kernel\":\"{}\",\"ms\":{ms:.4},\"tflops\":{tf:.3},\"cublas_tflops\":{cublas_tf:.3}}}",
+                if first { "" } else { "," },
+                r.name
+            );
+            first = false;
+        }
+    }
+    json += "]}\n";
+    let out = std::env::var("KILN_BENCH_OUT").unwrap_or_else(|_| "gemm.json".into());
+    if let Err(e) = std::fs::write(&out, json) {
+        eprintln!("writing {out}: {e}");
+    }
+}

@@ -1,0 +1,168 @@
+//! The FP32 GEMM ladder on the host: one table row per rung (kernel, block, tile, shared memory,
+//! alignment), one launcher for all, and a chooser.
+
+use super::{Device, DeviceBuffer, LaunchConfig};
+use crate::error::{Error, Result};
+use kiln_gpu::kernels::mma_tile::GemmShape;
+use kiln_gpu::kernels::sgemm as k;
+use kiln_gpu::{DevicePtr, DevicePtrMut, Kernel};
+
+type SgemmArgs = (DevicePtr<f32>, DevicePtr<f32>, DevicePtrMut<f32>, GemmShape);
+type Launch = unsafe fn(&Device, LaunchConfig, SgemmArgs) -> Result<()>;
+
+unsafe fn launch<K: Kernel<Args = SgemmArgs>>(dev: &Device, cfg: LaunchConfig, args: SgemmArgs) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { dev.launch(K::default(), cfg, args) }
+}
+
+/// How a rung maps threads to C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mapping {
+    /// A (32, 32) block, x along rows of C (rung 1, uncoalesced on purpose).
+    RowsX,
+    /// A 1-D block over a `tile_m x tile_n` tile of C, blocks along x over columns.
+    Tiled,
+}
+
+/// One rung of the ladder.
+#[derive(Clone, Copy, Debug)]
+pub struct Rung {
+    /// Name (also the kernel's name).
+    pub name: &'static str,
+    /// The rung's number in the guide (1..=7).
+    pub level: u32,
+    /// Rows of C per block.
+    pub tile_m: u32,
+    /// Columns of C per block.
+    pub tile_n: u32,
+    /// Threads per block.
+    pub threads: u32,
+    /// Dynamic shared memory per block, bytes.
+    pub smem: u32,
+    /// Needs `k % 4 == 0` and `n % 4 == 0` (16-byte loads).
+    pub vec4: bool,
+    /// Thread mapping.
+    pub mapping: Mapping,
+    launch: Launch,
+}
+
+macro_rules! rung {
+    ($K:ty, $level:expr, $tm:expr, $tn:expr, $threads:expr, $smem:expr, $vec4:expr, $map:ident) => {
+        Rung {
+            name: <$K as Kernel>::NAME,
+            level: $level,
+            tile_m: $tm,
+            tile_n: $tn,
+            threads: $threads,
+            smem: $smem,
+            vec4: $vec4,
+            mapping: Mapping::$map,
+            launch: launch::<$K>,
+        }
+    };
+}
+
+/// Every rung, in ladder order.
+pub const RUNGS: &[Rung] = &[
+    rung!(k::SgemmNaive, 1, 32, 32, 1024, 0, false, RowsX),
+    rung!(k::SgemmCoalesced, 2, 32, 32, 1024, 0, false, Tiled),
+    rung!(k::SgemmSmem, 3, 32, 32, 1024, 2 * 32 * 32 * 4, false, Tiled),
+    rung!(k::SgemmTile1d64x64x88, 4, 64, 64, 512, (64 * 8 + 8 * 64) * 4, false, Tiled),
+    rung!(k::SgemmTile2d64x64x84x4, 5, 64, 64, 256, (64 * 8 + 8 * 64) * 4, false, Tiled),
+    rung!(k::SgemmTile2d128x128x88x8, 5, 128, 128, 256, (128 * 8 + 8 * 128) * 4, false, Tiled),
+    rung!(k::SgemmVec128x128x88x8, 6, 128, 128, 256, (128 * 8 + 8 * 128) * 4, true, Tiled),
+    rung!(k::SgemmVec128x128x168x8, 6, 128, 128, 256, (128 * 16 + 16 * 128) * 4, true, Tiled),
+    rung!(k::SgemmWarptile128x128x16, 7, 128, 128, 128, (128 * 16 + 16 * 128) * 4, true, Tiled),
+];
+
+/// The rung named `name`.
+pub fn rung(name: &str) -> Result<&'static Rung> {
+    RUNGS.iter().find(|r| r.name == name).ok_or_else(|| Error::Unsupported {
+        op: "sgemm",
+        what: format!("kernel `{name}`; known: {}", RUNGS.iter().map(|r| r.name).collect::<Vec<_>>().join(", ")),
+    })
+}
+
+/// The fastest rung that fits: warp tiling when rows are 16-byte aligned, 2-D tiling otherwise,
+/// smaller tiles when the product would not fill the GPU with 128 x 128 tiles.
+pub fn choose(s: GemmShape) -> &'static Rung {
+    let aligned = s.k % 4 == 0 && s.n % 4 == 0;
+    let big_tiles = (s.m.div_ceil(128) as u64) * (s.n.div_ceil(128) as u64) >= 132;
+    let name = match (aligned, big_tiles) {
+        (true, true) => "sgemm_warptile_128x128x16",
+        (false, true) => "sgemm_tile2d_128x128x8_8x8",
+        (_, false) => "sgemm_tile2d_64x64x8_4x4",
+    };
+    rung(name).expect("the chooser names rungs of the table")
+}
+
+impl Rung {
+    /// The launch configuration for `s`.
+    pub fn config(&self, s: GemmShape) -> LaunchConfig {
+        let (gm, gn) = (s.m.div_ceil(self.tile_m), s.n.div_ceil(self.tile_n));
+        match self.mapping {
+            Mapping::RowsX => LaunchConfig { grid_dim: (gm, gn, 1), block_dim: (32, 32, 1), shared_mem_bytes: 0 },
+            Mapping::Tiled => {
+                LaunchConfig { grid_dim: (gn, gm, 1), block_dim: (self.threads, 1, 1), shared_mem_bytes: self.smem }
+            }
+        }
+    }
+
+    /// `c = a b` with this rung: `a` m x k, `b` k x n, `c` m x n, row-major and dense.
+    pub fn run(
+        &self,
+        dev: &Device,
+        a: &DeviceBuffer<f32>,
+        b: &DeviceBuffer<f32>,
+        c: &mut DeviceBuffer<f32>,
+        s: GemmShape,
+    ) -> Result<()> {
+        let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
+        if a.len() != m * kk || b.len() != kk * n || c.len() != m * n {
+            return Err(Error::shape(
+                "sgemm",
+                format!(
+                    "{m}x{n}x{kk} needs a: {}, b: {}, c: {}; got {}, {}, {}",
+                    m * kk,
+                    kk * n,
+                    m * n,
+                    a.len(),
+                    b.len(),
+                    c.len()
+                ),
+            ));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if self.vec4 && (s.k % 4 != 0 || s.n % 4 != 0) {
+            return Err(Error::Unsupported {
+                op: "sgemm",
+                what: format!(
+                    "{} with k = {kk}, n = {n}: it loads 16-byte rows, so k and n must be multiples of 4",
+                    self.name
+                ),
+            });
+        }
+        let cfg = self.config(s);
+        if cfg.grid_dim.1 > 65535 {
+            return Err(Error::Unsupported {
+                op: "sgemm",
+                what: format!("{m} rows with {} (grid y limit)", self.name),
+            });
+        }
+        // SAFETY: the sizes are checked above; the kernel masks the edges.
+        unsafe { (self.launch)(dev, cfg, (a.ptr(), b.ptr(), c.ptr_mut(), s)) }
+    }
+}
+
+/// `c = a b` with the chosen rung.
+pub fn sgemm(
+    dev: &Device,
+    a: &DeviceBuffer<f32>,
+    b: &DeviceBuffer<f32>,
+    c: &mut DeviceBuffer<f32>,
+    s: GemmShape,
+) -> Result<()> {
+    choose(s).run(dev, a, b, c, s)
+}
