@@ -229,7 +229,14 @@ impl CudaStorage {
         b_batched: bool,
     ) -> Result<CudaStorage> {
         let mut c = Self::alloc(&self.dev, batch * m * n)?;
-        if batch * m * n == 0 {
+        if batch * m * n == 0 || kk == 0 {
+            return Ok(c); // zeros
+        }
+        if batch == 1 || !b_batched {
+            // One product (a batch against a shared B is one (batch * m) x k product): the GEMM
+            // ladder's chooser picks the kernel.
+            let s = kiln_gpu::kernels::mma_tile::GemmShape { m: (batch * m) as u32, n: n as u32, k: kk as u32 };
+            crate::cuda::gemm::sgemm(&self.dev, &self.buf, &b.buf, &mut c.buf, s)?;
             return Ok(c);
         }
         let v = u32s("matmul", &[m, n, kk, batch])?;
