@@ -249,3 +249,21 @@ fn welford_combine_matches_two_pass() {
     assert_eq!(welford_combine((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)), (0.0, 0.0, 0.0));
     assert_eq!(welford_combine((0.0, 0.0, 0.0), (2.0, 3.0, 1.0)), (2.0, 3.0, 1.0));
 }
+
+#[test]
+fn hgemm_swizzle_spreads_ldmatrix_rows_over_banks() {
+    use kiln::gpu::kernels::hgemm_mma::swizzled_chunk;
+    // Any 8 consecutive rows (an ldmatrix phase) at one logical chunk land in 8 distinct 16-byte
+    // bank groups of a 128-byte window, and the map is a bijection on each row's 4 chunks.
+    for start in 0..120u32 {
+        for chunk in 0..4 {
+            let groups: HashSet<u32> = (start..start + 8).map(|r| (swizzled_chunk(r, chunk) % 128) / 16).collect();
+            assert_eq!(groups.len(), 8, "rows {start}.. chunk {chunk}");
+        }
+    }
+    for r in 0..128u32 {
+        let chunks: HashSet<u32> = (0..4).map(|c| swizzled_chunk(r, c)).collect();
+        assert_eq!(chunks.len(), 4);
+        assert!(chunks.iter().all(|&o| o / 64 == r && o % 16 == 0));
+    }
+}

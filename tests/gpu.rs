@@ -112,6 +112,8 @@ fn tests() -> Vec<GpuTest> {
         },
         GpuTest { name: "gpu::train_main_job_on_cuda", available: any, run: train_main_job_on_cuda },
         GpuTest { name: "gpu::sgemm_ladder_matches_f64", available: any, run: sgemm_ladder },
+        GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
+        GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
     ]
 }
 
@@ -490,4 +492,38 @@ fn sgemm_ladder(dev: &Device) -> Outcome {
         }
     }
     Ok(())
+}
+
+/// The `mma.sync` GEMM (3-stage cp.async, swizzled ldmatrix) against f64, at odd m and n.
+fn hgemm_case<T: TestInput + kiln::cuda::gemm::HgemmInput>(dev: &Device) -> Outcome {
+    let (mut rng, _) = testing::rng();
+    for &(m, n, k) in
+        &[(1u32, 1u32, 8u32), (127, 129, 64), (256, 256, 256), (1000, 130, 264), (129, 300, 40), (300, 260, 1032)]
+    {
+        let a: Vec<T> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(T::from_f32).collect();
+        let b: Vec<T> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(T::from_f32).collect();
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+        kiln::cuda::gemm::hgemm(dev, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
+        let got = dev.download(&dc).map_err(err)?;
+        for i in 0..m as usize {
+            for j in 0..n as usize {
+                let (mut want, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..k as usize {
+                    let x = a[i * k as usize + p].as_f64() * b[j * k as usize + p].as_f64();
+                    want += x;
+                    mag += x.abs();
+                }
+                let tol = k as f64 * 2f64.powi(-22) * mag + 1e-30;
+                let what = format!("hgemm<{}> {m}x{n}x{k} at ({i}, {j})", std::any::type_name::<T>());
+                compare(&what, &[got[i * n as usize + j]], &[want], Tol { abs: tol, rel: 0.0 })?;
+            }
+        }
+    }
+    let a = dev.upload(&vec![T::from_f32(0.0); 8 * 12]).map_err(err)?;
+    let mut c = dev.zeros::<f32>(64).map_err(err)?;
+    match kiln::cuda::gemm::hgemm(dev, &a, &a, &mut c, GemmShape { m: 8, n: 8, k: 12 }) {
+        Err(kiln::Error::Unsupported { op: "hgemm", .. }) => Ok(()),
+        other => Err(format!("k = 12 must be refused, got {other:?}")),
+    }
 }

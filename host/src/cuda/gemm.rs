@@ -166,3 +166,58 @@ pub fn sgemm(
 ) -> Result<()> {
     choose(s).run(dev, a, b, c, s)
 }
+
+/// Input types of the `mma.sync` tensor-core GEMM: one table row each.
+pub trait HgemmInput: cudarc::driver::DeviceRepr + Copy + 'static {
+    /// The kernel for this type.
+    type Kernel: Kernel<Args = (DevicePtr<Self>, DevicePtr<Self>, DevicePtrMut<f32>, GemmShape)>;
+}
+impl HgemmInput for half::bf16 {
+    type Kernel = kiln_gpu::kernels::hgemm_mma::HgemmMmaBf16;
+}
+impl HgemmInput for half::f16 {
+    type Kernel = kiln_gpu::kernels::hgemm_mma::HgemmMmaF16;
+}
+
+/// `c = a b^T` on the tensor cores (`mma.sync`, 3-stage `cp.async` pipeline): `a` m x k, `b` n x k
+/// (bf16 or f16), `c` m x n f32; `k % 8 == 0`.
+pub fn hgemm<T: HgemmInput>(
+    dev: &Device,
+    a: &DeviceBuffer<T>,
+    b: &DeviceBuffer<T>,
+    c: &mut DeviceBuffer<f32>,
+    s: GemmShape,
+) -> Result<()> {
+    use kiln_gpu::kernels::hgemm_mma::{HGEMM_BM, HGEMM_BN, HGEMM_SMEM_BYTES, HGEMM_THREADS};
+    let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
+    if a.len() != m * kk || b.len() != n * kk || c.len() != m * n {
+        return Err(Error::shape(
+            "hgemm",
+            format!(
+                "{m}x{n}x{kk} needs a: {}, b: {}, c: {}; got {}, {}, {}",
+                m * kk,
+                n * kk,
+                m * n,
+                a.len(),
+                b.len(),
+                c.len()
+            ),
+        ));
+    }
+    if s.k % 8 != 0 {
+        return Err(Error::Unsupported {
+            op: "hgemm",
+            what: format!("k = {kk}: rows are copied in 16-byte chunks, so k must be a multiple of 8"),
+        });
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (s.n.div_ceil(HGEMM_BN), s.m.div_ceil(HGEMM_BM), 1),
+        block_dim: (HGEMM_THREADS, 1, 1),
+        shared_mem_bytes: HGEMM_SMEM_BYTES,
+    };
+    // SAFETY: sizes checked above; the kernel masks the edges.
+    unsafe { dev.launch(T::Kernel::default(), cfg, (a.ptr(), b.ptr(), c.ptr_mut(), s)) }
+}
