@@ -65,7 +65,7 @@ fn main() {
 
     // (name, bytes moved: inputs read once + outputs written once, time)
     let f4 = bytes;
-    let rows = vec![
+    let rows = [
         ("add", 3.0 * f4, time(&dev, || drop(x.add(&y).expect("add")))),
         ("relu", 2.0 * f4, time(&dev, || drop(x.relu().expect("relu")))),
         ("softmax", 2.0 * f4, time(&dev, || drop(x.softmax().expect("softmax")))),

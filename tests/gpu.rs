@@ -520,7 +520,7 @@ fn hgemm_case<T: TestInput + kiln::cuda::gemm::HgemmInput>(dev: &Device) -> Outc
             }
         }
     }
-    let a = dev.upload(&vec![T::from_f32(0.0); 8 * 12]).map_err(err)?;
+    let a = dev.upload(&[T::from_f32(0.0); 8 * 12]).map_err(err)?;
     let mut c = dev.zeros::<f32>(64).map_err(err)?;
     match kiln::cuda::gemm::hgemm(dev, &a, &a, &mut c, GemmShape { m: 8, n: 8, k: 12 }) {
         Err(kiln::Error::Unsupported { op: "hgemm", .. }) => Ok(()),

@@ -262,10 +262,11 @@ fn gpu_bundle(dir: &Path) -> Res<()> {
     let mut benches = Vec::new();
     for line in bench_json.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-        if v["reason"] == "compiler-artifact" && v["target"]["kind"][0] == "bench" {
-            if let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str()) {
-                benches.push((PathBuf::from(exe), name.to_string()));
-            }
+        if v["reason"] == "compiler-artifact"
+            && v["target"]["kind"][0] == "bench"
+            && let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str())
+        {
+            benches.push((PathBuf::from(exe), name.to_string()));
         }
     }
     if !exes.iter().any(|(_, n)| n == "gpu") {

@@ -86,7 +86,7 @@ pub fn rung(name: &str) -> Result<&'static Rung> {
 /// The fastest rung that fits: warp tiling when rows are 16-byte aligned, 2-D tiling otherwise,
 /// smaller tiles when the product would not fill the GPU with 128 x 128 tiles.
 pub fn choose(s: GemmShape) -> &'static Rung {
-    let aligned = s.k % 4 == 0 && s.n % 4 == 0;
+    let aligned = s.k.is_multiple_of(4) && s.n.is_multiple_of(4);
     let big_tiles = (s.m.div_ceil(128) as u64) * (s.n.div_ceil(128) as u64) >= 132;
     let name = match (aligned, big_tiles) {
         (true, true) => "sgemm_warptile_128x128x16",
@@ -135,7 +135,7 @@ impl Rung {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        if self.vec4 && (s.k % 4 != 0 || s.n % 4 != 0) {
+        if self.vec4 && (!s.k.is_multiple_of(4) || !s.n.is_multiple_of(4)) {
             return Err(Error::Unsupported {
                 op: "sgemm",
                 what: format!(
@@ -204,7 +204,7 @@ pub fn hgemm<T: HgemmInput>(
             ),
         ));
     }
-    if s.k % 8 != 0 {
+    if !s.k.is_multiple_of(8) {
         return Err(Error::Unsupported {
             op: "hgemm",
             what: format!("k = {kk}: rows are copied in 16-byte chunks, so k must be a multiple of 8"),

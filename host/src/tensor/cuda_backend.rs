@@ -134,7 +134,7 @@ impl CudaStorage {
     /// Elementwise function ([`k::unary`] code) with scalar `s`.
     pub fn unary(&self, op: u32, s: f32) -> Result<CudaStorage> {
         let mut out = Self::alloc(&self.dev, self.len())?;
-        if self.len() > 0 {
+        if !self.is_empty() {
             let (n, cfg) = grid(self.len(), "unary")?;
             // SAFETY: same length in and out.
             unsafe { self.dev.launch(k::UnaryF32, cfg, (self.buf.ptr(), out.buf.ptr_mut(), n, op, s))? };
