@@ -267,3 +267,36 @@ fn hgemm_swizzle_spreads_ldmatrix_rows_over_banks() {
         assert!(chunks.iter().all(|&o| o / 64 == r && o % 16 == 0));
     }
 }
+
+#[test]
+fn wgmma_accumulator_layout_and_ring_parities() {
+    use kiln::gpu::kernels::gemm_wgmma::{WG_STAGES, empty_parity, full_parity, tile_descriptor};
+    use kiln::gpu::wgmma::acc_m64n128;
+    let mut seen = HashSet::new();
+    for t in 0..128 {
+        for i in 0..64 {
+            let (r, c) = acc_m64n128(t, i);
+            assert!(r < 64 && c < 128);
+            assert!(seen.insert((r, c)), "({r}, {c}) twice");
+        }
+    }
+    assert_eq!(seen.len(), 64 * 128);
+    // thread 5 (warp 0, group 1, quad 1): d0 = (1, 2), d2 = (9, 2), d4 = (1, 10)
+    assert_eq!(acc_m64n128(5, 0), (1, 2));
+    assert_eq!(acc_m64n128(5, 2), (9, 2));
+    assert_eq!(acc_m64n128(5, 4), (1, 10));
+    assert_eq!(acc_m64n128(37, 0), (17, 2));
+    // consumers wait phase t / STAGES of full[t % STAGES]; the producer waits the previous lap's
+    // release of empty[t % STAGES]
+    for t in 0..40 {
+        assert_eq!(full_parity(t), (t / WG_STAGES) % 2);
+        if t >= WG_STAGES {
+            assert_eq!(empty_parity(t), full_parity(t - WG_STAGES));
+        }
+    }
+    // k steps advance the descriptor's start address by 32 bytes (2 units of 16)
+    let d0 = tile_descriptor(0x4000, 0);
+    assert_eq!(tile_descriptor(0x4000, 3) - d0, 6);
+    assert_eq!((d0 >> 32) & 0x3fff, 64); // SBO 1024 bytes
+    assert_eq!(d0 >> 62, 1); // 128-byte swizzle
+}

@@ -114,6 +114,11 @@ fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::sgemm_ladder_matches_f64", available: any, run: sgemm_ladder },
         GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
         GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
+        GpuTest {
+            name: "gpu::gemm_wgmma_bf16_sm90",
+            available: |d| d.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>(),
+            run: wgmma_case,
+        },
     ]
 }
 
@@ -526,4 +531,38 @@ fn hgemm_case<T: TestInput + kiln::cuda::gemm::HgemmInput>(dev: &Device) -> Outc
         Err(kiln::Error::Unsupported { op: "hgemm", .. }) => Ok(()),
         other => Err(format!("k = 12 must be refused, got {other:?}")),
     }
+}
+
+/// The Hopper wgmma GEMM (TMA ring, producer and consumer warpgroups) against f64.
+fn wgmma_case(dev: &Device) -> Outcome {
+    let (mut rng, _) = testing::rng();
+    for &(m, n, k) in
+        &[(128u32, 128u32, 64u32), (1, 1, 8), (256, 384, 512), (1000, 130, 264), (129, 257, 72), (300, 200, 1032)]
+    {
+        let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
+        let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+        let plan = kiln::cuda::gemm::WgmmaGemm::new(dev, &da, &db, GemmShape { m, n, k }).map_err(err)?;
+        plan.run(&mut dc).map_err(err)?;
+        let got = dev.download(&dc).map_err(err)?;
+        for i in 0..m as usize {
+            for j in 0..n as usize {
+                let (mut want, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..k as usize {
+                    let x = a[i * k as usize + p].to_f64() * b[j * k as usize + p].to_f64();
+                    want += x;
+                    mag += x.abs();
+                }
+                let tol = k as f64 * 2f64.powi(-22) * mag + 1e-30;
+                compare(
+                    &format!("wgmma {m}x{n}x{k} at ({i}, {j})"),
+                    &[got[i * n as usize + j]],
+                    &[want],
+                    Tol { abs: tol, rel: 0.0 },
+                )?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -7,6 +7,7 @@
 
 pub mod barrier;
 pub mod elementwise;
+pub mod gemm_wgmma;
 pub mod hgemm_mma;
 pub mod mma_tile;
 pub mod reduce;

@@ -221,3 +221,68 @@ pub fn hgemm<T: HgemmInput>(
     // SAFETY: sizes checked above; the kernel masks the edges.
     unsafe { dev.launch(T::Kernel::default(), cfg, (a.ptr(), b.ptr(), c.ptr_mut(), s)) }
 }
+
+/// A Hopper `wgmma` GEMM bound to its operands: `c = a b^T` with `a` (m x k) and `b` (n x k) bf16,
+/// `c` (m x n) f32, `k % 8 == 0`. The tensor maps are encoded once; [`WgmmaGemm::run`] launches.
+/// Needs the sm_90a module (compute capability 9.0); elsewhere `run` returns
+/// [`Error::KernelUnavailable`].
+pub struct WgmmaGemm<'a> {
+    dev: &'a Device,
+    a_map: super::DeviceTensorMap,
+    b_map: super::DeviceTensorMap,
+    s: GemmShape,
+    _operands: std::marker::PhantomData<&'a DeviceBuffer<half::bf16>>,
+}
+
+impl<'a> WgmmaGemm<'a> {
+    /// Checks the shapes and encodes the two tensor maps.
+    pub fn new(
+        dev: &'a Device,
+        a: &'a DeviceBuffer<half::bf16>,
+        b: &'a DeviceBuffer<half::bf16>,
+        s: GemmShape,
+    ) -> Result<Self> {
+        use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_BM, WG_BN, WG_SWIZZLE};
+        let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
+        if a.len() != m * kk || b.len() != n * kk || m == 0 || n == 0 || kk == 0 {
+            return Err(Error::shape(
+                "wgmma gemm",
+                format!("{m}x{n}x{kk} needs non-empty a: {}, b: {}; got {}, {}", m * kk, n * kk, a.len(), b.len()),
+            ));
+        }
+        if s.k % 8 != 0 {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!("k = {kk}: TMA needs 16-byte row pitches, so k must be a multiple of 8"),
+            });
+        }
+        let spec = |rows: u32, box_rows: u32| super::TensorMapSpec {
+            dtype: super::TmaDtype::Bf16,
+            rows: rows as u64,
+            cols: s.k as u64,
+            row_pitch: s.k as u64,
+            box_rows,
+            box_cols: WG_BK,
+            swizzle: WG_SWIZZLE,
+        };
+        let a_map = dev.tensor_map(a.addr(), &spec(s.m, WG_BM))?;
+        let b_map = dev.tensor_map(b.addr(), &spec(s.n, WG_BN))?;
+        Ok(WgmmaGemm { dev, a_map, b_map, s, _operands: std::marker::PhantomData })
+    }
+
+    /// Launches into `c` (m x n f32).
+    pub fn run(&self, c: &mut DeviceBuffer<f32>) -> Result<()> {
+        use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16, WG_BM, WG_BN, WG_SMEM_BYTES, WG_THREADS};
+        let s = self.s;
+        if c.len() != (s.m * s.n) as usize {
+            return Err(Error::shape("wgmma gemm", format!("c needs {} elements, has {}", s.m * s.n, c.len())));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (s.n.div_ceil(WG_BN), s.m.div_ceil(WG_BM), 1),
+            block_dim: (WG_THREADS, 1, 1),
+            shared_mem_bytes: WG_SMEM_BYTES,
+        };
+        // SAFETY: the maps describe the borrowed operands; c is checked above; the kernel masks stores.
+        unsafe { self.dev.launch(GemmWgmmaBf16, cfg, (self.a_map.ptr(), self.b_map.ptr(), c.ptr_mut(), s)) }
+    }
+}

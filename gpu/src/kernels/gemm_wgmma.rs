@@ -1,0 +1,163 @@
+//! Hopper GEMM (sm_90a): TMA loads into 128-byte-swizzled shared memory on an mbarrier ring, and
+//! `wgmma.mma_async` from two consumer warpgroups while a producer warpgroup keeps the ring full.
+//! `C = A B^T` with A (m x k) and B (n x k) bf16 row-major (both K-major), C (m x n) f32.
+//!
+//! - Block tile 128 x 128, k step 64 (one 128-byte swizzle span of bf16), [`WG_STAGES`] stages.
+//! - Warpgroup 0 is the producer: its thread 0 waits for a stage to be empty, announces the stage's
+//!   bytes and issues the two TMA loads (A rows m0.., B rows n0..), which complete on the stage's
+//!   `full` barrier. Warpgroups 1 and 2 are consumers: each waits for `full`, runs 4 wgmma
+//!   `m64n128k16` on its 64 rows of A and all of B, waits for them, and one thread per consumer
+//!   arrives on the stage's `empty` barrier (count 2).
+//! - Parity: use `t` of stage `s = t % STAGES` is that barrier's phase `t / STAGES`; consumers wait on
+//!   `full[s]` with parity `(t / STAGES) & 1`; the producer, from the second lap on, waits on
+//!   `empty[s]` with the parity of the previous lap. Every wait is bounded and traps on a stall.
+//! - Descriptors: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (SBO); each 16-wide k
+//!   step advances the start address by 32 bytes inside the swizzle atom.
+//! - Edges: TMA zero-fills rows and k past the tensor; stores are masked. `k % 8 == 0` (the tensor
+//!   map's row pitch must be a multiple of 16 bytes).
+//!
+//! Status: assembled by ptxas for sm_90a; not yet run on a GPU.
+
+use super::mma_tile::GemmShape;
+use crate::swizzle::Swizzle;
+use crate::tma::TensorMap;
+use crate::{DevicePtr, DevicePtrMut, kernel};
+use crate::{fence, mbarrier, shared, sync, thread, tma, wgmma};
+
+/// Rows of C per block (two consumer warpgroups of 64).
+pub const WG_BM: u32 = 128;
+/// Columns of C per block.
+pub const WG_BN: u32 = 128;
+/// k per stage: 64 bf16 = 128 bytes, the swizzle span.
+pub const WG_BK: u32 = 64;
+/// Ring depth.
+pub const WG_STAGES: u32 = 4;
+/// Threads per block: three warpgroups.
+pub const WG_THREADS: u32 = 384;
+/// Bytes of an A (or B) tile in one stage.
+pub const WG_TILE_BYTES: u32 = WG_BM * WG_BK * 2;
+/// Bytes of one stage.
+pub const WG_STAGE_BYTES: u32 = 2 * WG_TILE_BYTES;
+/// Offset of the barriers (after the stages).
+pub const WG_BARRIERS: u32 = WG_STAGES * WG_STAGE_BYTES;
+/// Dynamic shared memory per block: the stages and 2 x STAGES barriers.
+pub const WG_SMEM_BYTES: u32 = WG_BARRIERS + 2 * WG_STAGES * 8;
+/// The tensor maps' swizzle.
+pub const WG_SWIZZLE: Swizzle = Swizzle::B128;
+
+/// The descriptor of a K-major, 128-byte-swizzled tile at shared address `addr`, advanced to k step
+/// `kk` (16 elements each).
+pub const fn tile_descriptor(addr: u32, kk: u32) -> u64 {
+    wgmma::smem_descriptor(addr + kk * 32, 16, 1024, 0, Swizzle::B128)
+}
+
+/// The parity a consumer waits for on `full[t % STAGES]` at use `t`.
+pub const fn full_parity(t: u32) -> u32 {
+    (t / WG_STAGES) & 1
+}
+
+/// The parity the producer waits for on `empty[t % STAGES]` before its use `t >= STAGES` (the
+/// consumers' release of the previous lap).
+pub const fn empty_parity(t: u32) -> u32 {
+    ((t / WG_STAGES) + 1) & 1
+}
+
+/// `C = A B^T` (see the module docs). `a_map` / `b_map`: bf16 tensor maps (box 64 x 128, 128-byte
+/// swizzle) in global memory. Grid (ceil(n / 128), ceil(m / 128)); block 384; dynamic shared memory
+/// [`WG_SMEM_BYTES`].
+#[kernel(arch = "sm_90a")]
+pub unsafe fn gemm_wgmma_bf16(
+    a_map: DevicePtr<TensorMap>,
+    b_map: DevicePtr<TensorMap>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    let tid = thread::thread_idx_x();
+    let wg = tid / 128;
+    let (m0, n0) = (thread::block_idx_y() * WG_BM, thread::block_idx_x() * WG_BN);
+    let base = shared::dynamic_smem_addr();
+    let full = |st: u32| base + WG_BARRIERS + st * 8;
+    let empty = |st: u32| base + WG_BARRIERS + (WG_STAGES + st) * 8;
+    let k_tiles = s.k.div_ceil(WG_BK);
+    if tid == 0 {
+        let mut st = 0;
+        while st < WG_STAGES {
+            unsafe {
+                mbarrier::init(full(st), 1);
+                mbarrier::init(empty(st), 2);
+            }
+            st += 1;
+        }
+        fence::mbarrier_init_release_cluster();
+    }
+    sync::sync_threads();
+
+    if wg == 0 {
+        if tid == 0 {
+            unsafe {
+                tma::prefetch(a_map.as_ptr());
+                tma::prefetch(b_map.as_ptr());
+            }
+            let mut t = 0;
+            while t < k_tiles {
+                let st = t % WG_STAGES;
+                if t >= WG_STAGES
+                    && !unsafe { mbarrier::wait_parity_bounded(empty(st), empty_parity(t), mbarrier::DEFAULT_WAIT_NS) }
+                {
+                    thread::trap();
+                }
+                let a_dst = base + st * WG_STAGE_BYTES;
+                unsafe {
+                    mbarrier::arrive_expect_tx(full(st), WG_STAGE_BYTES);
+                    tma::load_2d(a_dst, a_map.as_ptr(), (t * WG_BK) as i32, m0 as i32, full(st));
+                    tma::load_2d(a_dst + WG_TILE_BYTES, b_map.as_ptr(), (t * WG_BK) as i32, n0 as i32, full(st));
+                }
+                t += 1;
+            }
+        }
+        return;
+    }
+
+    // Consumers: warpgroup 1 takes rows 0..64 of the tile, warpgroup 2 rows 64..128.
+    let cons = wg - 1;
+    let ct = tid - 128 * wg; // thread within the warpgroup
+    let mut acc = [0.0f32; 64];
+    let mut t = 0;
+    while t < k_tiles {
+        let st = t % WG_STAGES;
+        if !unsafe { mbarrier::wait_parity_bounded(full(st), full_parity(t), mbarrier::DEFAULT_WAIT_NS) } {
+            thread::trap();
+        }
+        let a_tile = base + st * WG_STAGE_BYTES + cons * 64 * 128;
+        let b_tile = base + st * WG_STAGE_BYTES + WG_TILE_BYTES;
+        wgmma::fence();
+        let mut kk = 0;
+        while kk < WG_BK / 16 {
+            unsafe {
+                wgmma::mma_m64n128k16_bf16(
+                    &mut acc,
+                    tile_descriptor(a_tile, kk),
+                    tile_descriptor(b_tile, kk),
+                    t > 0 || kk > 0,
+                )
+            };
+            kk += 1;
+        }
+        wgmma::commit_group();
+        wgmma::wait_group::<0>();
+        if ct == 0 {
+            unsafe { mbarrier::arrive(empty(st)) };
+        }
+        t += 1;
+    }
+
+    let mut i = 0;
+    while i < 64 {
+        let (r, col) = wgmma::acc_m64n128(ct, i);
+        let (row, col) = (m0 + cons * 64 + r, n0 + col);
+        if row < s.m && col < s.n {
+            unsafe { c.write((row * s.n + col) as usize, acc[i as usize]) };
+        }
+        i += 1;
+    }
+}
