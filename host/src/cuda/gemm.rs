@@ -250,7 +250,7 @@ impl<'a> WgmmaGemm<'a> {
                 format!("{m}x{n}x{kk} needs non-empty a: {}, b: {}; got {}, {}", m * kk, n * kk, a.len(), b.len()),
             ));
         }
-        if s.k % 8 != 0 {
+        if !s.k.is_multiple_of(8) {
             return Err(Error::Unsupported {
                 op: "wgmma gemm",
                 what: format!("k = {kk}: TMA needs 16-byte row pitches, so k must be a multiple of 8"),
