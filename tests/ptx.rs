@@ -44,7 +44,10 @@ fn golden_instructions() {
     }
     assert!(sm90.contains("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"));
     for a in [Arch::Sm80, Arch::Sm100a] {
-        assert!(!embedded(a).contains("wgmma.mma_async") && !embedded(a).contains("wgmma.fence"), "wgmma is sm_90a only");
+        assert!(
+            !embedded(a).contains("wgmma.mma_async") && !embedded(a).contains("wgmma.fence"),
+            "wgmma is sm_90a only"
+        );
     }
     let sm100 = embedded(Arch::Sm100a);
     assert!(sm100.contains("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32"));
@@ -84,6 +87,8 @@ fn barriers_are_not_duplicated() {
         ("mbarrier_phases", 1),
         ("softmax_rows_f32", 4),
         ("cross_entropy_rows_f32", 4),
+        ("cross_entropy_backward_rows_f32", 4),
+        ("hgemm_mma_bf16", 1),
         ("layer_norm_rows_f32", 1),
         ("matmul_f32", 2),
     ];

@@ -462,6 +462,47 @@ pub unsafe fn cross_entropy_rows_f32(
     }
 }
 
+/// The cross-entropy gradient for one row per block: `grad = (softmax(x) - onehot(target)) * g[0] *
+/// inv_n`, with `g` the upstream gradient of the (scalar) mean loss. Fused, so the backward reads the
+/// logits once more and writes the gradient once, with no one-hot matrix.
+#[kernel]
+pub unsafe fn cross_entropy_backward_rows_f32(
+    logits: DevicePtr<f32>,
+    targets: DevicePtr<u32>,
+    g: DevicePtr<f32>,
+    grad: DevicePtrMut<f32>,
+    d: u32,
+    inv_n: f32,
+) {
+    let r = thread::block_idx_x();
+    let row = (r * d) as usize;
+    let t = thread::thread_idx_x();
+    let mut m = f32::NEG_INFINITY;
+    let mut c = t;
+    while c < d {
+        m = m.max(unsafe { logits.read(row + c as usize) });
+        c += ROW_THREADS;
+    }
+    let m = block_reduce(m, true);
+    let mut s = 0.0f32;
+    c = t;
+    while c < d {
+        s += math::exp(unsafe { logits.read(row + c as usize) } - m);
+        c += ROW_THREADS;
+    }
+    let s = block_reduce(s, false);
+    let scale = unsafe { g.read(0) } * inv_n;
+    let target = unsafe { targets.read(r as usize) };
+    let inv = 1.0 / s;
+    c = t;
+    while c < d {
+        let p = math::exp(unsafe { logits.read(row + c as usize) } - m) * inv;
+        let onehot = if c == target { 1.0 } else { 0.0 };
+        unsafe { grad.write(row + c as usize, (p - onehot) * scale) };
+        c += ROW_THREADS;
+    }
+}
+
 /// Combines two Welford states (count, mean, M2) (Chan et al.).
 #[inline(always)]
 pub fn welford_combine(a: (f32, f32, f32), b: (f32, f32, f32)) -> (f32, f32, f32) {

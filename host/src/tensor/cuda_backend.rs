@@ -306,6 +306,24 @@ impl CudaStorage {
         total.unary(k::unary::MUL_SCALAR, 1.0 / n as f32)
     }
 
+    /// The gradient of the mean cross-entropy of (n, c) logits (`self`) for upstream gradient `g`
+    /// (a one-element storage), fused: (softmax - one-hot) * g / n.
+    pub fn cross_entropy_backward(&self, targets: &[usize], c: usize, g: &CudaStorage) -> Result<CudaStorage> {
+        let n = targets.len();
+        let t = self.dev.upload(&u32s("cross_entropy backward", targets)?)?;
+        let mut grad = Self::alloc(&self.dev, n * c)?;
+        let cfg = Self::rows_cfg(n)?;
+        // SAFETY: n rows of c logits and gradients; one target (< c) per row; g holds one element.
+        unsafe {
+            self.dev.launch(
+                k::CrossEntropyBackwardRowsF32,
+                cfg,
+                (self.buf.ptr(), t.ptr(), g.buf.ptr(), grad.buf.ptr_mut(), c as u32, 1.0 / n as f32),
+            )?
+        };
+        Ok(grad)
+    }
+
     /// Layer norm rows of `d`: (out, mean, rstd).
     pub fn layer_norm(
         &self,

@@ -426,9 +426,16 @@ impl Op {
                 vec![(x.clone(), g.sub(&out.exp()?.mul(&s)?)?)]
             }
             Op::CrossEntropy { logits, targets } => {
+                if let (Storage::Cuda(ls), Storage::Cuda(gs)) = (&*logits.storage(), &*g.storage()) {
+                    let gl = ls.cross_entropy_backward(targets, logits.dims()[1], gs)?;
+                    return Ok(vec![(
+                        logits.clone(),
+                        Tensor::from_storage(Storage::Cuda(gl), logits.shape().clone(), None),
+                    )]);
+                }
                 let n = logits.dims()[0];
                 let p = logits.softmax()?;
-                let onehot = one_hot(targets, logits.dims()[1], logits.dtype())?.to_device(&logits.device())?;
+                let onehot = one_hot(targets, logits.dims()[1], logits.dtype())?;
                 let gl = p.sub(&onehot)?.mul_scalar(1.0 / n as f64)?.mul(g)?;
                 vec![(logits.clone(), gl)]
             }
