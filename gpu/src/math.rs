@@ -128,3 +128,20 @@ pub fn sqrt(x: f32) -> f32 {
     };
     r
 }
+
+/// Fused multiply-add `a * b + c`, rounded once. Rust never contracts `a * b + c` by itself (the
+/// backend emits `mul.rn` and `add.rn`), so GEMM inner loops call this to get one FMA per step:
+/// twice the arithmetic rate, and the exact association of an ascending-k FMA chain.
+///
+/// PTX: `fma.rn.f32 %f, a, b, c;`
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only.
+    unsafe {
+        core::arch::asm!("fma.rn.f32 {r}, {a}, {b}, {c};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c,
+            options(nomem, nostack, pure))
+    };
+    r
+}

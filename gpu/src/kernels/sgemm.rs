@@ -9,7 +9,7 @@
 
 use super::mma_tile::GemmShape;
 use crate::{DevicePtr, DevicePtrMut, kernel};
-use crate::{shared, sync, thread};
+use crate::{math, shared, sync, thread};
 
 /// Rung 3's square tile edge.
 pub const SMEM_TILE: u32 = 32;
@@ -46,7 +46,11 @@ pub unsafe fn sgemm_naive(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<
         let mut acc = 0.0f32;
         let mut p = 0;
         while p < s.k {
-            acc += unsafe { a.read((row * s.k + p) as usize) * b.read((p * s.n + col) as usize) };
+            acc = math::fma(
+                unsafe { a.read((row * s.k + p) as usize) },
+                unsafe { b.read((p * s.n + col) as usize) },
+                acc,
+            );
             p += 1;
         }
         unsafe { c.write((row * s.n + col) as usize, acc) };
@@ -65,7 +69,11 @@ pub unsafe fn sgemm_coalesced(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtr
         let mut acc = 0.0f32;
         let mut p = 0;
         while p < s.k {
-            acc += unsafe { a.read((row * s.k + p) as usize) * b.read((p * s.n + col) as usize) };
+            acc = math::fma(
+                unsafe { a.read((row * s.k + p) as usize) },
+                unsafe { b.read((p * s.n + col) as usize) },
+                acc,
+            );
             p += 1;
         }
         unsafe { c.write((row * s.n + col) as usize, acc) };
@@ -93,7 +101,7 @@ pub unsafe fn sgemm_smem(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f
         sync::sync_threads();
         let mut p = 0;
         while p < T {
-            acc += unsafe { *at.add((tr * T + p) as usize) * *bt.add((p * T + tc) as usize) };
+            acc = math::fma(unsafe { *at.add((tr * T + p) as usize) }, unsafe { *bt.add((p * T + tc) as usize) }, acc);
             p += 1;
         }
         sync::sync_threads();
@@ -139,7 +147,7 @@ unsafe fn tile_1d<const BM: u32, const BN: u32, const BK: u32, const TM: u32>(
             let bv = unsafe { *bt.add((p * BN + tc) as usize) };
             let mut r = 0;
             while r < TM {
-                acc[r as usize] += unsafe { *at.add(((tr * TM + r) * BK + p) as usize) } * bv;
+                acc[r as usize] = math::fma(unsafe { *at.add(((tr * TM + r) * BK + p) as usize) }, bv, acc[r as usize]);
                 r += 1;
             }
             p += 1;
@@ -241,7 +249,7 @@ unsafe fn tile_2d<const BM: u32, const BN: u32, const BK: u32, const TM: u32, co
             while r < TM {
                 q = 0;
                 while q < TN {
-                    acc[(r * TN + q) as usize] += rm[r as usize] * rn[q as usize];
+                    acc[(r * TN + q) as usize] = math::fma(rm[r as usize], rn[q as usize], acc[(r * TN + q) as usize]);
                     q += 1;
                 }
                 r += 1;
@@ -380,7 +388,7 @@ unsafe fn warptile<
                         let mut q = 0;
                         while q < TN {
                             let idx = ((mi * TM + r) * (WNITER * TN) + ni * TN + q) as usize;
-                            acc[idx] += rm[(mi * TM + r) as usize] * rn[(ni * TN + q) as usize];
+                            acc[idx] = math::fma(rm[(mi * TM + r) as usize], rn[(ni * TN + q) as usize], acc[idx]);
                             q += 1;
                         }
                         r += 1;

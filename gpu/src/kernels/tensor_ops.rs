@@ -368,7 +368,11 @@ pub unsafe fn matmul_f32(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f
         sync::sync_threads();
         let mut kk = 0;
         while kk < MATMUL_TILE {
-            acc += unsafe { (*sa)[(ty * MATMUL_TILE + kk) as usize] * (*sb)[(kk * MATMUL_TILE + tx) as usize] };
+            acc = math::fma(
+                unsafe { (*sa)[(ty * MATMUL_TILE + kk) as usize] },
+                unsafe { (*sb)[(kk * MATMUL_TILE + tx) as usize] },
+                acc,
+            );
             kk += 1;
         }
         sync::sync_threads();
