@@ -11,25 +11,11 @@ use std::sync::Arc;
 
 const REPS: usize = 10;
 
-fn median_ms(dev: &Arc<Device>, mut f: impl FnMut()) -> f64 {
-    use cudarc::driver::sys::CUevent_flags;
-    f();
-    dev.synchronize().expect("warm-up");
-    let ctx = dev.context();
-    let mut ms = Vec::with_capacity(REPS);
-    for _ in 0..REPS {
-        let (s, e) = (
-            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event"),
-            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event"),
-        );
-        s.record(dev.stream()).expect("record");
-        f();
-        e.record(dev.stream()).expect("record");
-        e.synchronize().expect("sync");
-        ms.push(s.elapsed_ms(&e).expect("elapsed") as f64);
-    }
-    ms.sort_by(|a, b| a.total_cmp(b));
-    ms[REPS / 2]
+#[path = "timing.rs"]
+mod timing;
+
+fn median_ms(dev: &Arc<Device>, f: impl FnMut()) -> f64 {
+    timing::median_ms(dev, REPS, f)
 }
 
 fn main() {

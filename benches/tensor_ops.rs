@@ -15,25 +15,11 @@ const ROWS: usize = 16384;
 const COLS: usize = 4096;
 const REPS: usize = 20;
 
-/// Median milliseconds of `f` over `REPS` runs, timed with CUDA events after two warm-ups.
-fn time(dev: &Arc<Device>, mut f: impl FnMut()) -> f64 {
-    use cudarc::driver::sys::CUevent_flags;
-    f();
-    f();
-    dev.synchronize().expect("warm-up");
-    let ctx = dev.context();
-    let mut ms = Vec::with_capacity(REPS);
-    for _ in 0..REPS {
-        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-        start.record(dev.stream()).expect("record");
-        f();
-        end.record(dev.stream()).expect("record");
-        end.synchronize().expect("sync");
-        ms.push(start.elapsed_ms(&end).expect("elapsed") as f64);
-    }
-    ms.sort_by(|a, b| a.total_cmp(b));
-    ms[REPS / 2]
+#[path = "timing.rs"]
+mod timing;
+
+fn median_ms(dev: &Arc<Device>, f: impl FnMut()) -> f64 {
+    timing::median_ms(dev, REPS, f)
 }
 
 fn main() {
@@ -59,18 +45,18 @@ fn main() {
     // The ceiling: a device-to-device copy of the same bytes (read + write).
     let src = dev.zeros::<f32>(n).expect("alloc");
     let mut dst = dev.zeros::<f32>(n).expect("alloc");
-    let copy_ms = time(&dev, || dev.stream().memcpy_dtod(src.slice(), dst.slice_mut()).expect("copy"));
+    let copy_ms = median_ms(&dev, || dev.stream().memcpy_dtod(src.slice(), dst.slice_mut()).expect("copy"));
     let bytes = (n * 4) as f64;
     let copy_gbs = 2.0 * bytes / copy_ms / 1e6;
 
     // (name, bytes moved: inputs read once + outputs written once, time)
     let f4 = bytes;
     let rows = [
-        ("add", 3.0 * f4, time(&dev, || drop(x.add(&y).expect("add")))),
-        ("relu", 2.0 * f4, time(&dev, || drop(x.relu().expect("relu")))),
-        ("softmax", 2.0 * f4, time(&dev, || drop(x.softmax().expect("softmax")))),
-        ("layer_norm", 2.0 * f4, time(&dev, || drop(x.layer_norm(&w, &b, 1e-5).expect("layer_norm")))),
-        ("cross_entropy", f4, time(&dev, || drop(x.cross_entropy(&targets).expect("cross_entropy")))),
+        ("add", 3.0 * f4, median_ms(&dev, || drop(x.add(&y).expect("add")))),
+        ("relu", 2.0 * f4, median_ms(&dev, || drop(x.relu().expect("relu")))),
+        ("softmax", 2.0 * f4, median_ms(&dev, || drop(x.softmax().expect("softmax")))),
+        ("layer_norm", 2.0 * f4, median_ms(&dev, || drop(x.layer_norm(&w, &b, 1e-5).expect("layer_norm")))),
+        ("cross_entropy", f4, median_ms(&dev, || drop(x.cross_entropy(&targets).expect("cross_entropy")))),
     ];
     println!(
         "device: {} ({}.{}), {ROWS}x{COLS} f32, median of {REPS}",

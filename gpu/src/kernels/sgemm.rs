@@ -35,13 +35,11 @@ unsafe fn load_or_zero(p: DevicePtr<f32>, r: u32, c: u32, rows: u32, cols: u32) 
     if r < rows && c < cols { unsafe { p.read((r as usize) * cols as usize + c as usize) } } else { 0.0 }
 }
 
-/// Rung 1, naive: thread (x, y) of a (32, 32) block computes `C[row][col]` with row from x. Adjacent
-/// threads of a warp walk different rows of A and write different rows of C: nothing coalesces.
-/// Grid (ceil(m / 32), ceil(n / 32)), block (32, 32).
-#[kernel]
-pub unsafe fn sgemm_naive(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
-    let row = thread::block_idx_x() * thread::block_dim_x() + thread::thread_idx_x();
-    let col = thread::block_idx_y() * thread::block_dim_y() + thread::thread_idx_y();
+/// `c[row][col] = sum_p a[row][p] * b[p][col]` read straight from global memory (rungs 1 and 2),
+/// when (row, col) is inside C.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn dot_one(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape, row: u32, col: u32) {
     if row < s.m && col < s.n {
         let mut acc = 0.0f32;
         let mut p = 0;
@@ -57,6 +55,64 @@ pub unsafe fn sgemm_naive(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<
     }
 }
 
+/// Stages a BM x BK tile of A (rows row0.., k0..) transposed into `at` ([BK][BM]) with 16-byte
+/// loads, zero past the edges (needs `k % 4 == 0`).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn stage_a_vec4_transposed<const BM: u32, const BK: u32>(
+    a: DevicePtr<f32>,
+    at: *mut f32,
+    s: GemmShape,
+    row0: u32,
+    k0: u32,
+    threads: u32,
+) {
+    let mut i = thread::thread_idx_x();
+    while i < BM * BK / 4 {
+        let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
+        let (gr, gc) = (row0 + r, k0 + c4);
+        let v = if gr < s.m && gc < s.k { unsafe { load4(a, gr * s.k + gc) } } else { [0.0; 4] };
+        let mut j = 0;
+        while j < 4 {
+            unsafe { *at.add(((c4 + j) * BM + r) as usize) = v[j as usize] };
+            j += 1;
+        }
+        i += threads;
+    }
+}
+
+/// Stages a BK x BN tile of B (rows k0.., columns col0..) into `bt` ([BK][BN]) with 16-byte loads
+/// and stores, zero past the edges (needs `n % 4 == 0`).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn stage_b_vec4<const BK: u32, const BN: u32>(
+    b: DevicePtr<f32>,
+    bt: *mut f32,
+    s: GemmShape,
+    k0: u32,
+    col0: u32,
+    threads: u32,
+) {
+    let mut i = thread::thread_idx_x();
+    while i < BK * BN / 4 {
+        let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
+        let (gr, gc) = (k0 + r, col0 + c4);
+        let v = if gr < s.k && gc < s.n { unsafe { load4(b, gr * s.n + gc) } } else { [0.0; 4] };
+        unsafe { *(bt.add((r * BN + c4) as usize) as *mut F4) = F4(v) };
+        i += threads;
+    }
+}
+
+/// Rung 1, naive: thread (x, y) of a (32, 32) block computes `C[row][col]` with row from x. Adjacent
+/// threads of a warp walk different rows of A and write different rows of C: nothing coalesces.
+/// Grid (ceil(m / 32), ceil(n / 32)), block (32, 32).
+#[kernel]
+pub unsafe fn sgemm_naive(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    let row = thread::block_idx_x() * thread::block_dim_x() + thread::thread_idx_x();
+    let col = thread::block_idx_y() * thread::block_dim_y() + thread::thread_idx_y();
+    unsafe { dot_one(a, b, c, s, row, col) };
+}
+
 /// Rung 2, coalesced: the same work, but a warp's 32 threads take 32 adjacent columns of one row, so
 /// B and C are read and written in 128-byte runs and A is a broadcast.
 /// Grid (ceil(n / 32), ceil(m / 32)), block 1024.
@@ -65,19 +121,7 @@ pub unsafe fn sgemm_coalesced(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtr
     let t = thread::thread_idx_x();
     let row = thread::block_idx_y() * 32 + t / 32;
     let col = thread::block_idx_x() * 32 + t % 32;
-    if row < s.m && col < s.n {
-        let mut acc = 0.0f32;
-        let mut p = 0;
-        while p < s.k {
-            acc = math::fma(
-                unsafe { a.read((row * s.k + p) as usize) },
-                unsafe { b.read((p * s.n + col) as usize) },
-                acc,
-            );
-            p += 1;
-        }
-        unsafe { c.write((row * s.n + col) as usize, acc) };
-    }
+    unsafe { dot_one(a, b, c, s, row, col) };
 }
 
 /// Rung 3, shared-memory blocking: the block stages 32 x 32 tiles of A and B in shared memory, so
@@ -196,27 +240,9 @@ unsafe fn tile_2d<const BM: u32, const BN: u32, const BK: u32, const TM: u32, co
     let mut k0 = 0;
     while k0 < s.k {
         if VEC {
-            // A: BM x BK as float4 along k; stored transposed at [k][m].
-            let mut i = t;
-            while i < BM * BK / 4 {
-                let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
-                let (gr, gc) = (row0 + r, k0 + c4);
-                let v = if gr < s.m && gc < s.k { unsafe { load4(a, gr * s.k + gc) } } else { [0.0; 4] };
-                let mut j = 0;
-                while j < 4 {
-                    unsafe { *at.add(((c4 + j) * BM + r) as usize) = v[j as usize] };
-                    j += 1;
-                }
-                i += threads;
-            }
-            // B: BK x BN as float4 along n.
-            i = t;
-            while i < BK * BN / 4 {
-                let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
-                let (gr, gc) = (k0 + r, col0 + c4);
-                let v = if gr < s.k && gc < s.n { unsafe { load4(b, gr * s.n + gc) } } else { [0.0; 4] };
-                unsafe { *(bt.add((r * BN + c4) as usize) as *mut F4) = F4(v) };
-                i += threads;
+            unsafe {
+                stage_a_vec4_transposed::<BM, BK>(a, at, s, row0, k0, threads);
+                stage_b_vec4::<BK, BN>(b, bt, s, k0, col0, threads);
             }
         } else {
             let mut i = t;
@@ -336,25 +362,9 @@ unsafe fn warptile<
     let mut rn = [0.0f32; 16];
     let mut k0 = 0;
     while k0 < s.k {
-        let mut i = t;
-        while i < BM * BK / 4 {
-            let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
-            let (gr, gc) = (row0 + r, k0 + c4);
-            let v = if gr < s.m && gc < s.k { unsafe { load4(a, gr * s.k + gc) } } else { [0.0; 4] };
-            let mut j = 0;
-            while j < 4 {
-                unsafe { *at.add(((c4 + j) * BM + r) as usize) = v[j as usize] };
-                j += 1;
-            }
-            i += threads;
-        }
-        i = t;
-        while i < BK * BN / 4 {
-            let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
-            let (gr, gc) = (k0 + r, col0 + c4);
-            let v = if gr < s.k && gc < s.n { unsafe { load4(b, gr * s.n + gc) } } else { [0.0; 4] };
-            unsafe { *(bt.add((r * BN + c4) as usize) as *mut F4) = F4(v) };
-            i += threads;
+        unsafe {
+            stage_a_vec4_transposed::<BM, BK>(a, at, s, row0, k0, threads);
+            stage_b_vec4::<BK, BN>(b, bt, s, k0, col0, threads);
         }
         sync::sync_threads();
         let mut p = 0;

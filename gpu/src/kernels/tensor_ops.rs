@@ -405,11 +405,11 @@ fn block_reduce(v: f32, max: bool) -> f32 {
     total
 }
 
-/// Softmax (`log = 0`) or log-softmax (`log = 1`) of each row of `d` elements. One block of
-/// [`ROW_THREADS`] per row: block max, block sum of exp(x - max), then the write.
-#[kernel]
-pub unsafe fn softmax_rows_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, d: u32, log: u32) {
-    let row = (thread::block_idx_x() * d) as usize;
+/// The maximum `m` of a row of `d` elements starting at `row`, and `sum exp(x - m)`, block-wide
+/// (every thread gets both). All threads of the block must call it.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn row_max_sum_exp(x: DevicePtr<f32>, row: usize, d: u32) -> (f32, f32) {
     let t = thread::thread_idx_x();
     let mut m = f32::NEG_INFINITY;
     let mut c = t;
@@ -424,9 +424,18 @@ pub unsafe fn softmax_rows_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, d: u32
         s += math::exp(unsafe { x.read(row + c as usize) } - m);
         c += ROW_THREADS;
     }
-    let s = block_reduce(s, false);
+    (m, block_reduce(s, false))
+}
+
+/// Softmax (`log = 0`) or log-softmax (`log = 1`) of each row of `d` elements. One block of
+/// [`ROW_THREADS`] per row: block max, block sum of exp(x - max), then the write.
+#[kernel]
+pub unsafe fn softmax_rows_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, d: u32, log: u32) {
+    let row = (thread::block_idx_x() * d) as usize;
+    let t = thread::thread_idx_x();
+    let (m, s) = unsafe { row_max_sum_exp(x, row, d) };
     let (ls, inv) = (math::ln(s), 1.0 / s);
-    c = t;
+    let mut c = t;
     while c < d {
         let v = unsafe { x.read(row + c as usize) } - m;
         unsafe { out.write(row + c as usize, if log != 0 { v - ls } else { math::exp(v) * inv }) };
@@ -446,20 +455,7 @@ pub unsafe fn cross_entropy_rows_f32(
     let r = thread::block_idx_x();
     let row = (r * d) as usize;
     let t = thread::thread_idx_x();
-    let mut m = f32::NEG_INFINITY;
-    let mut c = t;
-    while c < d {
-        m = m.max(unsafe { logits.read(row + c as usize) });
-        c += ROW_THREADS;
-    }
-    let m = block_reduce(m, true);
-    let mut s = 0.0f32;
-    c = t;
-    while c < d {
-        s += math::exp(unsafe { logits.read(row + c as usize) } - m);
-        c += ROW_THREADS;
-    }
-    let s = block_reduce(s, false);
+    let (m, s) = unsafe { row_max_sum_exp(logits, row, d) };
     if t == 0 {
         let target = unsafe { targets.read(r as usize) };
         unsafe { row_loss.write(r as usize, m + math::ln(s) - logits.read(row + target as usize)) };
@@ -481,24 +477,11 @@ pub unsafe fn cross_entropy_backward_rows_f32(
     let r = thread::block_idx_x();
     let row = (r * d) as usize;
     let t = thread::thread_idx_x();
-    let mut m = f32::NEG_INFINITY;
-    let mut c = t;
-    while c < d {
-        m = m.max(unsafe { logits.read(row + c as usize) });
-        c += ROW_THREADS;
-    }
-    let m = block_reduce(m, true);
-    let mut s = 0.0f32;
-    c = t;
-    while c < d {
-        s += math::exp(unsafe { logits.read(row + c as usize) } - m);
-        c += ROW_THREADS;
-    }
-    let s = block_reduce(s, false);
+    let (m, s) = unsafe { row_max_sum_exp(logits, row, d) };
     let scale = unsafe { g.read(0) } * inv_n;
     let target = unsafe { targets.read(r as usize) };
     let inv = 1.0 / s;
-    c = t;
+    let mut c = t;
     while c < d {
         let p = math::exp(unsafe { logits.read(row + c as usize) } - m) * inv;
         let onehot = if c == target { 1.0 } else { 0.0 };

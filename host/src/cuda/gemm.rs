@@ -15,6 +15,18 @@ unsafe fn launch<K: Kernel<Args = SgemmArgs>>(dev: &Device, cfg: LaunchConfig, a
     unsafe { dev.launch(K::default(), cfg, args) }
 }
 
+/// Checks that a (m x k), b (k x n or n x k: both k * n elements) and c (m x n) fit `s`.
+fn check_operands(op: &'static str, a: usize, b: usize, c: usize, s: GemmShape) -> Result<()> {
+    let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+    if a != m * k || b != k * n || c != m * n {
+        return Err(Error::shape(
+            op,
+            format!("{m}x{n}x{k} needs a: {}, b: {}, c: {}; got {a}, {b}, {c}", m * k, k * n, m * n),
+        ));
+    }
+    Ok(())
+}
+
 /// How a rung maps threads to C.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mapping {
@@ -118,20 +130,7 @@ impl Rung {
         s: GemmShape,
     ) -> Result<()> {
         let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
-        if a.len() != m * kk || b.len() != kk * n || c.len() != m * n {
-            return Err(Error::shape(
-                "sgemm",
-                format!(
-                    "{m}x{n}x{kk} needs a: {}, b: {}, c: {}; got {}, {}, {}",
-                    m * kk,
-                    kk * n,
-                    m * n,
-                    a.len(),
-                    b.len(),
-                    c.len()
-                ),
-            ));
-        }
+        check_operands("sgemm", a.len(), b.len(), c.len(), s)?;
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -190,20 +189,7 @@ pub fn hgemm<T: HgemmInput>(
 ) -> Result<()> {
     use kiln_gpu::kernels::hgemm_mma::{HGEMM_BM, HGEMM_BN, HGEMM_SMEM_BYTES, HGEMM_THREADS};
     let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
-    if a.len() != m * kk || b.len() != n * kk || c.len() != m * n {
-        return Err(Error::shape(
-            "hgemm",
-            format!(
-                "{m}x{n}x{kk} needs a: {}, b: {}, c: {}; got {}, {}, {}",
-                m * kk,
-                n * kk,
-                m * n,
-                a.len(),
-                b.len(),
-                c.len()
-            ),
-        ));
-    }
+    check_operands("hgemm", a.len(), b.len(), c.len(), s)?;
     if !s.k.is_multiple_of(8) {
         return Err(Error::Unsupported {
             op: "hgemm",
@@ -244,11 +230,9 @@ impl<'a> WgmmaGemm<'a> {
     ) -> Result<Self> {
         use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_BM, WG_BN, WG_SWIZZLE};
         let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
-        if a.len() != m * kk || b.len() != n * kk || m == 0 || n == 0 || kk == 0 {
-            return Err(Error::shape(
-                "wgmma gemm",
-                format!("{m}x{n}x{kk} needs non-empty a: {}, b: {}; got {}, {}", m * kk, n * kk, a.len(), b.len()),
-            ));
+        check_operands("wgmma gemm", a.len(), b.len(), m * n, s)?;
+        if m == 0 || n == 0 || kk == 0 {
+            return Err(Error::shape("wgmma gemm", format!("empty product {m}x{n}x{kk}")));
         }
         if !s.k.is_multiple_of(8) {
             return Err(Error::Unsupported {

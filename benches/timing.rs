@@ -1,0 +1,25 @@
+//! Shared by the GPU benchmarks: the median time of a closure over CUDA events.
+
+use kiln::cuda::Device;
+
+/// Median milliseconds of `f` over `reps` runs, timed with CUDA events on the device's stream after
+/// two warm-ups.
+pub fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut()) -> f64 {
+    use cudarc::driver::sys::CUevent_flags;
+    f();
+    f();
+    dev.synchronize().expect("warm-up");
+    let ctx = dev.context();
+    let mut ms = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+        start.record(dev.stream()).expect("record");
+        f();
+        end.record(dev.stream()).expect("record");
+        end.synchronize().expect("sync");
+        ms.push(start.elapsed_ms(&end).expect("elapsed") as f64);
+    }
+    ms.sort_by(|a, b| a.total_cmp(b));
+    ms[reps / 2]
+}
