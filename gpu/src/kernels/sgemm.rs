@@ -55,6 +55,35 @@ unsafe fn dot_one(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s:
     }
 }
 
+/// Stages a BM x BK tile of A into `at` ([BM][BK]) and a BK x BN tile of B into `bt` ([BK][BN]),
+/// one element per thread per step, zero past the edges.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn stage_scalar<const BM: u32, const BN: u32, const BK: u32>(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    at: *mut f32,
+    bt: *mut f32,
+    s: GemmShape,
+    row0: u32,
+    col0: u32,
+    k0: u32,
+    threads: u32,
+) {
+    let t = thread::thread_idx_x();
+    let mut i = t;
+    while i < BM * BK {
+        unsafe { *at.add(i as usize) = load_or_zero(a, row0 + i / BK, k0 + i % BK, s.m, s.k) };
+        i += threads;
+    }
+    i = t;
+    while i < BK * BN {
+        unsafe { *bt.add(i as usize) = load_or_zero(b, k0 + i / BN, col0 + i % BN, s.k, s.n) };
+        i += threads;
+    }
+}
+
 /// Stages a BM x BK tile of A (rows row0.., k0..) transposed into `at` ([BK][BM]) with 16-byte
 /// loads, zero past the edges (needs `k % 4 == 0`).
 #[cfg(target_arch = "nvptx64")]
@@ -175,16 +204,7 @@ unsafe fn tile_1d<const BM: u32, const BN: u32, const BK: u32, const TM: u32>(
     let mut acc = [0.0f32; 16];
     let mut k0 = 0;
     while k0 < s.k {
-        let mut i = t;
-        while i < BM * BK {
-            unsafe { *at.add(i as usize) = load_or_zero(a, row0 + i / BK, k0 + i % BK, s.m, s.k) };
-            i += threads;
-        }
-        i = t;
-        while i < BK * BN {
-            unsafe { *bt.add(i as usize) = load_or_zero(b, k0 + i / BN, col0 + i % BN, s.k, s.n) };
-            i += threads;
-        }
+        unsafe { stage_scalar::<BM, BN, BK>(a, b, at, bt, s, row0, col0, k0, threads) };
         sync::sync_threads();
         let mut p = 0;
         while p < BK {
@@ -245,16 +265,7 @@ unsafe fn tile_2d<const BM: u32, const BN: u32, const BK: u32, const TM: u32, co
                 stage_b_vec4::<BK, BN>(b, bt, s, k0, col0, threads);
             }
         } else {
-            let mut i = t;
-            while i < BM * BK {
-                unsafe { *at.add(i as usize) = load_or_zero(a, row0 + i / BK, k0 + i % BK, s.m, s.k) };
-                i += threads;
-            }
-            i = t;
-            while i < BK * BN {
-                unsafe { *bt.add(i as usize) = load_or_zero(b, k0 + i / BN, col0 + i % BN, s.k, s.n) };
-                i += threads;
-            }
+            unsafe { stage_scalar::<BM, BN, BK>(a, b, at, bt, s, row0, col0, k0, threads) };
         }
         sync::sync_threads();
         let mut p = 0;
