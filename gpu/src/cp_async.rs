@@ -1,8 +1,8 @@
 //! `cp.async` (sm_80): asynchronous copies from global to shared memory that bypass registers.
 //!
 //! Copies are grouped: [`commit_group`] closes the group of copies issued since the last commit, and
-//! [`wait_group`] waits until at most `N` groups are still in flight. A multistage pipeline keeps
-//! `N = stages - 1` groups in flight while computing on the oldest. After the wait, a block barrier
+//! [`wait_group`] waits until at most `N` groups are still in flight. A pipeline of `S` stages
+//! that commits one group per stage waits with `N = S - 2` before computing on the oldest stage. After the wait, a block barrier
 //! makes the data visible to the other threads.
 
 #[cfg(target_arch = "nvptx64")]

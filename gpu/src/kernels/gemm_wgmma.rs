@@ -34,10 +34,10 @@ pub const WG_BK: u32 = 64;
 pub const WG_STAGES: u32 = 4;
 /// Threads per block: three warpgroups.
 pub const WG_THREADS: u32 = 384;
-/// Bytes of an A (or B) tile in one stage.
+/// Bytes of the A tile in one stage (the B tile follows it).
 pub const WG_TILE_BYTES: u32 = WG_BM * WG_BK * 2;
-/// Bytes of one stage.
-pub const WG_STAGE_BYTES: u32 = 2 * WG_TILE_BYTES;
+/// Bytes of one stage: the A tile and the B tile (both boxes the TMA delivers).
+pub const WG_STAGE_BYTES: u32 = (WG_BM + WG_BN) * WG_BK * 2;
 /// Offset of the barriers (after the stages).
 pub const WG_BARRIERS: u32 = WG_STAGES * WG_STAGE_BYTES;
 /// Dynamic shared memory per block: the stages and 2 x STAGES barriers.
@@ -79,6 +79,10 @@ pub unsafe fn gemm_wgmma_bf16(
     let full = |st: u32| base + WG_BARRIERS + st * 8;
     let empty = |st: u32| base + WG_BARRIERS + (WG_STAGES + st) * 8;
     let k_tiles = s.k.div_ceil(WG_BK);
+    // 128-byte swizzling is computed from address bits: the tiles must sit on 1024-byte boundaries.
+    if base % 1024 != 0 {
+        thread::trap();
+    }
     if tid == 0 {
         let mut st = 0;
         while st < WG_STAGES {

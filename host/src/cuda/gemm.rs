@@ -15,6 +15,9 @@ unsafe fn launch<K: Kernel<Args = SgemmArgs>>(dev: &Device, cfg: LaunchConfig, a
     unsafe { dev.launch(K::default(), cfg, args) }
 }
 
+/// The kernels index in u32: every operand must hold fewer than 2^31 elements.
+pub const MAX_OPERAND_ELEMENTS: usize = (1 << 31) - 1;
+
 /// Checks that a (m x k), b (k x n or n x k: both k * n elements) and c (m x n) fit `s`.
 fn check_operands(op: &'static str, a: usize, b: usize, c: usize, s: GemmShape) -> Result<()> {
     let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
@@ -23,6 +26,36 @@ fn check_operands(op: &'static str, a: usize, b: usize, c: usize, s: GemmShape) 
             op,
             format!("{m}x{n}x{k} needs a: {}, b: {}, c: {}; got {a}, {b}, {c}", m * k, k * n, m * n),
         ));
+    }
+    if [m * k, k * n, m * n].iter().any(|&x| x > MAX_OPERAND_ELEMENTS) {
+        return Err(Error::Unsupported {
+            op,
+            what: format!(
+                "{m}x{n}x{k}: an operand over {MAX_OPERAND_ELEMENTS} elements (the kernels index in 32 bits); split the product"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// 16-byte loads (`cp.async`, vector loads) need 16-byte-aligned operands.
+fn check_aligned(op: &'static str, addrs: &[u64]) -> Result<()> {
+    if let Some(a) = addrs.iter().find(|a| *a % 16 != 0) {
+        return Err(Error::Unsupported {
+            op,
+            what: format!("an operand at {a:#x}: 16-byte loads need 16-byte-aligned buffers"),
+        });
+    }
+    Ok(())
+}
+
+/// Grid y is limited to 65535 blocks.
+fn check_grid(op: &'static str, cfg: &LaunchConfig) -> Result<()> {
+    if cfg.grid_dim.1 > 65535 {
+        return Err(Error::Unsupported {
+            op,
+            what: format!("a grid of {} blocks in y (at most 65535): split the product", cfg.grid_dim.1),
+        });
     }
     Ok(())
 }
@@ -143,13 +176,11 @@ impl Rung {
                 ),
             });
         }
-        let cfg = self.config(s);
-        if cfg.grid_dim.1 > 65535 {
-            return Err(Error::Unsupported {
-                op: "sgemm",
-                what: format!("{m} rows with {} (grid y limit)", self.name),
-            });
+        if self.vec4 {
+            check_aligned("sgemm", &[a.addr(), b.addr()])?;
         }
+        let cfg = self.config(s);
+        check_grid("sgemm", &cfg)?;
         // SAFETY: the sizes are checked above; the kernel masks the edges.
         unsafe { (self.launch)(dev, cfg, (a.ptr(), b.ptr(), c.ptr_mut(), s)) }
     }
@@ -204,6 +235,8 @@ pub fn hgemm<T: HgemmInput>(
         block_dim: (HGEMM_THREADS, 1, 1),
         shared_mem_bytes: HGEMM_SMEM_BYTES,
     };
+    check_aligned("hgemm", &[a.addr(), b.addr()])?;
+    check_grid("hgemm", &cfg)?;
     // SAFETY: sizes checked above; the kernel masks the edges.
     unsafe { dev.launch(T::Kernel::default(), cfg, (a.ptr(), b.ptr(), c.ptr_mut(), s)) }
 }
@@ -258,14 +291,16 @@ impl<'a> WgmmaGemm<'a> {
     pub fn run(&self, c: &mut DeviceBuffer<f32>) -> Result<()> {
         use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16, WG_BM, WG_BN, WG_SMEM_BYTES, WG_THREADS};
         let s = self.s;
-        if c.len() != (s.m * s.n) as usize {
-            return Err(Error::shape("wgmma gemm", format!("c needs {} elements, has {}", s.m * s.n, c.len())));
+        let mn = s.m as usize * s.n as usize;
+        if c.len() != mn {
+            return Err(Error::shape("wgmma gemm", format!("c needs {mn} elements, has {}", c.len())));
         }
         let cfg = LaunchConfig {
             grid_dim: (s.n.div_ceil(WG_BN), s.m.div_ceil(WG_BM), 1),
             block_dim: (WG_THREADS, 1, 1),
             shared_mem_bytes: WG_SMEM_BYTES,
         };
+        check_grid("wgmma gemm", &cfg)?;
         // SAFETY: the maps describe the borrowed operands; c is checked above; the kernel masks stores.
         unsafe { self.dev.launch(GemmWgmmaBf16, cfg, (self.a_map.ptr(), self.b_map.ptr(), c.ptr_mut(), s)) }
     }
