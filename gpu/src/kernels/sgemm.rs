@@ -447,8 +447,9 @@ unsafe fn warptile<
     }
 }
 
-/// Rung 7: warp tiling, 128 x 128 x 16 block tile, 4 warps of 64 x 64, each swept in 4 sub-tiles of 64 x 16 per
-/// lane-group (WNITER = 4, TM = 8, TN = 4). Block 128, dynamic shared memory 16 KB.
+/// Rung 7: warp tiling, 128 x 128 x 16 block tile, 4 warps of 64 x 64, each swept in 4 sub-tiles of
+/// 64 x 16 (WNITER = 4); a lane computes 8 x 4 of each (TM = 8, TN = 4). Block 128, dynamic shared
+/// memory 16 KB.
 #[kernel]
 pub unsafe fn sgemm_warptile_128x128x16(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
     unsafe { warptile::<128, 128, 16, 64, 64, 4, 8, 4>(a, b, c, s) }
