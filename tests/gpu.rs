@@ -112,6 +112,13 @@ fn tests() -> Vec<GpuTest> {
         },
         GpuTest { name: "gpu::train_main_job_on_cuda", available: any, run: train_main_job_on_cuda },
         GpuTest { name: "gpu::sgemm_ladder_matches_f64", available: any, run: sgemm_ladder },
+        GpuTest { name: "gpu::f32_tier_bits_match_the_cpu_chain", available: any, run: f32_tier_bits },
+        GpuTest {
+            name: "gpu::f32_tier_batch_invariant_and_reproducible",
+            available: any,
+            run: f32_tier_batch_invariance,
+        },
+        GpuTest { name: "gpu::training_twice_gives_identical_weights", available: any, run: training_twice_identical },
         GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
         GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
         GpuTest {
@@ -562,6 +569,112 @@ fn wgmma_case(dev: &Device) -> Outcome {
                     Tol { abs: tol, rel: 0.0 },
                 )?;
             }
+        }
+    }
+    Ok(())
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Every GEMM rung and the batched tile kernel give exactly the CPU's fixed FMA chain.
+fn f32_tier_bits(dev: &Device) -> Outcome {
+    use kiln::cuda::gemm::RUNGS;
+    use kiln::deterministic::matmul_chain;
+    let (mut rng, _) = testing::rng();
+    for &(m, n, k) in &[(1u32, 1u32, 1u32), (7, 13, 5), (129, 127, 200), (64, 132, 36), (300, 260, 1024)] {
+        let a = testing::uniform(&mut rng, (m * k) as usize);
+        let b = testing::uniform(&mut rng, (k * n) as usize);
+        let want = bits(&matmul_chain(&a, &b, m as usize, k as usize, n as usize));
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        for r in RUNGS {
+            if r.vec4 && (k % 4 != 0 || n % 4 != 0) {
+                continue;
+            }
+            let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+            r.run(dev, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
+            if bits(&dev.download(&dc).map_err(err)?) != want {
+                return Err(format!("{} at {m}x{n}x{k} differs from the CPU chain", r.name));
+            }
+        }
+        // the batched tile kernel (two identical batches)
+        let td = kiln::tensor::Device::Cuda(Device::shared().map_err(err)?);
+        let a2: Vec<f32> = a.iter().chain(a.iter()).copied().collect();
+        let b2: Vec<f32> = b.iter().chain(b.iter()).copied().collect();
+        let ta = kiln::Tensor::from_vec(a2, [2, m as usize, k as usize]).map_err(err)?.to_device(&td).map_err(err)?;
+        let tb = kiln::Tensor::from_vec(b2, [2, k as usize, n as usize]).map_err(err)?.to_device(&td).map_err(err)?;
+        let got = ta.matmul(&tb).map_err(err)?.to_vec_f32();
+        if bits(&got[..(m * n) as usize]) != want || bits(&got[(m * n) as usize..]) != want {
+            return Err(format!("batched matmul at {m}x{n}x{k} differs from the CPU chain"));
+        }
+    }
+    Ok(())
+}
+
+/// Row i of X W^T (and of dX = dY W) has the same bits for batches of 1, 7, 32, 128, 1000 and 4096,
+/// and 20 repeated launches give the same bits.
+fn f32_tier_batch_invariance(_: &Device) -> Outcome {
+    let td = kiln::tensor::Device::Cuda(Device::shared().map_err(err)?);
+    let (mut rng, _) = testing::rng();
+    for &(k, n) in &[(64usize, 96usize), (37, 129), (1024, 512)] {
+        let w = kiln::Tensor::from_vec(testing::uniform(&mut rng, n * k), [n, k])
+            .map_err(err)?
+            .to_device(&td)
+            .map_err(err)?;
+        let rows = testing::uniform(&mut rng, 4096 * k);
+        let dys = testing::uniform(&mut rng, 4096 * n);
+        let (mut y0, mut dx0): (Option<Vec<u32>>, Option<Vec<u32>>) = (None, None);
+        for batch in [1usize, 7, 32, 128, 1000, 4096] {
+            let x = kiln::Tensor::from_vec(rows[..batch * k].to_vec(), [batch, k])
+                .map_err(err)?
+                .to_device(&td)
+                .map_err(err)?;
+            let dy = kiln::Tensor::from_vec(dys[..batch * n].to_vec(), [batch, n])
+                .map_err(err)?
+                .to_device(&td)
+                .map_err(err)?;
+            let y = x.matmul(&w.transpose(0, 1).map_err(err)?).map_err(err)?.to_vec_f32();
+            let dx = dy.matmul(&w).map_err(err)?.to_vec_f32();
+            let (yr, dxr) = (bits(&y[..n]), bits(&dx[..k]));
+            match (&y0, &dx0) {
+                (Some(a), Some(b)) => {
+                    if &yr != a || &dxr != b {
+                        return Err(format!("row 0 changed at batch {batch} (k {k}, n {n})"));
+                    }
+                }
+                _ => (y0, dx0) = (Some(yr), Some(dxr)),
+            }
+        }
+        let x = kiln::Tensor::from_vec(rows[..128 * k].to_vec(), [128, k]).map_err(err)?.to_device(&td).map_err(err)?;
+        let wt = w.transpose(0, 1).map_err(err)?;
+        let first = bits(&x.matmul(&wt).map_err(err)?.to_vec_f32());
+        for rep in 0..20 {
+            if bits(&x.matmul(&wt).map_err(err)?.to_vec_f32()) != first {
+                return Err(format!("launch {rep} differs (k {k}, n {n})"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The main job's model trained twice from one seed on the GPU ends with identical weights.
+fn training_twice_identical(_: &Device) -> Outcome {
+    use kiln::nn::Module;
+    use kiln::train::{DataSource, DeviceChoice, TrainConfig};
+    let cfg = TrainConfig {
+        data: DataSource::Spirals { per_class: 200, classes: 3, noise: 0.2 },
+        epochs: 3,
+        device: DeviceChoice::Cuda,
+        checkpoint: None,
+        progress: false,
+        ..TrainConfig::default()
+    };
+    let a = kiln::train::train(&cfg, |_| {}).map_err(err)?.model.named_parameters();
+    let b = kiln::train::train(&cfg, |_| {}).map_err(err)?.model.named_parameters();
+    for ((n, x), (_, y)) in a.iter().zip(&b) {
+        if bits(&x.to_vec_f32()) != bits(&y.to_vec_f32()) {
+            return Err(format!("parameter {n} differs between two runs from the same seed"));
         }
     }
     Ok(())

@@ -12,6 +12,7 @@
 pub mod checkpoint;
 pub mod cuda;
 pub mod data;
+pub mod deterministic;
 mod error;
 pub mod nn;
 pub mod optim;

@@ -280,7 +280,9 @@ pub(crate) fn par_rows<T: Send>(
 
 /// Blocked matrix product on f32 or f64: `c[b] = a[b] · b[b]` for `batch` independent products,
 /// `a` m x k, `b` k x n, all row-major. Each output row is computed by one thread with a fixed
-/// summation order over k (ascending), so results do not depend on the thread count.
+/// summation order over k (ascending), so results do not depend on the thread count. With
+/// `kiln::deterministic::set_deterministic(true)` each element is the fused multiply-add chain the
+/// CUDA kernels compute, bit for bit.
 pub(crate) fn matmul<T: Float>(
     a: &[T],
     b: &[T],
@@ -292,12 +294,25 @@ pub(crate) fn matmul<T: Float>(
 ) -> Vec<T> {
     let mut c = vec![T::ZERO; batch * m * n];
     const KB: usize = 256;
+    let chain = crate::deterministic::is_deterministic();
     par_rows(&mut c, n, k * n, |row0, chunk| {
         for (r, crow) in chunk.chunks_mut(n).enumerate() {
             let row = row0 + r;
             let (bi, i) = (row / m, row % m);
             let arow = &a[(bi * m + i) * k..(bi * m + i + 1) * k];
             let bmat = if b_batched { &b[bi * k * n..(bi + 1) * k * n] } else { b };
+            if chain {
+                // The fixed association of kiln::deterministic: per element, +0.0 then an
+                // ascending-k chain of fused multiply-adds.
+                for (j, cv) in crow.iter_mut().enumerate() {
+                    let mut acc = T::ZERO;
+                    for p in 0..k {
+                        acc = arow[p].mul_add(bmat[p * n + j], acc);
+                    }
+                    *cv = acc;
+                }
+                continue;
+            }
             // k blocked so the block of B rows stays in cache across the row's columns.
             for k0 in (0..k).step_by(KB) {
                 for p in k0..(k0 + KB).min(k) {
