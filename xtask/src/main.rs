@@ -8,6 +8,8 @@
 //!   `run.sh`, so that a GPU machine with only a driver runs the whole GPU suite (optionally under
 //!   compute-sanitizer).
 
+mod report;
+
 use clap::{Parser, Subcommand};
 use kiln_ptx_builder::{ARCHS, Builder, KernelResources, assemble, find_ptxas};
 use std::path::{Path, PathBuf};
@@ -44,6 +46,21 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Turn a GEMM bench JSON (from `benches/gemm` / `run.sh --bench`) into a Markdown table and an
+    /// SVG plot under DIR (default benches/results).
+    BenchReport {
+        /// The bench's JSON output.
+        input: PathBuf,
+        /// Output folder.
+        #[arg(long, default_value = "benches/results")]
+        out: PathBuf,
+        /// The command that produced the JSON (recorded with the results).
+        #[arg(long, default_value = ".bundle/run.sh --bench")]
+        command: String,
+        /// The date of the run (recorded with the results).
+        #[arg(long)]
+        date: String,
+    },
     /// Build a self-contained GPU test bundle: release test binaries, PTX, and run.sh.
     GpuBundle {
         /// The folder to write (created; emptied first).
@@ -65,6 +82,7 @@ fn main() -> ExitCode {
             test(require_ptxas || std::env::var("KILN_REQUIRE_PTXAS").is_ok_and(|v| v == "1"), &args)
         }
         Task::GpuBundle { dir } => gpu_bundle(&dir),
+        Task::BenchReport { input, out, command, date } => report::gemm_report(&input, &out, &command, &date),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
