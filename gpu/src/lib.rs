@@ -27,6 +27,7 @@
 //! | [`swizzle`] | shared-memory swizzle patterns (pure arithmetic) |
 //! | [`wgmma`] | Hopper warpgroup products (sm_90a): fences, groups, descriptors |
 //! | [`tcgen05`] | Blackwell tensor memory (sm_100a) |
+//! | [`megakernel`] | the training megakernel's instruction format and counter protocol |
 //!
 //! Kernels live in [`kernels`], one file per family.
 #![no_std]
@@ -48,6 +49,7 @@ pub mod fence;
 pub mod math;
 pub mod matrix;
 pub mod mbarrier;
+pub mod megakernel;
 pub mod mma;
 pub mod shared;
 pub mod swizzle;

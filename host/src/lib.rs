@@ -14,6 +14,7 @@ pub mod cuda;
 pub mod data;
 pub mod deterministic;
 mod error;
+pub mod megakernel;
 pub mod nn;
 pub mod optim;
 pub mod ptx;

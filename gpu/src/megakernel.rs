@@ -1,0 +1,85 @@
+//! The instruction stream of the MLP training megakernel: one definition of the instruction format,
+//! the opcodes, the tile size and the counter protocol, shared by the host (which builds the
+//! per-SM schedule and interprets it on the CPU as a reference) and the device kernel.
+//!
+//! A training step for an MLP with layers `0..L` (layer l maps `dims[l]` to `dims[l + 1]` features)
+//! is these instructions, each on one [`TILE`] x [`TILE`] output tile:
+//!
+//! | opcode | output | reads | waits for |
+//! | --- | --- | --- | --- |
+//! | `LINEAR_FWD` l | `act[l+1]` rows of a row block | `act[l]` (same rows), `W[l]` | layer l-1's forward of those rows |
+//! | `LOSS_GRAD` | `grad[L]` rows of a row block | `act[L]`, targets | the last forward of those rows |
+//! | `LINEAR_BWD_INPUT` l | `grad[l]` rows of a row block | `grad[l+1]` (same rows), `W[l]` | `grad[l+1]` of those rows |
+//! | `LINEAR_BWD_WEIGHT` l | `dW[l]` tile | all of `grad[l+1]` and `act[l]` | every row block of `grad[l+1]` |
+//! | `SGD_UPDATE` l | `W[l]` tile | `dW[l]` tile | that `dW[l]` tile, and every `LINEAR_BWD_INPUT` l (which reads the old `W[l]`) |
+//!
+//! Dependencies are global counters: each instruction adds 1 to its `signal` counter when done;
+//! a waiting instruction spins until its `wait` counter reaches `wait_value`. The host orders all
+//! instructions topologically, deals them round-robin to the SMs, and each SM runs its list in order,
+//! so every wait names work that comes earlier in the global order: with all blocks resident, the
+//! earliest unfinished instruction can always run, and no schedule the host builds deadlocks.
+
+/// Edge of every output tile.
+pub const TILE: u32 = 64;
+
+/// Instruction opcodes.
+pub mod opcode {
+    /// `act[l+1] = f(act[l] W[l]^T)` on one tile.
+    pub const LINEAR_FWD: u32 = 1;
+    /// `grad[L] = dLoss/d act[L]` on one tile.
+    pub const LOSS_GRAD: u32 = 2;
+    /// `dW[l] = grad[l+1]^T act[l]` on one tile.
+    pub const LINEAR_BWD_WEIGHT: u32 = 3;
+    /// `grad[l] = (grad[l+1] W[l]) * f'(act[l])` on one tile.
+    pub const LINEAR_BWD_INPUT: u32 = 4;
+    /// `W[l] -= lr dW[l]` (with momentum when enabled) on one tile.
+    pub const SGD_UPDATE: u32 = 5;
+}
+
+/// "No counter": an instruction that waits for nothing.
+pub const NO_COUNTER: u32 = u32::MAX;
+
+/// One instruction: 12 words (48 bytes), the same layout on host and device.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Instruction {
+    /// What to do ([`opcode`]).
+    pub opcode: u32,
+    /// The layer.
+    pub layer: u32,
+    /// Tile row (in tiles) of the output.
+    pub tile_row: u32,
+    /// Tile column (in tiles) of the output.
+    pub tile_col: u32,
+    /// Counter to wait on ([`NO_COUNTER`]: none).
+    pub wait: u32,
+    /// Value the wait counter must reach.
+    pub wait_value: u32,
+    /// Second counter to wait on (SGD's write-after-read guard), or [`NO_COUNTER`].
+    pub wait2: u32,
+    /// Value the second counter must reach.
+    pub wait2_value: u32,
+    /// Counter to add 1 to when done ([`NO_COUNTER`]: none).
+    pub signal: u32,
+    /// Second counter to add 1 to when done (a layer-wide total), or [`NO_COUNTER`].
+    pub signal2: u32,
+    /// Padding to a 16-byte multiple.
+    pub _pad: [u32; 2],
+}
+
+// SAFETY: repr(C), u32 fields only.
+unsafe impl crate::KernelParam for Instruction {}
+
+/// Consumer warps per block: each signals a page free once it is done with it.
+pub const CONSUMER_WARPS: u32 = 4;
+/// Arrivals that free a shared-memory page: one per consumer warp. The device initializes each
+/// page's "free" barrier with this count and every consumer warp arrives exactly once per use, so
+/// host tests and the kernel read the same number.
+pub const PAGE_FREE_ARRIVALS: u32 = CONSUMER_WARPS;
+/// Arrivals that make a page ready: the loader's one `arrive.expect_tx` (the bytes complete it).
+pub const PAGE_READY_ARRIVALS: u32 = 1;
+
+/// The parity a waiter uses for the `use_index`-th use of a page barrier (phase `use_index`).
+pub const fn page_parity(use_index: u32) -> u32 {
+    use_index & 1
+}

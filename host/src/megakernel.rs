@@ -1,0 +1,365 @@
+//! The megakernel's host side: build the per-SM instruction schedule of one MLP training step, and
+//! interpret it on the CPU — SMs interleaved in a seeded random order, every wait checked — as the
+//! reference for the device kernel and as the proof that the schedule neither deadlocks nor races.
+//!
+//! The instruction format, opcodes and counter protocol are `kiln_gpu::megakernel`'s (one
+//! definition for host and device). The model is an MLP without biases: hidden layers
+//! `act[l+1] = relu(act[l] W[l]^T)`, a linear last layer, mean-squared error or softmax
+//! cross-entropy, and SGD (optional momentum).
+
+use crate::error::{Error, Result};
+use kiln_gpu::megakernel::{Instruction, NO_COUNTER, TILE, opcode};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+/// The loss the step differentiates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// Mean over all outputs of (y - target)^2.
+    Mse,
+    /// Mean over the batch of softmax cross-entropy with integer targets.
+    CrossEntropy,
+}
+
+/// The model and batch a schedule is built for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MlpShape {
+    /// Rows per step.
+    pub batch: usize,
+    /// `dims[0]` inputs, `dims[l + 1]` outputs of layer l; `dims.len() - 1` layers.
+    pub dims: Vec<usize>,
+}
+
+impl MlpShape {
+    /// Number of layers.
+    pub fn layers(&self) -> usize {
+        self.dims.len() - 1
+    }
+}
+
+fn tiles(n: usize) -> u32 {
+    n.div_ceil(TILE as usize) as u32
+}
+
+/// Counter indices: forward row blocks, gradient row blocks and totals, weight-gradient totals.
+#[derive(Clone, Debug)]
+struct Counters {
+    row_blocks: u32,
+    layers: u32,
+}
+
+impl Counters {
+    /// `act[l+1]` tiles done in row block `rb`.
+    fn fwd(&self, l: u32, rb: u32) -> u32 {
+        l * self.row_blocks + rb
+    }
+    /// `grad[l]` tiles done in row block `rb` (l in 1..=L).
+    fn grad(&self, l: u32, rb: u32) -> u32 {
+        self.layers * self.row_blocks + (l - 1) * self.row_blocks + rb
+    }
+    /// All `grad[l]` tiles done.
+    fn grad_total(&self, l: u32) -> u32 {
+        2 * self.layers * self.row_blocks + (l - 1)
+    }
+    /// All `dW[l]` tiles done.
+    fn dw_total(&self, l: u32) -> u32 {
+        2 * self.layers * self.row_blocks + self.layers + l
+    }
+    fn count(&self) -> usize {
+        (2 * self.layers * self.row_blocks + 2 * self.layers) as usize
+    }
+}
+
+/// A training step as instruction lists, one per SM.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    /// The shape it was built for.
+    pub shape: MlpShape,
+    /// Every instruction in its global (topological) order.
+    pub order: Vec<Instruction>,
+    /// Instruction lists per SM (round-robin from `order`, each in global order).
+    pub per_sm: Vec<Vec<Instruction>>,
+    /// Number of dependency counters (all start at 0).
+    pub counters: usize,
+}
+
+fn instr(op: u32, layer: u32, tr: u32, tc: u32) -> Instruction {
+    Instruction {
+        opcode: op,
+        layer,
+        tile_row: tr,
+        tile_col: tc,
+        wait: NO_COUNTER,
+        wait2: NO_COUNTER,
+        signal: NO_COUNTER,
+        signal2: NO_COUNTER,
+        ..Default::default()
+    }
+}
+
+/// Builds the schedule of one training step for `shape` on `sms` multiprocessors.
+pub fn build(shape: &MlpShape, sms: usize) -> Result<Schedule> {
+    let op = "megakernel schedule";
+    if shape.dims.len() < 2 || shape.dims.iter().any(|&d| d == 0) || shape.batch == 0 || sms == 0 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "batch {}, dims {:?}, {sms} SMs: need a batch, at least one layer, non-zero widths and SMs",
+                shape.batch, shape.dims
+            ),
+        ));
+    }
+    let layers = shape.layers() as u32;
+    let rbs = tiles(shape.batch);
+    let c = Counters { row_blocks: rbs, layers };
+    let w = |l: u32| tiles(shape.dims[l as usize]);
+    let mut order = Vec::new();
+    for l in 0..layers {
+        for rb in 0..rbs {
+            for cb in 0..w(l + 1) {
+                let mut i = instr(opcode::LINEAR_FWD, l, rb, cb);
+                if l > 0 {
+                    (i.wait, i.wait_value) = (c.fwd(l - 1, rb), w(l));
+                }
+                i.signal = c.fwd(l, rb);
+                order.push(i);
+            }
+        }
+    }
+    for rb in 0..rbs {
+        for cb in 0..w(layers) {
+            let mut i = instr(opcode::LOSS_GRAD, layers - 1, rb, cb);
+            (i.wait, i.wait_value) = (c.fwd(layers - 1, rb), w(layers));
+            (i.signal, i.signal2) = (c.grad(layers, rb), c.grad_total(layers));
+            order.push(i);
+        }
+    }
+    for l in (0..layers).rev() {
+        let grad_tiles_above = rbs * w(l + 1);
+        for tr in 0..w(l + 1) {
+            for tc in 0..w(l) {
+                let mut i = instr(opcode::LINEAR_BWD_WEIGHT, l, tr, tc);
+                (i.wait, i.wait_value) = (c.grad_total(l + 1), grad_tiles_above);
+                i.signal = c.dw_total(l);
+                order.push(i);
+            }
+        }
+        if l > 0 {
+            for rb in 0..rbs {
+                for cb in 0..w(l) {
+                    let mut i = instr(opcode::LINEAR_BWD_INPUT, l, rb, cb);
+                    (i.wait, i.wait_value) = (c.grad(l + 1, rb), w(l + 1));
+                    (i.signal, i.signal2) = (c.grad(l, rb), c.grad_total(l));
+                    order.push(i);
+                }
+            }
+        }
+        for tr in 0..w(l + 1) {
+            for tc in 0..w(l) {
+                let mut i = instr(opcode::SGD_UPDATE, l, tr, tc);
+                (i.wait, i.wait_value) = (c.dw_total(l), w(l + 1) * w(l));
+                if l > 0 {
+                    // the input gradient of layer l reads the old W[l]: update only after it
+                    (i.wait2, i.wait2_value) = (c.grad_total(l), rbs * w(l));
+                }
+                order.push(i);
+            }
+        }
+    }
+    let mut per_sm = vec![Vec::new(); sms];
+    for (k, i) in order.iter().enumerate() {
+        per_sm[k % sms].push(*i);
+    }
+    Ok(Schedule { shape: shape.clone(), order, per_sm, counters: c.count() })
+}
+
+/// Parameters and buffers of one step, row-major f32.
+#[derive(Clone, Debug)]
+pub struct StepState {
+    /// `W[l]`, `dims[l+1] x dims[l]`.
+    pub weights: Vec<Vec<f32>>,
+    /// Momentum buffers (same shapes), used when momentum is non-zero.
+    pub velocity: Vec<Vec<f32>>,
+    act: Vec<Vec<f32>>,
+    grad: Vec<Vec<f32>>,
+    dw: Vec<Vec<f32>>,
+}
+
+impl StepState {
+    /// Buffers for `shape` with the given weights.
+    pub fn new(shape: &MlpShape, weights: Vec<Vec<f32>>) -> Result<StepState> {
+        for (l, w) in weights.iter().enumerate() {
+            if l >= shape.layers() || w.len() != shape.dims[l] * shape.dims[l + 1] {
+                return Err(Error::shape(
+                    "megakernel",
+                    format!("weight {l} has {} values for dims {:?}", w.len(), shape.dims),
+                ));
+            }
+        }
+        if weights.len() != shape.layers() {
+            return Err(Error::shape("megakernel", format!("{} weights for {} layers", weights.len(), shape.layers())));
+        }
+        let b = shape.batch;
+        Ok(StepState {
+            velocity: weights.iter().map(|w| vec![0.0; w.len()]).collect(),
+            dw: weights.iter().map(|w| vec![0.0; w.len()]).collect(),
+            act: shape.dims.iter().map(|&d| vec![0.0; b * d]).collect(),
+            grad: shape.dims.iter().map(|&d| vec![0.0; b * d]).collect(),
+            weights,
+        })
+    }
+}
+
+/// The step's inputs and hyper-parameters.
+pub struct StepInputs<'a> {
+    /// `batch x dims[0]`.
+    pub x: &'a [f32],
+    /// Regression targets (`batch x dims[L]`) for MSE.
+    pub y: &'a [f32],
+    /// Class per row for cross-entropy.
+    pub classes: &'a [usize],
+    /// The loss.
+    pub loss: Loss,
+    /// Learning rate.
+    pub lr: f32,
+    /// Momentum (0: plain SGD).
+    pub momentum: f32,
+}
+
+fn tile_range(t: u32, n: usize) -> std::ops::Range<usize> {
+    let lo = t as usize * TILE as usize;
+    lo..(lo + TILE as usize).min(n)
+}
+
+/// Executes one instruction on the CPU (the reference semantics of each opcode).
+fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instruction) {
+    let d = &s.shape.dims;
+    let b = s.shape.batch;
+    let l = i.layer as usize;
+    let layers = s.shape.layers();
+    match i.opcode {
+        opcode::LINEAR_FWD => {
+            let (din, dout) = (d[l], d[l + 1]);
+            for r in tile_range(i.tile_row, b) {
+                for o in tile_range(i.tile_col, dout) {
+                    let mut acc = 0.0f32;
+                    for k in 0..din {
+                        let a = if l == 0 { inp.x[r * din + k] } else { st.act[l][r * din + k] };
+                        acc = a.mul_add(st.weights[l][o * din + k], acc);
+                    }
+                    st.act[l + 1][r * dout + o] = if l + 1 < layers { acc.max(0.0) } else { acc };
+                }
+            }
+        }
+        opcode::LOSS_GRAD => {
+            let n = d[layers];
+            for r in tile_range(i.tile_row, b) {
+                let row = &st.act[layers][r * n..(r + 1) * n];
+                let (m, z) = match inp.loss {
+                    Loss::CrossEntropy => {
+                        let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                        (m, row.iter().map(|v| (v - m).exp()).sum::<f32>())
+                    }
+                    Loss::Mse => (0.0, 1.0),
+                };
+                for o in tile_range(i.tile_col, n) {
+                    let v = st.act[layers][r * n + o];
+                    st.grad[layers][r * n + o] = match inp.loss {
+                        Loss::Mse => 2.0 * (v - inp.y[r * n + o]) / (b * n) as f32,
+                        Loss::CrossEntropy => {
+                            ((v - m).exp() / z - if inp.classes[r] == o { 1.0 } else { 0.0 }) / b as f32
+                        }
+                    };
+                }
+            }
+        }
+        opcode::LINEAR_BWD_WEIGHT => {
+            let (din, dout) = (d[l], d[l + 1]);
+            for o in tile_range(i.tile_row, dout) {
+                for k in tile_range(i.tile_col, din) {
+                    let mut acc = 0.0f32;
+                    for r in 0..b {
+                        let a = if l == 0 { inp.x[r * din + k] } else { st.act[l][r * din + k] };
+                        acc = st.grad[l + 1][r * dout + o].mul_add(a, acc);
+                    }
+                    st.dw[l][o * din + k] = acc;
+                }
+            }
+        }
+        opcode::LINEAR_BWD_INPUT => {
+            let (din, dout) = (d[l], d[l + 1]);
+            for r in tile_range(i.tile_row, b) {
+                for k in tile_range(i.tile_col, din) {
+                    let mut acc = 0.0f32;
+                    for o in 0..dout {
+                        acc = st.grad[l + 1][r * dout + o].mul_add(st.weights[l][o * din + k], acc);
+                    }
+                    // relu'(pre) from the post-activation: the hidden act[l] is relu(pre)
+                    st.grad[l][r * din + k] = if st.act[l][r * din + k] > 0.0 { acc } else { 0.0 };
+                }
+            }
+        }
+        opcode::SGD_UPDATE => {
+            let din = d[l];
+            for o in tile_range(i.tile_row, d[l + 1]) {
+                for k in tile_range(i.tile_col, din) {
+                    let j = o * din + k;
+                    let g = st.dw[l][j];
+                    let step = if inp.momentum != 0.0 {
+                        st.velocity[l][j] = inp.momentum * st.velocity[l][j] + g;
+                        st.velocity[l][j]
+                    } else {
+                        g
+                    };
+                    st.weights[l][j] -= inp.lr * step;
+                }
+            }
+        }
+        other => unreachable!("schedule built with unknown opcode {other}"),
+    }
+}
+
+/// Runs a schedule on the CPU: at each step one SM whose next instruction's waits are met (chosen
+/// with `seed`) executes it and signals its counters. Returns an error naming the stuck
+/// instructions if no SM can proceed before all are done (a deadlock the device would hang on).
+pub fn interpret(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, seed: u64) -> Result<()> {
+    let mut counters = vec![0u32; s.counters];
+    let mut pc = vec![0usize; s.per_sm.len()];
+    let mut rng = StdRng::seed_from_u64(seed);
+    let ready = |i: &Instruction, c: &[u32]| {
+        (i.wait == NO_COUNTER || c[i.wait as usize] >= i.wait_value)
+            && (i.wait2 == NO_COUNTER || c[i.wait2 as usize] >= i.wait2_value)
+    };
+    loop {
+        let runnable: Vec<usize> = (0..s.per_sm.len())
+            .filter(|&m| pc[m] < s.per_sm[m].len() && ready(&s.per_sm[m][pc[m]], &counters))
+            .collect();
+        if runnable.is_empty() {
+            if (0..s.per_sm.len()).all(|m| pc[m] == s.per_sm[m].len()) {
+                return Ok(());
+            }
+            let stuck: Vec<String> = (0..s.per_sm.len())
+                .filter(|&m| pc[m] < s.per_sm[m].len())
+                .map(|m| {
+                    let i = &s.per_sm[m][pc[m]];
+                    format!(
+                        "SM {m} instruction {} (opcode {} layer {} tile {},{}) waits counter {} >= {}",
+                        pc[m], i.opcode, i.layer, i.tile_row, i.tile_col, i.wait, i.wait_value
+                    )
+                })
+                .collect();
+            return Err(Error::Unsupported {
+                op: "megakernel schedule",
+                what: format!("a deadlock: {}", stuck.join("; ")),
+            });
+        }
+        let m = runnable[rng.random_range(0..runnable.len())];
+        let i = s.per_sm[m][pc[m]];
+        execute(s, st, inp, &i);
+        for c in [i.signal, i.signal2] {
+            if c != NO_COUNTER {
+                counters[c as usize] += 1;
+            }
+        }
+        pc[m] += 1;
+    }
+}
