@@ -99,7 +99,7 @@ fn instr(op: u32, layer: u32, tr: u32, tc: u32) -> Instruction {
 /// Builds the schedule of one training step for `shape` on `sms` multiprocessors.
 pub fn build(shape: &MlpShape, sms: usize) -> Result<Schedule> {
     let op = "megakernel schedule";
-    if shape.dims.len() < 2 || shape.dims.iter().any(|&d| d == 0) || shape.batch == 0 || sms == 0 {
+    if shape.dims.len() < 2 || shape.dims.contains(&0) || shape.batch == 0 || sms == 0 {
         return Err(Error::shape(
             op,
             format!(
