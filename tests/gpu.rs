@@ -119,6 +119,8 @@ fn tests() -> Vec<GpuTest> {
             run: f32_tier_batch_invariance,
         },
         GpuTest { name: "gpu::training_twice_gives_identical_weights", available: any, run: training_twice_identical },
+        GpuTest { name: "gpu::megakernel_matches_the_cpu_interpreter", available: any, run: megakernel_matches },
+        GpuTest { name: "gpu::megakernel_wrong_count_stalls_not_hangs", available: any, run: megakernel_stall },
         GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
         GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
         GpuTest {
@@ -678,4 +680,87 @@ fn training_twice_identical(_: &Device) -> Outcome {
         }
     }
     Ok(())
+}
+
+fn mk_weights(dims: &[usize], seed: u64) -> Vec<Vec<f32>> {
+    let mut rng = kiln::Tensor::rng(seed);
+    (0..dims.len() - 1)
+        .map(|l| {
+            let std = (2.0 / dims[l] as f64).sqrt();
+            kiln::Tensor::randn([dims[l + 1] * dims[l]], kiln::DType::F32, &mut rng)
+                .to_vec_f64()
+                .iter()
+                .map(|&v| (v * std) as f32)
+                .collect()
+        })
+        .collect()
+}
+
+/// The megakernel's weights after 1 and 3 steps against the CPU interpreter of the same schedule.
+fn megakernel_matches(dev: &Device) -> Outcome {
+    use kiln::megakernel::{GpuStep, Loss, MlpShape, StepInputs, StepState, build, interpret};
+    let sms = dev
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(err)? as usize;
+    let (mut rng, _) = testing::rng();
+    let cases = [
+        (64usize, vec![256usize, 256, 256, 256, 10], Loss::CrossEntropy, 0.0f32),
+        (100, vec![37, 130, 65, 10], Loss::Mse, 0.9),
+        (1, vec![3, 1], Loss::Mse, 0.0),
+        (300, vec![20, 200, 5], Loss::CrossEntropy, 0.5),
+    ];
+    for (batch, dims, loss, momentum) in cases {
+        let shape = MlpShape { batch, dims: dims.clone() };
+        let schedule = build(&shape, sms.min(64)).map_err(err)?;
+        let w0 = mk_weights(&dims, 11);
+        let mut gpu = GpuStep::new(Device::shared().map_err(err)?, &schedule, &w0).map_err(err)?;
+        let mut cpu = StepState::new(&shape, w0).map_err(err)?;
+        for step in 0..3 {
+            let x = testing::uniform(&mut rng, batch * dims[0]);
+            let y = testing::uniform(&mut rng, batch * dims[dims.len() - 1]);
+            let classes: Vec<usize> = (0..batch).map(|i| (i * 7 + step) % dims[dims.len() - 1]).collect();
+            let inp = StepInputs { x: &x, y: &y, classes: &classes, loss, lr: 0.05, momentum };
+            gpu.step(&inp).map_err(err)?;
+            interpret(&schedule, &mut cpu, &inp, step as u64).map_err(err)?;
+            if step == 0 || step == 2 {
+                for (l, (g, c)) in gpu.weights().map_err(err)?.iter().zip(&cpu.weights).enumerate() {
+                    let want: Vec<f64> = c.iter().map(|&v| v as f64).collect();
+                    compare(
+                        &format!("megakernel {dims:?} {loss:?} step {step} layer {l}"),
+                        g,
+                        &want,
+                        Tol { abs: 1e-5, rel: 1e-5 },
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A schedule with one wait set one arrival too high: the step stops with a typed error naming the
+/// block, instruction and counter, and the device keeps working.
+fn megakernel_stall(dev: &Device) -> Outcome {
+    use kiln::megakernel::{GpuStep, Loss, MlpShape, StepInputs, build};
+    let shape = MlpShape { batch: 64, dims: vec![8, 8, 4] };
+    let mut schedule = build(&shape, 3).map_err(err)?;
+    let victim = schedule.per_sm[1]
+        .iter_mut()
+        .find(|i| i.wait != kiln::gpu::megakernel::NO_COUNTER)
+        .ok_or("no waiting instruction")?;
+    victim.wait_value += 1;
+    let mut gpu = GpuStep::new(Device::shared().map_err(err)?, &schedule, &mk_weights(&shape.dims, 2)).map_err(err)?;
+    gpu.wait_limit_ns = 200_000_000;
+    let (x, y) = (vec![0.5f32; 64 * 8], vec![0.0f32; 64 * 4]);
+    let inp = StepInputs { x: &x, y: &y, classes: &[], loss: Loss::Mse, lr: 0.1, momentum: 0.0 };
+    let started = std::time::Instant::now();
+    match gpu.step(&inp) {
+        Err(kiln::Error::Stalled { msg, .. }) if msg.contains("block 1") => {}
+        other => return Err(format!("expected a stall in block 1, got {other:?}")),
+    }
+    if started.elapsed().as_secs_f64() > 10.0 {
+        return Err(format!("the stall took {:?} to report", started.elapsed()));
+    }
+    // the context is intact: an ordinary kernel still runs
+    vector_add_matches_cpu(dev)
 }

@@ -83,3 +83,69 @@ pub const PAGE_READY_ARRIVALS: u32 = 1;
 pub const fn page_parity(use_index: u32) -> u32 {
     use_index & 1
 }
+
+/// Loss codes for [`MegaConfig::loss`].
+pub mod loss {
+    /// Mean squared error.
+    pub const MSE: u32 = 0;
+    /// Softmax cross-entropy.
+    pub const CROSS_ENTROPY: u32 = 1;
+}
+
+/// The device buffers of one step (all f32 arrays concatenate the layers; offsets are in elements).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MegaBuffers {
+    /// Every SM's instructions, concatenated.
+    pub instructions: crate::DevicePtr<Instruction>,
+    /// SM `s` runs `instructions[sm_offsets[s] .. sm_offsets[s + 1]]`.
+    pub sm_offsets: crate::DevicePtr<u32>,
+    /// The dependency counters, then the abort flag, then 4 diagnostic words.
+    pub counters: crate::DevicePtrMut<u32>,
+    /// `dims[0..=L]`.
+    pub dims: crate::DevicePtr<u32>,
+    /// Offset of `W[l]` in `weights`, `velocity` and `dw`.
+    pub w_off: crate::DevicePtr<u32>,
+    /// Offset of `act[l]` / `grad[l]` in `act` and `grad`.
+    pub a_off: crate::DevicePtr<u32>,
+    /// Weights.
+    pub weights: crate::DevicePtrMut<f32>,
+    /// Momentum buffers.
+    pub velocity: crate::DevicePtrMut<f32>,
+    /// Weight gradients.
+    pub dw: crate::DevicePtrMut<f32>,
+    /// Activations (`act[0]` is the input).
+    pub act: crate::DevicePtrMut<f32>,
+    /// Activation gradients.
+    pub grad: crate::DevicePtrMut<f32>,
+    /// MSE targets.
+    pub y: crate::DevicePtr<f32>,
+    /// Cross-entropy classes.
+    pub classes: crate::DevicePtr<u32>,
+}
+// SAFETY: repr(C), device pointers only.
+unsafe impl crate::KernelParam for MegaBuffers {}
+
+/// Scalars of one step.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MegaConfig {
+    /// Rows.
+    pub batch: u32,
+    /// Layers.
+    pub layers: u32,
+    /// Number of dependency counters (the abort flag follows them).
+    pub counters: u32,
+    /// [`loss`] code.
+    pub loss: u32,
+    /// Learning rate.
+    pub lr: f32,
+    /// Momentum.
+    pub momentum: f32,
+    /// A wait longer than this (global-timer nanoseconds) aborts the step.
+    pub wait_limit_ns: u32,
+    /// Padding.
+    pub _pad: u32,
+}
+// SAFETY: repr(C), 4-byte fields only.
+unsafe impl crate::KernelParam for MegaConfig {}

@@ -145,6 +145,14 @@ pub enum Error {
         /// What went wrong.
         msg: String,
     },
+    /// A kernel stopped waiting instead of hanging (a dependency that never completed).
+    #[error("kernel `{kernel}` stalled and stopped: {msg}")]
+    Stalled {
+        /// Kernel name.
+        kernel: &'static str,
+        /// Where it waited.
+        msg: String,
+    },
     /// A PTX override file could not be read.
     #[error("reading PTX module {path}: {source} (KILN_PTX_DIR points at a directory without kiln's modules?)")]
     PtxFile {

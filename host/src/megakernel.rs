@@ -363,3 +363,176 @@ pub fn interpret(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, seed: u
         pc[m] += 1;
     }
 }
+
+/// The schedule and buffers of one model on the GPU: [`GpuStep::step`] runs one training step as a
+/// single launch of `megakernel_step`.
+pub struct GpuStep {
+    dev: std::sync::Arc<crate::cuda::Device>,
+    shape: MlpShape,
+    sms: u32,
+    counters: usize,
+    instructions: crate::cuda::DeviceBuffer<InstructionWords>,
+    sm_offsets: crate::cuda::DeviceBuffer<u32>,
+    counter_buf: crate::cuda::DeviceBuffer<u32>,
+    dims: crate::cuda::DeviceBuffer<u32>,
+    w_off: crate::cuda::DeviceBuffer<u32>,
+    a_off: crate::cuda::DeviceBuffer<u32>,
+    weights: crate::cuda::DeviceBuffer<f32>,
+    velocity: crate::cuda::DeviceBuffer<f32>,
+    dw: crate::cuda::DeviceBuffer<f32>,
+    act: crate::cuda::DeviceBuffer<f32>,
+    grad: crate::cuda::DeviceBuffer<f32>,
+    w_sizes: Vec<usize>,
+    /// How long a dependency wait may take before the step is abandoned (nanoseconds).
+    pub wait_limit_ns: u32,
+}
+
+/// An [`Instruction`] as a device-copyable value (cudarc's `DeviceRepr` is implemented here, where
+/// the orphan rule allows it; the layout is the instruction's own).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct InstructionWords(Instruction);
+// SAFETY: repr(transparent) over a repr(C) struct of u32.
+unsafe impl cudarc::driver::DeviceRepr for InstructionWords {}
+
+impl GpuStep {
+    /// Uploads `schedule` and the initial weights (`W[l]`, `dims[l+1] x dims[l]`).
+    pub fn new(dev: std::sync::Arc<crate::cuda::Device>, schedule: &Schedule, weights: &[Vec<f32>]) -> Result<GpuStep> {
+        let shape = schedule.shape.clone();
+        StepState::new(&shape, weights.to_vec())?;
+        let sms = schedule.per_sm.len();
+        let max_sms =
+            dev.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        if sms > max_sms {
+            return Err(Error::shape(
+                "megakernel",
+                format!("a schedule for {sms} SMs on a GPU with {max_sms}: every block must be resident"),
+            ));
+        }
+        let mut flat = Vec::new();
+        let mut offsets = vec![0u32];
+        for list in &schedule.per_sm {
+            flat.extend(list.iter().map(|i| InstructionWords(*i)));
+            offsets.push(flat.len() as u32);
+        }
+        let mut w_off = vec![];
+        let mut total = 0usize;
+        for w in weights {
+            w_off.push(total as u32);
+            total += w.len();
+        }
+        let mut a_off = vec![];
+        let mut atotal = 0usize;
+        for &d in &shape.dims {
+            a_off.push(atotal as u32);
+            atotal += d * shape.batch;
+        }
+        let flat_w: Vec<f32> = weights.concat();
+        let instructions = dev.upload(&flat)?;
+        Ok(GpuStep {
+            sms: sms as u32,
+            counters: schedule.counters,
+            instructions,
+            sm_offsets: dev.upload(&offsets)?,
+            counter_buf: dev.zeros::<u32>(schedule.counters + 5)?,
+            dims: dev.upload(&shape.dims.iter().map(|&d| d as u32).collect::<Vec<_>>())?,
+            w_off: dev.upload(&w_off)?,
+            a_off: dev.upload(&a_off)?,
+            velocity: dev.zeros::<f32>(total)?,
+            dw: dev.zeros::<f32>(total)?,
+            weights: dev.upload(&flat_w)?,
+            act: dev.zeros::<f32>(atotal)?,
+            grad: dev.zeros::<f32>(atotal)?,
+            w_sizes: weights.iter().map(|w| w.len()).collect(),
+            wait_limit_ns: 1_000_000_000,
+            shape,
+            dev,
+        })
+    }
+
+    /// One training step on the GPU, one launch.
+    pub fn step(&mut self, inp: &StepInputs<'_>) -> Result<()> {
+        use kiln_gpu::kernels::megakernel_step::{MEGA_THREADS, MegakernelStep};
+        use kiln_gpu::megakernel::{MegaBuffers, MegaConfig, loss};
+        let (b, d0, dl) = (self.shape.batch, self.shape.dims[0], *self.shape.dims.last().expect("layers"));
+        if inp.x.len() != b * d0
+            || (inp.loss == Loss::Mse && inp.y.len() != b * dl)
+            || (inp.loss == Loss::CrossEntropy && inp.classes.len() != b)
+        {
+            return Err(Error::shape("megakernel step", format!("inputs for batch {b}, {d0} features, {dl} outputs")));
+        }
+        if let Some(c) = inp.classes.iter().find(|&&c| c >= dl) {
+            return Err(Error::Index {
+                op: "megakernel step",
+                msg: format!("class {c} is out of range for {dl} outputs"),
+            });
+        }
+        let mut act = vec![0.0f32; self.act.len()];
+        act[..inp.x.len()].copy_from_slice(inp.x);
+        self.dev.write(&mut self.act, &act)?;
+        let y = self.dev.upload(if inp.y.is_empty() { &[0.0f32][..] } else { inp.y })?;
+        let classes: Vec<u32> =
+            if inp.classes.is_empty() { vec![0] } else { inp.classes.iter().map(|&c| c as u32).collect() };
+        let classes = self.dev.upload(&classes)?;
+        self.dev.write(&mut self.counter_buf, &vec![0u32; self.counters + 5])?;
+        let bufs = MegaBuffers {
+            instructions: kiln_gpu::DevicePtr::from_addr(self.instructions.addr()),
+            sm_offsets: self.sm_offsets.ptr(),
+            counters: self.counter_buf.ptr_mut(),
+            dims: self.dims.ptr(),
+            w_off: self.w_off.ptr(),
+            a_off: self.a_off.ptr(),
+            weights: self.weights.ptr_mut(),
+            velocity: self.velocity.ptr_mut(),
+            dw: self.dw.ptr_mut(),
+            act: self.act.ptr_mut(),
+            grad: self.grad.ptr_mut(),
+            y: y.ptr(),
+            classes: classes.ptr(),
+        };
+        let cfg = MegaConfig {
+            batch: b as u32,
+            layers: self.shape.layers() as u32,
+            counters: self.counters as u32,
+            loss: if inp.loss == Loss::Mse { loss::MSE } else { loss::CROSS_ENTROPY },
+            lr: inp.lr,
+            momentum: inp.momentum,
+            wait_limit_ns: self.wait_limit_ns,
+            _pad: 0,
+        };
+        let launch = crate::cuda::LaunchConfig {
+            grid_dim: (self.sms, 1, 1),
+            block_dim: (MEGA_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every buffer was sized from the schedule's shape; the kernel indexes within it.
+        unsafe { self.dev.launch(MegakernelStep, launch, (bufs, cfg))? };
+        let c = self.dev.download(&self.counter_buf)?;
+        let k = self.counters;
+        if c[k] != 0 {
+            return Err(Error::Stalled {
+                kernel: "megakernel_step",
+                msg: format!(
+                    "block {} at instruction {} waited on counter {} and saw {}",
+                    c[k + 1],
+                    c[k + 2],
+                    c[k + 3],
+                    c[k + 4]
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The current weights, per layer.
+    pub fn weights(&self) -> Result<Vec<Vec<f32>>> {
+        let flat = self.dev.download(&self.weights)?;
+        let mut out = Vec::new();
+        let mut at = 0;
+        for &n in &self.w_sizes {
+            out.push(flat[at..at + n].to_vec());
+            at += n;
+        }
+        Ok(out)
+    }
+}

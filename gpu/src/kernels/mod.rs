@@ -9,6 +9,7 @@ pub mod barrier;
 pub mod elementwise;
 pub mod gemm_wgmma;
 pub mod hgemm_mma;
+pub mod megakernel_step;
 pub mod mma_tile;
 pub mod reduce;
 pub mod sgemm;
