@@ -121,6 +121,7 @@ fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::training_twice_gives_identical_weights", available: any, run: training_twice_identical },
         GpuTest { name: "gpu::megakernel_matches_the_cpu_interpreter", available: any, run: megakernel_matches },
         GpuTest { name: "gpu::megakernel_wrong_count_stalls_not_hangs", available: any, run: megakernel_stall },
+        GpuTest { name: "gpu::megakernel_trains_the_main_job", available: any, run: megakernel_main_job },
         GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
         GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
         GpuTest {
@@ -763,4 +764,24 @@ fn megakernel_stall(dev: &Device) -> Outcome {
     }
     // the context is intact: an ordinary kernel still runs
     vector_add_matches_cpu(dev)
+}
+
+fn megakernel_main_job(_: &Device) -> Outcome {
+    use kiln::train::{DataSource, DeviceChoice, TrainConfig};
+    let cfg = TrainConfig {
+        data: DataSource::Spirals { per_class: 300, classes: 3, noise: 0.2 },
+        epochs: 15,
+        lr: 0.1,
+        megakernel: true,
+        device: DeviceChoice::Cuda,
+        checkpoint: None,
+        progress: false,
+        ..TrainConfig::default()
+    };
+    let report = kiln::train::train(&cfg, |l| eprintln!("{l}")).map_err(err)?;
+    let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
+    if !report.device.starts_with("GPU") || acc < 0.9 {
+        return Err(format!("{}: test accuracy {acc}", report.device));
+    }
+    Ok(())
 }

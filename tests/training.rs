@@ -242,3 +242,21 @@ fn checkpoint_shape_mismatch_is_an_error() {
     assert!(e.contains("missing"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_megakernel_schedule_trains_the_main_job_on_the_cpu_interpreter() {
+    let cfg = TrainConfig {
+        data: DataSource::Spirals { per_class: 300, classes: 3, noise: 0.2 },
+        epochs: 15,
+        lr: 0.1,
+        megakernel: true,
+        device: kiln::train::DeviceChoice::Cpu,
+        checkpoint: None,
+        progress: false,
+        ..TrainConfig::default()
+    };
+    let report = train(&cfg, |_| {}).unwrap();
+    assert!(report.device.contains("interpreter"), "{}", report.device);
+    let acc = report.epochs.last().unwrap().test_accuracy;
+    assert!(acc >= 0.9, "test accuracy {acc}");
+}

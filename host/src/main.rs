@@ -111,6 +111,10 @@ struct TrainArgs {
     /// Test accuracy the run must reach (exit status 1 otherwise).
     #[arg(long)]
     target_accuracy: Option<f64>,
+    /// Train with the megakernel: one launch per step (bias-free MLP, SGD with momentum 0.9;
+    /// without a GPU, its schedule runs on the CPU interpreter).
+    #[arg(long)]
+    megakernel: bool,
 }
 
 #[derive(Subcommand)]
@@ -192,6 +196,7 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         seed: a.seed,
         checkpoint: Some(a.checkpoint),
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        megakernel: a.megakernel,
     };
     let report = kiln::train::train(&cfg, |line| say!("{line}"))?;
     let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);

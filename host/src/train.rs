@@ -86,6 +86,10 @@ pub struct TrainConfig {
     pub checkpoint: Option<PathBuf>,
     /// Show a progress bar.
     pub progress: bool,
+    /// Train with the megakernel (one launch per step; bias-free ReLU MLP, SGD with momentum 0.9,
+    /// cross-entropy) instead of the layer-by-layer path. Without a GPU its schedule runs on the
+    /// CPU interpreter.
+    pub megakernel: bool,
 }
 
 impl Default for TrainConfig {
@@ -106,6 +110,7 @@ impl Default for TrainConfig {
             seed: 0,
             checkpoint: Some(PathBuf::from("kiln-mlp.safetensors")),
             progress: true,
+            megakernel: false,
         }
     }
 }
@@ -205,6 +210,9 @@ fn metadata(cfg: &TrainConfig, data: &Dataset) -> HashMap<String, String> {
 pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport> {
     if cfg.batch == 0 || cfg.epochs == 0 {
         return Err(Error::shape("train", format!("batch {} and epochs {} must be positive", cfg.batch, cfg.epochs)));
+    }
+    if cfg.megakernel {
+        return train_megakernel(cfg, log);
     }
     let (device, device_name) = pick_device(cfg.device, cfg.dtype)?;
     log(&format!("training on the {device_name}"));
@@ -333,4 +341,122 @@ pub fn load_model(path: &std::path::Path) -> Result<(Sequential, HashMap<String,
     let model = mlp(get("features")?, get("width")?, get("depth")?, get("classes")?, act, dtype, &mut Tensor::rng(0))?;
     checkpoint::assign(&model.named_parameters(), &tensors, "")?;
     Ok((model, meta))
+}
+
+/// The main job through the megakernel: one launch per training step (or, without a GPU, the same
+/// schedule on the CPU interpreter). Full batches only (a last partial batch is dropped each epoch).
+fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport> {
+    use crate::megakernel::{GpuStep, Loss, MlpShape, StepInputs, StepState, build, interpret};
+    use crate::nn::{Linear, ReLU};
+    if cfg.depth == 0 {
+        return Err(Error::shape("train", "depth must be at least 1"));
+    }
+    let (train_set, test_set) = load_data(cfg)?;
+    // The megakernel's layers have no bias; a constant 1 appended to every input row gives the first
+    // layer one (without it a ReLU network is positively homogeneous and cannot use the radius).
+    let with_one = |d: &crate::data::Dataset| crate::data::Dataset {
+        x: d.x.chunks(d.features).flat_map(|r| r.iter().copied().chain([1.0])).collect(),
+        y: d.y.clone(),
+        features: d.features + 1,
+        classes: d.classes,
+    };
+    let (train_set, test_set) = (with_one(&train_set), with_one(&test_set));
+    if train_set.len() < cfg.batch {
+        return Err(Error::shape(
+            "train",
+            format!("{} training rows are fewer than one batch of {}", train_set.len(), cfg.batch),
+        ));
+    }
+    let mut dims = vec![train_set.features];
+    dims.extend(std::iter::repeat_n(cfg.width, cfg.depth - 1));
+    dims.push(train_set.classes);
+    let shape = MlpShape { batch: cfg.batch, dims: dims.clone() };
+    let mut rng = Tensor::rng(cfg.seed.wrapping_add(1));
+    let mut model = Sequential::new();
+    for l in 0..cfg.depth {
+        model = model.push(Linear::new(dims[l], dims[l + 1], false, DType::F32, &mut rng)?);
+        if l + 1 < cfg.depth {
+            model = model.push(ReLU);
+        }
+    }
+    let weights: Vec<Vec<f32>> = model.parameters().iter().map(|p| p.to_vec_f32()).collect();
+    let gpu = match cfg.device {
+        DeviceChoice::Cpu => None,
+        DeviceChoice::Cuda => Some(crate::cuda::Device::shared()?),
+        DeviceChoice::Auto => crate::cuda::Device::shared().ok(),
+    };
+    let sms = match &gpu {
+        Some(d) => {
+            d.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize
+        }
+        None => 8,
+    };
+    let schedule = build(&shape, sms)?;
+    let (mut on_gpu, mut on_cpu) = match &gpu {
+        Some(d) => (Some(GpuStep::new(d.clone(), &schedule, &weights)?), None),
+        None => (None, Some(StepState::new(&shape, weights)?)),
+    };
+    let device_name = match &gpu {
+        Some(d) => format!(
+            "GPU: {} (megakernel, one launch per step, {} instructions on {sms} SMs)",
+            d.name(),
+            schedule.order.len()
+        ),
+        None => format!("CPU (megakernel schedule on the CPU interpreter, {} instructions)", schedule.order.len()),
+    };
+    log(&format!("training on the {device_name}"));
+    log(&format!("model: bias-free MLP {dims:?}, SGD lr {} momentum 0.9, batch {}", cfg.lr, cfg.batch));
+    let steps_per_epoch = train_set.len() / cfg.batch;
+    let mut order: Vec<usize> = (0..train_set.len()).collect();
+    let mut reports = Vec::new();
+    let mut step = 0usize;
+    for epoch in 1..=cfg.epochs {
+        for i in (1..order.len()).rev() {
+            order.swap(i, rand::Rng::random_range(&mut rng, 0..=i));
+        }
+        let started = Instant::now();
+        for chunk in order.chunks_exact(cfg.batch) {
+            let (x, y) = train_set.gather(chunk);
+            let inp =
+                StepInputs { x: &x, y: &[], classes: &y, loss: Loss::CrossEntropy, lr: cfg.lr as f32, momentum: 0.9 };
+            match (&mut on_gpu, &mut on_cpu) {
+                (Some(g), _) => g.step(&inp)?,
+                (_, Some(c)) => interpret(&schedule, c, &inp, step as u64)?,
+                _ => unreachable!("one backend is set"),
+            }
+            step += 1;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let weights = match (&on_gpu, &on_cpu) {
+            (Some(g), _) => g.weights()?,
+            (_, Some(c)) => c.weights.clone(),
+            _ => unreachable!("one backend is set"),
+        };
+        for (p, w) in model.parameters().iter().zip(weights) {
+            p.set_data(&Tensor::from_vec(w, p.shape().clone())?)?;
+        }
+        let test_accuracy = accuracy(&model, &test_set, DType::F32, &Device::Cpu)?;
+        let train_accuracy = accuracy(&model, &train_set, DType::F32, &Device::Cpu)?;
+        if !model.parameters().iter().all(|p| p.to_vec_f32().iter().all(|v| v.is_finite())) {
+            return Err(Error::NonFinite { what: "a weight".into(), value: f64::NAN, step });
+        }
+        let r = EpochReport {
+            epoch,
+            loss: f64::NAN,
+            train_accuracy,
+            test_accuracy,
+            step_ms: 1e3 * elapsed / steps_per_epoch.max(1) as f64,
+            samples_per_s: (steps_per_epoch * cfg.batch) as f64 / elapsed,
+        };
+        log(&format!(
+            "epoch {:>3}  train acc {:6.2}%  test acc {:6.2}%  step {:.3} ms  {:.0} samples/s",
+            r.epoch,
+            100.0 * r.train_accuracy,
+            100.0 * r.test_accuracy,
+            r.step_ms,
+            r.samples_per_s
+        ));
+        reports.push(r);
+    }
+    Ok(TrainReport { epochs: reports, model, checkpoint: None, device: device_name })
 }
