@@ -120,6 +120,11 @@ fn tests() -> Vec<GpuTest> {
         },
         GpuTest { name: "gpu::training_twice_gives_identical_weights", available: any, run: training_twice_identical },
         GpuTest { name: "gpu::megakernel_matches_the_cpu_interpreter", available: any, run: megakernel_matches },
+        GpuTest {
+            name: "gpu::tensor_core_tier_batch_invariant_and_reproducible",
+            available: any,
+            run: tensor_core_tier,
+        },
         GpuTest { name: "gpu::megakernel_wrong_count_stalls_not_hangs", available: any, run: megakernel_stall },
         GpuTest { name: "gpu::megakernel_trains_the_main_job", available: any, run: megakernel_main_job },
         GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
@@ -782,6 +787,47 @@ fn megakernel_main_job(_: &Device) -> Outcome {
     let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
     if !report.device.starts_with("GPU") || acc < 0.9 {
         return Err(format!("{}: test accuracy {acc}", report.device));
+    }
+    Ok(())
+}
+
+/// The tensor-core GEMMs (mma.sync, and wgmma on sm_90a) reduce each output over k in a fixed
+/// order inside one warp or warpgroup: row i of C must not depend on m, and launches must repeat.
+fn tensor_core_tier(dev: &Device) -> Outcome {
+    let (mut rng, _) = testing::rng();
+    let (n, k) = (200usize, 264usize);
+    let b: Vec<bf16> = testing::uniform(&mut rng, n * k).into_iter().map(bf16::from_f32).collect();
+    let a_all: Vec<bf16> = testing::uniform(&mut rng, 1000 * k).into_iter().map(bf16::from_f32).collect();
+    let db = dev.upload(&b).map_err(err)?;
+    let wgmma_here = dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>();
+    let (mut mma_row0, mut wg_row0): (Option<Vec<u32>>, Option<Vec<u32>>) = (None, None);
+    for m in [1usize, 7, 128, 1000] {
+        let da = dev.upload(&a_all[..m * k]).map_err(err)?;
+        let s = GemmShape { m: m as u32, n: n as u32, k: k as u32 };
+        let mut dc = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
+        kiln::cuda::gemm::hgemm(dev, &da, &db, &mut dc, s).map_err(err)?;
+        let first = bits(&dev.download(&dc).map_err(err)?);
+        for _ in 0..5 {
+            kiln::cuda::gemm::hgemm(dev, &da, &db, &mut dc, s).map_err(err)?;
+            if bits(&dev.download(&dc).map_err(err)?) != first {
+                return Err(format!("hgemm m={m}: a repeated launch changed bits"));
+            }
+        }
+        match &mma_row0 {
+            None => mma_row0 = Some(first[..n].to_vec()),
+            Some(r) if r[..] != first[..n] => return Err(format!("hgemm: row 0 changed at m={m}")),
+            _ => {}
+        }
+        if wgmma_here {
+            let plan = kiln::cuda::gemm::WgmmaGemm::new(dev, &da, &db, s).map_err(err)?;
+            plan.run(&mut dc).map_err(err)?;
+            let w = bits(&dev.download(&dc).map_err(err)?);
+            match &wg_row0 {
+                None => wg_row0 = Some(w[..n].to_vec()),
+                Some(r) if r[..] != w[..n] => return Err(format!("wgmma: row 0 changed at m={m}")),
+                _ => {}
+            }
+        }
     }
     Ok(())
 }
