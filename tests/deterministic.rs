@@ -5,6 +5,9 @@ use kiln::deterministic::{matmul_chain, set_deterministic};
 use kiln::tensor::{DType, Tensor};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+/// `set_deterministic` is process-wide: tests that switch it take this lock.
+static MODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn data(rng: &mut StdRng, n: usize) -> Vec<f32> {
     // include exact zeros and negative zeros, where sign-of-zero rules matter
     (0..n)
@@ -55,6 +58,7 @@ fn zero_padding_cannot_change_a_chain_that_starts_at_plus_zero() {
 
 #[test]
 fn deterministic_cpu_products_match_the_chain_bit_for_bit_and_are_batch_invariant() {
+    let _mode = MODE.lock().unwrap_or_else(|p| p.into_inner());
     set_deterministic(true);
     let mut rng = StdRng::seed_from_u64(3);
     let (k, n) = (53, 19);
@@ -78,4 +82,25 @@ fn deterministic_cpu_products_match_the_chain_bit_for_bit_and_are_batch_invarian
     }
     set_deterministic(false);
     let _ = DType::F32;
+}
+
+#[test]
+fn typed_tier_is_the_f32_chain_rounded_once() {
+    let _mode = MODE.lock().unwrap_or_else(|p| p.into_inner());
+    set_deterministic(true);
+    let mut rng = StdRng::seed_from_u64(4);
+    let (m, k, n) = (13, 70, 9);
+    for dtype in [DType::BF16, DType::F16] {
+        let a32 = data(&mut rng, m * k);
+        let b32 = data(&mut rng, k * n);
+        let a = Tensor::from_vec(a32, [m, k]).unwrap().to_dtype(dtype).unwrap();
+        let b = Tensor::from_vec(b32, [k, n]).unwrap().to_dtype(dtype).unwrap();
+        let got = a.matmul(&b).unwrap();
+        assert_eq!(got.dtype(), dtype);
+        // upcast (exact), the f32 chain, one rounding to the storage type
+        let chain = matmul_chain(&a.to_vec_f32(), &b.to_vec_f32(), m, k, n);
+        let want = Tensor::from_vec(chain, [m, n]).unwrap().to_dtype(dtype).unwrap();
+        assert_eq!(got.to_vec_f64(), want.to_vec_f64(), "{dtype:?}");
+    }
+    set_deterministic(false);
 }
