@@ -360,7 +360,7 @@ impl Tensor {
     }
 
     /// Marks a leaf tensor as needing gradients (returns a new handle sharing nothing with `self`'s
-    /// graph).
+    /// graph). Panics only if copying the data on its GPU fails (a device fault, not a usage error).
     pub fn requires_grad(self) -> Tensor {
         let data = self.storage().try_clone().unwrap_or_else(|e| panic!("copying a tensor on its device: {e}"));
         Tensor(Arc::new(Inner {
@@ -380,7 +380,8 @@ impl Tensor {
     pub fn is_tracked(&self) -> bool {
         self.0.requires_grad || self.0.op.is_some()
     }
-    /// The same data, cut from the graph.
+    /// The same data, cut from the graph (a copy). Panics only if copying on the GPU fails (a device
+    /// fault, not a usage error).
     pub fn detach(&self) -> Tensor {
         let data = self.storage().try_clone().unwrap_or_else(|e| panic!("copying a tensor on its device: {e}"));
         Tensor::from_storage(data, self.shape().clone(), None)
