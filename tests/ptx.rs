@@ -89,6 +89,7 @@ fn barriers_are_not_duplicated() {
         ("cross_entropy_rows_f32", 4),
         ("cross_entropy_backward_rows_f32", 4),
         ("hgemm_mma_bf16", 1),
+        ("megakernel_step", 3),
         ("layer_norm_rows_f32", 1),
         ("matmul_f32", 2),
     ];

@@ -1,6 +1,8 @@
 //! The megakernel's host side: build the per-SM instruction schedule of one MLP training step, and
 //! interpret it on the CPU — SMs interleaved in a seeded random order, every wait checked — as the
-//! reference for the device kernel and as the proof that the schedule neither deadlocks nor races.
+//! reference for the device kernel and as the check that the schedule cannot deadlock. (A missing
+//! wait shows up there only when a random interleaving changes the numbers: the interpreter runs
+//! each instruction whole, so it is a strong test of the ordering, not a proof.)
 //!
 //! The instruction format, opcodes and counter protocol are `kiln_gpu::megakernel`'s (one
 //! definition for host and device). The model is an MLP without biases: hidden layers
@@ -342,8 +344,8 @@ pub fn interpret(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, seed: u
                 .map(|m| {
                     let i = &s.per_sm[m][pc[m]];
                     format!(
-                        "SM {m} instruction {} (opcode {} layer {} tile {},{}) waits counter {} >= {}",
-                        pc[m], i.opcode, i.layer, i.tile_row, i.tile_col, i.wait, i.wait_value
+                        "SM {m} instruction {} (opcode {} layer {} tile {},{}) waits counter {} >= {} and {} >= {}",
+                        pc[m], i.opcode, i.layer, i.tile_row, i.tile_col, i.wait, i.wait_value, i.wait2, i.wait2_value
                     )
                 })
                 .collect();
@@ -427,6 +429,14 @@ impl GpuStep {
             a_off.push(atotal as u32);
             atotal += d * shape.batch;
         }
+        if total.max(atotal).max(flat.len()) > crate::cuda::gemm::MAX_OPERAND_ELEMENTS {
+            return Err(Error::Unsupported {
+                op: "megakernel",
+                what: format!(
+                    "{total} weights / {atotal} activations: the kernel indexes in 32 bits (at most 2^31 - 1)"
+                ),
+            });
+        }
         let flat_w: Vec<f32> = weights.concat();
         let instructions = dev.upload(&flat)?;
         Ok(GpuStep {
@@ -434,7 +444,7 @@ impl GpuStep {
             counters: schedule.counters,
             instructions,
             sm_offsets: dev.upload(&offsets)?,
-            counter_buf: dev.zeros::<u32>(schedule.counters + 5)?,
+            counter_buf: dev.zeros::<u32>(schedule.counters + 1 + 4 * sms)?,
             dims: dev.upload(&shape.dims.iter().map(|&d| d as u32).collect::<Vec<_>>())?,
             w_off: dev.upload(&w_off)?,
             a_off: dev.upload(&a_off)?,
@@ -450,7 +460,8 @@ impl GpuStep {
         })
     }
 
-    /// One training step on the GPU, one launch.
+    /// One training step on the GPU, one launch. After an [`Error::Stalled`] the weights may be
+    /// partly updated (tiles whose waits were met ran): treat the model as poisoned and rebuild it.
     pub fn step(&mut self, inp: &StepInputs<'_>) -> Result<()> {
         use kiln_gpu::kernels::megakernel_step::{MEGA_THREADS, MegakernelStep};
         use kiln_gpu::megakernel::{MegaBuffers, MegaConfig, loss};
@@ -474,7 +485,8 @@ impl GpuStep {
         let classes: Vec<u32> =
             if inp.classes.is_empty() { vec![0] } else { inp.classes.iter().map(|&c| c as u32).collect() };
         let classes = self.dev.upload(&classes)?;
-        self.dev.write(&mut self.counter_buf, &vec![0u32; self.counters + 5])?;
+        let counter_words = self.counter_buf.len();
+        self.dev.write(&mut self.counter_buf, &vec![0u32; counter_words])?;
         let bufs = MegaBuffers {
             instructions: kiln_gpu::DevicePtr::from_addr(self.instructions.addr()),
             sm_offsets: self.sm_offsets.ptr(),
@@ -510,16 +522,21 @@ impl GpuStep {
         let c = self.dev.download(&self.counter_buf)?;
         let k = self.counters;
         if c[k] != 0 {
-            return Err(Error::Stalled {
-                kernel: "megakernel_step",
-                msg: format!(
-                    "block {} at instruction {} waited on counter {} and saw {}",
-                    c[k + 1],
-                    c[k + 2],
-                    c[k + 3],
-                    c[k + 4]
-                ),
-            });
+            let stuck: Vec<String> = (0..self.sms as usize)
+                .filter_map(|blk| {
+                    let r = &c[k + 1 + 4 * blk..k + 5 + 4 * blk];
+                    (r[0] != 0).then(|| {
+                        format!(
+                            "block {blk} at instruction {} waited on counter {} (saw {}, wanted {})",
+                            r[0] - 1,
+                            r[1],
+                            r[2],
+                            r[3]
+                        )
+                    })
+                })
+                .collect();
+            return Err(Error::Stalled { kernel: "megakernel_step", msg: stuck.join("; ") });
         }
         Ok(())
     }

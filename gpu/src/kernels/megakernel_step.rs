@@ -3,10 +3,10 @@
 //! each 64 x 64 tile with CUDA cores — the same FMA chains as the CPU interpreter. No TMA pages or
 //! tensor cores yet: this version fixes the protocol and its hang-proofing.
 //!
-//! - Waits: thread 0 spins with `ld.acquire.gpu` on the counter, bounded by the global timer; a stall
-//!   (or another block's abort) sets the abort flag, records (block, instruction index, counter,
-//!   value seen) in the diagnostic words, and every block returns — the host reports it as an error
-//!   instead of hanging. A block barrier then lets the whole block read what the producers wrote.
+//! - Waits: thread 0 spins with `ld.acquire.gpu` on the counter, bounded by the global timer from the
+//!   counter's last change; a stall (or another block's abort) sets the abort flag, writes the block's
+//!   record (instruction index, counter, value seen, value wanted) and returns — every waiting block
+//!   does the same, and the host reports all records as an error instead of hanging. A block barrier then lets the whole block read what the producers wrote.
 //! - Signals: after a block barrier, thread 0 issues `fence.acq_rel.gpu` and adds 1 to each signal
 //!   counter.
 //! - Grid: one block per SM (all co-resident), 256 threads.
@@ -36,24 +36,29 @@ unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx: u32) -> b
         return true;
     }
     let abort = cfg.counters;
-    let start = thread::globaltimer_ns();
+    let mut start = thread::globaltimer_ns();
+    let mut last = u32::MAX;
     loop {
-        if unsafe { acquire(b.counters, abort) } != 0 {
-            return false;
-        }
         let seen = unsafe { acquire(b.counters, c) };
         if seen >= v {
             return true;
         }
-        if thread::globaltimer_ns().wrapping_sub(start) > cfg.wait_limit_ns as u64 {
+        if seen != last {
+            // progress: the limit counts from the last change, so a long but moving wait is fine
+            (last, start) = (seen, thread::globaltimer_ns());
+        }
+        let stop = unsafe { acquire(b.counters, abort) } != 0
+            || thread::globaltimer_ns().wrapping_sub(start) > cfg.wait_limit_ns as u64;
+        if stop {
             unsafe {
                 let p = b.counters.as_mut_ptr();
-                if atomic::atomic_cas_u32(p.add(abort as usize), 0, 1) == 0 {
-                    b.counters.write((abort + 1) as usize, thread::block_idx_x());
-                    b.counters.write((abort + 2) as usize, idx);
-                    b.counters.write((abort + 3) as usize, c);
-                    b.counters.write((abort + 4) as usize, seen);
-                }
+                atomic::atomic_cas_u32(p.add(abort as usize), 0, 1);
+                // this block's record: 1 + instruction index, counter, value seen, value wanted
+                let rec = (abort + 1 + 4 * thread::block_idx_x()) as usize;
+                b.counters.write(rec, idx + 1);
+                b.counters.write(rec + 1, c);
+                b.counters.write(rec + 2, seen);
+                b.counters.write(rec + 3, v);
             }
             return false;
         }
