@@ -300,3 +300,33 @@ fn wgmma_accumulator_layout_and_ring_parities() {
     assert_eq!((d0 >> 32) & 0x3fff, 64); // SBO 1024 bytes
     assert_eq!(d0 >> 62, 1); // 128-byte swizzle
 }
+
+#[test]
+fn tcgen05_descriptor_encodings() {
+    use kiln::gpu::tcgen05::{Accum, F16Kind, Layout, Major, instr_desc_f16, smem_desc};
+    // bf16 x bf16 -> f32, M 128, N 256, both K-major: D format 1 at bit 4, A and B format 1 at
+    // bits 7 and 10, N >> 3 = 32 at bit 17, M >> 4 = 8 at bit 24.
+    let d = instr_desc_f16(F16Kind::Bf16, F16Kind::Bf16, Accum::F32, 128, 256, Major::K, Major::K).unwrap();
+    assert_eq!(d, (1 << 4) | (1 << 7) | (1 << 10) | (32 << 17) | (8 << 24));
+    assert_eq!(d, 0x0840_0490);
+    let e = instr_desc_f16(F16Kind::F16, F16Kind::F16, Accum::F16, 64, 8, Major::MN, Major::K).unwrap();
+    assert_eq!(e, (1 << 15) | (1 << 17) | (4 << 24));
+    let f = instr_desc_f16(F16Kind::F16, F16Kind::Bf16, Accum::F32, 64, 64, Major::K, Major::MN).unwrap();
+    assert_eq!((f >> 7) & 7, 0);
+    assert_eq!((f >> 10) & 7, 1);
+    assert_eq!((f >> 16) & 1, 1);
+    // shapes the instruction does not have
+    assert!(instr_desc_f16(F16Kind::Bf16, F16Kind::Bf16, Accum::F32, 128, 8, Major::K, Major::K).is_none());
+    assert!(instr_desc_f16(F16Kind::Bf16, F16Kind::Bf16, Accum::F32, 64, 12, Major::K, Major::K).is_none());
+    assert!(instr_desc_f16(F16Kind::Bf16, F16Kind::Bf16, Accum::F32, 96, 64, Major::K, Major::K).is_none());
+    assert!(instr_desc_f16(F16Kind::Bf16, F16Kind::Bf16, Accum::F32, 128, 272, Major::K, Major::K).is_none());
+    // the shared-memory descriptor: version 1 at bit 46, layout in the top 3 bits (128B swizzle = 2)
+    let s = smem_desc(0x8000, 16, 1024, 0, Layout::Swizzle128B);
+    assert_eq!(s & 0x3fff, 0x800);
+    assert_eq!((s >> 16) & 0x3fff, 1);
+    assert_eq!((s >> 32) & 0x3fff, 64);
+    assert_eq!((s >> 46) & 3, 1);
+    assert_eq!(s >> 61, 2);
+    assert_eq!(smem_desc(0, 0, 0, 0, Layout::Swizzle32B) >> 61, 6);
+    assert_eq!((smem_desc(0, 0, 0, 5, Layout::Interleave) >> 49) & 7, 5);
+}

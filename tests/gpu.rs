@@ -55,6 +55,11 @@ fn tests() -> Vec<GpuTest> {
             run: tmem_roundtrip,
         },
         GpuTest {
+            name: "gpu::tmem_mma_smoke_sm100",
+            available: |d| d.supports::<kiln::gpu::kernels::tmem::TmemMmaSmoke>(),
+            run: tmem_mma_smoke,
+        },
+        GpuTest {
             name: "gpu::large_dynamic_smem_launch",
             available: |d| d.supports::<TmaTileTransform>(),
             run: large_dynamic_smem,
@@ -830,4 +835,15 @@ fn tensor_core_tier(dev: &Device) -> Outcome {
         }
     }
     Ok(())
+}
+
+fn tmem_mma_smoke(dev: &Device) -> Outcome {
+    use kiln::cuda::LaunchConfig;
+    let mut out = dev.upload(&[0u32]).map_err(err)?;
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 16384 + 16 };
+    unsafe { dev.launch(kiln::gpu::kernels::tmem::TmemMmaSmoke, cfg, (out.ptr_mut(),)) }.map_err(err)?;
+    match dev.download(&out).map_err(err)?[..] {
+        [1] => Ok(()),
+        ref other => Err(format!("tcgen05.mma did not complete: {other:?}")),
+    }
 }

@@ -52,6 +52,8 @@ fn golden_instructions() {
     let sm100 = embedded(Arch::Sm100a);
     assert!(sm100.contains("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32"));
     assert!(sm100.contains("tcgen05.dealloc"));
+    assert!(sm100.contains("tcgen05.mma.cta_group::1.kind::f16"));
+    assert!(sm100.contains("tcgen05.commit.cta_group::1.mbarrier::arrive::one"));
     let sm80 = embedded(Arch::Sm80);
     assert!(sm80.contains("mma.sync.aligned"));
     assert!(!sm80.contains("cp.async.bulk"), "sm_80 has no TMA: no kernel using it may be in its module");
@@ -74,6 +76,7 @@ fn every_kernel_is_where_its_target_says() {
     check::<kernels::tma_tile::TmaTileTransform>();
     check::<kernels::barrier::MbarrierPhases>();
     check::<kernels::tmem::TmemAllocRoundtrip>();
+    check::<kernels::tmem::TmemMmaSmoke>();
 }
 
 /// The compiler must not duplicate a block barrier into divergent branches (it did, with an asm

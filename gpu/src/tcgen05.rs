@@ -6,6 +6,105 @@
 //! developers: this code is assembled by ptxas for sm_100a in CI, its encodings are tested on the
 //! host, and its GPU tests skip below compute capability 10.0.
 
+/// The element types `tcgen05.mma.kind::f16` multiplies (the 3-bit A/B format fields).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum F16Kind {
+    /// IEEE half (code 0).
+    F16 = 0,
+    /// bfloat16 (code 1).
+    Bf16 = 1,
+}
+
+/// Accumulator types (the 2-bit D format field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accum {
+    /// f16 accumulators (code 0).
+    F16 = 0,
+    /// f32 accumulators (code 1).
+    F32 = 1,
+}
+
+/// Which dimension of an operand is contiguous in shared memory (the 1-bit major fields).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Major {
+    /// K contiguous (code 0).
+    K = 0,
+    /// M (for A) or N (for B) contiguous (code 1).
+    MN = 1,
+}
+
+/// The 32-bit instruction descriptor of a dense `tcgen05.mma.cta_group::1.kind::f16`, or `None` for
+/// a shape the instruction does not have (M 64 with N a multiple of 8 up to 256; M 128 with N a
+/// multiple of 16 up to 256).
+///
+/// Fields (PTX ISA, "Instruction descriptor" for .kind::f16/tf32; the same table CUTLASS's
+/// `UMMA::InstrDescriptor` encodes): bits 0-1 sparsity selector, 2 sparsity, 3 saturate, 4-5 D
+/// format, 7-9 A format, 10-12 B format, 13/14 negate A/B, 15/16 A/B major, 17-22 N >> 3,
+/// 24-28 M >> 4, 30-31 maximum shift (weight-stationary only).
+pub const fn instr_desc_f16(
+    a: F16Kind,
+    b: F16Kind,
+    d: Accum,
+    m: u32,
+    n: u32,
+    a_major: Major,
+    b_major: Major,
+) -> Option<u32> {
+    let n_ok = match m {
+        64 => n >= 8 && n <= 256 && n.is_multiple_of(8),
+        128 => n >= 16 && n <= 256 && n.is_multiple_of(16),
+        _ => false,
+    };
+    if !n_ok {
+        return None;
+    }
+    Some(
+        ((d as u32) << 4)
+            | ((a as u32) << 7)
+            | ((b as u32) << 10)
+            | ((a_major as u32) << 15)
+            | ((b_major as u32) << 16)
+            | ((n >> 3) << 17)
+            | ((m >> 4) << 24),
+    )
+}
+
+/// Shared-memory layouts of a tcgen05 matrix descriptor (the 3-bit field at bits 61-63; note the
+/// codes differ from wgmma's 2-bit field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// No swizzle (0).
+    Interleave = 0,
+    /// 128-byte swizzle with 32-byte atoms (1).
+    Swizzle128B32B = 1,
+    /// 128-byte swizzle (2).
+    Swizzle128B = 2,
+    /// 64-byte swizzle (4).
+    Swizzle64B = 4,
+    /// 32-byte swizzle (6).
+    Swizzle32B = 6,
+}
+
+/// The 64-bit shared-memory matrix descriptor `tcgen05.mma` reads A and B through: bits 0-13 start
+/// address >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4,
+/// 46-47 descriptor version (1 on Blackwell), 49-51 base offset, 52 leading-offset mode (0:
+/// relative), 61-63 layout.
+pub const fn smem_desc(
+    start: u32,
+    leading_byte_offset: u32,
+    stride_byte_offset: u32,
+    base_offset: u32,
+    layout: Layout,
+) -> u64 {
+    use crate::wgmma::enc14;
+    enc14(start)
+        | (enc14(leading_byte_offset) << 16)
+        | (enc14(stride_byte_offset) << 32)
+        | (1u64 << 46)
+        | (((base_offset & 7) as u64) << 49)
+        | ((layout as u64) << 61)
+}
+
 /// Whether `ncols` is a valid TMEM allocation size (a power of two from 32 to 512).
 pub const fn valid_alloc_columns(ncols: u32) -> bool {
     ncols >= 32 && ncols <= 512 && ncols.is_power_of_two()
@@ -50,6 +149,41 @@ mod device {
     pub fn relinquish_alloc_permit() {
         // SAFETY: bookkeeping only.
         unsafe { asm!("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;", options(nostack)) };
+    }
+
+    /// `D (+)= A B` on the tensor cores into tensor memory at `d_tmem`, A and B read from shared
+    /// memory through descriptors ([`super::smem_desc`]), shape and types from `idesc`
+    /// ([`super::instr_desc_f16`]). One thread issues it.
+    ///
+    /// PTX: `tcgen05.mma.cta_group::1.kind::f16 [d_tmem], a_desc, b_desc, idesc, p;`
+    ///
+    /// # Safety
+    /// `d_tmem` is an allocation of this CTA large enough for the tile; the descriptors describe
+    /// shared memory published to the async proxy; completion is observed through [`commit`].
+    #[inline(always)]
+    pub unsafe fn mma_f16(d_tmem: u32, a_desc: u64, b_desc: u64, idesc: u32, accumulate: bool) {
+        unsafe {
+            asm!(
+                "{{ .reg .pred p; setp.ne.b32 p, {acc}, 0;",
+                "tcgen05.mma.cta_group::1.kind::f16 [{d}], {a}, {b}, {i}, p; }}",
+                d = in(reg32) d_tmem, a = in(reg64) a_desc, b = in(reg64) b_desc, i = in(reg32) idesc,
+                acc = in(reg32) accumulate as u32, options(nostack)
+            )
+        };
+    }
+
+    /// Makes the mbarrier at `bar` track completion of this thread's prior tcgen05 operations
+    /// (one arrival when they complete).
+    ///
+    /// PTX: `tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [bar];`
+    ///
+    /// # Safety
+    /// `bar` is an initialized mbarrier expecting this arrival.
+    #[inline(always)]
+    pub unsafe fn commit(bar: SharedAddr) {
+        unsafe {
+            asm!("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [{b}];", b = in(reg32) bar, options(nostack))
+        };
     }
 
     /// Orders prior tcgen05 operations before a following thread barrier.

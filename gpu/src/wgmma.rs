@@ -19,7 +19,7 @@ pub const fn swizzle_code(s: Swizzle) -> u64 {
 }
 
 /// A byte address or offset in the 14-bit, 16-byte-granular form descriptors use.
-const fn enc14(x: u32) -> u64 {
+pub(crate) const fn enc14(x: u32) -> u64 {
     ((x as u64 & 0x3ffff) >> 4) & 0x3fff
 }
 
