@@ -184,6 +184,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 set -u
 cd "$(dirname "$0")"
 export KILN_REQUIRE_GPU=1 KILN_PTX_DIR="$PWD/ptx"
+# Where the device tool collects outputs ($OUT), keep the whole log there too.
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then exec > >(tee -a "$OUT/run.log") 2>&1; fi
 sanitize=0; only=""; bench=0
 while [ $# -gt 0 ]; do
   case "$1" in
