@@ -292,26 +292,23 @@ impl Tensor {
     pub(crate) fn storage_mut(&self) -> std::sync::RwLockWriteGuard<'_, Storage> {
         self.0.data.write().unwrap_or_else(|p| p.into_inner())
     }
+    /// `value` everywhere, with this tensor's shape, dtype and device (on a GPU, filled there by the
+    /// fill kernel: no host buffer, no upload).
+    pub fn full_like(&self, value: f64) -> Result<Tensor> {
+        let n = self.elem_count();
+        let data = match &*self.storage() {
+            Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![value; n])),
+            Storage::Cuda(s) => Storage::Cuda(CudaStorage::full(&s.dev, n, value as f32)?),
+        };
+        Ok(Tensor::from_storage(data, self.shape().clone(), None))
+    }
     /// Zeros with this tensor's shape, dtype and device.
     pub fn zeros_like(&self) -> Result<Tensor> {
-        Tensor::full(0.0, self.shape().clone(), self.dtype()).to_device(&self.device()).map(|t| t.detach_cheap())
+        self.full_like(0.0)
     }
     /// Ones with this tensor's shape, dtype and device.
     pub fn ones_like(&self) -> Result<Tensor> {
-        Tensor::full(1.0, self.shape().clone(), self.dtype()).to_device(&self.device()).map(|t| t.detach_cheap())
-    }
-    /// The same storage handle without its graph (no copy).
-    fn detach_cheap(self) -> Tensor {
-        if self.0.op.is_none() {
-            return self;
-        }
-        match Arc::try_unwrap(self.0) {
-            Ok(mut inner) => {
-                inner.op = None;
-                Tensor(Arc::new(inner))
-            }
-            Err(arc) => Tensor(arc).detach(),
-        }
+        self.full_like(1.0)
     }
     pub(crate) fn op(&self) -> Option<&Op> {
         self.0.op.as_ref()
