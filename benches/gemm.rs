@@ -32,7 +32,8 @@ fn main() {
         return;
     }
     let blas = CudaBlas::new(dev.stream().clone()).expect("cuBLAS handle");
-    let sizes: &[(u32, u32, u32)] = &[(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (4096, 1024, 4096)];
+    let sizes: &[(u32, u32, u32)] =
+        &[(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (4096, 1024, 4096)];
     let mut json = format!("{{\"device\":\"{}\",\"results\":[", dev.name());
     let mut first = true;
     println!("device: {}, median of {REPS}", dev.name());
@@ -60,8 +61,20 @@ fn main() {
             median_ms(&dev, || unsafe { blas.gemm(cfg, db.slice(), da.slice(), dc.slice_mut()) }.expect("cublas"));
         let cublas_tf = fl / cublas_ms / 1e9;
         println!("{m}x{n}x{k}: cuBLAS SGEMM {cublas_ms:.3} ms, {cublas_tf:.1} TFLOP/s");
+        // cuBLAS with pedantic math (no reduced-precision shortcuts): the deterministic comparison.
+        set_math_mode(&blas, cudarc::cublas::sys::cublasMath_t::CUBLAS_PEDANTIC_MATH);
+        let pedantic_ms =
+            median_ms(&dev, || unsafe { blas.gemm(cfg, db.slice(), da.slice(), dc.slice_mut()) }.expect("cublas"));
+        set_math_mode(&blas, cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH);
+        let pedantic_tf = fl / pedantic_ms / 1e9;
+        println!("  {:<28} {:>8.3} ms {:>7.2} TFLOP/s {:>6.1}% of cuBLAS", "cublas_pedantic", pedantic_ms, pedantic_tf, 100.0 * pedantic_tf / cublas_tf);
+        json += &format!(
+            "{}{{\"m\":{m},\"n\":{n},\"k\":{k},\"kernel\":\"cublas_pedantic\",\"ms\":{pedantic_ms:.4},\"tflops\":{pedantic_tf:.3},\"cublas_tflops\":{cublas_tf:.3}}}",
+            if first { "" } else { "," }
+        );
+        first = false;
         for r in RUNGS {
-            if r.level <= 2 && m >= 4096 {
+            if (r.level <= 2 && m >= 4096) || (r.level <= 4 && m >= 8192) {
                 continue; // the first rungs take seconds at this size and teach nothing more
             }
             let ms = median_ms(&dev, || r.run(&dev, &da, &db, &mut dc, s).expect("kiln sgemm"));
@@ -75,9 +88,10 @@ fn main() {
             first = false;
         }
     }
-    // bf16 on the tensor cores: kiln's mma.sync GEMM (C = A B^T, f32 out) against cuBLAS bf16
-    // (GemmEx, f32 compute, bf16 out) at the same sizes.
-    for &(m, n, k) in sizes {
+    // bf16 on the tensor cores: kiln's mma.sync GEMM and (on sm_90a) its wgmma GEMM, C = A B^T with
+    // f32 out, against cuBLAS GemmEx with the same types (bf16 in, f32 compute, f32 out).
+    let tc_sizes: &[(u32, u32, u32)] = &[(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (4096, 1024, 4096)];
+    for &(m, n, k) in tc_sizes {
         use half::bf16;
         let s = GemmShape { m, n, k };
         let fl = 2.0 * m as f64 * n as f64 * k as f64;
@@ -85,40 +99,75 @@ fn main() {
         let b: Vec<bf16> = (0..n * k).map(|i| bf16::from_f32(((i % 89) as f32 - 44.0) / 64.0)).collect();
         let (da, db) = (dev.upload(&a).expect("upload"), dev.upload(&b).expect("upload"));
         let mut dc = dev.zeros::<f32>((m * n) as usize).expect("alloc");
-        let mut dc16 = dev.zeros::<bf16>((m * n) as usize).expect("alloc");
-        // Column-major C^T (n x m) = B (n x k, row-major = k x n column-major)^T... : op(A)=B^T with B
-        // stored as k x n column-major means transa = T on the (k x n) buffer.
-        let cfg = GemmConfig {
-            transa: cublasOperation_t::CUBLAS_OP_T,
-            transb: cublasOperation_t::CUBLAS_OP_N,
-            m: n as i32,
-            n: m as i32,
-            k: k as i32,
-            alpha: bf16::ONE,
-            lda: k as i32,
-            ldb: k as i32,
-            beta: bf16::ZERO,
-            ldc: n as i32,
-        };
-        let cublas_ms = median_ms(&dev, || {
-            unsafe { blas.gemm(cfg, db.slice(), da.slice(), dc16.slice_mut()) }.expect("cublas bf16")
-        });
+        let cublas_ms = median_ms(&dev, || cublas_bf16_f32out(&blas, &da, &db, &mut dc, s));
         let cublas_tf = fl / cublas_ms / 1e9;
-        let ms = median_ms(&dev, || kiln::cuda::gemm::hgemm(&dev, &da, &db, &mut dc, s).expect("kiln hgemm"));
-        let tf = fl / ms / 1e9;
-        println!(
-            "{m}x{n}x{k} bf16: cuBLAS {cublas_tf:.1} TFLOP/s; hgemm_mma_bf16 {tf:.1} TFLOP/s ({:.1}%)",
-            100.0 * tf / cublas_tf
+        println!("{m}x{n}x{k} bf16 -> f32: cuBLAS GemmEx {cublas_ms:.3} ms, {cublas_tf:.1} TFLOP/s");
+        let mut record = |name: &str, ms: f64| {
+            let tf = fl / ms / 1e9;
+            println!("  {:<28} {:>8.3} ms {:>7.1} TFLOP/s {:>6.1}% of cuBLAS", name, ms, tf, 100.0 * tf / cublas_tf);
+            json += &format!(
+                "{}{{\"m\":{m},\"n\":{n},\"k\":{k},\"kernel\":\"{name}\",\"ms\":{ms:.4},\"tflops\":{tf:.3},\"cublas_tflops\":{cublas_tf:.3}}}",
+                if first { "" } else { "," }
+            );
+            first = false;
+        };
+        record(
+            "hgemm_mma_bf16",
+            median_ms(&dev, || kiln::cuda::gemm::hgemm(&dev, &da, &db, &mut dc, s).expect("kiln hgemm")),
         );
-        json += &format!(
-            "{}{{\"m\":{m},\"n\":{n},\"k\":{k},\"kernel\":\"hgemm_mma_bf16\",\"ms\":{ms:.4},\"tflops\":{tf:.3},\"cublas_tflops\":{cublas_tf:.3}}}",
-            if first { "" } else { "," }
-        );
-        first = false;
+        if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>() {
+            let g = kiln::cuda::gemm::WgmmaGemm::new(&dev, &da, &db, s).expect("wgmma maps");
+            record("gemm_wgmma_bf16", median_ms(&dev, || g.run(&mut dc).expect("kiln wgmma")));
+        }
     }
     json += "]}\n";
     let out = std::env::var("KILN_BENCH_OUT").unwrap_or_else(|_| "gemm.json".into());
     if let Err(e) = std::fs::write(&out, json) {
         eprintln!("writing {out}: {e}");
     }
+}
+
+/// cuBLAS's math mode for the handle.
+fn set_math_mode(blas: &CudaBlas, mode: cudarc::cublas::sys::cublasMath_t) {
+    // SAFETY: a live handle and a valid enum value.
+    let st = unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) };
+    assert_eq!(st, cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS, "cublasSetMathMode");
+}
+
+/// cuBLAS GemmEx, row-major `c (m x n, f32) = a (m x k, bf16) b^T (b: n x k, bf16)`, f32 compute:
+/// column-major `c^T = b a^T`, i.e. op(A) = the (k x n) column-major `b` transposed.
+fn cublas_bf16_f32out(
+    blas: &CudaBlas,
+    a: &kiln::cuda::DeviceBuffer<half::bf16>,
+    b: &kiln::cuda::DeviceBuffer<half::bf16>,
+    c: &mut kiln::cuda::DeviceBuffer<f32>,
+    s: GemmShape,
+) {
+    use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // SAFETY: the buffers hold m*k, n*k and m*n elements (allocated by the caller for `s`).
+    unsafe {
+        cudarc::cublas::result::gemm_ex(
+            *blas.handle(),
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+            s.n as i32,
+            s.m as i32,
+            s.k as i32,
+            (&alpha) as *const f32 as *const _,
+            b.addr() as *const _,
+            cudaDataType::CUDA_R_16BF,
+            s.k as i32,
+            a.addr() as *const _,
+            cudaDataType::CUDA_R_16BF,
+            s.k as i32,
+            (&beta) as *const f32 as *const _,
+            c.addr() as *mut _,
+            cudaDataType::CUDA_R_32F,
+            s.n as i32,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .expect("cublas GemmEx bf16");
 }

@@ -122,6 +122,9 @@ fn small_config(dir: &std::path::Path) -> TrainConfig {
         epochs: 25,
         checkpoint: Some(dir.join("model.safetensors")),
         progress: false,
+        // The CPU reference, wherever the tests run (a GPU machine would pick CUDA under `Auto`,
+        // and the checks below compare against a model loaded on the CPU).
+        device: kiln::train::DeviceChoice::Cpu,
         ..TrainConfig::default()
     }
 }
