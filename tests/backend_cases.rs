@@ -62,6 +62,22 @@ pub fn broadcast_binary(dev: &Device) {
     assert_eq!(a.mul(&col).unwrap().to_vec_f64(), vec![100.0, 200.0, 300.0, 800.0, 1000.0, 1200.0]);
     assert_eq!(col.sub(&row).unwrap().to_vec_f64(), vec![90.0, 80.0, 70.0, 190.0, 180.0, 170.0]);
     assert_eq!(a.div(&row).unwrap().dims(), &[2, 3]);
+    // Same-shape operands (CUDA's flat kernel: quads of 4, then a tail of n % 4) and unary ops,
+    // at lengths around multiples of 4; every result is exact in f32.
+    for n in [1usize, 2, 3, 4, 5, 7, 8, 1027, 4096 + 3] {
+        let (x, y) = (f32s(&rnd(n, 40 + n as u64)), f32s(&rnd(n, 41 + n as u64)));
+        let (a, b) = (t(&x, &[n], dev), t(&y, &[n], dev));
+        let f32_of = |v: f64| v as f32 as f64;
+        let want = |f: fn(f32, f32) -> f32| -> Vec<f64> {
+            x.iter().zip(&y).map(|(&p, &q)| f(p as f32, q as f32) as f64).collect()
+        };
+        compare(&format!("add n={n}"), &a.add(&b).unwrap().to_vec_f32(), &want(|p, q| p + q), Tol::EXACT).unwrap();
+        compare(&format!("sub n={n}"), &a.sub(&b).unwrap().to_vec_f32(), &want(|p, q| p - q), Tol::EXACT).unwrap();
+        compare(&format!("mul n={n}"), &a.mul(&b).unwrap().to_vec_f32(), &want(|p, q| p * q), Tol::EXACT).unwrap();
+        compare(&format!("div n={n}"), &a.div(&b).unwrap().to_vec_f32(), &want(|p, q| p / q), Tol::EXACT).unwrap();
+        let relu: Vec<f64> = x.iter().map(|&v| f32_of(v.max(0.0))).collect();
+        compare(&format!("relu n={n}"), &a.relu().unwrap().to_vec_f32(), &relu, Tol::EXACT).unwrap();
+    }
 }
 
 pub fn reductions_and_max(dev: &Device) {
@@ -104,10 +120,45 @@ pub fn softmax_and_cross_entropy(dev: &Device) {
     assert!((ce - want).abs() < 1e-5, "{ce} vs {want}");
     let mse = x.mse(&t(&[1000.0, 1000.0, 1000.0, -5.0, 0.0, 5.0], &[2, 3], dev)).unwrap().item().unwrap();
     assert!((mse - 5.0 / 6.0).abs() < 1e-6);
+    // Widths on both sides of the CUDA row kernels' register-cached path (d % 4 == 0, d <= 8192),
+    // against f64: softmax, log-softmax, the mean cross-entropy and its gradient.
+    for (i, &d) in [3usize, 8, 100, 4096, 8192, 8196, 9001].iter().enumerate() {
+        let rows = 3;
+        let v = f32s(&rnd(rows * d, 20 + i as u64).iter().map(|x| 4.0 * x).collect::<Vec<_>>());
+        let targets: Vec<usize> = (0..rows).map(|r| (r * 7919 + d / 2) % d).collect();
+        let x = t(&v, &[rows, d], dev).detach().requires_grad();
+        let (sm, lsm) = (x.softmax().unwrap().to_vec_f32(), x.log_softmax().unwrap().to_vec_f32());
+        let ce = x.cross_entropy(&targets).unwrap();
+        ce.backward().unwrap();
+        let grad = x.grad().unwrap().to_vec_f32();
+        let mut want_ce = 0.0;
+        for r in 0..rows {
+            let row = &v[r * d..(r + 1) * d];
+            let mx = row.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = row.iter().map(|x| (x - mx).exp()).sum();
+            let p: Vec<f64> = row.iter().map(|x| (x - mx).exp() / z).collect();
+            let lp: Vec<f64> = row.iter().map(|x| x - mx - z.ln()).collect();
+            let g: Vec<f64> =
+                (0..d).map(|c| (p[c] - if c == targets[r] { 1.0 } else { 0.0 }) / rows as f64).collect();
+            want_ce -= lp[targets[r]] / rows as f64;
+            compare(&format!("softmax d={d}"), &sm[r * d..(r + 1) * d], &p, F32).unwrap();
+            compare(&format!("log_softmax d={d}"), &lsm[r * d..(r + 1) * d], &lp, Tol { abs: 1e-5, rel: 1e-5 })
+                .unwrap();
+            compare(&format!("cross_entropy grad d={d}"), &grad[r * d..(r + 1) * d], &g, F32).unwrap();
+        }
+        let got = ce.item().unwrap();
+        assert!((got - want_ce).abs() < 1e-5 * want_ce.abs().max(1.0), "cross_entropy d={d}: {got} vs {want_ce}");
+    }
 }
 
 pub fn layer_norm_matches_two_pass(dev: &Device) {
-    let (rows, d) = (5, 37);
+    // Widths on both sides of the CUDA kernel's register-cached path (d % 4 == 0, d <= 8192).
+    for &(rows, d) in &[(5, 37), (3, 64), (2, 4096), (2, 8192), (2, 8196)] {
+        layer_norm_case(dev, rows, d);
+    }
+}
+
+fn layer_norm_case(dev: &Device, rows: usize, d: usize) {
     let v: Vec<f64> = f32s(&rnd(rows * d, 9).iter().map(|x| 100.0 + 3.0 * x).collect::<Vec<_>>());
     let (w, b) = (f32s(&rnd(d, 10)), f32s(&rnd(d, 11)));
     let got = t(&v, &[rows, d], dev).layer_norm(&t(&w, &[d], dev), &t(&b, &[d], dev), 1e-5).unwrap().to_vec_f32();
@@ -116,7 +167,7 @@ pub fn layer_norm_matches_two_pass(dev: &Device) {
         let mean = row.iter().sum::<f64>() / d as f64;
         let var = row.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / d as f64;
         let want: Vec<f64> = (0..d).map(|c| (row[c] - mean) / (var + 1e-5).sqrt() * w[c] + b[c]).collect();
-        compare("layer_norm", &got[r * d..(r + 1) * d], &want, Tol { abs: 1e-4, rel: 1e-4 }).unwrap();
+        compare(&format!("layer_norm d={d}"), &got[r * d..(r + 1) * d], &want, Tol { abs: 1e-4, rel: 1e-4 }).unwrap();
     }
 }
 

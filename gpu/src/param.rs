@@ -182,6 +182,34 @@ impl<T> DevicePtrMut<T> {
     }
 }
 
+/// Four `f32` with 16-byte alignment: loads and stores of it are single 128-bit accesses
+/// (`ld.global.v4.f32` / `st.global.v4.f32`).
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct F32x4(pub [f32; 4]);
+
+impl DevicePtr<f32> {
+    /// Reads elements `4 q .. 4 q + 4` as one 16-byte load (`ld.global.v4.f32`).
+    ///
+    /// # Safety
+    /// The pointer must be 16-byte aligned and the four elements in bounds; device only.
+    #[inline(always)]
+    pub unsafe fn read4(self, q: usize) -> [f32; 4] {
+        unsafe { (*(self.0 as *const F32x4).add(q)).0 }
+    }
+}
+
+impl DevicePtrMut<f32> {
+    /// Writes elements `4 q .. 4 q + 4` as one 16-byte store (`st.global.v4.f32`).
+    ///
+    /// # Safety
+    /// The pointer must be 16-byte aligned and the four elements in bounds; device only.
+    #[inline(always)]
+    pub unsafe fn write4(self, q: usize, v: [f32; 4]) {
+        unsafe { *(self.0 as *mut F32x4).add(q) = F32x4(v) }
+    }
+}
+
 /// A tuple of kernel parameters, turned into the array of parameter addresses `cuLaunchKernel` takes.
 ///
 /// # Safety

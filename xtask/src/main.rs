@@ -183,7 +183,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Needs only an NVIDIA driver (and compute-sanitizer for --sanitize); no cargo.
 set -u
 cd "$(dirname "$0")"
-export KILN_REQUIRE_GPU=1 KILN_PTX_DIR="$PWD/ptx"
+export KILN_REQUIRE_GPU=1 KILN_POISON=1 KILN_PTX_DIR="$PWD/ptx"
 # Where the device tool collects outputs ($OUT), keep the whole log there too.
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then exec > >(tee -a "$OUT/run.log") 2>&1; fi
 sanitize=0; only=""; bench=0

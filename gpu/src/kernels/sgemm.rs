@@ -14,20 +14,6 @@ use crate::{math, shared, sync, thread};
 /// Rung 3's square tile edge.
 pub const SMEM_TILE: u32 = 32;
 
-/// Four floats with 16-byte alignment, so loads and stores of it are single 128-bit accesses
-/// (`ld.global.v4.f32`).
-#[cfg(target_arch = "nvptx64")]
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F4([f32; 4]);
-
-/// Reads 4 floats at element offset `off` (a multiple of 4) as one 16-byte load.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-unsafe fn load4(p: DevicePtr<f32>, off: u32) -> [f32; 4] {
-    unsafe { (*(p.as_ptr().add(off as usize) as *const F4)).0 }
-}
-
 /// `a[r][c]` of a row-major matrix with `cols` columns, or 0 outside `rows x cols`.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
@@ -100,7 +86,7 @@ unsafe fn stage_a_vec4_transposed<const BM: u32, const BK: u32>(
     while i < BM * BK / 4 {
         let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
         let (gr, gc) = (row0 + r, k0 + c4);
-        let v = if gr < s.m && gc < s.k { unsafe { load4(a, gr * s.k + gc) } } else { [0.0; 4] };
+        let v = if gr < s.m && gc < s.k { unsafe { a.read4(((gr * s.k + gc) / 4) as usize) } } else { [0.0; 4] };
         let mut j = 0;
         while j < 4 {
             unsafe { *at.add(((c4 + j) * BM + r) as usize) = v[j as usize] };
@@ -126,8 +112,8 @@ unsafe fn stage_b_vec4<const BK: u32, const BN: u32>(
     while i < BK * BN / 4 {
         let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
         let (gr, gc) = (k0 + r, col0 + c4);
-        let v = if gr < s.k && gc < s.n { unsafe { load4(b, gr * s.n + gc) } } else { [0.0; 4] };
-        unsafe { *(bt.add((r * BN + c4) as usize) as *mut F4) = F4(v) };
+        let v = if gr < s.k && gc < s.n { unsafe { b.read4(((gr * s.n + gc) / 4) as usize) } } else { [0.0; 4] };
+        unsafe { *(bt.add((r * BN + c4) as usize) as *mut crate::F32x4) = crate::F32x4(v) };
         i += threads;
     }
 }

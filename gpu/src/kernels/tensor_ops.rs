@@ -12,6 +12,15 @@ use crate::{math, sync, thread, warp};
 pub const MAX_DIMS: usize = 4;
 /// Threads per block for the row kernels (one block per row).
 pub const ROW_THREADS: u32 = 256;
+/// 16-byte quads of a row each thread holds in registers on the row kernels' cached path: rows of
+/// `d % 4 == 0` and `d <= 4 * ROW_THREADS * ROW_QUADS` (8192) are read from memory once.
+pub const ROW_QUADS: u32 = 8;
+
+/// Whether the row kernels keep rows of `d` elements in registers (one read of the row) rather
+/// than reading the row once per pass.
+pub const fn row_cached(d: u32) -> bool {
+    d.is_multiple_of(4) && d / 4 <= ROW_THREADS * ROW_QUADS
+}
 
 /// Unary function codes for [`unary_f32`].
 pub mod unary {
@@ -227,13 +236,58 @@ fn apply_unary(op: u32, v: f32, s: f32) -> f32 {
 }
 
 /// `out[i] = f(x[i])` for the function `op` ([`unary`]), with scalar `s` for the scalar ops.
-/// Grid-stride over `n`.
+/// Grid-stride over quads of 4 elements with 16-byte loads and stores (`x` and `out` must be
+/// 16-byte aligned, as every kiln allocation is), then the last `n % 4` elements.
 #[kernel]
 pub unsafe fn unary_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, n: u32, op: u32, s: f32) {
-    let mut i = thread::global_idx_x() as usize;
-    while i < n as usize {
+    let (gid, stride) = (thread::global_idx_x() as usize, thread::grid_stride_x() as usize);
+    let n4 = n as usize / 4;
+    let mut q = gid;
+    while q < n4 {
+        let v = unsafe { x.read4(q) };
+        let r = [apply_unary(op, v[0], s), apply_unary(op, v[1], s), apply_unary(op, v[2], s), apply_unary(op, v[3], s)];
+        unsafe { out.write4(q, r) };
+        q += stride;
+    }
+    let i = n4 * 4 + gid;
+    if i < n as usize {
         unsafe { out.write(i, apply_unary(op, x.read(i), s)) };
-        i += thread::grid_stride_x() as usize;
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn apply_binary(op: u32, x: f32, y: f32) -> f32 {
+    match op {
+        binary::ADD => x + y,
+        binary::SUB => x - y,
+        binary::MUL => x * y,
+        binary::DIV => x / y,
+        _ => thread::trap(),
+    }
+}
+
+/// `out[i] = a[i] (op) b[i]` for operands of the output's shape (no broadcasting): quads of 4 with
+/// 16-byte accesses (16-byte aligned pointers), then the tail. Grid-stride.
+#[kernel]
+pub unsafe fn binary_flat_f32(a: DevicePtr<f32>, b: DevicePtr<f32>, out: DevicePtrMut<f32>, n: u32, op: u32) {
+    let (gid, stride) = (thread::global_idx_x() as usize, thread::grid_stride_x() as usize);
+    let n4 = n as usize / 4;
+    let mut q = gid;
+    while q < n4 {
+        let (x, y) = unsafe { (a.read4(q), b.read4(q)) };
+        let r = [
+            apply_binary(op, x[0], y[0]),
+            apply_binary(op, x[1], y[1]),
+            apply_binary(op, x[2], y[2]),
+            apply_binary(op, x[3], y[3]),
+        ];
+        unsafe { out.write4(q, r) };
+        q += stride;
+    }
+    let i = n4 * 4 + gid;
+    if i < n as usize {
+        unsafe { out.write(i, apply_binary(op, a.read(i), b.read(i))) };
     }
 }
 
@@ -244,14 +298,7 @@ pub unsafe fn binary_f32(a: DevicePtr<f32>, b: DevicePtr<f32>, out: DevicePtrMut
     while i < p.n {
         let (oa, ob) = strided_offsets(&p, i);
         let (x, y) = unsafe { (a.read(oa as usize), b.read(ob as usize)) };
-        let v = match p.op {
-            binary::ADD => x + y,
-            binary::SUB => x - y,
-            binary::MUL => x * y,
-            binary::DIV => x / y,
-            _ => thread::trap(),
-        };
-        unsafe { out.write(i as usize, v) };
+        unsafe { out.write(i as usize, apply_binary(p.op, x, y)) };
         i += thread::grid_stride_x();
     }
 }
@@ -267,13 +314,19 @@ pub unsafe fn strided_copy_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, p: Str
     }
 }
 
-/// `out[i] = value`. Grid-stride.
+/// `out[i] = value`: quads with 16-byte stores (16-byte aligned `out`), then the tail. Grid-stride.
 #[kernel]
 pub unsafe fn fill_f32(out: DevicePtrMut<f32>, n: u32, value: f32) {
-    let mut i = thread::global_idx_x() as usize;
-    while i < n as usize {
+    let (gid, stride) = (thread::global_idx_x() as usize, thread::grid_stride_x() as usize);
+    let n4 = n as usize / 4;
+    let mut q = gid;
+    while q < n4 {
+        unsafe { out.write4(q, [value; 4]) };
+        q += stride;
+    }
+    let i = n4 * 4 + gid;
+    if i < n as usize {
         unsafe { out.write(i, value) };
-        i += thread::grid_stride_x() as usize;
     }
 }
 
@@ -427,12 +480,100 @@ unsafe fn row_max_sum_exp(x: DevicePtr<f32>, row: usize, d: u32) -> (f32, f32) {
     (m, block_reduce(s, false))
 }
 
+/// This thread's quads of the row starting at element `row` (a multiple of 4): quad `j` is the
+/// row's quad `t + j * ROW_THREADS`, or `[fill; 4]` past the row's `d / 4` quads. Rows must
+/// satisfy [`row_cached`].
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn load_row_quads(x: DevicePtr<f32>, row: usize, d: u32, fill: f32) -> [[f32; 4]; ROW_QUADS as usize] {
+    let t = thread::thread_idx_x();
+    let mut v = [[fill; 4]; ROW_QUADS as usize];
+    let mut j = 0;
+    while j < ROW_QUADS {
+        let q = t + j * ROW_THREADS;
+        if q < d / 4 {
+            v[j as usize] = unsafe { x.read4(row / 4 + q as usize) };
+        }
+        j += 1;
+    }
+    v
+}
+
+/// Writes this thread's quads (the layout of [`load_row_quads`]) with `f(column, value)`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn store_row_quads(
+    out: DevicePtrMut<f32>,
+    row: usize,
+    d: u32,
+    v: &[[f32; 4]; ROW_QUADS as usize],
+    f: impl Fn(u32, f32) -> f32,
+) {
+    let t = thread::thread_idx_x();
+    let mut j = 0;
+    while j < ROW_QUADS {
+        let q = t + j * ROW_THREADS;
+        if q < d / 4 {
+            let x = v[j as usize];
+            let c = 4 * q;
+            unsafe { out.write4(row / 4 + q as usize, [f(c, x[0]), f(c + 1, x[1]), f(c + 2, x[2]), f(c + 3, x[3])]) };
+        }
+        j += 1;
+    }
+}
+
+/// The block-wide maximum `m` of the cached row `v` (padding is -inf), and `sum exp(x - m)`; with
+/// `KEEP`, `v` is replaced by `exp(x - m)` (padding by 0).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn cached_max_sum_exp<const KEEP: bool>(v: &mut [[f32; 4]; ROW_QUADS as usize], d: u32) -> (f32, f32) {
+    let t = thread::thread_idx_x();
+    let mut m = f32::NEG_INFINITY;
+    let mut j = 0;
+    while j < ROW_QUADS as usize {
+        m = m.max(v[j][0]).max(v[j][1]).max(v[j][2]).max(v[j][3]);
+        j += 1;
+    }
+    let m = block_reduce(m, true);
+    let mut s = 0.0f32;
+    j = 0;
+    while j < ROW_QUADS as usize {
+        if t + j as u32 * ROW_THREADS < d / 4 {
+            let mut l = 0;
+            while l < 4 {
+                let e = math::exp(v[j][l] - m);
+                s += e;
+                if KEEP {
+                    v[j][l] = e;
+                }
+                l += 1;
+            }
+        }
+        j += 1;
+    }
+    (m, block_reduce(s, false))
+}
+
 /// Softmax (`log = 0`) or log-softmax (`log = 1`) of each row of `d` elements. One block of
-/// [`ROW_THREADS`] per row: block max, block sum of exp(x - max), then the write.
+/// [`ROW_THREADS`] per row: block max, block sum of exp(x - max), then the write. Rows that fit
+/// ([`row_cached`]) are read once into registers with 16-byte loads; others are read per pass.
 #[kernel]
 pub unsafe fn softmax_rows_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, d: u32, log: u32) {
     let row = (thread::block_idx_x() * d) as usize;
     let t = thread::thread_idx_x();
+    if row_cached(d) {
+        let mut v = unsafe { load_row_quads(x, row, d, f32::NEG_INFINITY) };
+        if log != 0 {
+            let (m, s) = cached_max_sum_exp::<false>(&mut v, d);
+            let ls = math::ln(s);
+            unsafe { store_row_quads(out, row, d, &v, |_, x| (x - m) - ls) };
+        } else {
+            let (_, s) = cached_max_sum_exp::<true>(&mut v, d);
+            let inv = 1.0 / s;
+            unsafe { store_row_quads(out, row, d, &v, |_, e| e * inv) };
+        }
+        return;
+    }
     let (m, s) = unsafe { row_max_sum_exp(x, row, d) };
     let (ls, inv) = (math::ln(s), 1.0 / s);
     let mut c = t;
@@ -455,7 +596,12 @@ pub unsafe fn cross_entropy_rows_f32(
     let r = thread::block_idx_x();
     let row = (r * d) as usize;
     let t = thread::thread_idx_x();
-    let (m, s) = unsafe { row_max_sum_exp(logits, row, d) };
+    let (m, s) = if row_cached(d) {
+        let mut v = unsafe { load_row_quads(logits, row, d, f32::NEG_INFINITY) };
+        cached_max_sum_exp::<false>(&mut v, d)
+    } else {
+        unsafe { row_max_sum_exp(logits, row, d) }
+    };
     if t == 0 {
         let target = unsafe { targets.read(r as usize) };
         unsafe { row_loss.write(r as usize, m + math::ln(s) - logits.read(row + target as usize)) };
@@ -477,9 +623,18 @@ pub unsafe fn cross_entropy_backward_rows_f32(
     let r = thread::block_idx_x();
     let row = (r * d) as usize;
     let t = thread::thread_idx_x();
-    let (m, s) = unsafe { row_max_sum_exp(logits, row, d) };
     let scale = unsafe { g.read(0) } * inv_n;
     let target = unsafe { targets.read(r as usize) };
+    if row_cached(d) {
+        let mut v = unsafe { load_row_quads(logits, row, d, f32::NEG_INFINITY) };
+        let (_, s) = cached_max_sum_exp::<true>(&mut v, d);
+        let inv = 1.0 / s;
+        unsafe {
+            store_row_quads(grad, row, d, &v, |c, e| (e * inv - if c == target { 1.0 } else { 0.0 }) * scale)
+        };
+        return;
+    }
+    let (m, s) = unsafe { row_max_sum_exp(logits, row, d) };
     let inv = 1.0 / s;
     let mut c = t;
     while c < d {
@@ -504,8 +659,10 @@ pub fn welford_combine(a: (f32, f32, f32), b: (f32, f32, f32)) -> (f32, f32, f32
 shared_array!(fn ln_stats() -> [f32; 96], align 16);
 
 /// Layer norm of each row of `d`: `out = (x - mean) * rstd * w + b`, writing the row's `mean` and
-/// `rstd` for the backward. One block per row; each thread keeps a Welford state over its strided
-/// elements, warps combine by butterfly, warp 0 combines the warps.
+/// `rstd` for the backward. One block per row. Rows that fit ([`row_cached`]) are read once into
+/// registers and reduced in two passes there (mean, then squared deviations); others keep a Welford
+/// state per thread over its strided elements, combined by butterfly across the warp, then across
+/// warps.
 #[kernel]
 pub unsafe fn layer_norm_rows_f32(
     x: DevicePtr<f32>,
@@ -520,6 +677,39 @@ pub unsafe fn layer_norm_rows_f32(
     let r = thread::block_idx_x();
     let row = (r * d) as usize;
     let t = thread::thread_idx_x();
+    if row_cached(d) {
+        // The row in registers: the exact two-pass mean and variance, one read of the row.
+        let v = unsafe { load_row_quads(x, row, d, 0.0) };
+        let mut sum = 0.0f32;
+        let mut q = 0;
+        while q < ROW_QUADS as usize {
+            sum += (v[q][0] + v[q][1]) + (v[q][2] + v[q][3]);
+            q += 1;
+        }
+        let mean = block_reduce(sum, false) / d as f32;
+        let mut sq = 0.0f32;
+        q = 0;
+        while q < ROW_QUADS as usize {
+            if t + q as u32 * ROW_THREADS < d / 4 {
+                let mut l = 0;
+                while l < 4 {
+                    let c = v[q][l] - mean;
+                    sq = math::fma(c, c, sq);
+                    l += 1;
+                }
+            }
+            q += 1;
+        }
+        let rstd = 1.0 / math::sqrt(block_reduce(sq, false) / d as f32 + eps);
+        if t == 0 {
+            unsafe {
+                mean_out.write(r as usize, mean);
+                rstd_out.write(r as usize, rstd);
+            }
+        }
+        unsafe { store_row_quads(out, row, d, &v, |c, x| (x - mean) * rstd * w.read(c as usize) + b.read(c as usize)) };
+        return;
+    }
     let mut st = (0.0f32, 0.0f32, 0.0f32);
     let mut c = t;
     while c < d {

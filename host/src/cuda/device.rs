@@ -71,6 +71,7 @@ impl Device {
         let arch = ptx::arch_for(&name, cc.0, cc.1)?;
         let stream = ctx.default_stream();
         let sync_launches = std::env::var(SYNC_LAUNCHES_ENV).is_ok_and(|v| v == "1");
+        keep_pool_memory(&ctx)?;
         Ok(Device {
             ctx,
             stream,
@@ -253,6 +254,30 @@ impl Device {
         })
     }
 
+    /// Allocates `len` elements for a kernel that writes every one of them before anything reads
+    /// them: no zeroing pass. The contents are unspecified, so this is not public: with
+    /// `KILN_POISON=1` (the GPU test bundle sets it) they are filled with a NaN pattern instead, so a
+    /// kernel that leaves an element unwritten fails its comparison.
+    pub(crate) fn alloc_uninit_f32(&self, len: usize) -> Result<DeviceBuffer<f32>> {
+        // SAFETY: f32 has no invalid bit patterns; callers' kernels write every element.
+        let s = unsafe { self.stream.alloc::<f32>(len) }
+            .map_err(Error::driver(format!("allocating {len} elements")))?;
+        let buf = DeviceBuffer::from_slice(s);
+        if poison_allocations() && len > 0 {
+            // SAFETY: a live allocation of `len` 4-byte elements on this device's stream.
+            let r = unsafe {
+                cudarc::driver::sys::cuMemsetD32Async(
+                    buf.addr(),
+                    crate::testing::POISON_F32.to_bits(),
+                    len,
+                    self.stream.cu_stream(),
+                )
+            };
+            r.result().map_err(Error::driver("poisoning a new allocation"))?;
+        }
+        Ok(buf)
+    }
+
     /// Allocates `len` zeroed elements.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<DeviceBuffer<T>> {
         let s = self.stream.alloc_zeros::<T>(len).map_err(Error::driver(format!("allocating {len} elements")))?;
@@ -288,4 +313,36 @@ impl Device {
         }
         self.stream.memcpy_htod(host, buf.slice_mut()).map_err(Error::driver("copying to the device"))
     }
+}
+
+/// Whether new uninitialized allocations are poisoned (`KILN_POISON=1`).
+fn poison_allocations() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_POISON").is_ok_and(|v| v == "1"))
+}
+
+/// Keeps freed memory in the device's stream-ordered pool instead of returning it to the driver at
+/// every synchronization (the default release threshold is 0): a training step or a benchmark that
+/// allocates and frees the same sizes each iteration then reuses mapped memory instead of mapping
+/// it again, which costs more than many kernels.
+fn keep_pool_memory(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> Result<()> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: a live context's device; the attribute takes a u64 by pointer.
+    unsafe {
+        ctx.bind_to_thread().map_err(Error::driver("binding the context"))?;
+        let r = sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device());
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Ok(()); // no stream-ordered allocator here: cudarc falls back to cuMemAlloc
+        }
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold) as *mut u64 as *mut std::ffi::c_void,
+        )
+        .result()
+        .map_err(Error::driver("setting the memory pool's release threshold"))?;
+    }
+    Ok(())
 }

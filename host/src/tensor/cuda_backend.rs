@@ -43,6 +43,13 @@ impl std::fmt::Debug for CudaStorage {
 
 const MAX_BLOCKS: u32 = 8192;
 
+/// The launch for the kernels that take 4 elements per thread step (16-byte accesses).
+fn grid4(n: usize, op: &'static str) -> Result<(u32, LaunchConfig)> {
+    let (n32, mut cfg) = grid(n, op)?;
+    cfg.grid_dim.0 = n32.div_ceil(4 * 256).clamp(1, MAX_BLOCKS);
+    Ok((n32, cfg))
+}
+
 fn grid(n: usize, op: &'static str) -> Result<(u32, LaunchConfig)> {
     let n32 =
         u32::try_from(n).map_err(|_| Error::shape(op, format!("{n} elements exceed the CUDA kernels' u32 indices")))?;
@@ -77,9 +84,16 @@ fn pad(op: &'static str, dims: &[usize], strides: &[usize]) -> Result<([u32; MAX
 }
 
 impl CudaStorage {
+    /// `n` zeroed elements (for kernels that accumulate into their output or leave parts of it).
     fn alloc(dev: &Arc<CudaDevice>, n: usize) -> Result<CudaStorage> {
         check_len("alloc", n)?;
         Ok(CudaStorage { buf: dev.zeros::<f32>(n.max(1))?, dev: dev.clone(), len: n })
+    }
+    /// `n` elements for a kernel that writes every one: no zeroing pass over memory about to be
+    /// overwritten (poisoned instead under `KILN_POISON=1`, so a missed element fails the tests).
+    fn output(dev: &Arc<CudaDevice>, n: usize) -> Result<CudaStorage> {
+        check_len("alloc", n)?;
+        Ok(CudaStorage { buf: dev.alloc_uninit_f32(n.max(1))?, dev: dev.clone(), len: n })
     }
     /// Copies host values to the device.
     pub fn upload(dev: &Arc<CudaDevice>, v: &[f32]) -> Result<CudaStorage> {
@@ -97,7 +111,7 @@ impl CudaStorage {
     }
     /// A device-side copy.
     pub fn try_clone(&self) -> Result<CudaStorage> {
-        let mut out = Self::alloc(&self.dev, self.len)?;
+        let mut out = Self::output(&self.dev, self.len)?;
         let p = Strided2 {
             n: self.len as u32,
             dims: [1, 1, 1, self.len.max(1) as u32],
@@ -122,9 +136,9 @@ impl CudaStorage {
 
     /// `value` everywhere.
     pub fn full(dev: &Arc<CudaDevice>, n: usize, value: f32) -> Result<CudaStorage> {
-        let mut out = Self::alloc(dev, n)?;
+        let mut out = Self::output(dev, n)?;
         if n > 0 {
-            let (n32, cfg) = grid(n, "full")?;
+            let (n32, cfg) = grid4(n, "full")?;
             // SAFETY: out holds n elements.
             unsafe { dev.launch(k::FillF32, cfg, (out.buf.ptr_mut(), n32, value))? };
         }
@@ -133,9 +147,9 @@ impl CudaStorage {
 
     /// Elementwise function ([`k::unary`] code) with scalar `s`.
     pub fn unary(&self, op: u32, s: f32) -> Result<CudaStorage> {
-        let mut out = Self::alloc(&self.dev, self.len())?;
+        let mut out = Self::output(&self.dev, self.len())?;
         if !self.is_empty() {
-            let (n, cfg) = grid(self.len(), "unary")?;
+            let (n, cfg) = grid4(self.len(), "unary")?;
             // SAFETY: same length in and out.
             unsafe { self.dev.launch(k::UnaryF32, cfg, (self.buf.ptr(), out.buf.ptr_mut(), n, op, s))? };
         }
@@ -153,8 +167,15 @@ impl CudaStorage {
     ) -> Result<CudaStorage> {
         let (dims, sa) = pad("binary", out.dims(), &a_shape.broadcast_strides(out))?;
         let (_, sb) = pad("binary", out.dims(), &b_shape.broadcast_strides(out))?;
-        let mut res = Self::alloc(&self.dev, out.elem_count())?;
-        if out.elem_count() > 0 {
+        let mut res = Self::output(&self.dev, out.elem_count())?;
+        if out.elem_count() > 0 && a_shape == out && b_shape == out {
+            // No broadcasting: the flat kernel, 16-byte accesses and no index arithmetic.
+            let (n, cfg) = grid4(out.elem_count(), "binary")?;
+            // SAFETY: both inputs and the output hold n elements, in fresh 16-byte aligned buffers.
+            unsafe {
+                self.dev.launch(k::BinaryFlatF32, cfg, (self.buf.ptr(), other.buf.ptr(), res.buf.ptr_mut(), n, op))?
+            };
+        } else if out.elem_count() > 0 {
             let (n, cfg) = grid(out.elem_count(), "binary")?;
             let p = Strided2 { n, dims, a: sa, b: sb, op };
             // SAFETY: offsets stay inside each input by construction of the strides.
@@ -166,7 +187,7 @@ impl CudaStorage {
     /// `out[i] = self[offset(i)]` for an output of `out` dims read through `strides`.
     pub fn strided_copy(&self, out: &Shape, strides: &[usize]) -> Result<CudaStorage> {
         let (dims, sa) = pad("strided copy", out.dims(), strides)?;
-        let mut res = Self::alloc(&self.dev, out.elem_count())?;
+        let mut res = Self::output(&self.dev, out.elem_count())?;
         if out.elem_count() > 0 {
             let (n, cfg) = grid(out.elem_count(), "strided copy")?;
             let p = Strided2 { n, dims, a: sa, b: [0; MAX_DIMS], op: 0 };
@@ -200,7 +221,7 @@ impl CudaStorage {
             let total = crate::cuda::ops::sum_on_device(&self.dev, &self.buf)?;
             return Ok(CudaStorage { buf: total, dev: self.dev.clone(), len: 1 });
         }
-        let mut res = Self::alloc(&self.dev, out_n)?;
+        let mut res = Self::output(&self.dev, out_n)?;
         if out_n > 0 {
             let (n, cfg) = grid(out_n, "sum")?;
             let p = ReduceDims {
@@ -274,7 +295,7 @@ impl CudaStorage {
     /// Softmax or log-softmax of each row of `d`.
     pub fn softmax(&self, d: usize, log: bool) -> Result<CudaStorage> {
         let rows = self.len() / d;
-        let mut out = Self::alloc(&self.dev, self.len())?;
+        let mut out = Self::output(&self.dev, self.len())?;
         if rows == 0 {
             return Ok(out);
         }
@@ -293,7 +314,7 @@ impl CudaStorage {
     pub fn cross_entropy(&self, targets: &[usize], c: usize) -> Result<CudaStorage> {
         let n = targets.len();
         let t = self.dev.upload(&u32s("cross_entropy", targets)?)?;
-        let mut rows = Self::alloc(&self.dev, n)?;
+        let mut rows = Self::output(&self.dev, n)?;
         // SAFETY: n rows of c logits; one target per row, each < c.
         unsafe {
             self.dev.launch(
@@ -311,7 +332,7 @@ impl CudaStorage {
     pub fn cross_entropy_backward(&self, targets: &[usize], c: usize, g: &CudaStorage) -> Result<CudaStorage> {
         let n = targets.len();
         let t = self.dev.upload(&u32s("cross_entropy backward", targets)?)?;
-        let mut grad = Self::alloc(&self.dev, n * c)?;
+        let mut grad = Self::output(&self.dev, n * c)?;
         let cfg = Self::rows_cfg(n)?;
         // SAFETY: n rows of c logits and gradients; one target (< c) per row; g holds one element.
         unsafe {
@@ -333,9 +354,9 @@ impl CudaStorage {
         eps: f64,
     ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
         let rows = self.len() / d;
-        let mut out = Self::alloc(&self.dev, self.len())?;
-        let mut mean = Self::alloc(&self.dev, rows)?;
-        let mut rstd = Self::alloc(&self.dev, rows)?;
+        let mut out = Self::output(&self.dev, self.len())?;
+        let mut mean = Self::output(&self.dev, rows)?;
+        let mut rstd = Self::output(&self.dev, rows)?;
         if rows == 0 {
             return Ok((out, mean, rstd));
         }
@@ -362,7 +383,7 @@ impl CudaStorage {
     /// Rows of the (v, d) table `self` for `ids` (already range-checked).
     pub fn embedding(&self, ids: &[usize], d: usize) -> Result<CudaStorage> {
         let dev_ids = self.dev.upload(&u32s("embedding", ids)?)?;
-        let mut out = Self::alloc(&self.dev, ids.len() * d)?;
+        let mut out = Self::output(&self.dev, ids.len() * d)?;
         if !ids.is_empty() && d > 0 {
             let (_, cfg) = grid(ids.len() * d, "embedding")?;
             // SAFETY: every id < v; out holds n * d.
@@ -394,7 +415,7 @@ impl CudaStorage {
             fill[id] += 1;
         }
         let (o, off) = (self.dev.upload(&order)?, self.dev.upload(&offsets)?);
-        let mut gw = Self::alloc(&self.dev, v * d)?;
+        let mut gw = Self::output(&self.dev, v * d)?;
         if v * d > 0 {
             let (_, cfg) = grid(v * d, "embedding backward")?;
             // SAFETY: offsets index `order`, whose entries index rows of self.
@@ -412,7 +433,7 @@ impl CudaStorage {
     /// Maximum along the middle of (outer, len, inner): values and the input offset of each.
     pub fn max_dim(&self, outer: usize, len: usize, inner: usize) -> Result<(CudaStorage, DeviceBuffer<u32>)> {
         let n = outer * inner;
-        let mut vals = Self::alloc(&self.dev, n)?;
+        let mut vals = Self::output(&self.dev, n)?;
         let mut arg = self.dev.zeros::<u32>(n)?;
         if n > 0 {
             let (_, cfg) = grid(n, "max")?;
