@@ -116,8 +116,11 @@ fn main() {
             median_ms(&dev, || kiln::cuda::gemm::hgemm(&dev, &da, &db, &mut dc, s).expect("kiln hgemm")),
         );
         if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>() {
-            let g = kiln::cuda::gemm::WgmmaGemm::new(&dev, &da, &db, s).expect("wgmma maps");
-            record("gemm_wgmma_bf16", median_ms(&dev, || g.run(&mut dc).expect("kiln wgmma")));
+            use kiln::cuda::gemm::{WgmmaGemm, WgmmaTile};
+            for (name, tile) in [("gemm_wgmma_bf16", WgmmaTile::T128x128), ("gemm_wgmma_bf16_wide", WgmmaTile::T128x256)] {
+                let g = WgmmaGemm::with_tile(&dev, &da, &db, s, tile).expect("wgmma maps");
+                record(name, median_ms(&dev, || g.run(&mut dc).expect("kiln wgmma")));
+            }
         }
     }
     json += "]}\n";

@@ -330,3 +330,20 @@ fn tcgen05_descriptor_encodings() {
     assert_eq!(smem_desc(0, 0, 0, 0, Layout::Swizzle32B) >> 61, 6);
     assert_eq!((smem_desc(0, 0, 0, 5, Layout::Interleave) >> 49) & 7, 5);
 }
+
+#[test]
+fn grouped_tile_order_is_a_bijection() {
+    use kiln::gpu::kernels::gemm_wgmma::grouped_tile;
+    for (tm, tn, g) in [(1u32, 1u32, 8u32), (9, 3, 8), (64, 32, 8), (17, 5, 4), (3, 40, 8)] {
+        let mut seen = vec![false; (tm * tn) as usize];
+        for b in 0..tm * tn {
+            let (r, c) = grouped_tile(b, tm, tn, g);
+            assert!(r < tm && c < tn, "block {b} -> ({r}, {c}) outside {tm}x{tn}");
+            assert!(!std::mem::replace(&mut seen[(r * tn + c) as usize], true), "tile ({r}, {c}) twice");
+        }
+        // consecutive blocks walk down a group's rows first
+        if tm >= 2 {
+            assert_eq!(grouped_tile(1, tm, tn, g), (1, 0));
+        }
+    }
+}

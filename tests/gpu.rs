@@ -553,17 +553,31 @@ fn hgemm_case<T: TestInput + kiln::cuda::gemm::HgemmInput>(dev: &Device) -> Outc
     }
 }
 
-/// The Hopper wgmma GEMM (TMA ring, producer and consumer warpgroups) against f64.
+/// The Hopper wgmma GEMMs (TMA ring, producer and consumer warpgroups; both block tiles) against
+/// f64. Shapes cover edge tiles in m and n, odd n (scalar stores), k past the ring's depth, and more
+/// tile rows than one group of the wide kernel's block order.
 fn wgmma_case(dev: &Device) -> Outcome {
+    use kiln::cuda::gemm::WgmmaTile;
     let (mut rng, _) = testing::rng();
-    for &(m, n, k) in
-        &[(128u32, 128u32, 64u32), (1, 1, 8), (256, 384, 512), (1000, 130, 264), (129, 257, 72), (300, 200, 1032)]
+    let shapes = [
+        (128u32, 128u32, 64u32),
+        (1, 1, 8),
+        (256, 384, 512),
+        (1000, 130, 264),
+        (129, 257, 72),
+        (300, 200, 1032),
+        (1100, 520, 520),
+    ];
+    for (&(m, n, k), tile) in shapes
+        .iter()
+        .flat_map(|s| [(s, WgmmaTile::T128x128), (s, WgmmaTile::T128x256)])
     {
         let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
         let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
         let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
         let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
-        let plan = kiln::cuda::gemm::WgmmaGemm::new(dev, &da, &db, GemmShape { m, n, k }).map_err(err)?;
+        let plan =
+            kiln::cuda::gemm::WgmmaGemm::with_tile(dev, &da, &db, GemmShape { m, n, k }, tile).map_err(err)?;
         plan.run(&mut dc).map_err(err)?;
         let got = dev.download(&dc).map_err(err)?;
         for i in 0..m as usize {
@@ -576,7 +590,7 @@ fn wgmma_case(dev: &Device) -> Outcome {
                 }
                 let tol = k as f64 * 2f64.powi(-22) * mag + 1e-30;
                 compare(
-                    &format!("wgmma {m}x{n}x{k} at ({i}, {j})"),
+                    &format!("wgmma {tile:?} {m}x{n}x{k} at ({i}, {j})"),
                     &[got[i * n as usize + j]],
                     &[want],
                     Tol { abs: tol, rel: 0.0 },
@@ -805,7 +819,7 @@ fn tensor_core_tier(dev: &Device) -> Outcome {
     let a_all: Vec<bf16> = testing::uniform(&mut rng, 1000 * k).into_iter().map(bf16::from_f32).collect();
     let db = dev.upload(&b).map_err(err)?;
     let wgmma_here = dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>();
-    let (mut mma_row0, mut wg_row0): (Option<Vec<u32>>, Option<Vec<u32>>) = (None, None);
+    let (mut mma_row0, mut wg_row0): (Option<Vec<u32>>, [Option<Vec<u32>>; 2]) = (None, [None, None]);
     for m in [1usize, 7, 128, 1000] {
         let da = dev.upload(&a_all[..m * k]).map_err(err)?;
         let s = GemmShape { m: m as u32, n: n as u32, k: k as u32 };
@@ -824,13 +838,24 @@ fn tensor_core_tier(dev: &Device) -> Outcome {
             _ => {}
         }
         if wgmma_here {
-            let plan = kiln::cuda::gemm::WgmmaGemm::new(dev, &da, &db, s).map_err(err)?;
-            plan.run(&mut dc).map_err(err)?;
-            let w = bits(&dev.download(&dc).map_err(err)?);
-            match &wg_row0 {
-                None => wg_row0 = Some(w[..n].to_vec()),
-                Some(r) if r[..] != w[..n] => return Err(format!("wgmma: row 0 changed at m={m}")),
-                _ => {}
+            for (ti, tile) in [kiln::cuda::gemm::WgmmaTile::T128x128, kiln::cuda::gemm::WgmmaTile::T128x256]
+                .into_iter()
+                .enumerate()
+            {
+                let plan = kiln::cuda::gemm::WgmmaGemm::with_tile(dev, &da, &db, s, tile).map_err(err)?;
+                plan.run(&mut dc).map_err(err)?;
+                let w = bits(&dev.download(&dc).map_err(err)?);
+                for _ in 0..3 {
+                    plan.run(&mut dc).map_err(err)?;
+                    if bits(&dev.download(&dc).map_err(err)?) != w {
+                        return Err(format!("wgmma {tile:?} m={m}: a repeated launch changed bits"));
+                    }
+                }
+                match &wg_row0[ti] {
+                    None => wg_row0[ti] = Some(w[..n].to_vec()),
+                    Some(r) if r[..] != w[..n] => return Err(format!("wgmma {tile:?}: row 0 changed at m={m}")),
+                    _ => {}
+                }
             }
         }
     }

@@ -81,19 +81,20 @@ fn every_kernel_is_where_its_target_says() {
 
 /// The compiler must not duplicate a block barrier into divergent branches (it did, with an asm
 /// `bar.sync`, and the TMA kernel hung on the H200). Each kernel has as many `bar.sync` as its
-/// source has `sync_threads()` calls.
+/// source has `sync_threads()` calls once inlined: `block_reduce` has 2, and the row kernels call
+/// it from a register-cached path (per monomorphization) and from the strided path.
 #[test]
 fn barriers_are_not_duplicated() {
     let expected = [
         ("reduce_sum_f32", 1),
         ("tma_tile_transform", 2),
         ("mbarrier_phases", 1),
-        ("softmax_rows_f32", 4),
-        ("cross_entropy_rows_f32", 4),
-        ("cross_entropy_backward_rows_f32", 4),
+        ("softmax_rows_f32", 12),
+        ("cross_entropy_rows_f32", 8),
+        ("cross_entropy_backward_rows_f32", 8),
         ("hgemm_mma_bf16", 1),
         ("megakernel_step", 3),
-        ("layer_norm_rows_f32", 1),
+        ("layer_norm_rows_f32", 5),
         ("matmul_f32", 2),
     ];
     for a in [Arch::Sm90a, Arch::Sm100a] {

@@ -199,7 +199,21 @@ impl DevicePtr<f32> {
     }
 }
 
+/// Two `f32` with 8-byte alignment (`st.global.v2.f32`).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct F32x2(pub [f32; 2]);
+
 impl DevicePtrMut<f32> {
+    /// Writes elements `i, i + 1` as one 8-byte store (`st.global.v2.f32`).
+    ///
+    /// # Safety
+    /// `i` must be even, the pointer 8-byte aligned and both elements in bounds; device only.
+    #[inline(always)]
+    pub unsafe fn write2(self, i: usize, v: [f32; 2]) {
+        unsafe { *(self.0.add(i) as *mut F32x2) = F32x2(v) }
+    }
+
     /// Writes elements `4 q .. 4 q + 4` as one 16-byte store (`st.global.v4.f32`).
     ///
     /// # Safety

@@ -71,6 +71,17 @@ mod device {
         grid_dim_x() * block_dim_x()
     }
 
+    /// The launch-bound marker `#[kernel(max_threads = N)]` puts at the top of an entry: a PTX
+    /// comment the PTX builder turns into the entry's `.maxntid N, 1, 1` directive. Emits no
+    /// instruction.
+    ///
+    /// PTX: `// kiln.maxntid N`
+    #[inline(always)]
+    pub fn max_threads_marker<const N: u32>() {
+        // SAFETY: a comment; not `pure`, so the compiler keeps it.
+        unsafe { asm!("// kiln.maxntid {n}", n = const N, options(nomem, nostack, preserves_flags)) }
+    }
+
     /// Aborts the kernel: the launch fails with an illegal-instruction error the host reports.
     ///
     /// PTX: `trap;`

@@ -40,14 +40,19 @@ pub const fn smem_descriptor(
         | (swizzle_code(s) << 62)
 }
 
-/// Where element `i` (0..64) of a thread's `m64n128` f32 accumulator lives in the 64 x 128 tile,
-/// for thread `t` (0..128) of the warpgroup: warp `t / 32` owns rows 16w..16w+16, and within it the
-/// `mma.m16n8` C layout repeats across the 16 column blocks of 8.
-pub const fn acc_m64n128(t: u32, i: u32) -> (u32, u32) {
+/// Where element `i` of a thread's `m64nN` f32 accumulator (`N / 2` elements) lives in the 64 x N
+/// tile, for thread `t` (0..128) of the warpgroup: warp `t / 32` owns rows 16w..16w+16, and within
+/// it the `mma.m16n8` C layout repeats across the N / 8 column blocks of 8. The same for every N.
+pub const fn acc_m64(t: u32, i: u32) -> (u32, u32) {
     let (w, lane) = (t / 32, t % 32);
     let (g, q) = (lane / 4, lane % 4);
     let (block, e) = (i / 4, i % 4);
     (w * 16 + g + 8 * (e / 2), block * 8 + 2 * q + (e % 2))
+}
+
+/// [`acc_m64`] for the `m64n128` tile (64 elements per thread).
+pub const fn acc_m64n128(t: u32, i: u32) -> (u32, u32) {
+    acc_m64(t, i)
 }
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
@@ -81,9 +86,30 @@ mod device {
         unsafe { asm!("wgmma.wait_group.sync.aligned {n};", n = const N, options(nostack)) };
     }
 
+    /// One `wgmma.mma_async ... .f32.bf16.bf16` with the accumulator registers `$d[0..]` listed by
+    /// index, descriptors `$a` / `$b`, and the scale-d predicate from `$acc` (0: overwrite D).
+    macro_rules! wgmma_f32_bf16 {
+        ($shape:literal, $d:ident, $a:ident, $b:ident, $acc:ident; $($i:literal),+) => {
+            asm!(
+                concat!(
+                    "{{ .reg .pred p; setp.ne.b32 p, {acc}, 0;\n",
+                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.bf16.bf16 {{{0}",
+                    $(", {", stringify!($i), "}",)+
+                    "}}, {a}, {b}, p, 1, 1, 0, 0; }}"
+                ),
+                inout(reg32) $d[0],
+                $(inout(reg32) $d[$i],)+
+                a = in(reg64) $a,
+                b = in(reg64) $b,
+                acc = in(reg32) $acc as u32,
+                options(nostack)
+            )
+        };
+    }
+
     /// One warpgroup-wide `D (+)= A B` on a 64 x 128 x 16 tile, bf16 inputs from shared memory
     /// through descriptors (both K-major), f32 accumulators in registers (64 per thread, laid out as
-    /// [`super::acc_m64n128`] says). `accumulate = false` overwrites D.
+    /// [`super::acc_m64`] says). `accumulate = false` overwrites D.
     ///
     /// PTX: `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {d0..d63}, a_desc, b_desc, p, 1, 1, 0, 0;`
     ///
@@ -92,80 +118,44 @@ mod device {
     /// the async proxy may read; results are valid only after [`commit_group`] and [`wait_group`].
     #[inline(always)]
     pub unsafe fn mma_m64n128k16_bf16(d: &mut [f32; 64], a_desc: u64, b_desc: u64, accumulate: bool) {
-        unsafe {
-            asm!(
-                "{{ .reg .pred p; setp.ne.b32 p, {acc}, 0;",
-                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}}}, {a}, {b}, p, 1, 1, 0, 0; }}",
-                d0 = inout(reg32) d[0],
-                d1 = inout(reg32) d[1],
-                d2 = inout(reg32) d[2],
-                d3 = inout(reg32) d[3],
-                d4 = inout(reg32) d[4],
-                d5 = inout(reg32) d[5],
-                d6 = inout(reg32) d[6],
-                d7 = inout(reg32) d[7],
-                d8 = inout(reg32) d[8],
-                d9 = inout(reg32) d[9],
-                d10 = inout(reg32) d[10],
-                d11 = inout(reg32) d[11],
-                d12 = inout(reg32) d[12],
-                d13 = inout(reg32) d[13],
-                d14 = inout(reg32) d[14],
-                d15 = inout(reg32) d[15],
-                d16 = inout(reg32) d[16],
-                d17 = inout(reg32) d[17],
-                d18 = inout(reg32) d[18],
-                d19 = inout(reg32) d[19],
-                d20 = inout(reg32) d[20],
-                d21 = inout(reg32) d[21],
-                d22 = inout(reg32) d[22],
-                d23 = inout(reg32) d[23],
-                d24 = inout(reg32) d[24],
-                d25 = inout(reg32) d[25],
-                d26 = inout(reg32) d[26],
-                d27 = inout(reg32) d[27],
-                d28 = inout(reg32) d[28],
-                d29 = inout(reg32) d[29],
-                d30 = inout(reg32) d[30],
-                d31 = inout(reg32) d[31],
-                d32 = inout(reg32) d[32],
-                d33 = inout(reg32) d[33],
-                d34 = inout(reg32) d[34],
-                d35 = inout(reg32) d[35],
-                d36 = inout(reg32) d[36],
-                d37 = inout(reg32) d[37],
-                d38 = inout(reg32) d[38],
-                d39 = inout(reg32) d[39],
-                d40 = inout(reg32) d[40],
-                d41 = inout(reg32) d[41],
-                d42 = inout(reg32) d[42],
-                d43 = inout(reg32) d[43],
-                d44 = inout(reg32) d[44],
-                d45 = inout(reg32) d[45],
-                d46 = inout(reg32) d[46],
-                d47 = inout(reg32) d[47],
-                d48 = inout(reg32) d[48],
-                d49 = inout(reg32) d[49],
-                d50 = inout(reg32) d[50],
-                d51 = inout(reg32) d[51],
-                d52 = inout(reg32) d[52],
-                d53 = inout(reg32) d[53],
-                d54 = inout(reg32) d[54],
-                d55 = inout(reg32) d[55],
-                d56 = inout(reg32) d[56],
-                d57 = inout(reg32) d[57],
-                d58 = inout(reg32) d[58],
-                d59 = inout(reg32) d[59],
-                d60 = inout(reg32) d[60],
-                d61 = inout(reg32) d[61],
-                d62 = inout(reg32) d[62],
-                d63 = inout(reg32) d[63],
-                a = in(reg64) a_desc,
-                b = in(reg64) b_desc,
-                acc = in(reg32) accumulate as u32,
-                options(nostack)
-            )
-        };
+        unsafe { wgmma_f32_bf16!("m64n128k16", d, a_desc, b_desc, accumulate; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63) };
+    }
+
+    /// The 64 x 256 x 16 form of [`mma_m64n128k16_bf16`]: 128 f32 accumulators per thread (the
+    /// widest wgmma tile; B is 256 rows of N, K-major).
+    ///
+    /// PTX: `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {d0..d127}, a_desc, b_desc, p, 1, 1, 0, 0;`
+    ///
+    /// # Safety
+    /// As [`mma_m64n128k16_bf16`].
+    #[inline(always)]
+    pub unsafe fn mma_m64n256k16_bf16(d: &mut [f32; 128], a_desc: u64, b_desc: u64, accumulate: bool) {
+        unsafe { wgmma_f32_bf16!("m64n256k16", d, a_desc, b_desc, accumulate; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127) };
+    }
+
+    /// Raises this warpgroup's per-thread register budget to `N` (24..=256, a multiple of 8),
+    /// waiting until the registers are free: consumer warpgroups take what producers released.
+    ///
+    /// PTX: `setmaxnreg.inc.sync.aligned.u32 N;`
+    ///
+    /// # Safety
+    /// The whole warpgroup calls it, converged; the block's total budget must allow it (the
+    /// kernel's launch bound sets the starting budget).
+    #[inline(always)]
+    pub unsafe fn setmaxnreg_inc<const N: u32>() {
+        unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+    }
+
+    /// Lowers this warpgroup's per-thread register budget to `N` (24..=256, a multiple of 8),
+    /// releasing registers for [`setmaxnreg_inc`] in other warpgroups.
+    ///
+    /// PTX: `setmaxnreg.dec.sync.aligned.u32 N;`
+    ///
+    /// # Safety
+    /// The whole warpgroup calls it, converged, and needs no more than `N` registers afterwards.
+    #[inline(always)]
+    pub unsafe fn setmaxnreg_dec<const N: u32>() {
+        unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
     }
 }
 

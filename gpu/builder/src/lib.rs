@@ -214,6 +214,7 @@ impl Builder {
         if !unresolved.is_empty() {
             return Err(BuildError::UnresolvedExtern { arch: arch.into(), functions: unresolved });
         }
+        let text = apply_launch_bounds(&text);
         let entries = entries(&text);
         Ok(PtxModule { arch: arch.into(), path, text, entries })
     }
@@ -229,6 +230,54 @@ fn newest_asm(deps: &Path) -> Result<PathBuf, BuildError> {
         })
         .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
         .ok_or(BuildError::NoAsm { dir: deps.into() })
+}
+
+/// The marker `#[kernel(max_threads = N)]` leaves in an entry's body (an inline-asm comment).
+pub const MAX_THREADS_MARKER: &str = "// kiln.maxntid ";
+
+/// Turns each entry's launch-bound marker ([`MAX_THREADS_MARKER`] `N`) into the PTX directive
+/// `.maxntid N, 1, 1` between the entry's parameter list and its body, so ptxas budgets registers
+/// for N threads per block (Rust has no launch-bounds attribute for nvptx). Entries without a
+/// marker are unchanged.
+pub fn apply_launch_bounds(ptx: &str) -> String {
+    let lines: Vec<&str> = ptx.lines().collect();
+    let mut out = String::with_capacity(ptx.len() + 256);
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i];
+        let is_entry = l.trim_start().starts_with(".visible .entry ") || l.trim_start().starts_with(".entry ");
+        if !is_entry {
+            out.push_str(l);
+            out.push('\n');
+            i += 1;
+            continue;
+        }
+        // The body opens at the first line that is `{`; it ends at the matching `}` at column 0.
+        let open = (i..lines.len()).find(|&j| lines[j].trim() == "{");
+        let close = open.and_then(|o| (o..lines.len()).find(|&j| lines[j] == "}"));
+        let bound = match (open, close) {
+            (Some(o), Some(c)) => lines[o..c].iter().find_map(|b| {
+                b.trim().strip_prefix(MAX_THREADS_MARKER.trim_end()).and_then(|n| n.trim().parse::<u32>().ok())
+            }),
+            _ => None,
+        };
+        let end = open.unwrap_or(i);
+        for l in &lines[i..end] {
+            out.push_str(l);
+            out.push('\n');
+        }
+        let already = lines[i..end].iter().any(|l| l.trim_start().starts_with(".maxntid"));
+        if let (Some(n), false) = (bound, already) {
+            out.push_str(&format!(".maxntid {n}, 1, 1\n"));
+        }
+        i = end;
+        if open.is_some() {
+            out.push_str(lines[i]);
+            out.push('\n');
+            i += 1;
+        }
+    }
+    out
 }
 
 /// The `.entry` symbols of a PTX module.
@@ -354,6 +403,17 @@ pub fn parse_ptxas_report(log: &str) -> Vec<KernelResources> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn launch_bound_markers_become_maxntid() {
+        let ptx = ".visible .entry a(\n\t.param .u64 a_p\n)\n{\n\t// begin inline asm\n\t// kiln.maxntid 384\n\t// end inline asm\n\tret;\n}\n.visible .entry b(\n)\n{\n\tret;\n}\n";
+        let got = apply_launch_bounds(ptx);
+        assert_eq!(
+            got,
+            ".visible .entry a(\n\t.param .u64 a_p\n)\n.maxntid 384, 1, 1\n{\n\t// begin inline asm\n\t// kiln.maxntid 384\n\t// end inline asm\n\tret;\n}\n.visible .entry b(\n)\n{\n\tret;\n}\n"
+        );
+        assert_eq!(apply_launch_bounds(&got), got, "idempotent");
+    }
 
     #[test]
     fn finds_entries_and_externs() {

@@ -20,6 +20,9 @@
 //!   mbarrier transaction counts, `stmatrix`).
 //! - `#[kernel(arch = "sm_90a")]`: only into that exact architecture's module (arch-specific
 //!   features such as `wgmma` and `setmaxnreg` on sm_90a, or `tcgen05` on sm_100a).
+//! - `max_threads = N` (with either): the launch bound. ptxas then budgets registers for N threads
+//!   per block (`.maxntid N, 1, 1`, written by the PTX builder from a marker the entry carries); a
+//!   launch with more threads fails.
 //!
 //! Every parameter type must implement `kiln_gpu::KernelParam` (scalars, device pointers and
 //! `#[repr(C)]` structs that opt in); the emitted code asserts this at compile time on both sides.
@@ -40,12 +43,14 @@ enum Target {
 
 struct Options {
     target: Target,
+    max_threads: Option<u32>,
 }
 
 impl Parse for Options {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let items = Punctuated::<MetaNameValue, Token![,]>::parse_terminated(input)?;
         let mut target = Target::Any;
+        let mut max_threads = None;
         for item in items {
             let key = item.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
             let lit = match &item.value {
@@ -54,6 +59,7 @@ impl Parse for Options {
             };
             match (key.as_str(), lit) {
                 ("sm", Lit::Int(v)) => target = Target::MinSm(v.base10_parse()?),
+                ("max_threads", Lit::Int(v)) => max_threads = Some(v.base10_parse()?),
                 ("arch", Lit::Str(s)) => {
                     let arch = s.value();
                     if !matches!(arch.as_str(), "sm_80" | "sm_90a" | "sm_100a") {
@@ -67,12 +73,12 @@ impl Parse for Options {
                 _ => {
                     return Err(syn::Error::new_spanned(
                         &item.path,
-                        "unknown #[kernel] option: use `sm = 90` (minimum architecture) or `arch = \"sm_90a\"` (exact)",
+                        "unknown #[kernel] option: use `sm = 90` (minimum architecture), `arch = \"sm_90a\"` (exact) or `max_threads = 384` (launch bound)",
                     ));
                 }
             }
         }
-        Ok(Options { target })
+        Ok(Options { target, max_threads })
     }
 }
 
@@ -157,6 +163,7 @@ fn expand(options: Options, func: ItemFn) -> syn::Result<TokenStream2> {
     let vis = &func.vis;
     let inputs = &sig.inputs;
     let block = &func.block;
+    let bound = options.max_threads.map(|n| quote!(::kiln_gpu::thread::max_threads_marker::<#n>();));
     let unsafety = &sig.unsafety;
     let arity = param_tys.len();
     let assert_fn = syn::Ident::new(&format!("__kiln_assert_params_{name_str}"), Span::call_site());
@@ -166,7 +173,10 @@ fn expand(options: Options, func: ItemFn) -> syn::Result<TokenStream2> {
         #(#docs)*
         #(#other_attrs)*
         #[unsafe(no_mangle)]
-        #vis #unsafety extern "ptx-kernel" fn #name(#inputs) #block
+        #vis #unsafety extern "ptx-kernel" fn #name(#inputs) {
+            #bound
+            #block
+        }
 
         #[allow(non_snake_case, dead_code)]
         fn #assert_fn() {

@@ -165,3 +165,168 @@ pub unsafe fn gemm_wgmma_bf16(
         i += 1;
     }
 }
+
+/// Columns of C per block of the wide kernel ([`gemm_wgmma_bf16_wide`]).
+pub const WW_BN: u32 = 256;
+/// Bytes of one stage of the wide kernel: the 128 x 64 A tile, then the 256 x 64 B tile.
+pub const WW_STAGE_BYTES: u32 = (WG_BM + WW_BN) * WG_BK * 2;
+/// Offset of the wide kernel's barriers (after its stages).
+pub const WW_BARRIERS: u32 = WG_STAGES * WW_STAGE_BYTES;
+/// Dynamic shared memory of the wide kernel: 4 stages of 48 KiB and the barriers.
+pub const WW_SMEM_BYTES: u32 = WW_BARRIERS + 2 * WG_STAGES * 8;
+/// Tile rows per group of the wide kernel's block order ([`grouped_tile`]).
+pub const WW_GROUP_M: u32 = 8;
+/// Per-thread registers the wide kernel's producer warpgroup keeps (`setmaxnreg.dec`).
+pub const WW_PRODUCER_REGS: u32 = 40;
+/// Per-thread registers the wide kernel's consumer warpgroups take (`setmaxnreg.inc`): with the
+/// producer's, 128 x 40 + 256 x 232 = 64 512 of the SM's 65 536.
+pub const WW_CONSUMER_REGS: u32 = 232;
+
+/// The tile `(tile_m, tile_n)` block `b` computes, in grouped order: blocks walk down `group` tile
+/// rows, then to the next tile column, so the blocks resident at one time read a few panels of A
+/// and B that stay in L2 instead of sweeping all of B (the last group may have fewer rows).
+/// A bijection from `0..tiles_m * tiles_n` onto the tiles.
+pub const fn grouped_tile(b: u32, tiles_m: u32, tiles_n: u32, group: u32) -> (u32, u32) {
+    let per_group = group * tiles_n;
+    let first_m = (b / per_group) * group;
+    let rows = if tiles_m - first_m < group { tiles_m - first_m } else { group };
+    let r = b % per_group;
+    (first_m + r % rows, r / rows)
+}
+
+/// `C = A B^T` like [`gemm_wgmma_bf16`], with a 128 x 256 block tile and the tensor cores kept busy:
+///
+/// - Tile: 128 x 256 (each consumer warpgroup 64 x 256 with `wgmma m64n256k16`, 128 f32
+///   accumulators per thread), k step 64, [`WG_STAGES`] stages of 48 KiB (TMA boxes 64 x 128 for A
+///   and 64 x 256 for B, 128-byte swizzle).
+/// - Registers: launch bound 384 threads; the producer warpgroup drops to [`WW_PRODUCER_REGS`] and
+///   the consumers rise to [`WW_CONSUMER_REGS`] (`setmaxnreg`).
+/// - Overlap: a consumer issues k tile t's four wgmma, commits, then waits only for tile t - 1's
+///   group (`wait_group 1`) and releases t - 1's stage, so one group is always in flight.
+/// - Order: 1-D grid of `ceil(m / 128) * ceil(n / 256)` blocks mapped by [`grouped_tile`].
+/// - Epilogue: straight from the accumulators, two adjacent columns per 8-byte store where `n` is
+///   even, masked at the edges. The reduction over k of every output is the same fixed sequence of
+///   wgmma k16 steps whatever m is (batch-invariant).
+///
+/// Parameters as [`gemm_wgmma_bf16`] (`b_map`'s box is 64 x 256); block 384; dynamic shared memory
+/// [`WW_SMEM_BYTES`].
+#[kernel(arch = "sm_90a", max_threads = 384)]
+pub unsafe fn gemm_wgmma_bf16_wide(
+    a_map: DevicePtr<TensorMap>,
+    b_map: DevicePtr<TensorMap>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    let tid = thread::thread_idx_x();
+    let wg = tid / 128;
+    let (tiles_m, tiles_n) = (s.m.div_ceil(WG_BM), s.n.div_ceil(WW_BN));
+    let (tm, tn) = grouped_tile(thread::block_idx_x(), tiles_m, tiles_n, WW_GROUP_M);
+    let (m0, n0) = (tm * WG_BM, tn * WW_BN);
+    let base = shared::dynamic_smem_addr();
+    let full = |st: u32| base + WW_BARRIERS + st * 8;
+    let empty = |st: u32| base + WW_BARRIERS + (WG_STAGES + st) * 8;
+    let k_tiles = s.k.div_ceil(WG_BK);
+    if base % 1024 != 0 {
+        thread::trap();
+    }
+    if tid == 0 {
+        let mut st = 0;
+        while st < WG_STAGES {
+            unsafe {
+                mbarrier::init(full(st), 1);
+                mbarrier::init(empty(st), 2);
+            }
+            st += 1;
+        }
+        fence::mbarrier_init_release_cluster();
+    }
+    sync::sync_threads();
+
+    if wg == 0 {
+        unsafe { wgmma::setmaxnreg_dec::<WW_PRODUCER_REGS>() };
+        if tid == 0 {
+            unsafe {
+                tma::prefetch(a_map.as_ptr());
+                tma::prefetch(b_map.as_ptr());
+            }
+            let mut t = 0;
+            while t < k_tiles {
+                let st = t % WG_STAGES;
+                if t >= WG_STAGES
+                    && !unsafe { mbarrier::wait_parity_bounded(empty(st), empty_parity(t), mbarrier::DEFAULT_WAIT_NS) }
+                {
+                    thread::trap();
+                }
+                let a_dst = base + st * WW_STAGE_BYTES;
+                unsafe {
+                    mbarrier::arrive_expect_tx(full(st), WW_STAGE_BYTES);
+                    tma::load_2d(a_dst, a_map.as_ptr(), (t * WG_BK) as i32, m0 as i32, full(st));
+                    tma::load_2d(a_dst + WG_TILE_BYTES, b_map.as_ptr(), (t * WG_BK) as i32, n0 as i32, full(st));
+                }
+                t += 1;
+            }
+        }
+        return;
+    }
+    unsafe { wgmma::setmaxnreg_inc::<WW_CONSUMER_REGS>() };
+
+    // Consumers: warpgroup 1 takes rows 0..64 of the tile, warpgroup 2 rows 64..128.
+    let cons = wg - 1;
+    let ct = tid - 128 * wg;
+    let mut acc = [0.0f32; 128];
+    let mut t = 0;
+    while t < k_tiles {
+        let st = t % WG_STAGES;
+        if !unsafe { mbarrier::wait_parity_bounded(full(st), full_parity(t), mbarrier::DEFAULT_WAIT_NS) } {
+            thread::trap();
+        }
+        let a_tile = base + st * WW_STAGE_BYTES + cons * 64 * 128;
+        let b_tile = base + st * WW_STAGE_BYTES + WG_TILE_BYTES;
+        wgmma::fence();
+        let mut kk = 0;
+        while kk < WG_BK / 16 {
+            unsafe {
+                wgmma::mma_m64n256k16_bf16(
+                    &mut acc,
+                    tile_descriptor(a_tile, kk),
+                    tile_descriptor(b_tile, kk),
+                    t > 0 || kk > 0,
+                )
+            };
+            kk += 1;
+        }
+        wgmma::commit_group();
+        // Tile t - 1's products are done: its stage can be refilled while tile t's run.
+        wgmma::wait_group::<1>();
+        if t > 0 && ct == 0 {
+            unsafe { mbarrier::arrive(empty((t - 1) % WG_STAGES)) };
+        }
+        t += 1;
+    }
+    wgmma::wait_group::<0>();
+
+    // Element pairs (i, i + 1) of the accumulator, listed with constant indices so the array stays
+    // in registers (a loop too long to unroll would index it dynamically and put it in local memory).
+    let pairs = s.n % 2 == 0;
+    let store = |i: u32, v0: f32, v1: f32| {
+        let (r, col) = wgmma::acc_m64(ct, i);
+        let (row, col) = (m0 + cons * 64 + r, n0 + col);
+        if row < s.m {
+            let at = (row * s.n + col) as usize;
+            if pairs && col + 1 < s.n {
+                unsafe { c.write2(at, [v0, v1]) };
+            } else {
+                if col < s.n {
+                    unsafe { c.write(at, v0) };
+                }
+                if col + 1 < s.n {
+                    unsafe { c.write(at + 1, v1) };
+                }
+            }
+        }
+    };
+    macro_rules! store_pairs {
+        ($($i:literal),*) => { $( store($i, acc[$i], acc[$i + 1]); )* };
+    }
+    store_pairs!(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84, 86, 88, 90, 92, 94, 96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120, 122, 124, 126);
+}

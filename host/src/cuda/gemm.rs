@@ -241,6 +241,17 @@ pub fn hgemm<T: HgemmInput>(
     unsafe { dev.launch(T::Kernel::default(), cfg, (a.ptr(), b.ptr(), c.ptr_mut(), s)) }
 }
 
+/// The block tile of a [`WgmmaGemm`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaTile {
+    /// 128 x 128, `m64n128k16`, one wgmma group waited per k tile (`gemm_wgmma_bf16`: the guide's
+    /// first Hopper rung).
+    T128x128,
+    /// 128 x 256, `m64n256k16`, one group kept in flight, `setmaxnreg`, grouped block order
+    /// (`gemm_wgmma_bf16_wide`, the default).
+    T128x256,
+}
+
 /// A Hopper `wgmma` GEMM bound to its operands: `c = a b^T` with `a` (m x k) and `b` (n x k) bf16,
 /// `c` (m x n) f32, `k % 8 == 0`. The tensor maps are encoded once; [`WgmmaGemm::run`] launches.
 /// Needs the sm_90a module (compute capability 9.0); elsewhere `run` returns
@@ -250,18 +261,30 @@ pub struct WgmmaGemm<'a> {
     a_map: super::DeviceTensorMap,
     b_map: super::DeviceTensorMap,
     s: GemmShape,
+    tile: WgmmaTile,
     _operands: std::marker::PhantomData<&'a DeviceBuffer<half::bf16>>,
 }
 
 impl<'a> WgmmaGemm<'a> {
-    /// Checks the shapes and encodes the two tensor maps.
+    /// Checks the shapes and encodes the two tensor maps, for the default (128 x 256) tile.
     pub fn new(
         dev: &'a Device,
         a: &'a DeviceBuffer<half::bf16>,
         b: &'a DeviceBuffer<half::bf16>,
         s: GemmShape,
     ) -> Result<Self> {
-        use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_BM, WG_BN, WG_SWIZZLE};
+        Self::with_tile(dev, a, b, s, WgmmaTile::T128x256)
+    }
+
+    /// As [`WgmmaGemm::new`], for the given block tile.
+    pub fn with_tile(
+        dev: &'a Device,
+        a: &'a DeviceBuffer<half::bf16>,
+        b: &'a DeviceBuffer<half::bf16>,
+        s: GemmShape,
+        tile: WgmmaTile,
+    ) -> Result<Self> {
+        use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_BM, WG_BN, WG_SWIZZLE, WW_BN};
         let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
         check_operands("wgmma gemm", a.len(), b.len(), m * n, s)?;
         if m == 0 || n == 0 || kk == 0 {
@@ -283,25 +306,50 @@ impl<'a> WgmmaGemm<'a> {
             swizzle: WG_SWIZZLE,
         };
         let a_map = dev.tensor_map(a.addr(), &spec(s.m, WG_BM))?;
-        let b_map = dev.tensor_map(b.addr(), &spec(s.n, WG_BN))?;
-        Ok(WgmmaGemm { dev, a_map, b_map, s, _operands: std::marker::PhantomData })
+        let bn = match tile {
+            WgmmaTile::T128x128 => WG_BN,
+            WgmmaTile::T128x256 => WW_BN,
+        };
+        let b_map = dev.tensor_map(b.addr(), &spec(s.n, bn))?;
+        Ok(WgmmaGemm { dev, a_map, b_map, s, tile, _operands: std::marker::PhantomData })
     }
 
     /// Launches into `c` (m x n f32).
     pub fn run(&self, c: &mut DeviceBuffer<f32>) -> Result<()> {
-        use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16, WG_BM, WG_BN, WG_SMEM_BYTES, WG_THREADS};
+        use kiln_gpu::kernels::gemm_wgmma::{
+            GemmWgmmaBf16, GemmWgmmaBf16Wide, WG_BM, WG_BN, WG_SMEM_BYTES, WG_THREADS, WW_BN, WW_SMEM_BYTES,
+        };
         let s = self.s;
         let mn = s.m as usize * s.n as usize;
         if c.len() != mn {
             return Err(Error::shape("wgmma gemm", format!("c needs {mn} elements, has {}", c.len())));
         }
-        let cfg = LaunchConfig {
-            grid_dim: (s.n.div_ceil(WG_BN), s.m.div_ceil(WG_BM), 1),
-            block_dim: (WG_THREADS, 1, 1),
-            shared_mem_bytes: WG_SMEM_BYTES,
-        };
-        check_grid("wgmma gemm", &cfg)?;
-        // SAFETY: the maps describe the borrowed operands; c is checked above; the kernel masks stores.
-        unsafe { self.dev.launch(GemmWgmmaBf16, cfg, (self.a_map.ptr(), self.b_map.ptr(), c.ptr_mut(), s)) }
+        let args = (self.a_map.ptr(), self.b_map.ptr(), c.ptr_mut(), s);
+        match self.tile {
+            WgmmaTile::T128x128 => {
+                let cfg = LaunchConfig {
+                    grid_dim: (s.n.div_ceil(WG_BN), s.m.div_ceil(WG_BM), 1),
+                    block_dim: (WG_THREADS, 1, 1),
+                    shared_mem_bytes: WG_SMEM_BYTES,
+                };
+                check_grid("wgmma gemm", &cfg)?;
+                // SAFETY: the maps describe the borrowed operands; c is checked above; stores are masked.
+                unsafe { self.dev.launch(GemmWgmmaBf16, cfg, args) }
+            }
+            WgmmaTile::T128x256 => {
+                let tiles = s.m.div_ceil(WG_BM) as u64 * s.n.div_ceil(WW_BN) as u64;
+                let blocks = u32::try_from(tiles).map_err(|_| {
+                    Error::shape("wgmma gemm", format!("{tiles} tiles exceed the 1-D grid; split the product"))
+                })?;
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (WG_THREADS, 1, 1),
+                    shared_mem_bytes: WW_SMEM_BYTES,
+                };
+                check_grid("wgmma gemm", &cfg)?;
+                // SAFETY: as above; the wide kernel's B map has the 256-row box it expects.
+                unsafe { self.dev.launch(GemmWgmmaBf16Wide, cfg, args) }
+            }
+        }
     }
 }
