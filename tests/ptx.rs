@@ -96,6 +96,12 @@ fn barriers_are_not_duplicated() {
         ("megakernel_step", 3),
         ("layer_norm_rows_f32", 5),
         ("matmul_f32", 2),
+        // one before the k loop, one per k-tile (double-buffered)
+        ("sgemm_warptile_128x128x8_8x8_db", 2),
+        ("sgemm_warptile_128x128x16_8x8_db", 2),
+        ("sgemm_warptile_128x256x8_8x16_db", 2),
+        ("sgemm_warptile_256x128x8_16x8_db", 2),
+        ("sgemm_warptile_64x128x8_4x8_db", 2),
     ];
     for a in [Arch::Sm90a, Arch::Sm100a] {
         for (k, n) in expected {
@@ -150,6 +156,7 @@ fn sgemm_table_matches_the_modules() {
     }
     let c = choose(GemmShape { m: 4096, n: 4096, k: 4096 });
     assert_eq!(c.level, 7);
+    assert!(c.name.ends_with("_db"), "{}", c.name);
     assert_eq!(choose(GemmShape { m: 4096, n: 4095, k: 4096 }).level, 5);
     let cfg = c.config(GemmShape { m: 4096, n: 1000, k: 64 });
     assert_eq!(cfg.grid_dim, (8, 32, 1));

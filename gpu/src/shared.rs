@@ -83,6 +83,17 @@ mod device {
         [a, b, c, d]
     }
 
+    /// Stores 4 bytes to a shared-window address.
+    ///
+    /// PTX: `st.shared.b32 [addr], v;`
+    ///
+    /// # Safety
+    /// `addr` must be a 4-byte-aligned shared address inside the block's allocation.
+    #[inline(always)]
+    pub unsafe fn st_shared_b32(addr: SharedAddr, v: u32) {
+        unsafe { asm!("st.shared.b32 [{p}], {v};", p = in(reg32) addr, v = in(reg32) v, options(nostack)) };
+    }
+
     /// Stores 16 bytes to a shared-window address.
     ///
     /// PTX: `st.shared.v4.u32 [addr], {a, b, c, d};`

@@ -440,3 +440,272 @@ unsafe fn warptile<
 pub unsafe fn sgemm_warptile_128x128x16(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
     unsafe { warptile::<128, 128, 16, 64, 64, 4, 8, 4>(a, b, c, s) }
 }
+
+/// Padding (floats) after each k-row of the transposed A tile in shared memory. A thread stores the
+/// four k-values of one A row to four k-rows of the tile; with rows of exactly BM floats (a multiple
+/// of 32 words) the threads of a warp that hold the same row index but different k land in one bank.
+/// Four floats keep every row start 16-byte aligned for `ld.shared.v4` and move k-row `p` by `4 p`
+/// banks, so the 32 scalar stores of a warp (16 rows x 2 k-groups when BK = 8) hit 32 banks; with
+/// BK = 16 (8 rows x 4 k-groups) two k-groups share banks, a 2-way conflict on these stores only.
+pub const WARPTILE_A_PAD: u32 = 4;
+
+/// Dynamic shared memory (bytes) of a double-buffered warp-tile rung: two stages of the transposed A
+/// tile (`[BK][BM + WARPTILE_A_PAD]`) and the B tile (`[BK][BN]`).
+pub const fn warptile_db_smem(bm: u32, bn: u32, bk: u32) -> u32 {
+    2 * (bk * (bm + WARPTILE_A_PAD) + bk * bn) * 4
+}
+
+/// Rung 7, tuned body: warp tiling with a register-prefetched, double-buffered k loop.
+///
+/// Tiling: the block computes a BM x BN tile of C, BK deep per step, with (BM / WM) x (BN / WN)
+/// warps; warp (wr, wc) owns a WM x WN sub-tile. Its 32 lanes form an (WM / TM) x (WN / TN) grid
+/// (which must have 32 cells); lane (lm, ln) owns TM x TN results, as (TM / 4) x (TN / 4) blocks of
+/// 4 x 4: rows `wr WM + i (4 WM / TM) + 4 lm + 0..4` for i < TM / 4, columns
+/// `wc WN + j (4 WN / TN) + 4 ln + 0..4` for j < TN / 4. So each k step a lane reads its A values
+/// as TM / 4 16-byte shared loads and its B values as TN / 4, and the 8 lanes of a quarter warp read
+/// one A vector (broadcast) and 8 adjacent B vectors (128 contiguous bytes): no bank conflicts.
+///
+/// Pipeline: shared memory holds two stages; each stage is A transposed (`[BK][BM + pad]`, k-major,
+/// so a lane's 4 rows are one vector) and B as is (`[BK][BN]`). While the block computes on one
+/// stage, each thread holds the next k-tile in registers (16-byte global loads issued before the
+/// compute), then writes it to the other stage; one barrier per k-tile separates the two.
+///
+/// Numerics: every C element is one chain `acc = fma(a[i][p], b[p][j], acc)` over p = 0, 1, ... in
+/// order from +0; the last tile past k is zero-filled (fma(0, 0, acc) steps). Edges in m and n are
+/// zero-filled on load and masked on store; needs `k % 4 == 0`, `n % 4 == 0` and 16-byte-aligned
+/// a, b, c (C is written with 16-byte stores).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn warptile_db<
+    const BM: u32,
+    const BN: u32,
+    const BK: u32,
+    const WM: u32,
+    const WN: u32,
+    const TM: u32,
+    const TN: u32,
+>(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    const {
+        assert!((WM / TM) * (WN / TN) == 32, "a warp's lanes must tile its sub-tile exactly");
+        assert!(BM % WM == 0 && BN % WN == 0 && WM % TM == 0 && WN % TN == 0);
+        assert!(TM % 4 == 0 && TN % 4 == 0 && TM <= 16 && TN <= 16 && TM * TN <= 128);
+        assert!(BK % 4 == 0);
+        // at most 4 16-byte loads per thread per operand and k-tile (the prefetch registers)
+        assert!(BM * BK / 4 <= 4 * (BM / WM) * (BN / WN) * 32);
+        assert!(BN * BK / 4 <= 4 * (BM / WM) * (BN / WN) * 32);
+    }
+    let threads = (BM / WM) * (BN / WN) * 32;
+    let sa = BM + WARPTILE_A_PAD; // floats per k-row of the transposed A tile
+    let (a_bytes, stage_bytes) = (BK * sa * 4, (BK * sa + BK * BN) * 4);
+    let (sub_m, sub_n) = (WM / (TM / 4), WN / (TN / 4)); // distance between a lane's 4 x 4 blocks
+    let t = thread::thread_idx_x();
+    let (w, lane) = (t / 32, t % 32);
+    let (wr, wc) = (w / (BN / WN), w % (BN / WN));
+    let (lm, ln) = (lane / (WN / TN), lane % (WN / TN));
+    let (row0, col0) = (thread::block_idx_y() * BM, thread::block_idx_x() * BN);
+    let smem = shared::dynamic_smem_addr();
+    // this lane's first A and B vector in a stage, bytes
+    let a_rd = (wr * WM + lm * 4) * 4;
+    let b_rd = a_bytes + (wc * WN + ln * 4) * 4;
+
+    // The loads of one k-tile: 16-byte vector l of A is (row i / (BK / 4), k-column 4 (i % (BK / 4)))
+    // with i = t + l * threads; of B, (k-row i / (BN / 4), column 4 (i % (BN / 4))).
+    let (a_vecs, b_vecs) = (BM * BK / 4, BK * BN / 4);
+    let mut pa = [[0.0f32; 4]; 4];
+    let mut pb = [[0.0f32; 4]; 4];
+    let load = |k0: u32, pa: &mut [[f32; 4]; 4], pb: &mut [[f32; 4]; 4]| {
+        let mut l = 0;
+        while l * threads < a_vecs {
+            let i = t + l * threads;
+            let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
+            let (gr, gc) = (row0 + r, k0 + c4);
+            let inside = (a_vecs.is_multiple_of(threads) || i < a_vecs) && gr < s.m && gc < s.k;
+            pa[l as usize] = if inside { unsafe { a.read4(((gr * s.k + gc) / 4) as usize) } } else { [0.0; 4] };
+            l += 1;
+        }
+        l = 0;
+        while l * threads < b_vecs {
+            let i = t + l * threads;
+            let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
+            let (gr, gc) = (k0 + r, col0 + c4);
+            let inside = (b_vecs.is_multiple_of(threads) || i < b_vecs) && gr < s.k && gc < s.n;
+            pb[l as usize] = if inside { unsafe { b.read4(((gr * s.n + gc) / 4) as usize) } } else { [0.0; 4] };
+            l += 1;
+        }
+    };
+    let store = |stage: u32, pa: &[[f32; 4]; 4], pb: &[[f32; 4]; 4]| {
+        let base = smem + stage;
+        let mut l = 0;
+        while l * threads < a_vecs {
+            let i = t + l * threads;
+            if a_vecs.is_multiple_of(threads) || i < a_vecs {
+                let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
+                let mut j = 0;
+                while j < 4 {
+                    unsafe {
+                        shared::st_shared_b32(base + ((c4 + j) * sa + r) * 4, pa[l as usize][j as usize].to_bits())
+                    };
+                    j += 1;
+                }
+            }
+            l += 1;
+        }
+        l = 0;
+        while l * threads < b_vecs {
+            let i = t + l * threads;
+            if b_vecs.is_multiple_of(threads) || i < b_vecs {
+                let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
+                let v = pb[l as usize];
+                unsafe {
+                    shared::st_shared_v4(
+                        base + a_bytes + (r * BN + c4) * 4,
+                        [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()],
+                    )
+                };
+            }
+            l += 1;
+        }
+    };
+
+    let mut acc = [0.0f32; 128]; // acc[r * TN + q]: row block r / 4, column block q / 4
+    load(0, &mut pa, &mut pb);
+    store(0, &pa, &pb);
+    sync::sync_threads();
+    let tiles = s.k.div_ceil(BK);
+    let mut stage = 0;
+    let mut kt = 0;
+    while kt < tiles {
+        // the next k-tile into registers (zeros past k, so the last iteration loads nothing)
+        load((kt + 1) * BK, &mut pa, &mut pb);
+        let (a_st, b_st) = (smem + stage + a_rd, smem + stage + b_rd);
+        let mut p = 0;
+        while p < BK {
+            let mut am = [0.0f32; 16];
+            let mut bn = [0.0f32; 16];
+            let mut i = 0;
+            while i < TM / 4 {
+                let v = unsafe { shared::ld_shared_v4(a_st + (p * sa + i * sub_m) * 4) };
+                let mut e = 0;
+                while e < 4 {
+                    am[(i * 4 + e) as usize] = f32::from_bits(v[e as usize]);
+                    e += 1;
+                }
+                i += 1;
+            }
+            let mut j = 0;
+            while j < TN / 4 {
+                let v = unsafe { shared::ld_shared_v4(b_st + (p * BN + j * sub_n) * 4) };
+                let mut e = 0;
+                while e < 4 {
+                    bn[(j * 4 + e) as usize] = f32::from_bits(v[e as usize]);
+                    e += 1;
+                }
+                j += 1;
+            }
+            let mut r = 0;
+            while r < TM {
+                let mut q = 0;
+                while q < TN {
+                    let x = (r * TN + q) as usize;
+                    acc[x] = math::fma(am[r as usize], bn[q as usize], acc[x]);
+                    q += 1;
+                }
+                r += 1;
+            }
+            p += 1;
+        }
+        stage ^= stage_bytes;
+        store(stage, &pa, &pb);
+        sync::sync_threads();
+        kt += 1;
+    }
+
+    let mut i = 0;
+    while i < TM / 4 {
+        let mut e = 0;
+        while e < 4 {
+            let row = row0 + wr * WM + i * sub_m + lm * 4 + e;
+            if row < s.m {
+                let mut j = 0;
+                while j < TN / 4 {
+                    let col = col0 + wc * WN + j * sub_n + ln * 4;
+                    if col < s.n {
+                        let x = ((i * 4 + e) * TN + j * 4) as usize;
+                        unsafe {
+                            c.write4(((row * s.n + col) / 4) as usize, [acc[x], acc[x + 1], acc[x + 2], acc[x + 3]])
+                        };
+                    }
+                    j += 1;
+                }
+            }
+            e += 1;
+        }
+        i += 1;
+    }
+}
+
+/// Rung 7, tuned: 128 x 128 x 8 block tile, 256 threads (8 warps as 4 x 2, each 32 x 64), 8 x 8
+/// results per lane as 2 x 2 blocks of 4 x 4 (lanes 4 x 8 in the warp); double-buffered shared
+/// memory fed by register prefetch. Grid (ceil(n / 128), ceil(m / 128)), block 256, dynamic shared
+/// memory `warptile_db_smem(128, 128, 8)` = 16,640 bytes. Needs `k % 4 == 0`, `n % 4 == 0`.
+#[kernel]
+pub unsafe fn sgemm_warptile_128x128x8_8x8_db(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    unsafe { warptile_db::<128, 128, 8, 32, 64, 8, 8>(a, b, c, s) }
+}
+
+/// Rung 7, tuned, deeper k step: 128 x 128 x 16, otherwise as `sgemm_warptile_128x128x8_8x8_db`
+/// (warps 4 x 2 of 32 x 64, 8 x 8 per lane). Block 256, dynamic shared memory 33,280 bytes.
+#[kernel]
+pub unsafe fn sgemm_warptile_128x128x16_8x8_db(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    unsafe { warptile_db::<128, 128, 16, 32, 64, 8, 8>(a, b, c, s) }
+}
+
+/// Rung 7, tuned, wide tile: 128 x 256 x 8, 256 threads (warps 4 x 2, each 32 x 128), 8 x 16 per
+/// lane as 2 x 4 blocks of 4 x 4 (lanes 4 x 8). Grid (ceil(n / 256), ceil(m / 128)), block 256,
+/// dynamic shared memory 24,832 bytes.
+#[kernel]
+pub unsafe fn sgemm_warptile_128x256x8_8x16_db(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    unsafe { warptile_db::<128, 256, 8, 32, 128, 8, 16>(a, b, c, s) }
+}
+
+/// Rung 7, tuned, tall tile: 256 x 128 x 8, 256 threads (warps 4 x 2, each 64 x 64), 16 x 8 per
+/// lane as 4 x 2 blocks of 4 x 4 (lanes 4 x 8). Grid (ceil(n / 128), ceil(m / 256)), block 256,
+/// dynamic shared memory 24,832 bytes.
+#[kernel]
+pub unsafe fn sgemm_warptile_256x128x8_16x8_db(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    unsafe { warptile_db::<256, 128, 8, 64, 64, 16, 8>(a, b, c, s) }
+}
+
+/// Rung 7, tuned, small tile for products that would not fill the GPU with 128 x 128 tiles:
+/// 64 x 128 x 8, 256 threads (warps 4 x 2, each 16 x 64), 4 x 8 per lane as 1 x 2 blocks of 4 x 4
+/// (lanes 4 x 8); A's tile is 128 vectors, so half the threads load none. Grid (ceil(n / 128),
+/// ceil(m / 64)), block 256, dynamic shared memory 12,544 bytes.
+#[kernel]
+pub unsafe fn sgemm_warptile_64x128x8_4x8_db(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
+    unsafe { warptile_db::<64, 128, 8, 16, 64, 4, 8>(a, b, c, s) }
+}
