@@ -14,12 +14,14 @@ use std::time::Instant;
 const ROWS: usize = 16384;
 const COLS: usize = 4096;
 const REPS: usize = 20;
+/// Calls per timed sample (see `timing::median_ms_batched`); the PyTorch script does the same.
+const BATCH: usize = 5;
 
 #[path = "timing.rs"]
 mod timing;
 
 fn median_ms(dev: &Arc<Device>, f: impl FnMut()) -> f64 {
-    timing::median_ms(dev, REPS, f)
+    timing::median_ms_batched(dev, REPS, BATCH, f)
 }
 
 fn main() {
@@ -59,7 +61,7 @@ fn main() {
         ("cross_entropy", f4, median_ms(&dev, || drop(x.cross_entropy(&targets).expect("cross_entropy")))),
     ];
     println!(
-        "device: {} ({}.{}), {ROWS}x{COLS} f32, median of {REPS}",
+        "device: {} ({}.{}), {ROWS}x{COLS} f32, median of {REPS} samples of {BATCH} back-to-back calls",
         dev.name(),
         dev.compute_capability().0,
         dev.compute_capability().1

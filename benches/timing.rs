@@ -4,7 +4,15 @@ use kiln::cuda::Device;
 
 /// Median milliseconds of `f` over `reps` runs, timed with CUDA events on the device's stream after
 /// two warm-ups.
-pub fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut()) -> f64 {
+pub fn median_ms(dev: &Device, reps: usize, f: impl FnMut()) -> f64 {
+    median_ms_batched(dev, reps, 1, f)
+}
+
+/// Median over `reps` samples of the milliseconds per call when `batch` calls run back to back
+/// between two events: the host's per-call work (checks, allocation, launches) overlaps the
+/// device's, as in a training step, instead of the device idling for it at every sample.
+#[allow(dead_code)]
+pub fn median_ms_batched(dev: &Device, reps: usize, batch: usize, mut f: impl FnMut()) -> f64 {
     use cudarc::driver::sys::CUevent_flags;
     f();
     f();
@@ -15,10 +23,12 @@ pub fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut()) -> f64 {
         let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
         let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
         start.record(dev.stream()).expect("record");
-        f();
+        for _ in 0..batch {
+            f();
+        }
         end.record(dev.stream()).expect("record");
         end.synchronize().expect("sync");
-        ms.push(start.elapsed_ms(&end).expect("elapsed") as f64);
+        ms.push(start.elapsed_ms(&end).expect("elapsed") as f64 / batch as f64);
     }
     ms.sort_by(|a, b| a.total_cmp(b));
     ms[reps / 2]

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 ROWS, COLS, REPS = 16384, 4096, 20
+BATCH = 5  # calls per timed sample, as benches/tensor_ops.rs
 
 
 def time_ms(f):
@@ -17,8 +18,11 @@ def time_ms(f):
     ms = []
     for _ in range(REPS):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); f(); e.record(); e.synchronize()
-        ms.append(s.elapsed_time(e))
+        s.record()
+        for _ in range(BATCH):
+            f()
+        e.record(); e.synchronize()
+        ms.append(s.elapsed_time(e) / BATCH)
     return sorted(ms)[REPS // 2]
 
 

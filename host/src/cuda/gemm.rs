@@ -133,16 +133,19 @@ pub fn rung(name: &str) -> Result<&'static Rung> {
     })
 }
 
-/// The rung expected to be fastest that fits: the double-buffered warp tiling when rows are 16-byte
-/// aligned, 2-D tiling otherwise, smaller tiles when the product would not fill the GPU with
-/// 128 x 128 tiles. Not yet tuned from measurements of the `_db` rungs.
+/// The fastest rung that fits, by shape class, from the H200 measurements in
+/// `benches/results/gemm.md` (2026-11-21): with 16-byte aligned rows, the double-buffered warp
+/// tiling at 128 x 256 once the product has at least 132 tiles of 128 x 128 (2048^3: 91% of cuBLAS,
+/// 4096^3: 90%, 8192^3: 90%), at 64 x 128 below that (1024^3: 84%, where larger tiles leave SMs
+/// idle); unaligned rows fall back to the scalar 2-D tilings.
 pub fn choose(s: GemmShape) -> &'static Rung {
     let aligned = s.k.is_multiple_of(4) && s.n.is_multiple_of(4);
-    let big_tiles = (s.m.div_ceil(128) as u64) * (s.n.div_ceil(128) as u64) >= 132;
-    let name = match (aligned, big_tiles) {
-        (true, true) => "sgemm_warptile_128x128x8_8x8_db",
+    let big = (s.m.div_ceil(128) as u64) * (s.n.div_ceil(128) as u64) >= 132;
+    let name = match (aligned, big) {
+        (true, true) => "sgemm_warptile_128x256x8_8x16_db",
+        (true, false) => "sgemm_warptile_64x128x8_4x8_db",
         (false, true) => "sgemm_tile2d_128x128x8_8x8",
-        (_, false) => "sgemm_tile2d_64x64x8_4x4",
+        (false, false) => "sgemm_tile2d_64x64x8_4x4",
     };
     rung(name).expect("the chooser names rungs of the table")
 }
