@@ -4,6 +4,7 @@ use kiln::cuda::Device;
 
 /// Median milliseconds of `f` over `reps` runs, timed with CUDA events on the device's stream after
 /// two warm-ups.
+#[allow(dead_code)]
 pub fn median_ms(dev: &Device, reps: usize, f: impl FnMut()) -> f64 {
     median_ms_batched(dev, reps, 1, f)
 }

@@ -478,15 +478,13 @@ impl GpuStep {
                 msg: format!("class {c} is out of range for {dl} outputs"),
             });
         }
-        let mut act = vec![0.0f32; self.act.len()];
-        act[..inp.x.len()].copy_from_slice(inp.x);
-        self.dev.write(&mut self.act, &act)?;
+        // The batch goes into layer 0's activations; the other layers are overwritten by the forward.
+        self.dev.write_prefix(&mut self.act, inp.x)?;
         let y = self.dev.upload(if inp.y.is_empty() { &[0.0f32][..] } else { inp.y })?;
         let classes: Vec<u32> =
             if inp.classes.is_empty() { vec![0] } else { inp.classes.iter().map(|&c| c as u32).collect() };
         let classes = self.dev.upload(&classes)?;
-        let counter_words = self.counter_buf.len();
-        self.dev.write(&mut self.counter_buf, &vec![0u32; counter_words])?;
+        self.dev.zero(&mut self.counter_buf)?;
         let bufs = MegaBuffers {
             instructions: kiln_gpu::DevicePtr::from_addr(self.instructions.addr()),
             sm_offsets: self.sm_offsets.ptr(),

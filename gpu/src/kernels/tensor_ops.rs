@@ -474,7 +474,7 @@ unsafe fn row_max_sum_exp(x: DevicePtr<f32>, row: usize, d: u32) -> (f32, f32) {
     let mut s = 0.0f32;
     c = t;
     while c < d {
-        s += math::exp(unsafe { x.read(row + c as usize) } - m);
+        s += math::exp_fast(unsafe { x.read(row + c as usize) } - m);
         c += ROW_THREADS;
     }
     (m, block_reduce(s, false))
@@ -541,7 +541,7 @@ fn cached_max_sum_exp<const KEEP: bool>(v: &mut [[f32; 4]; ROW_QUADS as usize], 
         if t + j as u32 * ROW_THREADS < d / 4 {
             let mut l = 0;
             while l < 4 {
-                let e = math::exp(v[j][l] - m);
+                let e = math::exp_fast(v[j][l] - m);
                 s += e;
                 if KEEP {
                     v[j][l] = e;
@@ -579,7 +579,7 @@ pub unsafe fn softmax_rows_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, d: u32
     let mut c = t;
     while c < d {
         let v = unsafe { x.read(row + c as usize) } - m;
-        unsafe { out.write(row + c as usize, if log != 0 { v - ls } else { math::exp(v) * inv }) };
+        unsafe { out.write(row + c as usize, if log != 0 { v - ls } else { math::exp_fast(v) * inv }) };
         c += ROW_THREADS;
     }
 }
@@ -638,7 +638,7 @@ pub unsafe fn cross_entropy_backward_rows_f32(
     let inv = 1.0 / s;
     let mut c = t;
     while c < d {
-        let p = math::exp(unsafe { logits.read(row + c as usize) } - m) * inv;
+        let p = math::exp_fast(unsafe { logits.read(row + c as usize) } - m) * inv;
         let onehot = if c == target { 1.0 } else { 0.0 };
         unsafe { grad.write(row + c as usize, (p - onehot) * scale) };
         c += ROW_THREADS;

@@ -313,6 +313,23 @@ impl Device {
         }
         self.stream.memcpy_htod(host, buf.slice_mut()).map_err(Error::driver("copying to the device"))
     }
+
+    /// Copies `host` into the first `host.len()` elements of `buf`, leaving the rest as it is.
+    pub fn write_prefix<T: DeviceRepr>(&self, buf: &mut DeviceBuffer<T>, host: &[T]) -> Result<()> {
+        if host.len() > buf.len() {
+            return Err(Error::shape(
+                "write",
+                format!("buffer holds {} elements, host slice {}", buf.len(), host.len()),
+            ));
+        }
+        let mut view = buf.slice_mut().slice_mut(..host.len());
+        self.stream.memcpy_htod(host, &mut view).map_err(Error::driver("copying to the device"))
+    }
+
+    /// Sets every element of `buf` to zero bits, on the device.
+    pub fn zero<T: DeviceRepr + ValidAsZeroBits>(&self, buf: &mut DeviceBuffer<T>) -> Result<()> {
+        self.stream.memset_zeros(buf.slice_mut()).map_err(Error::driver("zeroing a buffer"))
+    }
 }
 
 /// Whether new uninitialized allocations are poisoned (`KILN_POISON=1`).

@@ -1,0 +1,89 @@
+//! One MLP training step (forward, softmax cross-entropy, backward, SGD) on the GPU, three ways:
+//! the megakernel (one launch per step), kiln's layer-by-layer autograd path, and (in
+//! `benches/torch_mlp_step.py`, same run) PyTorch eager and as a CUDA graph. Models: `layers`
+//! bias-free Linear layers of `width` (ReLU between), `width` classes, f32, SGD lr 0.01.
+//! Writes JSON to `$KILN_BENCH_OUT` (default `mlp_step.json`).
+//!
+//! Run: `cargo bench --bench mlp_step`, or `benches/mlp_step` from a GPU bundle. Without a GPU it
+//! prints why and exits 0.
+
+use kiln::cuda::Device;
+use kiln::megakernel::{GpuStep, Loss, MlpShape, StepInputs, build};
+use kiln::nn::{Linear, Module, ReLU, Sequential};
+use kiln::optim::{Optimizer, Sgd};
+use kiln::tensor::{DType, Device as TDev, Tensor};
+use std::sync::Arc;
+
+#[path = "timing.rs"]
+mod timing;
+
+/// (batch, width, layers): the three models.
+const MODELS: &[(usize, usize, usize)] = &[(64, 256, 4), (256, 1024, 4), (4096, 1024, 8)];
+const LR: f32 = 0.01;
+
+fn main() {
+    let dev = match Device::shared() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("mlp_step bench: no GPU ({e}); nothing measured");
+            return;
+        }
+    };
+    let sms = dev
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .expect("SM count") as usize;
+    println!("device: {}, per training step, f32, median of samples of back-to-back steps", dev.name());
+    let mut json = format!("{{\"device\":\"{}\",\"models\":[", dev.name());
+    for (mi, &(batch, width, layers)) in MODELS.iter().enumerate() {
+        let (reps, per) = if batch * width >= 1 << 22 { (5, 2) } else { (15, 10) };
+        let mut rng = Tensor::rng(7);
+        let x = Tensor::randn([batch, width], DType::F32, &mut rng).to_vec_f32();
+        let classes: Vec<usize> = (0..batch).map(|i| (i * 37) % width).collect();
+
+        // Megakernel: one launch per step (plus the batch upload and the stall check it does).
+        let shape = MlpShape { batch, dims: vec![width; layers + 1] };
+        let schedule = build(&shape, sms).expect("schedule");
+        let weights: Vec<Vec<f32>> = (0..layers)
+            .map(|_| Tensor::randn([width * width], DType::F32, &mut rng).to_vec_f32())
+            .map(|w| w.iter().map(|v| v / (width as f32).sqrt()).collect())
+            .collect();
+        let mut mega = GpuStep::new(dev.clone(), &schedule, &weights).expect("megakernel");
+        let inp = StepInputs { x: &x, y: &[], classes: &classes, loss: Loss::CrossEntropy, lr: LR, momentum: 0.0 };
+        let mega_ms = timing::median_ms_batched(&dev, reps, per, || mega.step(&inp).expect("megakernel step"));
+
+        // kiln layer by layer (autograd on the CUDA backend).
+        let td = TDev::Cuda(Arc::clone(&dev));
+        let mut model = Sequential::new();
+        for l in 0..layers {
+            model = model.push(Linear::new(width, width, false, DType::F32, &mut rng).expect("linear"));
+            if l + 1 < layers {
+                model = model.push(ReLU);
+            }
+        }
+        for p in model.parameters() {
+            p.move_to(&td).expect("to device");
+        }
+        let mut opt = Sgd::new(model.named_parameters(), LR as f64, 0.0, 0.0, false);
+        let xt = Tensor::from_vec(x.clone(), [batch, width]).expect("x").to_device(&td).expect("upload");
+        let mut step = || {
+            let loss = model.forward(&xt).expect("forward").cross_entropy(&classes).expect("loss");
+            loss.backward().expect("backward");
+            opt.step().expect("sgd");
+            opt.zero_grad();
+        };
+        let layered_ms = timing::median_ms_batched(&dev, reps, per, &mut step);
+
+        println!(
+            "b{batch} w{width} d{layers}: megakernel {mega_ms:.3} ms/step, kiln layer-by-layer {layered_ms:.3} ms/step"
+        );
+        json += &format!(
+            "{}{{\"batch\":{batch},\"width\":{width},\"layers\":{layers},\"megakernel_ms\":{mega_ms:.4},\"layered_ms\":{layered_ms:.4}}}",
+            if mi > 0 { "," } else { "" }
+        );
+    }
+    json += "]}\n";
+    let out = std::env::var("KILN_BENCH_OUT").unwrap_or_else(|_| "mlp_step.json".into());
+    if let Err(e) = std::fs::write(&out, json) {
+        eprintln!("writing {out}: {e}");
+    }
+}
