@@ -124,6 +124,11 @@ fn tests() -> Vec<GpuTest> {
             run: f32_tier_batch_invariance,
         },
         GpuTest { name: "gpu::training_twice_gives_identical_weights", available: any, run: training_twice_identical },
+        GpuTest {
+            name: "gpu::triad_bits_match_across_processes",
+            available: any,
+            run: triad_across_processes,
+        },
         GpuTest { name: "gpu::megakernel_matches_the_cpu_interpreter", available: any, run: megakernel_matches },
         GpuTest {
             name: "gpu::tensor_core_tier_batch_invariant_and_reproducible",
@@ -143,6 +148,14 @@ fn tests() -> Vec<GpuTest> {
 }
 
 fn main() {
+    // A child process of `gpu::triad_bits_match_across_processes`: compute, write, exit.
+    if let Ok(path) = std::env::var(TRIAD_CHILD_ENV) {
+        let dev = Device::shared().expect("the parent process found a GPU");
+        let lines: Vec<String> =
+            triad_digests(&dev).expect("triad products").into_iter().map(|(k, d)| format!("{k} {d:016x}")).collect();
+        std::fs::write(&path, lines.join("\n")).expect("writing the digests");
+        return;
+    }
     let args = Arguments::from_args();
     let (_, seed) = testing::rng();
     // One seed for the run, printed so a failure can be replayed.
@@ -680,6 +693,81 @@ fn f32_tier_batch_invariance(_: &Device) -> Outcome {
             if bits(&x.matmul(&wt).map_err(err)?.to_vec_f32()) != first {
                 return Err(format!("launch {rep} differs (k {k}, n {n})"));
             }
+        }
+    }
+    Ok(())
+}
+
+const TRIAD_CHILD_ENV: &str = "KILN_TRIAD_CHILD";
+
+/// FNV-1a over the bits of a product.
+fn digest(v: &[f32]) -> u64 {
+    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Digests of every kernel the triad can pick, over the shape classes (tiny, narrow, a one-row
+/// batch, a long reduction, large), from fixed inputs (seed 1234, not the run's seed).
+fn triad_digests(dev: &Device) -> Result<Vec<(String, u64)>, String> {
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1234);
+    let mut out = Vec::new();
+    let shapes = [(1u32, 1u32, 1u32), (7, 13, 5), (1, 512, 1024), (64, 8, 4096), (300, 260, 1024), (1024, 1024, 512)];
+    for &(m, n, k) in &shapes {
+        let a = testing::uniform(&mut rng, (m * k) as usize);
+        let b = testing::uniform(&mut rng, (k * n) as usize);
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        let s = GemmShape { m, n, k };
+        for r in kiln::cuda::gemm::RUNGS {
+            if r.vec4 && (k % 4 != 0 || n % 4 != 0) {
+                continue;
+            }
+            let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+            r.run(dev, &da, &db, &mut dc, s).map_err(err)?;
+            out.push((format!("{}:{m}x{n}x{k}", r.name), digest(&dev.download(&dc).map_err(err)?)));
+        }
+        if k % 8 != 0 {
+            continue; // the tensor-core kernels copy rows in 16-byte chunks (a typed error otherwise)
+        }
+        let ab: Vec<bf16> = a.iter().map(|&x| bf16::from_f32(x)).collect();
+        let bb: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect(); // read as n x k
+        let (dab, dbb) = (dev.upload(&ab).map_err(err)?, dev.upload(&bb).map_err(err)?);
+        let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+        kiln::cuda::gemm::hgemm(dev, &dab, &dbb, &mut dc, s).map_err(err)?;
+        out.push((format!("hgemm_mma_bf16:{m}x{n}x{k}"), digest(&dev.download(&dc).map_err(err)?)));
+        if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>() {
+            use kiln::cuda::gemm::{WgmmaGemm, WgmmaTile};
+            for tile in [WgmmaTile::T128x128, WgmmaTile::T128x256] {
+                WgmmaGemm::with_tile(dev, &dab, &dbb, s, tile).map_err(err)?.run(&mut dc).map_err(err)?;
+                out.push((format!("wgmma {tile:?}:{m}x{n}x{k}"), digest(&dev.download(&dc).map_err(err)?)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Guarantee 1 across processes: a second process (this binary, re-run as a child) computes every
+/// triad kernel's products on the same inputs and must produce the same bits.
+fn triad_across_processes(dev: &Device) -> Outcome {
+    let mine = triad_digests(dev)?;
+    let path = std::env::temp_dir().join(format!("kiln-triad-{}.txt", std::process::id()));
+    let io = |e: std::io::Error| e.to_string();
+    let exe = std::env::current_exe().map_err(io)?;
+    let status = std::process::Command::new(exe).env(TRIAD_CHILD_ENV, &path).status().map_err(io)?;
+    if !status.success() {
+        return Err(format!("the child process failed: {status}"));
+    }
+    let theirs = std::fs::read_to_string(&path).map_err(io)?;
+    let _ = std::fs::remove_file(&path);
+    let theirs: Vec<&str> = theirs.lines().collect();
+    if theirs.len() != mine.len() {
+        return Err(format!("child computed {} products, parent {}", theirs.len(), mine.len()));
+    }
+    for ((k, d), line) in mine.iter().zip(theirs) {
+        let want = format!("{k} {d:016x}");
+        if line != want {
+            return Err(format!("{k}: parent {want}, child {line}"));
         }
     }
     Ok(())
