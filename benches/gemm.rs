@@ -99,7 +99,8 @@ fn main() {
         let b: Vec<bf16> = (0..n * k).map(|i| bf16::from_f32(((i % 89) as f32 - 44.0) / 64.0)).collect();
         let (da, db) = (dev.upload(&a).expect("upload"), dev.upload(&b).expect("upload"));
         let mut dc = dev.zeros::<f32>((m * n) as usize).expect("alloc");
-        let cublas_ms = median_ms(&dev, || cublas_bf16_f32out(&blas, &da, &db, &mut dc, s));
+        use cudarc::cublas::sys::cublasComputeType_t::{CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_PEDANTIC};
+        let cublas_ms = median_ms(&dev, || cublas_bf16_f32out(&blas, &da, &db, &mut dc, s, CUBLAS_COMPUTE_32F));
         let cublas_tf = fl / cublas_ms / 1e9;
         println!("{m}x{n}x{k} bf16 -> f32: cuBLAS GemmEx {cublas_ms:.3} ms, {cublas_tf:.1} TFLOP/s");
         let mut record = |name: &str, ms: f64| {
@@ -111,6 +112,11 @@ fn main() {
             );
             first = false;
         };
+        // Pedantic compute: cuBLAS without reduced-precision shortcuts, the deterministic tier's rival.
+        record(
+            "cublas_bf16_pedantic",
+            median_ms(&dev, || cublas_bf16_f32out(&blas, &da, &db, &mut dc, s, CUBLAS_COMPUTE_32F_PEDANTIC)),
+        );
         record(
             "hgemm_mma_bf16",
             median_ms(&dev, || kiln::cuda::gemm::hgemm(&dev, &da, &db, &mut dc, s).expect("kiln hgemm")),
@@ -145,8 +151,9 @@ fn cublas_bf16_f32out(
     b: &kiln::cuda::DeviceBuffer<half::bf16>,
     c: &mut kiln::cuda::DeviceBuffer<f32>,
     s: GemmShape,
+    compute: cudarc::cublas::sys::cublasComputeType_t,
 ) {
-    use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+    use cudarc::cublas::sys::{cublasGemmAlgo_t, cudaDataType};
     let (alpha, beta) = (1.0f32, 0.0f32);
     // SAFETY: the buffers hold m*k, n*k and m*n elements (allocated by the caller for `s`).
     unsafe {
@@ -168,7 +175,7 @@ fn cublas_bf16_f32out(
             c.addr() as *mut _,
             cudaDataType::CUDA_R_32F,
             s.n as i32,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            compute,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
