@@ -124,6 +124,7 @@ fn tests() -> Vec<GpuTest> {
             run: f32_tier_batch_invariance,
         },
         GpuTest { name: "gpu::training_twice_gives_identical_weights", available: any, run: training_twice_identical },
+        GpuTest { name: "gpu::eval_outputs_do_not_depend_on_the_batch", available: any, run: eval_batch_invariance },
         GpuTest {
             name: "gpu::triad_bits_match_across_processes",
             available: any,
@@ -698,6 +699,41 @@ fn f32_tier_batch_invariance(_: &Device) -> Outcome {
     Ok(())
 }
 
+/// A model's per-sample outputs on the GPU are the same bits whether the sample is evaluated alone,
+/// in a batch of 7 or in a batch of 1000 (Linear with bias, ReLU, GELU, two layers).
+fn eval_batch_invariance(dev: &Device) -> Outcome {
+    use kiln::nn::{GELU, Linear, Module, ReLU, Sequential};
+    let td = kiln::tensor::Device::Cuda(Device::shared().map_err(err)?);
+    let _ = dev;
+    let mut rng = kiln::Tensor::rng(5);
+    let model = Sequential::new()
+        .push(Linear::new(37, 130, true, kiln::DType::F32, &mut rng).map_err(err)?)
+        .push(ReLU)
+        .push(Linear::new(130, 64, true, kiln::DType::F32, &mut rng).map_err(err)?)
+        .push(GELU)
+        .push(Linear::new(64, 10, true, kiln::DType::F32, &mut rng).map_err(err)?);
+    for p in model.parameters() {
+        p.move_to(&td).map_err(err)?;
+    }
+    let _g = kiln::tensor::no_grad();
+    let (mut r2, _) = testing::rng();
+    let x = testing::uniform(&mut r2, 1000 * 37);
+    let run = |rows: std::ops::Range<usize>| -> Result<Vec<u32>, String> {
+        let xt = kiln::Tensor::from_vec(x[rows.start * 37..rows.end * 37].to_vec(), [rows.len(), 37])
+            .map_err(err)?
+            .to_device(&td)
+            .map_err(err)?;
+        Ok(bits(&model.forward(&xt).map_err(err)?.to_vec_f32()))
+    };
+    let all = run(0..1000)?;
+    for (lo, hi) in [(0, 1), (500, 501), (999, 1000), (3, 10), (990, 997)] {
+        if run(lo..hi)? != all[lo * 10..hi * 10] {
+            return Err(format!("rows {lo}..{hi} evaluated alone differ from the batch of 1000"));
+        }
+    }
+    Ok(())
+}
+
 const TRIAD_CHILD_ENV: &str = "KILN_TRIAD_CHILD";
 
 /// FNV-1a over the bits of a product.
@@ -914,7 +950,7 @@ fn tensor_core_tier(dev: &Device) -> Outcome {
         let mut dc = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
         kiln::cuda::gemm::hgemm(dev, &da, &db, &mut dc, s).map_err(err)?;
         let first = bits(&dev.download(&dc).map_err(err)?);
-        for _ in 0..5 {
+        for _ in 0..20 {
             kiln::cuda::gemm::hgemm(dev, &da, &db, &mut dc, s).map_err(err)?;
             if bits(&dev.download(&dc).map_err(err)?) != first {
                 return Err(format!("hgemm m={m}: a repeated launch changed bits"));
@@ -933,7 +969,7 @@ fn tensor_core_tier(dev: &Device) -> Outcome {
                 let plan = kiln::cuda::gemm::WgmmaGemm::with_tile(dev, &da, &db, s, tile).map_err(err)?;
                 plan.run(&mut dc).map_err(err)?;
                 let w = bits(&dev.download(&dc).map_err(err)?);
-                for _ in 0..3 {
+                for _ in 0..20 {
                     plan.run(&mut dc).map_err(err)?;
                     if bits(&dev.download(&dc).map_err(err)?) != w {
                         return Err(format!("wgmma {tile:?} m={m}: a repeated launch changed bits"));
