@@ -125,6 +125,8 @@ fn tests() -> Vec<GpuTest> {
         },
         GpuTest { name: "gpu::training_twice_gives_identical_weights", available: any, run: training_twice_identical },
         GpuTest { name: "gpu::eval_outputs_do_not_depend_on_the_batch", available: any, run: eval_batch_invariance },
+        GpuTest { name: "gpu::typed_tier_bf16_is_the_f32_chain_rounded_once", available: any, run: typed_tier::<bf16> },
+        GpuTest { name: "gpu::typed_tier_f16_is_the_f32_chain_rounded_once", available: any, run: typed_tier::<f16> },
         GpuTest {
             name: "gpu::triad_bits_match_across_processes",
             available: any,
@@ -734,6 +736,68 @@ fn eval_batch_invariance(dev: &Device) -> Outcome {
     Ok(())
 }
 
+/// A 16-bit type with its host conversions, for the typed-tier test.
+trait Half16: kiln::cuda::gemm::TypedTier + PartialEq + std::fmt::Debug {
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+    fn bits(self) -> u16;
+}
+impl Half16 for bf16 {
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn bits(self) -> u16 {
+        self.to_bits()
+    }
+}
+impl Half16 for f16 {
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn bits(self) -> u16 {
+        self.to_bits()
+    }
+}
+
+/// Guarantee 4: the typed tier's bits are the f32 chain on the widened inputs, rounded once
+/// (nearest-even), on every run, at odd shapes and with k = 0.
+fn typed_tier<T: Half16>(dev: &Device) -> Outcome {
+    use kiln::deterministic::matmul_chain;
+    let (mut rng, _) = testing::rng();
+    for &(m, n, k) in &[(1u32, 1u32, 1u32), (13, 9, 70), (129, 127, 200), (1, 512, 1000), (64, 132, 36), (5, 7, 0)] {
+        let (mu, nu, ku) = (m as usize, n as usize, k as usize);
+        let a: Vec<T> = testing::uniform(&mut rng, mu * ku).into_iter().map(T::from_f32).collect();
+        let b: Vec<T> = testing::uniform(&mut rng, ku * nu).into_iter().map(T::from_f32).collect();
+        let chain = matmul_chain(
+            &a.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+            &b.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+            mu,
+            ku,
+            nu,
+        );
+        let want: Vec<u16> = chain.iter().map(|&x| T::from_f32(x).bits()).collect();
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        let mut dc = dev.upload(&vec![T::from_f32(f32::NAN); mu * nu]).map_err(err)?;
+        for rep in 0..3 {
+            kiln::cuda::gemm::typed_gemm(dev, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
+            let got: Vec<u16> = dev.download(&dc).map_err(err)?.into_iter().map(|x| x.bits()).collect();
+            if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+                return Err(format!(
+                    "{m}x{n}x{k} run {rep}: element {i} is {:#06x}, the rounded chain {:#06x}",
+                    got[i], want[i]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 const TRIAD_CHILD_ENV: &str = "KILN_TRIAD_CHILD";
 
 /// FNV-1a over the bits of a product.
@@ -772,6 +836,16 @@ fn triad_digests(dev: &Device) -> Result<Vec<(String, u64)>, String> {
         let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
         kiln::cuda::gemm::hgemm(dev, &dab, &dbb, &mut dc, s).map_err(err)?;
         out.push((format!("hgemm_mma_bf16:{m}x{n}x{k}"), digest(&dev.download(&dc).map_err(err)?)));
+        let ah: Vec<f16> = a.iter().map(|&x| f16::from_f32(x)).collect();
+        let bh: Vec<f16> = b.iter().map(|&x| f16::from_f32(x)).collect();
+        let (dah, dbh) = (dev.upload(&ah).map_err(err)?, dev.upload(&bh).map_err(err)?);
+        kiln::cuda::gemm::hgemm(dev, &dah, &dbh, &mut dc, s).map_err(err)?;
+        out.push((format!("hgemm_mma_f16:{m}x{n}x{k}"), digest(&dev.download(&dc).map_err(err)?)));
+        // the typed tier (b read as k x n here)
+        let mut c16 = dev.upload(&vec![bf16::ZERO; (m * n) as usize]).map_err(err)?;
+        kiln::cuda::gemm::typed_gemm(dev, &dab, &dbb, &mut c16, s).map_err(err)?;
+        let c16: Vec<f32> = dev.download(&c16).map_err(err)?.into_iter().map(|x| x.to_f32()).collect();
+        out.push((format!("typed_bf16:{m}x{n}x{k}"), digest(&c16)));
         if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>() {
             use kiln::cuda::gemm::{WgmmaGemm, WgmmaTile};
             for tile in [WgmmaTile::T128x128, WgmmaTile::T128x256] {

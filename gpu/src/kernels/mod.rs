@@ -6,6 +6,7 @@
 #![allow(unused_imports)]
 
 pub mod barrier;
+pub mod convert;
 pub mod elementwise;
 pub mod gemm_wgmma;
 pub mod hgemm_mma;
