@@ -117,6 +117,12 @@ fn main() {
             "cublas_bf16_pedantic",
             median_ms(&dev, || cublas_bf16_f32out(&blas, &da, &db, &mut dc, s, CUBLAS_COMPUTE_32F_PEDANTIC)),
         );
+        // The deterministic typed tier (the f32 chain, rounded once; b read as k x n: same bytes).
+        let mut dc16 = dev.zeros::<half::bf16>((m * n) as usize).expect("alloc");
+        record(
+            "typed_bf16_f32_tier",
+            median_ms(&dev, || kiln::cuda::gemm::typed_gemm(&dev, &da, &db, &mut dc16, s).expect("typed tier")),
+        );
         record(
             "hgemm_mma_bf16",
             median_ms(&dev, || kiln::cuda::gemm::hgemm(&dev, &da, &db, &mut dc, s).expect("kiln hgemm")),

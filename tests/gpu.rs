@@ -784,7 +784,7 @@ fn typed_tier<T: Half16>(dev: &Device) -> Outcome {
         let want: Vec<u16> = chain.iter().map(|&x| T::from_f32(x).bits()).collect();
         let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
         let mut dc = dev.upload(&vec![T::from_f32(f32::NAN); mu * nu]).map_err(err)?;
-        for rep in 0..3 {
+        for rep in 0..20 {
             kiln::cuda::gemm::typed_gemm(dev, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
             let got: Vec<u16> = dev.download(&dc).map_err(err)?.into_iter().map(|x| x.bits()).collect();
             if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
