@@ -63,6 +63,82 @@ pub const fn empty_parity(t: u32) -> u32 {
     ((t / WG_STAGES) + 1) & 1
 }
 
+/// The stage ring in dynamic shared memory: `STAGES` stages of `stage_bytes` from `base` (A tile,
+/// then B tile), followed by the `full` and `empty` mbarriers of each stage.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+#[derive(Clone, Copy)]
+struct Ring {
+    base: u32,
+    stage_bytes: u32,
+}
+
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+impl Ring {
+    fn stage(self, st: u32) -> u32 {
+        self.base + st * self.stage_bytes
+    }
+    fn full(self, st: u32) -> u32 {
+        self.base + WG_STAGES * self.stage_bytes + st * 8
+    }
+    fn empty(self, st: u32) -> u32 {
+        self.base + WG_STAGES * self.stage_bytes + (WG_STAGES + st) * 8
+    }
+
+    /// Checks the 1024-byte alignment 128-byte swizzling needs (it is computed from address bits),
+    /// and has thread 0 initialize the barriers (`full`: one arrival plus the bytes; `empty`: one
+    /// arrival per consumer warpgroup); then a block barrier. All threads call it.
+    fn init(self) {
+        if self.base % 1024 != 0 {
+            thread::trap();
+        }
+        if thread::thread_idx_x() == 0 {
+            let mut st = 0;
+            while st < WG_STAGES {
+                unsafe {
+                    mbarrier::init(self.full(st), 1);
+                    mbarrier::init(self.empty(st), 2);
+                }
+                st += 1;
+            }
+            fence::mbarrier_init_release_cluster();
+        }
+        sync::sync_threads();
+    }
+
+    /// The producer (one thread): for each k tile, waits until its stage is empty (from the second
+    /// lap on), announces the stage's bytes on `full`, and issues the TMA loads of the A box (rows
+    /// `m0..`) and the B box (rows `n0..`). Every wait is bounded and traps on a stall.
+    unsafe fn produce(self, a_map: DevicePtr<TensorMap>, b_map: DevicePtr<TensorMap>, k_tiles: u32, m0: u32, n0: u32) {
+        unsafe {
+            tma::prefetch(a_map.as_ptr());
+            tma::prefetch(b_map.as_ptr());
+        }
+        let mut t = 0;
+        while t < k_tiles {
+            let st = t % WG_STAGES;
+            if t >= WG_STAGES
+                && !unsafe { mbarrier::wait_parity_bounded(self.empty(st), empty_parity(t), mbarrier::DEFAULT_WAIT_NS) }
+            {
+                thread::trap();
+            }
+            let dst = self.stage(st);
+            unsafe {
+                mbarrier::arrive_expect_tx(self.full(st), self.stage_bytes);
+                tma::load_2d(dst, a_map.as_ptr(), (t * WG_BK) as i32, m0 as i32, self.full(st));
+                tma::load_2d(dst + WG_TILE_BYTES, b_map.as_ptr(), (t * WG_BK) as i32, n0 as i32, self.full(st));
+            }
+            t += 1;
+        }
+    }
+
+    /// A consumer's wait for k tile `t`'s stage to be full (bounded; traps on a stall).
+    fn wait_full(self, t: u32) {
+        if !unsafe { mbarrier::wait_parity_bounded(self.full(t % WG_STAGES), full_parity(t), mbarrier::DEFAULT_WAIT_NS) } {
+            thread::trap();
+        }
+    }
+}
+
 /// `C = A B^T` (see the module docs). `a_map` / `b_map`: bf16 tensor maps (box 64 x 128, 128-byte
 /// swizzle) in global memory. Grid (ceil(n / 128), ceil(m / 128)); block 384; dynamic shared memory
 /// [`WG_SMEM_BYTES`].
@@ -76,49 +152,12 @@ pub unsafe fn gemm_wgmma_bf16(
     let tid = thread::thread_idx_x();
     let wg = tid / 128;
     let (m0, n0) = (thread::block_idx_y() * WG_BM, thread::block_idx_x() * WG_BN);
-    let base = shared::dynamic_smem_addr();
-    let full = |st: u32| base + WG_BARRIERS + st * 8;
-    let empty = |st: u32| base + WG_BARRIERS + (WG_STAGES + st) * 8;
+    let ring = Ring { base: shared::dynamic_smem_addr(), stage_bytes: WG_STAGE_BYTES };
     let k_tiles = s.k.div_ceil(WG_BK);
-    // 128-byte swizzling is computed from address bits: the tiles must sit on 1024-byte boundaries.
-    if base % 1024 != 0 {
-        thread::trap();
-    }
-    if tid == 0 {
-        let mut st = 0;
-        while st < WG_STAGES {
-            unsafe {
-                mbarrier::init(full(st), 1);
-                mbarrier::init(empty(st), 2);
-            }
-            st += 1;
-        }
-        fence::mbarrier_init_release_cluster();
-    }
-    sync::sync_threads();
-
+    ring.init();
     if wg == 0 {
         if tid == 0 {
-            unsafe {
-                tma::prefetch(a_map.as_ptr());
-                tma::prefetch(b_map.as_ptr());
-            }
-            let mut t = 0;
-            while t < k_tiles {
-                let st = t % WG_STAGES;
-                if t >= WG_STAGES
-                    && !unsafe { mbarrier::wait_parity_bounded(empty(st), empty_parity(t), mbarrier::DEFAULT_WAIT_NS) }
-                {
-                    thread::trap();
-                }
-                let a_dst = base + st * WG_STAGE_BYTES;
-                unsafe {
-                    mbarrier::arrive_expect_tx(full(st), WG_STAGE_BYTES);
-                    tma::load_2d(a_dst, a_map.as_ptr(), (t * WG_BK) as i32, m0 as i32, full(st));
-                    tma::load_2d(a_dst + WG_TILE_BYTES, b_map.as_ptr(), (t * WG_BK) as i32, n0 as i32, full(st));
-                }
-                t += 1;
-            }
+            unsafe { ring.produce(a_map, b_map, k_tiles, m0, n0) };
         }
         return;
     }
@@ -130,11 +169,9 @@ pub unsafe fn gemm_wgmma_bf16(
     let mut t = 0;
     while t < k_tiles {
         let st = t % WG_STAGES;
-        if !unsafe { mbarrier::wait_parity_bounded(full(st), full_parity(t), mbarrier::DEFAULT_WAIT_NS) } {
-            thread::trap();
-        }
-        let a_tile = base + st * WG_STAGE_BYTES + cons * 64 * 128;
-        let b_tile = base + st * WG_STAGE_BYTES + WG_TILE_BYTES;
+        ring.wait_full(t);
+        let a_tile = ring.stage(st) + cons * 64 * 128;
+        let b_tile = ring.stage(st) + WG_TILE_BYTES;
         wgmma::fence();
         let mut kk = 0;
         while kk < WG_BK / 16 {
@@ -151,7 +188,7 @@ pub unsafe fn gemm_wgmma_bf16(
         wgmma::commit_group();
         wgmma::wait_group::<0>();
         if ct == 0 {
-            unsafe { mbarrier::arrive(empty(st)) };
+            unsafe { mbarrier::arrive(ring.empty(st)) };
         }
         t += 1;
     }
@@ -223,49 +260,13 @@ pub unsafe fn gemm_wgmma_bf16_wide(
     let (tiles_m, tiles_n) = (s.m.div_ceil(WG_BM), s.n.div_ceil(WW_BN));
     let (tm, tn) = grouped_tile(thread::block_idx_x(), tiles_m, tiles_n, WW_GROUP_M);
     let (m0, n0) = (tm * WG_BM, tn * WW_BN);
-    let base = shared::dynamic_smem_addr();
-    let full = |st: u32| base + WW_BARRIERS + st * 8;
-    let empty = |st: u32| base + WW_BARRIERS + (WG_STAGES + st) * 8;
+    let ring = Ring { base: shared::dynamic_smem_addr(), stage_bytes: WW_STAGE_BYTES };
     let k_tiles = s.k.div_ceil(WG_BK);
-    if base % 1024 != 0 {
-        thread::trap();
-    }
-    if tid == 0 {
-        let mut st = 0;
-        while st < WG_STAGES {
-            unsafe {
-                mbarrier::init(full(st), 1);
-                mbarrier::init(empty(st), 2);
-            }
-            st += 1;
-        }
-        fence::mbarrier_init_release_cluster();
-    }
-    sync::sync_threads();
-
+    ring.init();
     if wg == 0 {
         unsafe { wgmma::setmaxnreg_dec::<WW_PRODUCER_REGS>() };
         if tid == 0 {
-            unsafe {
-                tma::prefetch(a_map.as_ptr());
-                tma::prefetch(b_map.as_ptr());
-            }
-            let mut t = 0;
-            while t < k_tiles {
-                let st = t % WG_STAGES;
-                if t >= WG_STAGES
-                    && !unsafe { mbarrier::wait_parity_bounded(empty(st), empty_parity(t), mbarrier::DEFAULT_WAIT_NS) }
-                {
-                    thread::trap();
-                }
-                let a_dst = base + st * WW_STAGE_BYTES;
-                unsafe {
-                    mbarrier::arrive_expect_tx(full(st), WW_STAGE_BYTES);
-                    tma::load_2d(a_dst, a_map.as_ptr(), (t * WG_BK) as i32, m0 as i32, full(st));
-                    tma::load_2d(a_dst + WG_TILE_BYTES, b_map.as_ptr(), (t * WG_BK) as i32, n0 as i32, full(st));
-                }
-                t += 1;
-            }
+            unsafe { ring.produce(a_map, b_map, k_tiles, m0, n0) };
         }
         return;
     }
@@ -278,11 +279,9 @@ pub unsafe fn gemm_wgmma_bf16_wide(
     let mut t = 0;
     while t < k_tiles {
         let st = t % WG_STAGES;
-        if !unsafe { mbarrier::wait_parity_bounded(full(st), full_parity(t), mbarrier::DEFAULT_WAIT_NS) } {
-            thread::trap();
-        }
-        let a_tile = base + st * WW_STAGE_BYTES + cons * 64 * 128;
-        let b_tile = base + st * WW_STAGE_BYTES + WG_TILE_BYTES;
+        ring.wait_full(t);
+        let a_tile = ring.stage(st) + cons * 64 * 128;
+        let b_tile = ring.stage(st) + WG_TILE_BYTES;
         wgmma::fence();
         let mut kk = 0;
         while kk < WG_BK / 16 {
@@ -300,7 +299,7 @@ pub unsafe fn gemm_wgmma_bf16_wide(
         // Tile t - 1's products are done: its stage can be refilled while tile t's run.
         wgmma::wait_group::<1>();
         if t > 0 && ct == 0 {
-            unsafe { mbarrier::arrive(empty((t - 1) % WG_STAGES)) };
+            unsafe { mbarrier::arrive(ring.empty((t - 1) % WG_STAGES)) };
         }
         t += 1;
     }
