@@ -455,28 +455,6 @@ pub const fn warptile_db_smem(bm: u32, bn: u32, bk: u32) -> u32 {
     2 * (bk * (bm + WARPTILE_A_PAD) + bk * bn) * 4
 }
 
-/// `quads` 16-byte quads of a register fragment from shared memory, quad `i` at byte address
-/// `base + i * step` (`ld.shared.v4`), as up to 16 floats.
-///
-/// # Safety
-/// The addresses must lie in the block's shared memory.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-unsafe fn ld_fragment(base: u32, step: u32, quads: u32) -> [f32; 16] {
-    let mut out = [0.0f32; 16];
-    let mut i = 0;
-    while i < quads {
-        let v = unsafe { shared::ld_shared_v4(base + i * step) };
-        let mut e = 0;
-        while e < 4 {
-            out[(i * 4 + e) as usize] = f32::from_bits(v[e as usize]);
-            e += 1;
-        }
-        i += 1;
-    }
-    out
-}
-
 /// Rung 7, tuned body: warp tiling with a register-prefetched, double-buffered k loop.
 ///
 /// Tiling: the block computes a BM x BN tile of C, BK deep per step, with (BM / WM) x (BN / WN)
@@ -607,8 +585,28 @@ unsafe fn warptile_db<
         let (a_st, b_st) = (smem + stage + a_rd, smem + stage + b_rd);
         let mut p = 0;
         while p < BK {
-            let am = unsafe { ld_fragment(a_st + p * sa * 4, sub_m * 4, TM / 4) };
-            let bn = unsafe { ld_fragment(b_st + p * BN * 4, sub_n * 4, TN / 4) };
+            let mut am = [0.0f32; 16];
+            let mut bn = [0.0f32; 16];
+            let mut i = 0;
+            while i < TM / 4 {
+                let v = unsafe { shared::ld_shared_v4(a_st + (p * sa + i * sub_m) * 4) };
+                let mut e = 0;
+                while e < 4 {
+                    am[(i * 4 + e) as usize] = f32::from_bits(v[e as usize]);
+                    e += 1;
+                }
+                i += 1;
+            }
+            let mut j = 0;
+            while j < TN / 4 {
+                let v = unsafe { shared::ld_shared_v4(b_st + (p * BN + j * sub_n) * 4) };
+                let mut e = 0;
+                while e < 4 {
+                    bn[(j * 4 + e) as usize] = f32::from_bits(v[e as usize]);
+                    e += 1;
+                }
+                j += 1;
+            }
             let mut r = 0;
             while r < TM {
                 let mut q = 0;
