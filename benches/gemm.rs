@@ -67,7 +67,13 @@ fn main() {
             median_ms(&dev, || unsafe { blas.gemm(cfg, db.slice(), da.slice(), dc.slice_mut()) }.expect("cublas"));
         set_math_mode(&blas, cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH);
         let pedantic_tf = fl / pedantic_ms / 1e9;
-        println!("  {:<28} {:>8.3} ms {:>7.2} TFLOP/s {:>6.1}% of cuBLAS", "cublas_pedantic", pedantic_ms, pedantic_tf, 100.0 * pedantic_tf / cublas_tf);
+        println!(
+            "  {:<28} {:>8.3} ms {:>7.2} TFLOP/s {:>6.1}% of cuBLAS",
+            "cublas_pedantic",
+            pedantic_ms,
+            pedantic_tf,
+            100.0 * pedantic_tf / cublas_tf
+        );
         json += &format!(
             "{}{{\"m\":{m},\"n\":{n},\"k\":{k},\"kernel\":\"cublas_pedantic\",\"ms\":{pedantic_ms:.4},\"tflops\":{pedantic_tf:.3},\"cublas_tflops\":{cublas_tf:.3}}}",
             if first { "" } else { "," }
@@ -90,7 +96,8 @@ fn main() {
     }
     // bf16 on the tensor cores: kiln's mma.sync GEMM and (on sm_90a) its wgmma GEMM, C = A B^T with
     // f32 out, against cuBLAS GemmEx with the same types (bf16 in, f32 compute, f32 out).
-    let tc_sizes: &[(u32, u32, u32)] = &[(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (4096, 1024, 4096)];
+    let tc_sizes: &[(u32, u32, u32)] =
+        &[(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (4096, 1024, 4096)];
     for &(m, n, k) in tc_sizes {
         use half::bf16;
         let s = GemmShape { m, n, k };
@@ -129,7 +136,9 @@ fn main() {
         );
         if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>() {
             use kiln::cuda::gemm::{WgmmaGemm, WgmmaTile};
-            for (name, tile) in [("gemm_wgmma_bf16", WgmmaTile::T128x128), ("gemm_wgmma_bf16_wide", WgmmaTile::T128x256)] {
+            for (name, tile) in
+                [("gemm_wgmma_bf16", WgmmaTile::T128x128), ("gemm_wgmma_bf16_wide", WgmmaTile::T128x256)]
+            {
                 let g = WgmmaGemm::with_tile(&dev, &da, &db, s, tile).expect("wgmma maps");
                 record(name, median_ms(&dev, || g.run(&mut dc).expect("kiln wgmma")));
             }

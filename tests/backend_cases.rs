@@ -138,8 +138,7 @@ pub fn softmax_and_cross_entropy(dev: &Device) {
             let z: f64 = row.iter().map(|x| (x - mx).exp()).sum();
             let p: Vec<f64> = row.iter().map(|x| (x - mx).exp() / z).collect();
             let lp: Vec<f64> = row.iter().map(|x| x - mx - z.ln()).collect();
-            let g: Vec<f64> =
-                (0..d).map(|c| (p[c] - if c == targets[r] { 1.0 } else { 0.0 }) / rows as f64).collect();
+            let g: Vec<f64> = (0..d).map(|c| (p[c] - if c == targets[r] { 1.0 } else { 0.0 }) / rows as f64).collect();
             want_ce -= lp[targets[r]] / rows as f64;
             compare(&format!("softmax d={d}"), &sm[r * d..(r + 1) * d], &p, F32).unwrap();
             compare(&format!("log_softmax d={d}"), &lsm[r * d..(r + 1) * d], &lp, Tol { abs: 1e-5, rel: 1e-5 })

@@ -127,11 +127,7 @@ fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::eval_outputs_do_not_depend_on_the_batch", available: any, run: eval_batch_invariance },
         GpuTest { name: "gpu::typed_tier_bf16_is_the_f32_chain_rounded_once", available: any, run: typed_tier::<bf16> },
         GpuTest { name: "gpu::typed_tier_f16_is_the_f32_chain_rounded_once", available: any, run: typed_tier::<f16> },
-        GpuTest {
-            name: "gpu::triad_bits_match_across_processes",
-            available: any,
-            run: triad_across_processes,
-        },
+        GpuTest { name: "gpu::triad_bits_match_across_processes", available: any, run: triad_across_processes },
         GpuTest { name: "gpu::megakernel_matches_the_cpu_interpreter", available: any, run: megakernel_matches },
         GpuTest {
             name: "gpu::tensor_core_tier_batch_invariant_and_reproducible",
@@ -584,16 +580,22 @@ fn wgmma_case(dev: &Device) -> Outcome {
         (300, 200, 1032),
         (1100, 520, 520),
     ];
-    for (&(m, n, k), tile) in shapes
-        .iter()
-        .flat_map(|s| [(s, WgmmaTile::T128x128), (s, WgmmaTile::T128x256)])
+    // No silent fallback: k that TMA cannot address is a typed error before any launch.
     {
+        let (a, b) =
+            (dev.upload(&vec![bf16::ONE; 64 * 12]).map_err(err)?, dev.upload(&vec![bf16::ONE; 64 * 12]).map_err(err)?);
+        match kiln::cuda::gemm::WgmmaGemm::new(dev, &a, &b, GemmShape { m: 64, n: 64, k: 12 }) {
+            Err(kiln::Error::Unsupported { op: "wgmma gemm", .. }) => {}
+            Err(e) => return Err(format!("k = 12: expected Unsupported, got {e}")),
+            Ok(_) => return Err("k = 12 must be refused (TMA needs 16-byte row pitches)".into()),
+        }
+    }
+    for (&(m, n, k), tile) in shapes.iter().flat_map(|s| [(s, WgmmaTile::T128x128), (s, WgmmaTile::T128x256)]) {
         let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
         let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
         let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
         let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
-        let plan =
-            kiln::cuda::gemm::WgmmaGemm::with_tile(dev, &da, &db, GemmShape { m, n, k }, tile).map_err(err)?;
+        let plan = kiln::cuda::gemm::WgmmaGemm::with_tile(dev, &da, &db, GemmShape { m, n, k }, tile).map_err(err)?;
         plan.run(&mut dc).map_err(err)?;
         let got = dev.download(&dc).map_err(err)?;
         for i in 0..m as usize {
@@ -802,9 +804,9 @@ const TRIAD_CHILD_ENV: &str = "KILN_TRIAD_CHILD";
 
 /// FNV-1a over the bits of a product.
 fn digest(v: &[f32]) -> u64 {
-    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    v.iter()
+        .flat_map(|x| x.to_bits().to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 /// Digests of every kernel the triad can pick, over the shape classes (tiny, narrow, a one-row
@@ -1036,9 +1038,8 @@ fn tensor_core_tier(dev: &Device) -> Outcome {
             _ => {}
         }
         if wgmma_here {
-            for (ti, tile) in [kiln::cuda::gemm::WgmmaTile::T128x128, kiln::cuda::gemm::WgmmaTile::T128x256]
-                .into_iter()
-                .enumerate()
+            for (ti, tile) in
+                [kiln::cuda::gemm::WgmmaTile::T128x128, kiln::cuda::gemm::WgmmaTile::T128x256].into_iter().enumerate()
             {
                 let plan = kiln::cuda::gemm::WgmmaGemm::with_tile(dev, &da, &db, s, tile).map_err(err)?;
                 plan.run(&mut dc).map_err(err)?;

@@ -129,7 +129,9 @@ pub fn exp_fast(x: f32) -> f32 {
     let r: f32;
     let t = x * LOG2E;
     // SAFETY: register-only.
-    unsafe { core::arch::asm!("ex2.approx.ftz.f32 {r}, {t};", r = out(reg32) r, t = in(reg32) t, options(nomem, nostack, pure)) };
+    unsafe {
+        core::arch::asm!("ex2.approx.ftz.f32 {r}, {t};", r = out(reg32) r, t = in(reg32) t, options(nomem, nostack, pure))
+    };
     r
 }
 

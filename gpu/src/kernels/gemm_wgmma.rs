@@ -133,7 +133,9 @@ impl Ring {
 
     /// A consumer's wait for k tile `t`'s stage to be full (bounded; traps on a stall).
     fn wait_full(self, t: u32) {
-        if !unsafe { mbarrier::wait_parity_bounded(self.full(t % WG_STAGES), full_parity(t), mbarrier::DEFAULT_WAIT_NS) } {
+        if !unsafe {
+            mbarrier::wait_parity_bounded(self.full(t % WG_STAGES), full_parity(t), mbarrier::DEFAULT_WAIT_NS)
+        } {
             thread::trap();
         }
     }
@@ -328,5 +330,9 @@ pub unsafe fn gemm_wgmma_bf16_wide(
     macro_rules! store_pairs {
         ($($i:literal),*) => { $( store($i, acc[$i], acc[$i + 1]); )* };
     }
-    store_pairs!(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84, 86, 88, 90, 92, 94, 96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120, 122, 124, 126);
+    store_pairs!(
+        0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56,
+        58, 60, 62, 64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84, 86, 88, 90, 92, 94, 96, 98, 100, 102, 104, 106, 108,
+        110, 112, 114, 116, 118, 120, 122, 124, 126
+    );
 }

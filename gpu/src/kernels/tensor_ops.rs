@@ -245,7 +245,8 @@ pub unsafe fn unary_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, n: u32, op: u
     let mut q = gid;
     while q < n4 {
         let v = unsafe { x.read4(q) };
-        let r = [apply_unary(op, v[0], s), apply_unary(op, v[1], s), apply_unary(op, v[2], s), apply_unary(op, v[3], s)];
+        let r =
+            [apply_unary(op, v[0], s), apply_unary(op, v[1], s), apply_unary(op, v[2], s), apply_unary(op, v[3], s)];
         unsafe { out.write4(q, r) };
         q += stride;
     }
@@ -629,9 +630,7 @@ pub unsafe fn cross_entropy_backward_rows_f32(
         let mut v = unsafe { load_row_quads(logits, row, d, f32::NEG_INFINITY) };
         let (_, s) = cached_max_sum_exp::<true>(&mut v, d);
         let inv = 1.0 / s;
-        unsafe {
-            store_row_quads(grad, row, d, &v, |c, e| (e * inv - if c == target { 1.0 } else { 0.0 }) * scale)
-        };
+        unsafe { store_row_quads(grad, row, d, &v, |c, e| (e * inv - if c == target { 1.0 } else { 0.0 }) * scale) };
         return;
     }
     let (m, s) = unsafe { row_max_sum_exp(logits, row, d) };

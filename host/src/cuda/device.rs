@@ -260,8 +260,8 @@ impl Device {
     /// kernel that leaves an element unwritten fails its comparison.
     pub(crate) fn alloc_uninit_f32(&self, len: usize) -> Result<DeviceBuffer<f32>> {
         // SAFETY: f32 has no invalid bit patterns; callers' kernels write every element.
-        let s = unsafe { self.stream.alloc::<f32>(len) }
-            .map_err(Error::driver(format!("allocating {len} elements")))?;
+        let s =
+            unsafe { self.stream.alloc::<f32>(len) }.map_err(Error::driver(format!("allocating {len} elements")))?;
         let buf = DeviceBuffer::from_slice(s);
         if poison_allocations() && len > 0 {
             // SAFETY: a live allocation of `len` 4-byte elements on this device's stream.
