@@ -235,25 +235,43 @@ fn apply_unary(op: u32, v: f32, s: f32) -> f32 {
     }
 }
 
+/// The grid-stride walk of the 16-byte elementwise kernels over `n` elements: `quad(q)` for each
+/// whole quad `q` (elements `4q..4q+4`, one 16-byte access), then `one(i)` for the last `n % 4`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn for_each_quad(n: u32, mut quad: impl FnMut(usize), mut one: impl FnMut(usize)) {
+    let (gid, stride) = (thread::global_idx_x() as usize, thread::grid_stride_x() as usize);
+    let n4 = n as usize / 4;
+    let mut q = gid;
+    while q < n4 {
+        quad(q);
+        q += stride;
+    }
+    let i = n4 * 4 + gid;
+    if i < n as usize {
+        one(i);
+    }
+}
+
 /// `out[i] = f(x[i])` for the function `op` ([`unary`]), with scalar `s` for the scalar ops.
 /// Grid-stride over quads of 4 elements with 16-byte loads and stores (`x` and `out` must be
 /// 16-byte aligned, as every kiln allocation is), then the last `n % 4` elements.
 #[kernel]
 pub unsafe fn unary_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, n: u32, op: u32, s: f32) {
-    let (gid, stride) = (thread::global_idx_x() as usize, thread::grid_stride_x() as usize);
-    let n4 = n as usize / 4;
-    let mut q = gid;
-    while q < n4 {
-        let v = unsafe { x.read4(q) };
-        let r =
-            [apply_unary(op, v[0], s), apply_unary(op, v[1], s), apply_unary(op, v[2], s), apply_unary(op, v[3], s)];
-        unsafe { out.write4(q, r) };
-        q += stride;
-    }
-    let i = n4 * 4 + gid;
-    if i < n as usize {
-        unsafe { out.write(i, apply_unary(op, x.read(i), s)) };
-    }
+    for_each_quad(
+        n,
+        |q| {
+            let v = unsafe { x.read4(q) };
+            let r = [
+                apply_unary(op, v[0], s),
+                apply_unary(op, v[1], s),
+                apply_unary(op, v[2], s),
+                apply_unary(op, v[3], s),
+            ];
+            unsafe { out.write4(q, r) };
+        },
+        |i| unsafe { out.write(i, apply_unary(op, x.read(i), s)) },
+    );
 }
 
 #[cfg(target_arch = "nvptx64")]
@@ -272,24 +290,20 @@ fn apply_binary(op: u32, x: f32, y: f32) -> f32 {
 /// 16-byte accesses (16-byte aligned pointers), then the tail. Grid-stride.
 #[kernel]
 pub unsafe fn binary_flat_f32(a: DevicePtr<f32>, b: DevicePtr<f32>, out: DevicePtrMut<f32>, n: u32, op: u32) {
-    let (gid, stride) = (thread::global_idx_x() as usize, thread::grid_stride_x() as usize);
-    let n4 = n as usize / 4;
-    let mut q = gid;
-    while q < n4 {
-        let (x, y) = unsafe { (a.read4(q), b.read4(q)) };
-        let r = [
-            apply_binary(op, x[0], y[0]),
-            apply_binary(op, x[1], y[1]),
-            apply_binary(op, x[2], y[2]),
-            apply_binary(op, x[3], y[3]),
-        ];
-        unsafe { out.write4(q, r) };
-        q += stride;
-    }
-    let i = n4 * 4 + gid;
-    if i < n as usize {
-        unsafe { out.write(i, apply_binary(op, a.read(i), b.read(i))) };
-    }
+    for_each_quad(
+        n,
+        |q| {
+            let (x, y) = unsafe { (a.read4(q), b.read4(q)) };
+            let r = [
+                apply_binary(op, x[0], y[0]),
+                apply_binary(op, x[1], y[1]),
+                apply_binary(op, x[2], y[2]),
+                apply_binary(op, x[3], y[3]),
+            ];
+            unsafe { out.write4(q, r) };
+        },
+        |i| unsafe { out.write(i, apply_binary(op, a.read(i), b.read(i))) },
+    );
 }
 
 /// `out[i] = a[off_a(i)] (op) b[off_b(i)]` with broadcasting strides ([`Strided2`]). Grid-stride.
@@ -318,17 +332,7 @@ pub unsafe fn strided_copy_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, p: Str
 /// `out[i] = value`: quads with 16-byte stores (16-byte aligned `out`), then the tail. Grid-stride.
 #[kernel]
 pub unsafe fn fill_f32(out: DevicePtrMut<f32>, n: u32, value: f32) {
-    let (gid, stride) = (thread::global_idx_x() as usize, thread::grid_stride_x() as usize);
-    let n4 = n as usize / 4;
-    let mut q = gid;
-    while q < n4 {
-        unsafe { out.write4(q, [value; 4]) };
-        q += stride;
-    }
-    let i = n4 * 4 + gid;
-    if i < n as usize {
-        unsafe { out.write(i, value) };
-    }
+    for_each_quad(n, |q| unsafe { out.write4(q, [value; 4]) }, |i| unsafe { out.write(i, value) });
 }
 
 /// Sums over dimensions ([`ReduceDims`]): one thread per output element, adding its inputs in
