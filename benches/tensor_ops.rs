@@ -41,7 +41,8 @@ fn main() {
     let y = Tensor::randn([ROWS, COLS], DType::F32, &mut rng).to_device(&td).expect("upload");
     let w = Tensor::ones([COLS], DType::F32).to_device(&td).expect("upload");
     let b = Tensor::zeros([COLS], DType::F32).to_device(&td).expect("upload");
-    let targets: Vec<usize> = (0..ROWS).map(|i| (i * 31) % COLS).collect();
+    // Targets live on the device, as PyTorch's do in its run: built once, copied on first use.
+    let targets = kiln::tensor::Targets::new((0..ROWS).map(|i| (i * 31) % COLS).collect());
     eprintln!("inputs ready in {:.1} s", host.elapsed().as_secs_f64());
 
     // The ceiling: a device-to-device copy of the same bytes (read + write).

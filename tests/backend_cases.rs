@@ -3,7 +3,7 @@
 //! `gpu.rs` runs the same functions on CUDA.
 #![allow(dead_code)]
 
-use kiln::tensor::{DType, Device, Tensor};
+use kiln::tensor::{DType, Device, Targets, Tensor};
 use kiln::testing::{Tol, compare};
 
 fn t(v: &[f64], shape: &[usize], dev: &Device) -> Tensor {
@@ -148,6 +148,35 @@ pub fn softmax_and_cross_entropy(dev: &Device) {
         let got = ce.item().unwrap();
         assert!((got - want_ce).abs() < 1e-5 * want_ce.abs().max(1.0), "cross_entropy d={d}: {got} vs {want_ce}");
     }
+}
+
+/// The mean over many rows (more than the mean kernel's 1024 threads, not a multiple of them), with
+/// one `Targets` reused by two losses and their gradients: the same value each time, against f64.
+pub fn cross_entropy_many_rows_reused_targets(dev: &Device) {
+    let (rows, d) = (3001, 5);
+    let v = f32s(&rnd(rows * d, 77).iter().map(|x| 3.0 * x).collect::<Vec<_>>());
+    let y = Targets::new((0..rows).map(|r| (r * 13) % d).collect());
+    let mut want = 0.0;
+    for r in 0..rows {
+        let row = &v[r * d..(r + 1) * d];
+        let mx = row.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = row.iter().map(|x| (x - mx).exp()).sum();
+        want -= (row[y.as_slice()[r]] - mx - z.ln()) / rows as f64;
+    }
+    let mut seen = vec![];
+    for _ in 0..2 {
+        let x = t(&v, &[rows, d], dev).detach().requires_grad();
+        let ce = x.cross_entropy(&y).unwrap();
+        ce.backward().unwrap();
+        let got = ce.item().unwrap();
+        compare("cross_entropy mean of 3001 rows", &[got as f32], &[want], Tol { abs: 1e-6, rel: 1e-6 }).unwrap();
+        seen.push((got.to_bits(), x.grad().unwrap().to_vec_f32().iter().map(|g| g.to_bits()).collect::<Vec<_>>()));
+    }
+    assert_eq!(seen[0], seen[1], "a reused Targets changed the loss or its gradient");
+    // A target past the last class is refused before anything runs.
+    let bad = Targets::new(vec![d; rows]);
+    let e = t(&v, &[rows, d], dev).cross_entropy(&bad).unwrap_err().to_string();
+    assert!(e.contains("cross_entropy") && e.contains("out of range"), "{e}");
 }
 
 pub fn layer_norm_matches_two_pass(dev: &Device) {

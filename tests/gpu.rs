@@ -86,6 +86,11 @@ fn tests() -> Vec<GpuTest> {
             run: |d| on_cuda(d, backend_cases::softmax_and_cross_entropy),
         },
         GpuTest {
+            name: "gpu::tensor::cross_entropy_many_rows_reused_targets",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::cross_entropy_many_rows_reused_targets),
+        },
+        GpuTest {
             name: "gpu::tensor::layer_norm_matches_two_pass",
             available: any,
             run: |d| on_cuda(d, backend_cases::layer_norm_matches_two_pass),

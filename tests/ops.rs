@@ -14,6 +14,7 @@ cpu_tests!(
     broadcast_binary,
     reductions_and_max,
     softmax_and_cross_entropy,
+    cross_entropy_many_rows_reused_targets,
     layer_norm_matches_two_pass,
     gelu_and_friends,
     embedding_and_transpose,

@@ -92,6 +92,7 @@ fn barriers_are_not_duplicated() {
         ("softmax_rows_f32", 12),
         ("cross_entropy_rows_f32", 8),
         ("cross_entropy_backward_rows_f32", 8),
+        ("mean_f32", 2),
         ("hgemm_mma_bf16", 1),
         ("megakernel_step", 3),
         ("layer_norm_rows_f32", 5),

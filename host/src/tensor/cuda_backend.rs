@@ -311,9 +311,9 @@ impl CudaStorage {
     }
 
     /// Mean cross-entropy of (n, c) logits against `targets` (already range-checked).
-    pub fn cross_entropy(&self, targets: &[usize], c: usize) -> Result<CudaStorage> {
+    pub fn cross_entropy(&self, targets: &super::Targets, c: usize) -> Result<CudaStorage> {
         let n = targets.len();
-        let t = self.dev.upload(&u32s("cross_entropy", targets)?)?;
+        let t = targets.on(&self.dev, "cross_entropy")?;
         let mut rows = Self::output(&self.dev, n)?;
         // SAFETY: n rows of c logits; one target per row, each < c.
         unsafe {
@@ -323,15 +323,18 @@ impl CudaStorage {
                 (self.buf.ptr(), t.ptr(), rows.buf.ptr_mut(), c as u32),
             )?
         };
-        let total = rows.sum_into(&Shape(vec![n]), &Shape(vec![]))?;
-        total.unary(k::unary::MUL_SCALAR, 1.0 / n as f32)
+        let mut mean = Self::output(&self.dev, 1)?;
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (k::MEAN_THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `rows` holds n elements; `mean` one.
+        unsafe { self.dev.launch(k::MeanF32, cfg, (rows.buf.ptr(), mean.buf.ptr_mut(), n as u32))? };
+        Ok(mean)
     }
 
     /// The gradient of the mean cross-entropy of (n, c) logits (`self`) for upstream gradient `g`
     /// (a one-element storage), fused: (softmax - one-hot) * g / n.
-    pub fn cross_entropy_backward(&self, targets: &[usize], c: usize, g: &CudaStorage) -> Result<CudaStorage> {
+    pub fn cross_entropy_backward(&self, targets: &super::Targets, c: usize, g: &CudaStorage) -> Result<CudaStorage> {
         let n = targets.len();
-        let t = self.dev.upload(&u32s("cross_entropy backward", targets)?)?;
+        let t = targets.on(&self.dev, "cross_entropy backward")?;
         let mut grad = Self::output(&self.dev, n * c)?;
         let cfg = Self::rows_cfg(n)?;
         // SAFETY: n rows of c logits and gradients; one target (< c) per row; g holds one element.

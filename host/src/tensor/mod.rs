@@ -10,11 +10,13 @@ pub mod cpu;
 pub mod cuda_backend;
 pub mod ops;
 mod shape;
+mod targets;
 
 pub use autograd::{NoGradGuard, gradcheck, is_grad_enabled, no_grad};
 pub use cpu::{CpuStorage, DType};
 pub use cuda_backend::CudaStorage;
 pub use shape::Shape;
+pub use targets::Targets;
 
 use crate::error::{Error, Result};
 use ops::Op;

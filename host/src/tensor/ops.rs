@@ -250,8 +250,8 @@ pub enum Op {
     CrossEntropy {
         /// Logits.
         logits: Tensor,
-        /// Class per row.
-        targets: Arc<Vec<usize>>,
+        /// Class per row (with its device copy, shared by the forward and the backward).
+        targets: super::Targets,
     },
     /// Layer normalization over the last dimension.
     LayerNorm {
@@ -435,7 +435,7 @@ impl Op {
                 }
                 let n = logits.dims()[0];
                 let p = logits.softmax()?;
-                let onehot = one_hot(targets, logits.dims()[1], logits.dtype())?;
+                let onehot = one_hot(targets.as_slice(), logits.dims()[1], logits.dtype())?;
                 let gl = p.sub(&onehot)?.mul_scalar(1.0 / n as f64)?.mul(g)?;
                 vec![(logits.clone(), gl)]
             }
@@ -912,8 +912,10 @@ impl Tensor {
     }
 
     /// Mean cross-entropy of `self` (logits, N x C) against class indices (one per row), fused and
-    /// stable (log-sum-exp with the row maximum subtracted).
-    pub fn cross_entropy(&self, targets: &[usize]) -> Result<Tensor> {
+    /// stable (log-sum-exp with the row maximum subtracted). `targets` is a `&[usize]` or a
+    /// [`Targets`](super::Targets), which keeps its device copy across calls.
+    pub fn cross_entropy(&self, targets: impl Into<super::Targets>) -> Result<Tensor> {
+        let targets: super::Targets = targets.into();
         let op = "cross_entropy";
         if self.shape().rank() != 2 {
             return Err(Error::shape(op, format!("logits must be (N, C), got {}", self.shape())));
@@ -925,18 +927,21 @@ impl Tensor {
         if targets.len() != n {
             return Err(Error::shape(op, format!("{} targets for {n} rows of logits {}", targets.len(), self.shape())));
         }
-        if let Some((i, &t)) = targets.iter().enumerate().find(|(_, t)| **t >= c) {
+        if targets.max().is_some_and(|m| m >= c)
+            && let Some((i, &t)) = targets.as_slice().iter().enumerate().find(|(_, t)| **t >= c)
+        {
             return Err(Error::Index { op, msg: format!("target {t} at row {i} is out of range for {c} classes") });
         }
-        let op = Op::CrossEntropy { logits: self.clone(), targets: Arc::new(targets.to_vec()) };
+        let op = Op::CrossEntropy { logits: self.clone(), targets: targets.clone() };
         if let Storage::Cuda(s) = &*self.storage() {
-            return Ok(Tensor::from_storage(Storage::Cuda(s.cross_entropy(targets, c)?), Shape(vec![]), Some(op)));
+            return Ok(Tensor::from_storage(Storage::Cuda(s.cross_entropy(&targets, c)?), Shape(vec![]), Some(op)));
         }
         let logp = {
             let _g = super::no_grad();
             self.log_softmax()?.try_to_vec_f64()?
         };
-        let loss: f64 = targets.iter().enumerate().map(|(i, &t)| -logp[i * c + t]).sum::<f64>() / n as f64;
+        let loss: f64 =
+            targets.as_slice().iter().enumerate().map(|(i, &t)| -logp[i * c + t]).sum::<f64>() / n as f64;
         Ok(Tensor::from_cpu(CpuStorage::from_f64(self.dtype(), &[loss]), Shape(vec![]), Some(op)))
     }
 

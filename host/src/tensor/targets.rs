@@ -1,0 +1,112 @@
+//! Class targets for cross-entropy: one index per row, checked once, and copied to a GPU at most
+//! once however many times the loss and its gradient read them.
+//!
+//! ```
+//! use kiln::tensor::Targets;
+//! let y = Targets::new(vec![2, 0, 1]);
+//! assert_eq!(y.len(), 3);
+//! assert_eq!(y.max(), Some(2));
+//! ```
+//!
+//! [`Tensor::cross_entropy`](super::Tensor::cross_entropy) accepts a `&[usize]` too; building a
+//! [`Targets`] once and passing `&targets` saves the host-to-device copy on every call after the
+//! first (the forward and the backward of one step share one copy either way).
+
+use crate::cuda::{Device as CudaDevice, DeviceBuffer};
+use crate::error::{Error, Result};
+use std::sync::{Arc, Mutex};
+
+/// Class indices (one per row) for [`Tensor::cross_entropy`](super::Tensor::cross_entropy). Cheap to
+/// clone: clones share the indices and their device copy.
+#[derive(Clone)]
+pub struct Targets(Arc<Inner>);
+
+struct Inner {
+    idx: Vec<usize>,
+    max: Option<usize>,
+    /// The indices as u32 on the last device they were used on.
+    on_device: Mutex<Option<(Arc<CudaDevice>, Arc<DeviceBuffer<u32>>)>>,
+}
+
+impl Targets {
+    /// Targets from class indices.
+    pub fn new(idx: Vec<usize>) -> Self {
+        let max = idx.iter().copied().max();
+        Targets(Arc::new(Inner { idx, max, on_device: Mutex::new(None) }))
+    }
+
+    /// The class indices.
+    pub fn as_slice(&self) -> &[usize] {
+        &self.0.idx
+    }
+
+    /// How many rows the targets cover.
+    pub fn len(&self) -> usize {
+        self.0.idx.len()
+    }
+
+    /// Whether there are no targets.
+    pub fn is_empty(&self) -> bool {
+        self.0.idx.is_empty()
+    }
+
+    /// The largest class index (`None` when empty).
+    pub fn max(&self) -> Option<usize> {
+        self.0.max
+    }
+
+    /// The indices as u32 on `dev`: copied on the first call for a device, then reused.
+    pub(crate) fn on(&self, dev: &Arc<CudaDevice>, op: &'static str) -> Result<Arc<DeviceBuffer<u32>>> {
+        let mut slot = self.0.on_device.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((d, buf)) = &*slot
+            && Arc::ptr_eq(d, dev)
+        {
+            return Ok(buf.clone());
+        }
+        let host: Vec<u32> = self
+            .0
+            .idx
+            .iter()
+            .map(|&x| u32::try_from(x).map_err(|_| Error::shape(op, format!("target {x} exceeds u32"))))
+            .collect::<Result<_>>()?;
+        let buf = Arc::new(dev.upload(&host)?);
+        *slot = Some((dev.clone(), buf.clone()));
+        Ok(buf)
+    }
+}
+
+impl std::fmt::Debug for Targets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Targets").field(&self.0.idx).finish()
+    }
+}
+
+impl From<Vec<usize>> for Targets {
+    fn from(v: Vec<usize>) -> Self {
+        Targets::new(v)
+    }
+}
+
+impl From<&[usize]> for Targets {
+    fn from(v: &[usize]) -> Self {
+        Targets::new(v.to_vec())
+    }
+}
+
+impl From<&Vec<usize>> for Targets {
+    fn from(v: &Vec<usize>) -> Self {
+        Targets::new(v.clone())
+    }
+}
+
+impl<const N: usize> From<&[usize; N]> for Targets {
+    fn from(v: &[usize; N]) -> Self {
+        Targets::new(v.to_vec())
+    }
+}
+
+impl From<&Targets> for Targets {
+    fn from(t: &Targets) -> Self {
+        t.clone()
+    }
+}
