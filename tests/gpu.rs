@@ -134,6 +134,8 @@ fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::typed_tier_f16_is_the_f32_chain_rounded_once", available: any, run: typed_tier::<f16> },
         GpuTest { name: "gpu::triad_bits_match_across_processes", available: any, run: triad_across_processes },
         GpuTest { name: "gpu::megakernel_matches_the_cpu_interpreter", available: any, run: megakernel_matches },
+        GpuTest { name: "gpu::megakernel_bits_equal_the_interpreter", available: any, run: megakernel_bits },
+        GpuTest { name: "gpu::megakernel_hundred_steps_match", available: any, run: megakernel_hundred_steps },
         GpuTest {
             name: "gpu::tensor_core_tier_batch_invariant_and_reproducible",
             available: any,
@@ -926,46 +928,85 @@ fn mk_weights(dims: &[usize], seed: u64) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// The megakernel's weights after 1 and 3 steps against the CPU interpreter of the same schedule.
-fn megakernel_matches(dev: &Device) -> Outcome {
-    use kiln::megakernel::{GpuStep, Loss, MlpShape, StepInputs, StepState, build, interpret};
+/// The megakernel against the CPU interpreter of the same schedule, for every tile size: weights
+/// after `steps` steps (checked at the first and the last), within `tol`, or bit for bit when `tol`
+/// is `None` (the interpreter computes in the device's order and with its `exp`).
+fn megakernel_vs_interpreter(
+    cases: &[(usize, Vec<usize>, kiln::megakernel::Loss, f32)],
+    steps: usize,
+    tol: Option<Tol>,
+) -> Outcome {
+    use kiln::gpu::megakernel::TILES;
+    use kiln::megakernel::{GpuStep, MlpShape, StepInputs, StepState, build_with_tile, interpret};
+    let dev = Device::shared().map_err(err)?;
     let sms = dev
         .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(err)? as usize;
     let (mut rng, _) = testing::rng();
+    for (batch, dims, loss, momentum) in cases {
+        let (batch, loss, momentum) = (*batch, *loss, *momentum);
+        for tile in TILES {
+            let shape = MlpShape { batch, dims: dims.clone() };
+            let schedule = build_with_tile(&shape, sms.min(64), tile).map_err(err)?;
+            let w0 = mk_weights(dims, 11);
+            let mut gpu = GpuStep::new(dev.clone(), &schedule, &w0).map_err(err)?;
+            let mut cpu = StepState::new(&shape, w0).map_err(err)?;
+            for step in 0..steps {
+                let x = testing::uniform(&mut rng, batch * dims[0]);
+                let y = testing::uniform(&mut rng, batch * dims[dims.len() - 1]);
+                let classes: Vec<usize> = (0..batch).map(|i| (i * 7 + step) % dims[dims.len() - 1]).collect();
+                let inp = StepInputs { x: &x, y: &y, classes: &classes, loss, lr: 0.05, momentum };
+                gpu.step(&inp).map_err(err)?;
+                interpret(&schedule, &mut cpu, &inp, step as u64).map_err(err)?;
+                if step != 0 && step + 1 != steps {
+                    continue;
+                }
+                for (l, (g, c)) in gpu.weights().map_err(err)?.iter().zip(&cpu.weights).enumerate() {
+                    let what = format!("megakernel {dims:?} {loss:?} tile {tile} step {step} layer {l}");
+                    match tol {
+                        Some(tol) => {
+                            let want: Vec<f64> = c.iter().map(|&v| v as f64).collect();
+                            compare(&what, g, &want, tol)?;
+                        }
+                        None => {
+                            if let Some(i) = g.iter().zip(c).position(|(a, b)| a.to_bits() != b.to_bits()) {
+                                return Err(format!("{what}: weight {i} is {} on the GPU, {} on the CPU", g[i], c[i]));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Weights after 1 and 3 steps, within 1e-5, on shapes that cover every opcode's edge tiles.
+fn megakernel_matches(_: &Device) -> Outcome {
+    use kiln::megakernel::Loss;
     let cases = [
         (64usize, vec![256usize, 256, 256, 256, 10], Loss::CrossEntropy, 0.0f32),
         (100, vec![37, 130, 65, 10], Loss::Mse, 0.9),
         (1, vec![3, 1], Loss::Mse, 0.0),
         (300, vec![20, 200, 5], Loss::CrossEntropy, 0.5),
     ];
-    for (batch, dims, loss, momentum) in cases {
-        let shape = MlpShape { batch, dims: dims.clone() };
-        let schedule = build(&shape, sms.min(64)).map_err(err)?;
-        let w0 = mk_weights(&dims, 11);
-        let mut gpu = GpuStep::new(Device::shared().map_err(err)?, &schedule, &w0).map_err(err)?;
-        let mut cpu = StepState::new(&shape, w0).map_err(err)?;
-        for step in 0..3 {
-            let x = testing::uniform(&mut rng, batch * dims[0]);
-            let y = testing::uniform(&mut rng, batch * dims[dims.len() - 1]);
-            let classes: Vec<usize> = (0..batch).map(|i| (i * 7 + step) % dims[dims.len() - 1]).collect();
-            let inp = StepInputs { x: &x, y: &y, classes: &classes, loss, lr: 0.05, momentum };
-            gpu.step(&inp).map_err(err)?;
-            interpret(&schedule, &mut cpu, &inp, step as u64).map_err(err)?;
-            if step == 0 || step == 2 {
-                for (l, (g, c)) in gpu.weights().map_err(err)?.iter().zip(&cpu.weights).enumerate() {
-                    let want: Vec<f64> = c.iter().map(|&v| v as f64).collect();
-                    compare(
-                        &format!("megakernel {dims:?} {loss:?} step {step} layer {l}"),
-                        g,
-                        &want,
-                        Tol { abs: 1e-5, rel: 1e-5 },
-                    )?;
-                }
-            }
-        }
-    }
-    Ok(())
+    megakernel_vs_interpreter(&cases, 3, Some(Tol { abs: 1e-5, rel: 1e-5 }))
+}
+
+/// Bit for bit: the products are the interpreter's FMA chains, and the loss uses its sum order.
+fn megakernel_bits(_: &Device) -> Outcome {
+    use kiln::megakernel::Loss;
+    let cases =
+        [(100usize, vec![37usize, 130, 65, 10], Loss::CrossEntropy, 0.9f32), (33, vec![70, 40, 3], Loss::Mse, 0.0)];
+    megakernel_vs_interpreter(&cases, 2, None)
+}
+
+/// 100 training steps with momentum, still within 1e-5 of the interpreter (bits, if the test above
+/// passes; a tolerance here so that this test also reports how far apart they drift if not).
+fn megakernel_hundred_steps(_: &Device) -> Outcome {
+    use kiln::megakernel::Loss;
+    let cases = [(64usize, vec![32usize, 96, 96, 10], Loss::CrossEntropy, 0.9f32)];
+    megakernel_vs_interpreter(&cases, 100, Some(Tol { abs: 1e-5, rel: 1e-5 }))
 }
 
 /// A schedule with one wait set one arrival too high: the step stops with a typed error naming the
@@ -991,6 +1032,15 @@ fn megakernel_stall(dev: &Device) -> Outcome {
     if started.elapsed().as_secs_f64() > 10.0 {
         return Err(format!("the stall took {:?} to report", started.elapsed()));
     }
+    // Checked only on demand: two stalled steps run without a wait, and the check reports them.
+    gpu.check_every = 0;
+    gpu.step(&inp).map_err(err)?;
+    gpu.step(&inp).map_err(err)?;
+    match gpu.check() {
+        Err(kiln::Error::Stalled { msg, .. }) if msg.contains("block 1") => {}
+        other => return Err(format!("expected a deferred stall report, got {other:?}")),
+    }
+    gpu.check().map_err(|e| format!("the flag is cleared once reported, got {e}"))?;
     // the context is intact: an ordinary kernel still runs
     vector_add_matches_cpu(dev)
 }

@@ -1,7 +1,8 @@
 //! The megakernel's schedule, interpreted on the CPU with SMs interleaved at random, against kiln's
 //! layer-by-layer autograd path: no deadlock for any shape, and the same weights after 1 and 3 steps.
 
-use kiln::megakernel::{Loss, MlpShape, StepInputs, StepState, build, interpret};
+use kiln::gpu::megakernel::{TILES, choose_tile};
+use kiln::megakernel::{Loss, MlpShape, StepInputs, StepState, build, build_with_tile, interpret};
 use kiln::nn::{Linear, Module, ReLU, Sequential};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::tensor::{DType, Tensor};
@@ -25,11 +26,19 @@ fn reference_model(dims: &[usize], seed: u64) -> Sequential {
 /// chains as the interpreter's and the activations agree bit for bit: with the default blocked
 /// product, a pre-activation within one rounding of 0 could take the other side of a ReLU and
 /// change a gradient by far more than rounding (proptest found one: batch 37, widths [92, 1, 2]).
-fn compare(shape: &MlpShape, loss: Loss, sms: usize, steps: usize, momentum: f32, seed: u64) -> Result<f64, String> {
+fn compare(
+    shape: &MlpShape,
+    loss: Loss,
+    sms: usize,
+    tile: u32,
+    steps: usize,
+    momentum: f32,
+    seed: u64,
+) -> Result<f64, String> {
     kiln::deterministic::set_deterministic(true);
     let model = reference_model(&shape.dims, seed);
     let weights: Vec<Vec<f32>> = model.parameters().iter().map(|p| p.to_vec_f32()).collect();
-    let schedule = build(shape, sms).map_err(|e| e.to_string())?;
+    let schedule = build_with_tile(shape, sms, tile).map_err(|e| e.to_string())?;
     let mut state = StepState::new(shape, weights).map_err(|e| e.to_string())?;
     let mut opt = Sgd::new(model.named_parameters(), 0.05, momentum as f64, 0.0, false);
     let mut rng = Tensor::rng(seed + 100);
@@ -63,10 +72,12 @@ fn compare(shape: &MlpShape, loss: Loss, sms: usize, steps: usize, momentum: f32
 fn one_and_three_steps_match_autograd() {
     for (loss, momentum) in [(Loss::CrossEntropy, 0.0), (Loss::Mse, 0.9)] {
         let shape = MlpShape { batch: 100, dims: vec![37, 130, 65, 10] };
-        for steps in [1, 3] {
-            let worst = compare(&shape, loss, 7, steps, momentum, 1).unwrap();
-            eprintln!("{loss:?} momentum {momentum} steps {steps}: worst {worst:e}");
-            assert!(worst < 1e-5, "{loss:?} momentum {momentum} after {steps} steps: {worst}");
+        for tile in TILES {
+            for steps in [1, 3] {
+                let worst = compare(&shape, loss, 7, tile, steps, momentum, 1).unwrap();
+                eprintln!("{loss:?} momentum {momentum} tile {tile} steps {steps}: worst {worst:e}");
+                assert!(worst < 1e-5, "{loss:?} momentum {momentum} tile {tile} after {steps} steps: {worst}");
+            }
         }
     }
 }
@@ -75,11 +86,23 @@ fn one_and_three_steps_match_autograd() {
 fn instruction_counts() {
     let shape = MlpShape { batch: 130, dims: vec![64, 65, 1] };
     let s = build(&shape, 4).unwrap();
+    assert_eq!(s.tile, 64, "3 x 2 tiles of 64 cover 4 SMs");
     // fwd: 3x2 + 3x1; loss: 3x1; bwd weight: (1x2) + (2x1); bwd input layer 1: 3x2; sgd: 2 + 2
     assert_eq!(s.order.len(), 6 + 3 + 3 + 2 + 2 + 6 + 2 + 2);
     assert_eq!(s.per_sm.iter().map(|v| v.len()).sum::<usize>(), s.order.len());
     assert!(build(&MlpShape { batch: 0, dims: vec![2, 3] }, 4).is_err());
     assert!(build(&MlpShape { batch: 4, dims: vec![2] }, 4).is_err());
+    assert!(build_with_tile(&shape, 4, 48).unwrap_err().to_string().contains("tile 48"));
+}
+
+/// Small models take small tiles so that their rows still spread over the SMs; big ones take 64.
+#[test]
+fn the_tile_fits_the_model() {
+    assert_eq!(choose_tile(4096, 1024, 132), 64);
+    assert_eq!(choose_tile(256, 1024, 132), 32);
+    assert_eq!(choose_tile(64, 256, 132), 16);
+    assert_eq!(choose_tile(1, 1, 1), 64);
+    assert_eq!(choose_tile(1, 1, 2), 16);
 }
 
 #[test]
@@ -102,10 +125,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
 
     #[test]
-    fn random_shapes_never_deadlock_and_match(batch in 1usize..200, widths in prop::collection::vec(1usize..150, 2..5), sms in 1usize..17, seed in 0u64..1000) {
+    fn random_shapes_never_deadlock_and_match(batch in 1usize..200, widths in prop::collection::vec(1usize..150, 2..5), sms in 1usize..17, tile in prop::sample::select(TILES.to_vec()), seed in 0u64..1000) {
         let shape = MlpShape { batch, dims: widths };
-        let worst = compare(&shape, Loss::CrossEntropy, sms, 1, 0.0, seed).map_err(TestCaseError::fail)?;
-        prop_assert!(worst < 1e-5, "{shape:?} on {sms} SMs: {worst}");
+        let worst = compare(&shape, Loss::CrossEntropy, sms, tile, 1, 0.0, seed).map_err(TestCaseError::fail)?;
+        prop_assert!(worst < 1e-5, "{shape:?} on {sms} SMs, tile {tile}: {worst}");
     }
 }
 
@@ -115,7 +138,7 @@ fn a_one_unit_hidden_layer_matches() {
     let shape = MlpShape { batch: 37, dims: vec![92, 1, 2] };
     for seed in [450, 451, 452] {
         for sms in [1, 3] {
-            let worst = compare(&shape, Loss::CrossEntropy, sms, 1, 0.0, seed).unwrap();
+            let worst = compare(&shape, Loss::CrossEntropy, sms, 64, 1, 0.0, seed).unwrap();
             assert!(worst < 1e-5, "seed {seed} on {sms} SMs: {worst}");
         }
     }

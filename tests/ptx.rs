@@ -94,7 +94,9 @@ fn barriers_are_not_duplicated() {
         ("cross_entropy_backward_rows_f32", 8),
         ("mean_f32", 2),
         ("hgemm_mma_bf16", 1),
-        ("megakernel_step", 3),
+        // 3 in the instruction loop; per tile size (3): the tile product's 2 in each of the three
+        // product opcodes, and the loss gradient's 1
+        ("megakernel_step", 3 + 3 * (3 * 2 + 1)),
         ("layer_norm_rows_f32", 5),
         ("matmul_f32", 2),
         // one before the k loop, one per k-tile (double-buffered)

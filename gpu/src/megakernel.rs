@@ -3,7 +3,8 @@
 //! per-SM schedule and interprets it on the CPU as a reference) and the device kernel.
 //!
 //! A training step for an MLP with layers `0..L` (layer l maps `dims[l]` to `dims[l + 1]` features)
-//! is these instructions, each on one [`TILE`] x [`TILE`] output tile:
+//! is these instructions, each on one `tile` x `tile` output tile (`tile` is one of [`TILES`], chosen
+//! per schedule so that small models still spread over many SMs):
 //!
 //! | opcode | output | reads | waits for |
 //! | --- | --- | --- | --- |
@@ -19,8 +20,27 @@
 //! so every wait names work that comes earlier in the global order: with all blocks resident, the
 //! earliest unfinished instruction can always run, and no schedule the host builds deadlocks.
 
-/// Edge of every output tile.
-pub const TILE: u32 = 64;
+/// The output tile edges the kernel is built for: a block of [`MEGA_THREADS`](crate::kernels::megakernel_step::MEGA_THREADS)
+/// threads, 16 x 16, computes `tile / 16` x `tile / 16` outputs per thread.
+pub const TILES: [u32; 3] = [16, 32, 64];
+
+/// Elements of one operand's shared-memory slab: a `tile` x `SLAB / tile` block of the K dimension
+/// (so small tiles take long K steps, and one slab's loads are all in flight at once).
+pub const SLAB: u32 = 2048;
+
+/// The tile for a model: the largest of [`TILES`] that still gives every SM a tile of the widest
+/// layer's forward (`batch` rows by `widest` outputs), else the smallest.
+pub const fn choose_tile(batch: u32, widest: u32, sms: u32) -> u32 {
+    let mut i = TILES.len();
+    while i > 1 {
+        i -= 1;
+        let t = TILES[i];
+        if batch.div_ceil(t) * widest.div_ceil(t) >= sms {
+            return t;
+        }
+    }
+    TILES[0]
+}
 
 /// Instruction opcodes.
 pub mod opcode {
@@ -144,8 +164,8 @@ pub struct MegaConfig {
     pub momentum: f32,
     /// A wait longer than this (global-timer nanoseconds) aborts the step.
     pub wait_limit_ns: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// Output tile edge, one of [`TILES`] (the schedule's).
+    pub tile: u32,
 }
 // SAFETY: repr(C), 4-byte fields only.
 unsafe impl crate::KernelParam for MegaConfig {}

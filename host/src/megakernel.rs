@@ -10,7 +10,8 @@
 //! cross-entropy, and SGD (optional momentum).
 
 use crate::error::{Error, Result};
-use kiln_gpu::megakernel::{Instruction, NO_COUNTER, TILE, opcode};
+use kiln_gpu::math;
+use kiln_gpu::megakernel::{Instruction, NO_COUNTER, TILES, choose_tile, opcode};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// The loss the step differentiates.
@@ -38,8 +39,8 @@ impl MlpShape {
     }
 }
 
-fn tiles(n: usize) -> u32 {
-    n.div_ceil(TILE as usize) as u32
+fn tiles(n: usize, tile: u32) -> u32 {
+    n.div_ceil(tile as usize) as u32
 }
 
 /// Counter indices: forward row blocks, gradient row blocks and totals, weight-gradient totals.
@@ -82,6 +83,8 @@ pub struct Schedule {
     pub per_sm: Vec<Vec<Instruction>>,
     /// Number of dependency counters (all start at 0).
     pub counters: usize,
+    /// Output tile edge (one of [`TILES`]).
+    pub tile: u32,
 }
 
 fn instr(op: u32, layer: u32, tr: u32, tc: u32) -> Instruction {
@@ -98,9 +101,20 @@ fn instr(op: u32, layer: u32, tr: u32, tc: u32) -> Instruction {
     }
 }
 
-/// Builds the schedule of one training step for `shape` on `sms` multiprocessors.
+/// Builds the schedule of one training step for `shape` on `sms` multiprocessors, with the tile
+/// [`choose_tile`] picks for it.
 pub fn build(shape: &MlpShape, sms: usize) -> Result<Schedule> {
+    let widest = shape.dims.iter().skip(1).copied().max().unwrap_or(1);
+    let clamp = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    build_with_tile(shape, sms, choose_tile(clamp(shape.batch), clamp(widest), clamp(sms)))
+}
+
+/// [`build`] with a given tile edge (one of [`TILES`]).
+pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32) -> Result<Schedule> {
     let op = "megakernel schedule";
+    if !TILES.contains(&tile) {
+        return Err(Error::shape(op, format!("tile {tile}: the kernel is built for tiles {TILES:?}")));
+    }
     if shape.dims.len() < 2 || shape.dims.contains(&0) || shape.batch == 0 || sms == 0 {
         return Err(Error::shape(
             op,
@@ -111,9 +125,9 @@ pub fn build(shape: &MlpShape, sms: usize) -> Result<Schedule> {
         ));
     }
     let layers = shape.layers() as u32;
-    let rbs = tiles(shape.batch);
+    let rbs = tiles(shape.batch, tile);
     let c = Counters { row_blocks: rbs, layers };
-    let w = |l: u32| tiles(shape.dims[l as usize]);
+    let w = |l: u32| tiles(shape.dims[l as usize], tile);
     let mut order = Vec::new();
     for l in 0..layers {
         for rb in 0..rbs {
@@ -136,15 +150,8 @@ pub fn build(shape: &MlpShape, sms: usize) -> Result<Schedule> {
         }
     }
     for l in (0..layers).rev() {
-        let grad_tiles_above = rbs * w(l + 1);
-        for tr in 0..w(l + 1) {
-            for tc in 0..w(l) {
-                let mut i = instr(opcode::LINEAR_BWD_WEIGHT, l, tr, tc);
-                (i.wait, i.wait_value) = (c.grad_total(l + 1), grad_tiles_above);
-                i.signal = c.dw_total(l);
-                order.push(i);
-            }
-        }
+        // The input gradient first: the layers below wait for it, the weight gradient only for the
+        // update.
         if l > 0 {
             for rb in 0..rbs {
                 for cb in 0..w(l) {
@@ -153,6 +160,15 @@ pub fn build(shape: &MlpShape, sms: usize) -> Result<Schedule> {
                     (i.signal, i.signal2) = (c.grad(l, rb), c.grad_total(l));
                     order.push(i);
                 }
+            }
+        }
+        let grad_tiles_above = rbs * w(l + 1);
+        for tr in 0..w(l + 1) {
+            for tc in 0..w(l) {
+                let mut i = instr(opcode::LINEAR_BWD_WEIGHT, l, tr, tc);
+                (i.wait, i.wait_value) = (c.grad_total(l + 1), grad_tiles_above);
+                i.signal = c.dw_total(l);
+                order.push(i);
             }
         }
         for tr in 0..w(l + 1) {
@@ -171,7 +187,7 @@ pub fn build(shape: &MlpShape, sms: usize) -> Result<Schedule> {
     for (k, i) in order.iter().enumerate() {
         per_sm[k % sms].push(*i);
     }
-    Ok(Schedule { shape: shape.clone(), order, per_sm, counters: c.count() })
+    Ok(Schedule { shape: shape.clone(), order, per_sm, counters: c.count(), tile })
 }
 
 /// Parameters and buffers of one step, row-major f32.
@@ -227,12 +243,30 @@ pub struct StepInputs<'a> {
     pub momentum: f32,
 }
 
-fn tile_range(t: u32, n: usize) -> std::ops::Range<usize> {
-    let lo = t as usize * TILE as usize;
-    lo..(lo + TILE as usize).min(n)
+fn tile_range(t: u32, n: usize, tile: u32) -> std::ops::Range<usize> {
+    let lo = t as usize * tile as usize;
+    lo..(lo + tile as usize).min(n)
 }
 
-/// Executes one instruction on the CPU (the reference semantics of each opcode).
+/// The sum of `values` in the device's order: lane `k % 32` adds its elements in ascending order,
+/// then the butterfly of `warp::reduce_sum_f32` (offsets 16, 8, 4, 2, 1) combines the lanes.
+fn warp_order_sum(values: impl Iterator<Item = f32>) -> f32 {
+    let mut p = [0.0f32; 32];
+    for (k, v) in values.enumerate() {
+        p[k % 32] += v;
+    }
+    for off in [16, 8, 4, 2, 1] {
+        let q = p;
+        for (l, v) in p.iter_mut().enumerate() {
+            *v = q[l] + q[l ^ off];
+        }
+    }
+    p[0]
+}
+
+/// Executes one instruction on the CPU (the reference semantics of each opcode, in the device's
+/// arithmetic: the same FMA chains, `kiln_gpu::math::exp` and the same summation order, so that the
+/// device's results can be compared bit for bit).
 fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instruction) {
     let d = &s.shape.dims;
     let b = s.shape.batch;
@@ -241,8 +275,8 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
     match i.opcode {
         opcode::LINEAR_FWD => {
             let (din, dout) = (d[l], d[l + 1]);
-            for r in tile_range(i.tile_row, b) {
-                for o in tile_range(i.tile_col, dout) {
+            for r in tile_range(i.tile_row, b, s.tile) {
+                for o in tile_range(i.tile_col, dout, s.tile) {
                     let mut acc = 0.0f32;
                     for k in 0..din {
                         let a = if l == 0 { inp.x[r * din + k] } else { st.act[l][r * din + k] };
@@ -254,21 +288,21 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
         }
         opcode::LOSS_GRAD => {
             let n = d[layers];
-            for r in tile_range(i.tile_row, b) {
+            for r in tile_range(i.tile_row, b, s.tile) {
                 let row = &st.act[layers][r * n..(r + 1) * n];
                 let (m, z) = match inp.loss {
                     Loss::CrossEntropy => {
                         let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                        (m, row.iter().map(|v| (v - m).exp()).sum::<f32>())
+                        (m, warp_order_sum(row.iter().map(|v| math::exp(v - m))))
                     }
                     Loss::Mse => (0.0, 1.0),
                 };
-                for o in tile_range(i.tile_col, n) {
+                for o in tile_range(i.tile_col, n, s.tile) {
                     let v = st.act[layers][r * n + o];
                     st.grad[layers][r * n + o] = match inp.loss {
                         Loss::Mse => 2.0 * (v - inp.y[r * n + o]) / (b * n) as f32,
                         Loss::CrossEntropy => {
-                            ((v - m).exp() / z - if inp.classes[r] == o { 1.0 } else { 0.0 }) / b as f32
+                            (math::exp(v - m) / z - if inp.classes[r] == o { 1.0 } else { 0.0 }) / b as f32
                         }
                     };
                 }
@@ -276,8 +310,8 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
         }
         opcode::LINEAR_BWD_WEIGHT => {
             let (din, dout) = (d[l], d[l + 1]);
-            for o in tile_range(i.tile_row, dout) {
-                for k in tile_range(i.tile_col, din) {
+            for o in tile_range(i.tile_row, dout, s.tile) {
+                for k in tile_range(i.tile_col, din, s.tile) {
                     let mut acc = 0.0f32;
                     for r in 0..b {
                         let a = if l == 0 { inp.x[r * din + k] } else { st.act[l][r * din + k] };
@@ -289,8 +323,8 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
         }
         opcode::LINEAR_BWD_INPUT => {
             let (din, dout) = (d[l], d[l + 1]);
-            for r in tile_range(i.tile_row, b) {
-                for k in tile_range(i.tile_col, din) {
+            for r in tile_range(i.tile_row, b, s.tile) {
+                for k in tile_range(i.tile_col, din, s.tile) {
                     let mut acc = 0.0f32;
                     for o in 0..dout {
                         acc = st.grad[l + 1][r * dout + o].mul_add(st.weights[l][o * din + k], acc);
@@ -302,8 +336,8 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
         }
         opcode::SGD_UPDATE => {
             let din = d[l];
-            for o in tile_range(i.tile_row, d[l + 1]) {
-                for k in tile_range(i.tile_col, din) {
+            for o in tile_range(i.tile_row, d[l + 1], s.tile) {
+                for k in tile_range(i.tile_col, din, s.tile) {
                     let j = o * din + k;
                     let g = st.dw[l][j];
                     let step = if inp.momentum != 0.0 {
@@ -373,6 +407,7 @@ pub struct GpuStep {
     shape: MlpShape,
     sms: u32,
     counters: usize,
+    tile: u32,
     instructions: crate::cuda::DeviceBuffer<InstructionWords>,
     sm_offsets: crate::cuda::DeviceBuffer<u32>,
     counter_buf: crate::cuda::DeviceBuffer<u32>,
@@ -384,9 +419,17 @@ pub struct GpuStep {
     dw: crate::cuda::DeviceBuffer<f32>,
     act: crate::cuda::DeviceBuffer<f32>,
     grad: crate::cuda::DeviceBuffer<f32>,
+    y: crate::cuda::DeviceBuffer<f32>,
+    classes: crate::cuda::DeviceBuffer<u32>,
     w_sizes: Vec<usize>,
+    steps_since_check: u32,
     /// How long a dependency wait may take before the step is abandoned (nanoseconds).
     pub wait_limit_ns: u32,
+    /// Check for a stalled wait after every this many steps (1, the default: after each step, which
+    /// waits for the step to finish; 0: only in [`GpuStep::check`] and [`GpuStep::weights`]). The
+    /// abort flag stays set until a check reads it, so a stall is never missed, only reported later;
+    /// steps launched after a stall stop at their first unmet wait.
+    pub check_every: u32,
 }
 
 /// An [`Instruction`] as a device-copyable value (cudarc's `DeviceRepr` is implemented here, where
@@ -442,9 +485,14 @@ impl GpuStep {
         Ok(GpuStep {
             sms: sms as u32,
             counters: schedule.counters,
+            tile: schedule.tile,
             instructions,
             sm_offsets: dev.upload(&offsets)?,
             counter_buf: dev.zeros::<u32>(schedule.counters + 1 + 4 * sms)?,
+            y: dev.zeros::<f32>(shape.batch * shape.dims[shape.layers()])?,
+            classes: dev.zeros::<u32>(shape.batch)?,
+            steps_since_check: 0,
+            check_every: 1,
             dims: dev.upload(&shape.dims.iter().map(|&d| d as u32).collect::<Vec<_>>())?,
             w_off: dev.upload(&w_off)?,
             a_off: dev.upload(&a_off)?,
@@ -460,11 +508,17 @@ impl GpuStep {
         })
     }
 
-    /// One training step on the GPU, one launch. After an [`Error::Stalled`] the weights may be
-    /// partly updated (tiles whose waits were met ran): treat the model as poisoned and rebuild it.
+    /// One training step on the GPU: [`GpuStep::load_batch`], then [`GpuStep::run`]. After an
+    /// [`Error::Stalled`] the weights may be partly updated (tiles whose waits were met ran): treat
+    /// the model as poisoned and rebuild it.
     pub fn step(&mut self, inp: &StepInputs<'_>) -> Result<()> {
-        use kiln_gpu::kernels::megakernel_step::{MEGA_THREADS, MegakernelStep};
-        use kiln_gpu::megakernel::{MegaBuffers, MegaConfig, loss};
+        self.load_batch(inp)?;
+        self.run(inp.loss, inp.lr, inp.momentum)
+    }
+
+    /// Copies a batch (inputs, and the targets its loss needs) into the step's device buffers, where
+    /// every later [`GpuStep::run`] reads it.
+    pub fn load_batch(&mut self, inp: &StepInputs<'_>) -> Result<()> {
         let (b, d0, dl) = (self.shape.batch, self.shape.dims[0], *self.shape.dims.last().expect("layers"));
         if inp.x.len() != b * d0
             || (inp.loss == Loss::Mse && inp.y.len() != b * dl)
@@ -480,11 +534,27 @@ impl GpuStep {
         }
         // The batch goes into layer 0's activations; the other layers are overwritten by the forward.
         self.dev.write_prefix(&mut self.act, inp.x)?;
-        let y = self.dev.upload(if inp.y.is_empty() { &[0.0f32][..] } else { inp.y })?;
-        let classes: Vec<u32> =
-            if inp.classes.is_empty() { vec![0] } else { inp.classes.iter().map(|&c| c as u32).collect() };
-        let classes = self.dev.upload(&classes)?;
-        self.dev.zero(&mut self.counter_buf)?;
+        match inp.loss {
+            Loss::Mse => self.dev.write_prefix(&mut self.y, inp.y)?,
+            Loss::CrossEntropy => {
+                let classes: Vec<u32> = inp.classes.iter().map(|&c| c as u32).collect();
+                self.dev.write_prefix(&mut self.classes, &classes)?
+            }
+        }
+        Ok(())
+    }
+
+    /// One training step, one launch, on the batch last loaded. Checks for a stall when
+    /// [`GpuStep::check_every`] says so.
+    pub fn run(&mut self, loss_kind: Loss, lr: f32, momentum: f32) -> Result<()> {
+        use kiln_gpu::kernels::megakernel_step::{MEGA_THREADS, MegakernelStep};
+        use kiln_gpu::megakernel::{MegaBuffers, MegaConfig, loss};
+        // Zero the dependency counters only: the abort flag and the records after them stay until
+        // a check reads them.
+        {
+            let mut deps = self.counter_buf.slice_mut().slice_mut(..self.counters);
+            self.dev.stream().memset_zeros(&mut deps).map_err(Error::driver("zeroing the megakernel's counters"))?;
+        }
         let bufs = MegaBuffers {
             instructions: kiln_gpu::DevicePtr::from_addr(self.instructions.addr()),
             sm_offsets: self.sm_offsets.ptr(),
@@ -497,18 +567,18 @@ impl GpuStep {
             dw: self.dw.ptr_mut(),
             act: self.act.ptr_mut(),
             grad: self.grad.ptr_mut(),
-            y: y.ptr(),
-            classes: classes.ptr(),
+            y: self.y.ptr(),
+            classes: self.classes.ptr(),
         };
         let cfg = MegaConfig {
-            batch: b as u32,
+            batch: self.shape.batch as u32,
             layers: self.shape.layers() as u32,
             counters: self.counters as u32,
-            loss: if inp.loss == Loss::Mse { loss::MSE } else { loss::CROSS_ENTROPY },
-            lr: inp.lr,
-            momentum: inp.momentum,
+            loss: if loss_kind == Loss::Mse { loss::MSE } else { loss::CROSS_ENTROPY },
+            lr,
+            momentum,
             wait_limit_ns: self.wait_limit_ns,
-            _pad: 0,
+            tile: self.tile,
         };
         let launch = crate::cuda::LaunchConfig {
             grid_dim: (self.sms, 1, 1),
@@ -517,30 +587,43 @@ impl GpuStep {
         };
         // SAFETY: every buffer was sized from the schedule's shape; the kernel indexes within it.
         unsafe { self.dev.launch(MegakernelStep, launch, (bufs, cfg))? };
-        let c = self.dev.download(&self.counter_buf)?;
-        let k = self.counters;
-        if c[k] != 0 {
-            let stuck: Vec<String> = (0..self.sms as usize)
-                .filter_map(|blk| {
-                    let r = &c[k + 1 + 4 * blk..k + 5 + 4 * blk];
-                    (r[0] != 0).then(|| {
-                        format!(
-                            "block {blk} at instruction {} waited on counter {} (saw {}, wanted {})",
-                            r[0] - 1,
-                            r[1],
-                            r[2],
-                            r[3]
-                        )
-                    })
-                })
-                .collect();
-            return Err(Error::Stalled { kernel: "megakernel_step", msg: stuck.join("; ") });
+        self.steps_since_check += 1;
+        if self.check_every != 0 && self.steps_since_check >= self.check_every {
+            self.check()?;
         }
         Ok(())
     }
 
+    /// Waits for the launched steps and reports a stalled wait in any of them as
+    /// [`Error::Stalled`] (then clears the flag).
+    pub fn check(&mut self) -> Result<()> {
+        self.steps_since_check = 0;
+        let c = self.dev.download(&self.counter_buf)?;
+        let k = self.counters;
+        if c[k] == 0 {
+            return Ok(());
+        }
+        let stuck: Vec<String> = (0..self.sms as usize)
+            .filter_map(|blk| {
+                let r = &c[k + 1 + 4 * blk..k + 5 + 4 * blk];
+                (r[0] != 0).then(|| {
+                    format!(
+                        "block {blk} at instruction {} waited on counter {} (saw {}, wanted {})",
+                        r[0] - 1,
+                        r[1],
+                        r[2],
+                        r[3]
+                    )
+                })
+            })
+            .collect();
+        self.dev.zero(&mut self.counter_buf)?;
+        Err(Error::Stalled { kernel: "megakernel_step", msg: stuck.join("; ") })
+    }
+
     /// The current weights, per layer.
-    pub fn weights(&self) -> Result<Vec<Vec<f32>>> {
+    pub fn weights(&mut self) -> Result<Vec<Vec<f32>>> {
+        self.check()?;
         let flat = self.dev.download(&self.weights)?;
         let mut out = Vec::new();
         let mut at = 0;

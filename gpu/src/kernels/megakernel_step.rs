@@ -1,21 +1,29 @@
-//! The training megakernel, version 0: one persistent block per SM walks its instruction list
-//! (built by the host, `kiln::megakernel`), waiting on and signalling global counters, and computes
-//! each 64 x 64 tile with CUDA cores — the same FMA chains as the CPU interpreter. No TMA pages or
-//! tensor cores yet: this version fixes the protocol and its hang-proofing.
+//! The training megakernel, version 1: one persistent block per SM walks its instruction list
+//! (built by the host, `kiln::megakernel`), waiting on and signalling global counters. Each
+//! instruction is one `tile x tile` output tile (`tile` 16, 32 or 64, chosen per model: small models
+//! take small tiles so that their few rows still spread over many SMs).
 //!
+//! - Products (`LINEAR_FWD`, `LINEAR_BWD_INPUT`, `LINEAR_BWD_WEIGHT`) stage K slabs of both
+//!   operands in shared memory with coalesced loads (each operand described by its two strides, so
+//!   `A B^T`, `A B` and `A^T B` share one loader), then each thread of the 16 x 16 block computes a
+//!   `tile/16 x tile/16` register block with CUDA-core FMAs. Every output is one FMA chain in
+//!   ascending k, the CPU interpreter's order, so the products match it bit for bit.
+//! - The cross-entropy gradient finds each row's maximum and sum of exponentials once per tile (a
+//!   warp per row) instead of once per element.
 //! - Waits: thread 0 spins with `ld.acquire.gpu` on the counter, bounded by the global timer from the
 //!   counter's last change; a stall (or another block's abort) sets the abort flag, writes the block's
-//!   record (instruction index, counter, value seen, value wanted) and returns — every waiting block
-//!   does the same, and the host reports all records as an error instead of hanging. A block barrier then lets the whole block read what the producers wrote.
+//!   record (instruction index, counter, value seen, value wanted) and returns; every waiting block
+//!   does the same, and the host reports all records as an error instead of hanging. A block barrier
+//!   then lets the whole block read what the producers wrote.
 //! - Signals: after a block barrier, thread 0 issues `fence.acq_rel.gpu` and adds 1 to each signal
 //!   counter.
 //! - Grid: one block per SM (all co-resident), 256 threads.
 //!
-//! Status: passes its GPU tests on the H200 (matches the CPU interpreter; a wrong arrival count is
-//! reported as a stall); slow, 40-60x PyTorch's CUDA-graph step (`benches/results/mlp_step.md`).
+//! Not yet the design's data path: no TMA pages, no tensor cores, no overlap of the next tile's
+//! loads with this tile's math. Speed against PyTorch is in `benches/results/mlp_step.md`.
 
-use crate::megakernel::{Instruction, MegaBuffers, MegaConfig, NO_COUNTER, TILE, loss, opcode};
-use crate::{atomic, fence, kernel, math, shared_array, sync, thread};
+use crate::megakernel::{Instruction, MegaBuffers, MegaConfig, NO_COUNTER, SLAB, TILES, loss, opcode};
+use crate::{atomic, fence, kernel, math, shared_array, sync, thread, warp};
 
 /// Threads per block.
 pub const MEGA_THREADS: u32 = 256;
@@ -66,86 +74,276 @@ unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx: u32) -> b
     }
 }
 
-/// Computes one instruction's tile; every thread of the block takes outputs `t, t + 256, ...`.
+/// One operand of a tile product: element `(m, k)` is `p[base + m * sm + k * sk]`, live for
+/// `m < lim` (the K range is the product's).
+#[cfg(target_arch = "nvptx64")]
+#[derive(Clone, Copy)]
+struct Operand {
+    p: crate::DevicePtr<f32>,
+    base: u32,
+    sm: u32,
+    sk: u32,
+    lim: u32,
+}
+
+// Shared-memory slabs of the two operands, `[k][m]` with a row stride of `tile + 1` (so that
+// both the K-contiguous and the M-contiguous loaders write without bank conflicts).
+#[cfg(target_arch = "nvptx64")]
+const SLAB_WORDS: usize = (SLAB + SLAB / TILES[0]) as usize;
+shared_array!(fn mk_slab_a() -> [f32; SLAB_WORDS], align 16);
+shared_array!(fn mk_slab_b() -> [f32; SLAB_WORDS], align 16);
+// Row maximum and sum of exponentials for the loss gradient's rows.
+shared_array!(fn mk_stats() -> [f32; 128], align 16);
+
+/// Elements of one slab each thread loads.
+const PER_THREAD: usize = (SLAB / MEGA_THREADS) as usize;
+
+/// The `(m, k)` position in a slab of the `j`-th element thread `t` moves: threads walk the
+/// operand's contiguous dimension, so the global loads coalesce.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn run(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction) {
+fn slab_pos<const R: usize>(op: &Operand, t: u32, j: usize) -> (u32, u32) {
+    let tile = 16 * R as u32;
+    let ks = SLAB / tile;
+    let idx = t + j as u32 * MEGA_THREADS;
+    if op.sk == 1 { (idx / ks, idx % ks) } else { (idx % tile, idx / tile) }
+}
+
+/// This thread's elements of the `tile x kn` block of `op` at `(m0, k0)`, zero outside the live
+/// rows and `kn`. All loads are independent, so they are in flight together.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn fetch_slab<const R: usize>(op: Operand, m0: u32, k0: u32, kn: u32) -> [f32; PER_THREAD] {
+    let t = thread::thread_idx_x();
+    core::array::from_fn(|j| {
+        let (m, k) = slab_pos::<R>(&op, t, j);
+        if m0 + m < op.lim && k < kn {
+            unsafe { op.p.read((op.base + (m0 + m) * op.sm + (k0 + k) * op.sk) as usize) }
+        } else {
+            0.0
+        }
+    })
+}
+
+/// Stores what [`fetch_slab`] loaded into `slab` as `[k][m]` (row stride `tile + 1`).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn store_slab<const R: usize>(slab: *mut [f32; SLAB_WORDS], op: &Operand, v: &[f32; PER_THREAD]) {
+    let tile = 16 * R as u32;
+    let t = thread::thread_idx_x();
+    let p = slab as *mut f32;
+    for (j, &x) in v.iter().enumerate() {
+        let (m, k) = slab_pos::<R>(op, t, j);
+        unsafe { *p.add((k * (tile + 1) + m) as usize) = x };
+    }
+}
+
+/// `C[m][n] = sum_k A(m0 + m, k) B(n0 + n, k)` over a `16R x 16R` tile: thread `(ty, tx)` of the
+/// 16 x 16 block holds `C[ty + 16 i][tx + 16 j]` for `i, j < R`. K goes through shared memory in
+/// slabs of `SLAB / tile`; every output is one FMA chain in ascending k (as the CPU interpreter's),
+/// with no FMA past `kdim`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn tile_product<const R: usize>(a: Operand, b: Operand, m0: u32, n0: u32, kdim: u32) -> [[f32; R]; R] {
+    let tile = 16 * R as u32;
+    let ks = SLAB / tile;
+    let (sa, sb) = (mk_slab_a(), mk_slab_b());
+    let t = thread::thread_idx_x();
+    let (ty, tx) = ((t / 16) as usize, (t % 16) as usize);
+    let mut acc = [[0.0f32; R]; R];
+    let kn_at = |k0: u32| if kdim - k0 < ks { kdim - k0 } else { ks };
+    // Register double buffering: the next slab's loads are issued before this slab's math and
+    // stored to shared memory after it.
+    let (mut va, mut vb) = if kdim > 0 {
+        unsafe { (fetch_slab::<R>(a, m0, 0, kn_at(0)), fetch_slab::<R>(b, n0, 0, kn_at(0))) }
+    } else {
+        ([0.0; PER_THREAD], [0.0; PER_THREAD])
+    };
+    let mut k0 = 0;
+    while k0 < kdim {
+        let kn = kn_at(k0);
+        unsafe {
+            store_slab::<R>(sa, &a, &va);
+            store_slab::<R>(sb, &b, &vb);
+        }
+        sync::sync_threads();
+        if k0 + ks < kdim {
+            let next = k0 + ks;
+            unsafe {
+                (va, vb) = (fetch_slab::<R>(a, m0, next, kn_at(next)), fetch_slab::<R>(b, n0, next, kn_at(next)))
+            };
+        }
+        // Rows of both slabs at k (`kn <= ks`, so within the arrays: no bounds checks in the loop).
+        let (pa, pb) = (sa as *const f32, sb as *const f32);
+        let step = |k: usize, acc: &mut [[f32; R]; R]| {
+            let row = k * (tile as usize + 1);
+            let av: [f32; R] = core::array::from_fn(|i| unsafe { *pa.add(row + ty + 16 * i) });
+            let bv: [f32; R] = core::array::from_fn(|j| unsafe { *pb.add(row + tx + 16 * j) });
+            for i in 0..R {
+                for j in 0..R {
+                    acc[i][j] = math::fma(av[i], bv[j], acc[i][j]);
+                }
+            }
+        };
+        let mut k = 0;
+        while k + 4 <= kn as usize {
+            for u in 0..4 {
+                step(k + u, &mut acc);
+            }
+            k += 4;
+        }
+        while k < kn as usize {
+            step(k, &mut acc);
+            k += 1;
+        }
+        sync::sync_threads();
+        k0 += ks;
+    }
+    acc
+}
+
+/// Calls `f(row, col, value)` for each live output of this thread's part of a tile product.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn for_each_output<const R: usize>(
+    acc: &[[f32; R]; R],
+    m0: u32,
+    n0: u32,
+    rows: u32,
+    cols: u32,
+    mut f: impl FnMut(u32, u32, f32),
+) {
+    let t = thread::thread_idx_x();
+    for (i, acc_row) in acc.iter().enumerate() {
+        for (j, &v) in acc_row.iter().enumerate() {
+            let (r, c) = (m0 + t / 16 + 16 * i as u32, n0 + t % 16 + 16 * j as u32);
+            if r < rows && c < cols {
+                f(r, c, v);
+            }
+        }
+    }
+}
+
+/// Computes one instruction's `16R x 16R` tile (see the module docs for each opcode's product).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn run<const R: usize>(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction) {
+    let tile = 16 * R as u32;
     let l = i.layer;
     let rd = |p: crate::DevicePtr<u32>, k: u32| unsafe { p.read(k as usize) };
     let din = rd(b.dims, l);
     let dout = rd(b.dims, l + 1);
     let (w, a_in, a_out) = (rd(b.w_off, l), rd(b.a_off, l), rd(b.a_off, l + 1));
-    let t = thread::thread_idx_x();
+    let (m0, n0) = (i.tile_row * tile, i.tile_col * tile);
     let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
-    let mut e = t;
-    while e < TILE * TILE {
-        let (tr, tc) = (i.tile_row * TILE + e / TILE, i.tile_col * TILE + e % TILE);
-        match i.opcode {
-            opcode::LINEAR_FWD if tr < cfg.batch && tc < dout => {
-                let mut acc = 0.0f32;
-                let mut k = 0;
-                while k < din {
-                    acc = math::fma(f(b.act, a_in + tr * din + k), f(b.weights, w + tc * din + k), acc);
-                    k += 1;
+    let (act, grad, weights) = (b.act.as_const(), b.grad.as_const(), b.weights.as_const());
+    match i.opcode {
+        opcode::LINEAR_FWD => {
+            // act[l+1][r][o] = f(sum_k act[l][r][k] W[l][o][k])
+            let x = Operand { p: act, base: a_in, sm: din, sk: 1, lim: cfg.batch };
+            let wt = Operand { p: weights, base: w, sm: din, sk: 1, lim: dout };
+            let acc = unsafe { tile_product::<R>(x, wt, m0, n0, din) };
+            let hidden = l + 1 < cfg.layers;
+            for_each_output(&acc, m0, n0, cfg.batch, dout, |r, c, v| unsafe {
+                b.act.write((a_out + r * dout + c) as usize, if hidden { v.max(0.0) } else { v })
+            });
+        }
+        opcode::LINEAR_BWD_INPUT => {
+            // grad[l][r][k] = relu'(act[l][r][k]) sum_o grad[l+1][r][o] W[l][o][k]
+            let g = Operand { p: grad, base: a_out, sm: dout, sk: 1, lim: cfg.batch };
+            let wt = Operand { p: weights, base: w, sm: 1, sk: din, lim: din };
+            let acc = unsafe { tile_product::<R>(g, wt, m0, n0, dout) };
+            for_each_output(&acc, m0, n0, cfg.batch, din, |r, c, v| unsafe {
+                let j = a_in + r * din + c;
+                b.grad.write(j as usize, if f(b.act, j) > 0.0 { v } else { 0.0 })
+            });
+        }
+        opcode::LINEAR_BWD_WEIGHT => {
+            // dW[l][o][k] = sum_r grad[l+1][r][o] act[l][r][k]
+            let g = Operand { p: grad, base: a_out, sm: 1, sk: dout, lim: dout };
+            let x = Operand { p: act, base: a_in, sm: 1, sk: din, lim: din };
+            let acc = unsafe { tile_product::<R>(g, x, m0, n0, cfg.batch) };
+            for_each_output(&acc, m0, n0, dout, din, |o, k, v| unsafe { b.dw.write((w + o * din + k) as usize, v) });
+        }
+        opcode::LOSS_GRAD => unsafe { loss_grad(b, cfg, a_out, dout, m0, n0, tile) },
+        opcode::SGD_UPDATE => {
+            let mut e = thread::thread_idx_x();
+            while e < tile * tile {
+                let (o, k) = (m0 + e / tile, n0 + e % tile);
+                if o < dout && k < din {
+                    let j = w + o * din + k;
+                    let g = f(b.dw, j);
+                    let step = if cfg.momentum != 0.0 {
+                        let v = cfg.momentum * f(b.velocity, j) + g;
+                        unsafe { b.velocity.write(j as usize, v) };
+                        v
+                    } else {
+                        g
+                    };
+                    unsafe { b.weights.write(j as usize, f(b.weights, j) - cfg.lr * step) };
                 }
-                let v = if l + 1 < cfg.layers { acc.max(0.0) } else { acc };
-                unsafe { b.act.write((a_out + tr * dout + tc) as usize, v) };
+                e += MEGA_THREADS;
             }
-            opcode::LOSS_GRAD if tr < cfg.batch && tc < dout => {
-                let row = a_out + tr * dout;
-                let v = f(b.act, row + tc);
-                let g = if cfg.loss == loss::MSE {
-                    2.0 * (v - unsafe { b.y.read((tr * dout + tc) as usize) }) / (cfg.batch * dout) as f32
-                } else {
-                    let mut m = f32::NEG_INFINITY;
-                    let mut k = 0;
-                    while k < dout {
-                        m = m.max(f(b.act, row + k));
-                        k += 1;
+        }
+        _ => {}
+    }
+}
+
+/// `grad[L] = dLoss / d act[L]` on one tile. Cross-entropy first finds each of the tile's rows'
+/// maximum and sum of `exp(x - max)` over the whole row, one warp per row (lanes stride the row,
+/// then a shuffle tree), into shared memory; then every thread takes elements `t, t + 256, ...`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn loss_grad(b: &MegaBuffers, cfg: &MegaConfig, a_out: u32, dout: u32, m0: u32, n0: u32, tile: u32) {
+    let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
+    let stats = mk_stats();
+    let ce = cfg.loss != loss::MSE;
+    if ce {
+        let (lane, warp) = (thread::lane_id(), thread::warp_id());
+        let mut r = warp;
+        while r < tile {
+            if m0 + r < cfg.batch {
+                let row = a_out + (m0 + r) * dout;
+                let mut m = f32::NEG_INFINITY;
+                let mut k = lane;
+                while k < dout {
+                    m = m.max(f(b.act, row + k));
+                    k += 32;
+                }
+                let m = warp::reduce_max_f32(m);
+                let mut z = 0.0f32;
+                k = lane;
+                while k < dout {
+                    z += math::exp(f(b.act, row + k) - m);
+                    k += 32;
+                }
+                let z = warp::reduce_sum_f32(z);
+                if lane == 0 {
+                    unsafe {
+                        (*stats)[r as usize] = m;
+                        (*stats)[64 + r as usize] = z;
                     }
-                    let mut z = 0.0f32;
-                    k = 0;
-                    while k < dout {
-                        z += math::exp(f(b.act, row + k) - m);
-                        k += 1;
-                    }
-                    let onehot = if unsafe { b.classes.read(tr as usize) } == tc { 1.0 } else { 0.0 };
-                    (math::exp(v - m) / z - onehot) / cfg.batch as f32
-                };
-                unsafe { b.grad.write((row + tc) as usize, g) };
-            }
-            opcode::LINEAR_BWD_WEIGHT if tr < dout && tc < din => {
-                let mut acc = 0.0f32;
-                let mut r = 0;
-                while r < cfg.batch {
-                    acc = math::fma(f(b.grad, a_out + r * dout + tr), f(b.act, a_in + r * din + tc), acc);
-                    r += 1;
                 }
-                unsafe { b.dw.write((w + tr * din + tc) as usize, acc) };
             }
-            opcode::LINEAR_BWD_INPUT if tr < cfg.batch && tc < din => {
-                let mut acc = 0.0f32;
-                let mut o = 0;
-                while o < dout {
-                    acc = math::fma(f(b.grad, a_out + tr * dout + o), f(b.weights, w + o * din + tc), acc);
-                    o += 1;
-                }
-                let v = if f(b.act, a_in + tr * din + tc) > 0.0 { acc } else { 0.0 };
-                unsafe { b.grad.write((a_in + tr * din + tc) as usize, v) };
-            }
-            opcode::SGD_UPDATE if tr < dout && tc < din => {
-                let j = w + tr * din + tc;
-                let g = f(b.dw, j);
-                let step = if cfg.momentum != 0.0 {
-                    let v = cfg.momentum * f(b.velocity, j) + g;
-                    unsafe { b.velocity.write(j as usize, v) };
-                    v
-                } else {
-                    g
-                };
-                unsafe { b.weights.write(j as usize, f(b.weights, j) - cfg.lr * step) };
-            }
-            _ => {}
+            r += MEGA_THREADS / 32;
+        }
+        sync::sync_threads();
+    }
+    let mut e = thread::thread_idx_x();
+    while e < tile * tile {
+        let (r, c) = (e / tile, e % tile);
+        let (tr, tc) = (m0 + r, n0 + c);
+        if tr < cfg.batch && tc < dout {
+            let j = a_out + tr * dout + tc;
+            let v = f(b.act, j);
+            let g = if ce {
+                let (m, z) = unsafe { ((*stats)[r as usize], (*stats)[64 + r as usize]) };
+                let onehot = if unsafe { b.classes.read(tr as usize) } == tc { 1.0 } else { 0.0 };
+                (math::exp(v - m) / z - onehot) / cfg.batch as f32
+            } else {
+                2.0 * (v - unsafe { b.y.read((tr * dout + tc) as usize) }) / (cfg.batch * dout) as f32
+            };
+            unsafe { b.grad.write(j as usize, g) };
         }
         e += MEGA_THREADS;
     }
@@ -172,7 +370,11 @@ pub unsafe fn megakernel_step(b: MegaBuffers, cfg: MegaConfig) {
         if !ok {
             return;
         }
-        unsafe { run(&b, &cfg, &ins) };
+        match cfg.tile {
+            16 => unsafe { run::<1>(&b, &cfg, &ins) },
+            32 => unsafe { run::<2>(&b, &cfg, &ins) },
+            _ => unsafe { run::<4>(&b, &cfg, &ins) },
+        }
         sync::sync_threads();
         if thread::thread_idx_x() == 0 {
             fence::fence_gpu();

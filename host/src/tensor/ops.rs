@@ -940,8 +940,7 @@ impl Tensor {
             let _g = super::no_grad();
             self.log_softmax()?.try_to_vec_f64()?
         };
-        let loss: f64 =
-            targets.as_slice().iter().enumerate().map(|(i, &t)| -logp[i * c + t]).sum::<f64>() / n as f64;
+        let loss: f64 = targets.as_slice().iter().enumerate().map(|(i, &t)| -logp[i * c + t]).sum::<f64>() / n as f64;
         Ok(Tensor::from_cpu(CpuStorage::from_f64(self.dtype(), &[loss]), Shape(vec![]), Some(op)))
     }
 
