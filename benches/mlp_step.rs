@@ -8,7 +8,8 @@
 //! prints why and exits 0.
 
 use kiln::cuda::Device;
-use kiln::megakernel::{GpuStep, Loss, MlpShape, StepInputs, build};
+use kiln::gpu::megakernel::TILES;
+use kiln::megakernel::{GpuStep, Loss, MlpShape, StepInputs, build, build_with_tile};
 use kiln::nn::{Linear, Module, ReLU, Sequential};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::tensor::{DType, Device as TDev, Tensor};
@@ -47,16 +48,25 @@ fn main() {
             .map(|_| Tensor::randn([width * width], DType::F32, &mut rng).to_vec_f32())
             .map(|w| w.iter().map(|v| v / (width as f32).sqrt()).collect())
             .collect();
-        let mut mega = GpuStep::new(dev.clone(), &schedule, &weights).expect("megakernel");
         let inp = StepInputs { x: &x, y: &[], classes: &classes, loss: Loss::CrossEntropy, lr: LR, momentum: 0.0 };
-        // The batch stays on the device (as PyTorch's graph's static inputs do); stalls are checked
-        // once after the timing instead of after every step.
-        mega.load_batch(&inp).expect("batch");
-        mega.check_every = 0;
-        let mega_ms = timing::median_ms_batched(&dev, reps, per, || {
-            mega.run(Loss::CrossEntropy, LR, 0.0).expect("megakernel step")
-        });
-        mega.check().expect("no stalled wait while timing");
+        // Every tile size, so the chooser's pick can be checked against the others. The batch stays
+        // on the device (as PyTorch's graph's static inputs do); stalls are checked once after the
+        // timing instead of after every step.
+        let mut per_tile = vec![];
+        for tile in TILES {
+            let sched = build_with_tile(&shape, sms, tile).expect("schedule");
+            let mut mega = GpuStep::new(dev.clone(), &sched, &weights).expect("megakernel");
+            mega.load_batch(&inp).expect("batch");
+            mega.check_every = 0;
+            let ms = timing::median_ms_batched(&dev, reps, per, || {
+                mega.run(Loss::CrossEntropy, LR, 0.0).expect("megakernel step")
+            });
+            mega.check().expect("no stalled wait while timing");
+            per_tile.push((tile, ms));
+        }
+        let mega_ms = per_tile.iter().find(|(t, _)| *t == schedule.tile).expect("chosen tile").1;
+        let tiles_json: Vec<String> = per_tile.iter().map(|(t, ms)| format!("\"{t}\":{ms:.4}")).collect();
+        let tiles_text: Vec<String> = per_tile.iter().map(|(t, ms)| format!("tile {t}: {ms:.3}")).collect();
 
         // kiln layer by layer (autograd on the CUDA backend).
         let td = TDev::Cuda(Arc::clone(&dev));
@@ -82,12 +92,15 @@ fn main() {
         let layered_ms = timing::median_ms_batched(&dev, reps, per, &mut step);
 
         println!(
-            "b{batch} w{width} d{layers}: megakernel (tile {}) {mega_ms:.3} ms/step, kiln layer-by-layer {layered_ms:.3} ms/step",
-            schedule.tile
+            "b{batch} w{width} d{layers}: megakernel (chosen tile {}) {mega_ms:.3} ms/step [{}], kiln layer-by-layer {layered_ms:.3} ms/step",
+            schedule.tile,
+            tiles_text.join(", ")
         );
         json += &format!(
-            "{}{{\"batch\":{batch},\"width\":{width},\"layers\":{layers},\"megakernel_ms\":{mega_ms:.4},\"layered_ms\":{layered_ms:.4}}}",
-            if mi > 0 { "," } else { "" }
+            "{}{{\"batch\":{batch},\"width\":{width},\"layers\":{layers},\"tile\":{},\"megakernel_ms\":{mega_ms:.4},\"megakernel_ms_by_tile\":{{{}}},\"layered_ms\":{layered_ms:.4}}}",
+            if mi > 0 { "," } else { "" },
+            schedule.tile,
+            tiles_json.join(",")
         );
     }
     json += "]}\n";

@@ -86,16 +86,21 @@ struct Operand {
     lim: u32,
 }
 
-// Shared-memory slabs of the two operands, `[k][m]` with a row stride of `tile + 1` (so that
-// both the K-contiguous and the M-contiguous loaders write without bank conflicts).
+// Shared-memory slabs of the two operands, `[k][m]` with a row stride of `tile + 4`: rows stay
+// 16-byte aligned, so each thread reads its `R` consecutive values with one vector load.
 #[cfg(target_arch = "nvptx64")]
-const SLAB_WORDS: usize = (SLAB + SLAB / TILES[0]) as usize;
+const SLAB_WORDS: usize = (SLAB + 4 * SLAB / TILES[0]) as usize;
+#[cfg(target_arch = "nvptx64")]
+const fn row_stride(tile: u32) -> usize {
+    tile as usize + 4
+}
 shared_array!(fn mk_slab_a() -> [f32; SLAB_WORDS], align 16);
 shared_array!(fn mk_slab_b() -> [f32; SLAB_WORDS], align 16);
 // Row maximum and sum of exponentials for the loss gradient's rows.
 shared_array!(fn mk_stats() -> [f32; 128], align 16);
 
 /// Elements of one slab each thread loads.
+#[cfg(target_arch = "nvptx64")]
 const PER_THREAD: usize = (SLAB / MEGA_THREADS) as usize;
 
 /// The `(m, k)` position in a slab of the `j`-th element thread `t` moves: threads walk the
@@ -125,7 +130,7 @@ unsafe fn fetch_slab<const R: usize>(op: Operand, m0: u32, k0: u32, kn: u32) -> 
     })
 }
 
-/// Stores what [`fetch_slab`] loaded into `slab` as `[k][m]` (row stride `tile + 1`).
+/// Stores what [`fetch_slab`] loaded into `slab` as `[k][m]` (row stride `tile + 4`).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 unsafe fn store_slab<const R: usize>(slab: *mut [f32; SLAB_WORDS], op: &Operand, v: &[f32; PER_THREAD]) {
@@ -134,14 +139,30 @@ unsafe fn store_slab<const R: usize>(slab: *mut [f32; SLAB_WORDS], op: &Operand,
     let p = slab as *mut f32;
     for (j, &x) in v.iter().enumerate() {
         let (m, k) = slab_pos::<R>(op, t, j);
-        unsafe { *p.add((k * (tile + 1) + m) as usize) = x };
+        unsafe { *p.add(k as usize * row_stride(tile) + m as usize) = x };
+    }
+}
+
+/// `R` consecutive shared-memory floats at `p` (16-byte aligned for `R = 4`, 8 for `R = 2`) in one
+/// vector load.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn read_r<const R: usize>(p: *const f32) -> [f32; R] {
+    if R == 4 {
+        let v = unsafe { *(p as *const crate::F32x4) };
+        core::array::from_fn(|i| v.0[i])
+    } else if R == 2 {
+        let v = unsafe { *(p as *const crate::F32x2) };
+        core::array::from_fn(|i| v.0[i])
+    } else {
+        core::array::from_fn(|i| unsafe { *p.add(i) })
     }
 }
 
 /// `C[m][n] = sum_k A(m0 + m, k) B(n0 + n, k)` over a `16R x 16R` tile: thread `(ty, tx)` of the
-/// 16 x 16 block holds `C[ty + 16 i][tx + 16 j]` for `i, j < R`. K goes through shared memory in
-/// slabs of `SLAB / tile`; every output is one FMA chain in ascending k (as the CPU interpreter's),
-/// with no FMA past `kdim`.
+/// 16 x 16 block holds `C[R ty + i][R tx + j]` for `i, j < R`, and reads its `R` values of each
+/// operand per k with one vector load. K goes through shared memory in slabs of `SLAB / tile`;
+/// every output is one FMA chain in ascending k (as the CPU interpreter's), with no FMA past `kdim`.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 unsafe fn tile_product<const R: usize>(a: Operand, b: Operand, m0: u32, n0: u32, kdim: u32) -> [[f32; R]; R] {
@@ -176,9 +197,9 @@ unsafe fn tile_product<const R: usize>(a: Operand, b: Operand, m0: u32, n0: u32,
         // Rows of both slabs at k (`kn <= ks`, so within the arrays: no bounds checks in the loop).
         let (pa, pb) = (sa as *const f32, sb as *const f32);
         let step = |k: usize, acc: &mut [[f32; R]; R]| {
-            let row = k * (tile as usize + 1);
-            let av: [f32; R] = core::array::from_fn(|i| unsafe { *pa.add(row + ty + 16 * i) });
-            let bv: [f32; R] = core::array::from_fn(|j| unsafe { *pb.add(row + tx + 16 * j) });
+            let row = k * row_stride(tile);
+            let av: [f32; R] = unsafe { read_r::<R>(pa.add(row + R * ty)) };
+            let bv: [f32; R] = unsafe { read_r::<R>(pb.add(row + R * tx)) };
             for i in 0..R {
                 for j in 0..R {
                     acc[i][j] = math::fma(av[i], bv[j], acc[i][j]);
@@ -216,7 +237,7 @@ fn for_each_output<const R: usize>(
     let t = thread::thread_idx_x();
     for (i, acc_row) in acc.iter().enumerate() {
         for (j, &v) in acc_row.iter().enumerate() {
-            let (r, c) = (m0 + t / 16 + 16 * i as u32, n0 + t % 16 + 16 * j as u32);
+            let (r, c) = (m0 + (t / 16) * R as u32 + i as u32, n0 + (t % 16) * R as u32 + j as u32);
             if r < rows && c < cols {
                 f(r, c, v);
             }
