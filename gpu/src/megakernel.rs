@@ -28,14 +28,17 @@ pub const TILES: [u32; 3] = [16, 32, 64];
 /// (so small tiles take long K steps, and one slab's loads are all in flight at once).
 pub const SLAB: u32 = 2048;
 
-/// The tile for a model: the largest of [`TILES`] that still gives every SM a tile of the widest
-/// layer's forward (`batch` rows by `widest` outputs), else the smallest.
+/// The tile for a model: the largest of [`TILES`] whose forward of the widest layer (`batch` rows by
+/// `widest` outputs) still has a tile for every 10 SMs, else the smallest. Bigger tiles do more math
+/// per byte loaded and per wait, and that outweighs idle SMs down to about that ratio: tuned from the
+/// tile sweep in `benches/results/mlp_step.md` (64 rows of 256: tile 32 beat 16 and 64; 256 rows of
+/// 1024: 64 beat 32).
 pub const fn choose_tile(batch: u32, widest: u32, sms: u32) -> u32 {
     let mut i = TILES.len();
     while i > 1 {
         i -= 1;
         let t = TILES[i];
-        if batch.div_ceil(t) * widest.div_ceil(t) >= sms {
+        if batch.div_ceil(t) as u64 * widest.div_ceil(t) as u64 * 10 >= sms as u64 {
             return t;
         }
     }
