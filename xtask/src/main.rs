@@ -61,6 +61,19 @@ enum Task {
         #[arg(long)]
         date: String,
     },
+    /// Run one of `benches/` on this machine's GPU (`cargo bench --bench NAME`), keep its JSON in
+    /// `target/bench/NAME.json`, and for `gemm` also write the Markdown table and SVG plot into OUT
+    /// (what `bench-report` does). Machines without cargo run the GPU bundle's `run.sh --bench`.
+    Bench {
+        /// The bench: gemm, tensor_ops or mlp_step.
+        name: String,
+        /// Folder for the gemm report.
+        #[arg(long, default_value = "benches/results")]
+        out: PathBuf,
+        /// The date recorded with the gemm report (default: today, from `date -I`).
+        #[arg(long)]
+        date: Option<String>,
+    },
     /// Build a self-contained GPU test bundle: release test binaries, PTX, and run.sh.
     GpuBundle {
         /// The folder to write (created; emptied first).
@@ -82,6 +95,7 @@ fn main() -> ExitCode {
             test(require_ptxas || std::env::var("KILN_REQUIRE_PTXAS").is_ok_and(|v| v == "1"), &args)
         }
         Task::GpuBundle { dir } => gpu_bundle(&dir),
+        Task::Bench { name, out, date } => bench(&name, &out, date),
         Task::BenchReport { input, out, command, date } => report::gemm_report(&input, &out, &command, &date),
     };
     match r {
@@ -162,6 +176,38 @@ fn test(require_ptxas: bool, args: &[String]) -> Res<()> {
         .status()
         .map_err(|e| format!("running cargo test: {e}"))?;
     if status.success() { Ok(()) } else { Err(format!("cargo test failed ({status})")) }
+}
+
+fn bench(name: &str, out: &Path, date: Option<String>) -> Res<()> {
+    let ws = workspace();
+    let json = ws.join("target/bench").join(format!("{name}.json"));
+    std::fs::create_dir_all(json.parent().expect("a folder")).map_err(|e| format!("target/bench: {e}"))?;
+    let _ = std::fs::remove_file(&json);
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(&ws)
+        .args(["bench", "-p", "kiln", "--bench", name])
+        .env("KILN_BENCH_OUT", &json)
+        .status()
+        .map_err(|e| format!("running cargo bench: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo bench --bench {name} failed ({status})"));
+    }
+    if !json.exists() {
+        return Err(format!(
+            "benches/{name} wrote no results: it found no GPU (its message is above). Run it on a machine with \
+             one, or build the GPU bundle (`cargo xtask gpu-bundle DIR`) and run `DIR/run.sh --bench` there"
+        ));
+    }
+    println!("results: {}", json.display());
+    if name == "gemm" {
+        let date = match date {
+            Some(d) => d,
+            None => run(Command::new("date").arg("-I"))?.trim().to_string(),
+        };
+        report::gemm_report(&json, out, "cargo xtask bench gemm", &date)?;
+    }
+    Ok(())
 }
 
 fn run(cmd: &mut Command) -> Res<String> {
