@@ -92,7 +92,6 @@ fn barriers_are_not_duplicated() {
         ("softmax_rows_f32", 12),
         ("cross_entropy_rows_f32", 8),
         ("cross_entropy_backward_rows_f32", 8),
-        ("mean_f32", 2),
         ("hgemm_mma_bf16", 1),
         // 3 in the instruction loop; per tile size (3): the tile product's 2 in each of the three
         // product opcodes, and the loss gradient's 1

@@ -97,7 +97,9 @@ const fn row_stride(tile: u32) -> usize {
 shared_array!(fn mk_slab_a() -> [f32; SLAB_WORDS], align 16);
 shared_array!(fn mk_slab_b() -> [f32; SLAB_WORDS], align 16);
 // Row maximum and sum of exponentials for the loss gradient's rows.
-shared_array!(fn mk_stats() -> [f32; 128], align 16);
+shared_array!(fn mk_stats() -> [f32; 2 * MAX_TILE], align 16);
+#[cfg(target_arch = "nvptx64")]
+const MAX_TILE: usize = TILES[TILES.len() - 1] as usize;
 
 /// Elements of one slab each thread loads.
 #[cfg(target_arch = "nvptx64")]
@@ -342,7 +344,7 @@ unsafe fn loss_grad(b: &MegaBuffers, cfg: &MegaConfig, a_out: u32, dout: u32, m0
                 if lane == 0 {
                     unsafe {
                         (*stats)[r as usize] = m;
-                        (*stats)[64 + r as usize] = z;
+                        (*stats)[MAX_TILE + r as usize] = z;
                     }
                 }
             }
@@ -358,7 +360,7 @@ unsafe fn loss_grad(b: &MegaBuffers, cfg: &MegaConfig, a_out: u32, dout: u32, m0
             let j = a_out + tr * dout + tc;
             let v = f(b.act, j);
             let g = if ce {
-                let (m, z) = unsafe { ((*stats)[r as usize], (*stats)[64 + r as usize]) };
+                let (m, z) = unsafe { ((*stats)[r as usize], (*stats)[MAX_TILE + r as usize]) };
                 let onehot = if unsafe { b.classes.read(tr as usize) } == tc { 1.0 } else { 0.0 };
                 (math::exp(v - m) / z - onehot) / cfg.batch as f32
             } else {

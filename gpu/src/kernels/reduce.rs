@@ -8,16 +8,18 @@ pub const REDUCE_THREADS: u32 = 256;
 
 shared_array!(fn warp_sums() -> [f32; 32], align 16);
 
-/// Partial sums: `partials[block] = sum of x[i]` over the indices a grid-stride loop gives the block.
+/// Partial sums: `partials[block] = scale * (sum of x[i])` over the indices a grid-stride loop gives
+/// the block.
 ///
-/// - Parameters: `x` (`n` f32), `partials` (one f32 per block).
+/// - Parameters: `x` (`n` f32), `partials` (one f32 per block), `scale` (1 for a plain sum; `1 / n`
+///   with one block gives a mean in one launch).
 /// - Mapping: each thread accumulates a grid-stride slice sequentially; each warp combines its 32
 ///   values with a butterfly of `shfl.sync.bfly`; lane 0 of each warp writes its sum to static shared
 ///   memory; after a block barrier (reached after a divergent branch, on purpose), warp 0 combines
 ///   the warp sums the same way. No atomics: for a fixed grid the result is bit-reproducible.
 /// - The host runs it twice: once over `x`, then with one block over the partials.
 #[kernel]
-pub unsafe fn reduce_sum_f32(x: DevicePtr<f32>, partials: DevicePtrMut<f32>, n: u32) {
+pub unsafe fn reduce_sum_f32(x: DevicePtr<f32>, partials: DevicePtrMut<f32>, n: u32, scale: f32) {
     let mut acc = 0.0f32;
     let mut i = thread::global_idx_x() as usize;
     let stride = thread::grid_stride_x() as usize;
@@ -37,7 +39,7 @@ pub unsafe fn reduce_sum_f32(x: DevicePtr<f32>, partials: DevicePtrMut<f32>, n: 
         let v = if lane < warps { unsafe { (*sums)[lane as usize] } } else { 0.0 };
         let total = warp::reduce_sum_f32(v);
         if lane == 0 {
-            unsafe { partials.write(thread::block_idx_x() as usize, total) };
+            unsafe { partials.write(thread::block_idx_x() as usize, total * scale) };
         }
     }
 }

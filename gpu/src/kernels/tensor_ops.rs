@@ -589,8 +589,9 @@ pub unsafe fn softmax_rows_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, d: u32
     }
 }
 
-/// Per-row cross-entropy `logsumexp(x) - x[target]` of logits rows of `d`; [`mean_f32`] then
-/// averages the row losses. One block per row.
+/// Per-row cross-entropy `logsumexp(x) - x[target]` of logits rows of `d`; one block of
+/// [`reduce_sum_f32`](crate::kernels::reduce::reduce_sum_f32) with scale `1 / n` then averages the row
+/// losses. One block per row.
 #[kernel]
 pub unsafe fn cross_entropy_rows_f32(
     logits: DevicePtr<f32>,
@@ -610,28 +611,6 @@ pub unsafe fn cross_entropy_rows_f32(
     if t == 0 {
         let target = unsafe { targets.read(r as usize) };
         unsafe { row_loss.write(r as usize, m + math::ln(s) - logits.read(row + target as usize)) };
-    }
-}
-
-/// Threads of the one block that runs [`mean_f32`].
-pub const MEAN_THREADS: u32 = 1024;
-
-/// `out[0] = (x[0] + ... + x[n-1]) / n` in one block of [`MEAN_THREADS`] threads: thread `t` adds
-/// `x[t], x[t + 1024], ...` in f64, then a fixed shuffle tree adds the partial sums, so the result
-/// does not change between runs. Used for the mean of the row losses, where one launch replaces a
-/// reduction and a scaling pass.
-#[kernel]
-pub unsafe fn mean_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, n: u32) {
-    let t = thread::thread_idx_x();
-    let mut acc = 0.0f64;
-    let mut i = t;
-    while i < n {
-        acc += unsafe { x.read(i as usize) } as f64;
-        i += MEAN_THREADS;
-    }
-    let total = block_reduce(acc as f32, false);
-    if t == 0 {
-        unsafe { out.write(0, total / n as f32) };
     }
 }
 

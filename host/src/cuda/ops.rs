@@ -58,9 +58,9 @@ pub fn sum_on_device(dev: &Device, x: &DeviceBuffer<f32>) -> Result<DeviceBuffer
     let mut total = dev.zeros::<f32>(1)?;
     // SAFETY: `partials` has one slot per block; `total` one slot for the single block.
     unsafe {
-        dev.launch(ReduceSumF32, cfg, (x.ptr(), partials.ptr_mut(), n))?;
+        dev.launch(ReduceSumF32, cfg, (x.ptr(), partials.ptr_mut(), n, 1.0f32))?;
         let one = LaunchConfig { grid_dim: (1, 1, 1), ..cfg };
-        dev.launch(ReduceSumF32, one, (partials.ptr(), total.ptr_mut(), cfg.grid_dim.0))?;
+        dev.launch(ReduceSumF32, one, (partials.ptr(), total.ptr_mut(), cfg.grid_dim.0, 1.0f32))?;
     }
     Ok(total)
 }

@@ -5,6 +5,7 @@
 use super::Shape;
 use crate::cuda::{Device as CudaDevice, DeviceBuffer, LaunchConfig};
 use crate::error::{Error, Result};
+use kiln_gpu::kernels::reduce::ReduceSumF32;
 use kiln_gpu::kernels::tensor_ops::{
     self as k, AdamStep, MAX_DIMS, MatmulShape, ROW_THREADS, ReduceDims, SgdStep, Strided2,
 };
@@ -63,7 +64,7 @@ fn grid(n: usize, op: &'static str) -> Result<(u32, LaunchConfig)> {
     ))
 }
 
-fn u32s(op: &'static str, v: &[usize]) -> Result<Vec<u32>> {
+pub(crate) fn u32s(op: &'static str, v: &[usize]) -> Result<Vec<u32>> {
     v.iter().map(|&x| u32::try_from(x).map_err(|_| Error::shape(op, format!("{x} exceeds u32")))).collect()
 }
 
@@ -323,10 +324,12 @@ impl CudaStorage {
                 (self.buf.ptr(), t.ptr(), rows.buf.ptr_mut(), c as u32),
             )?
         };
+        // The mean in one launch: one block (of 1024 threads, the most it takes) sums the row losses
+        // in a fixed order and scales by 1 / n.
         let mut mean = Self::output(&self.dev, 1)?;
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (k::MEAN_THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: `rows` holds n elements; `mean` one.
-        unsafe { self.dev.launch(k::MeanF32, cfg, (rows.buf.ptr(), mean.buf.ptr_mut(), n as u32))? };
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `rows` holds n elements; `mean` one slot for the single block.
+        unsafe { self.dev.launch(ReduceSumF32, cfg, (rows.buf.ptr(), mean.buf.ptr_mut(), n as u32, 1.0 / n as f32))? };
         Ok(mean)
     }
 

@@ -13,7 +13,7 @@
 //! first (the forward and the backward of one step share one copy either way).
 
 use crate::cuda::{Device as CudaDevice, DeviceBuffer};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
 /// Class indices (one per row) for [`Tensor::cross_entropy`](super::Tensor::cross_entropy). Cheap to
@@ -63,13 +63,7 @@ impl Targets {
         {
             return Ok(buf.clone());
         }
-        let host: Vec<u32> = self
-            .0
-            .idx
-            .iter()
-            .map(|&x| u32::try_from(x).map_err(|_| Error::shape(op, format!("target {x} exceeds u32"))))
-            .collect::<Result<_>>()?;
-        let buf = Arc::new(dev.upload(&host)?);
+        let buf = Arc::new(dev.upload(&super::cuda_backend::u32s(op, &self.0.idx)?)?);
         *slot = Some((dev.clone(), buf.clone()));
         Ok(buf)
     }
