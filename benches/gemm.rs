@@ -37,7 +37,10 @@ fn main() {
     let mut json = format!("{{\"device\":\"{}\",\"results\":[", dev.name());
     let mut first = true;
     println!("device: {}, median of {REPS}", dev.name());
-    for &(m, n, k) in sizes {
+    // KILN_BENCH_PART=f32 or =tc runs one half (default: both).
+    let part = std::env::var("KILN_BENCH_PART").ok();
+    let want = |p: &str| part.as_deref().is_none_or(|v| v == p);
+    for &(m, n, k) in sizes.iter().filter(|_| want("f32")) {
         let s = GemmShape { m, n, k };
         let fl = 2.0 * m as f64 * n as f64 * k as f64;
         let a: Vec<f32> = (0..m * k).map(|i| ((i % 97) as f32 - 48.0) / 64.0).collect();
@@ -96,9 +99,16 @@ fn main() {
     }
     // bf16 on the tensor cores: kiln's mma.sync GEMM and (on sm_90a) its wgmma GEMM, C = A B^T with
     // f32 out, against cuBLAS GemmEx with the same types (bf16 in, f32 compute, f32 out).
-    let tc_sizes: &[(u32, u32, u32)] =
-        &[(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (4096, 1024, 4096)];
-    for &(m, n, k) in tc_sizes {
+    let tc_sizes: &[(u32, u32, u32)] = &[
+        (2048, 2048, 2048),
+        (4096, 4096, 4096),
+        (8192, 8192, 8192),
+        (4096, 1024, 4096),
+        (16384, 3072, 768),
+        (16384, 768, 3072),
+        (3072, 768, 16384),
+    ];
+    for &(m, n, k) in tc_sizes.iter().filter(|_| want("tc")) {
         use half::bf16;
         let s = GemmShape { m, n, k };
         let fl = 2.0 * m as f64 * n as f64 * k as f64;
@@ -142,6 +152,18 @@ fn main() {
                 let g = WgmmaGemm::with_tile(&dev, &da, &db, s, tile).expect("wgmma maps");
                 record(name, median_ms(&dev, || g.run(&mut dc).expect("kiln wgmma")));
             }
+            // the persistent cluster kernel, plain and with the bias + ReLU epilogue fused
+            let g = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::Persistent).expect("wgmma maps");
+            println!("  (persistent grid: {} clusters of 2)", g.persistent_clusters().expect("occupancy"));
+            record("gemm_wgmma_bf16_persistent", median_ms(&dev, || g.run(&mut dc).expect("kiln wgmma")));
+            let u = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentUnicast).expect("wgmma maps");
+            record("gemm_wgmma_bf16_persistent_unicast", median_ms(&dev, || u.run(&mut dc).expect("kiln wgmma")));
+            let bias = dev.upload(&vec![0.5f32; n as usize]).expect("upload");
+            let epi = kiln::cuda::gemm::GemmEpilogue { bias: Some(&bias), act: Some(kiln::nn::Activation::Relu) };
+            record(
+                "gemm_wgmma_bf16_persistent_bias_relu",
+                median_ms(&dev, || g.run_with(&mut dc, epi).expect("kiln wgmma")),
+            );
         }
     }
     json += "]}\n";

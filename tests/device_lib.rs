@@ -347,3 +347,36 @@ fn grouped_tile_order_is_a_bijection() {
         }
     }
 }
+
+#[test]
+fn persistent_clusters_cover_every_tile_once() {
+    use kiln::gpu::kernels::gemm_wgmma::persistent_tile;
+    for (tm, tn) in [(1u32, 1u32), (16, 16), (7, 3), (33, 5)] {
+        for clusters in [1u32, 5, 64, 66, 1000] {
+            let mut seen = vec![0u32; (tm * tn) as usize];
+            for c in 0..clusters.min(tm * tn) {
+                let mut i = 0;
+                while let Some((r, col)) = persistent_tile(c, clusters, i, tm, tn) {
+                    assert!(r < tm && col < tn, "tile ({r}, {col}) outside {tm} x {tn}");
+                    seen[(r * tn + col) as usize] += 1;
+                    i += 1;
+                }
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{tm} x {tn} tiles over {clusters} clusters: {seen:?}");
+        }
+    }
+}
+
+#[test]
+fn persistent_stage_bytes_count_only_boxes_that_are_loaded() {
+    use kiln::gpu::kernels::gemm_wgmma::{WG_TILE_BYTES, WP_B_SHARE_BYTES, WW_STAGE_BYTES, persistent_stage_bytes};
+    use kiln::gpu::kernels::mma_tile::GemmShape;
+    let s = GemmShape { m: 300, n: 300, k: 64 };
+    // an interior tile: A and both B shares
+    assert_eq!(persistent_stage_bytes(0, 0, s), WW_STAGE_BYTES);
+    // the second CTA of a cluster tile below the matrix: no A
+    assert_eq!(persistent_stage_bytes(384, 0, s), 2 * WP_B_SHARE_BYTES);
+    // the last column panel: B rows 256..300 exist, 384.. do not
+    assert_eq!(persistent_stage_bytes(256, 256, s), WG_TILE_BYTES + WP_B_SHARE_BYTES);
+    assert_eq!(persistent_stage_bytes(0, 0, GemmShape { m: 1, n: 1, k: 8 }), WG_TILE_BYTES + WP_B_SHARE_BYTES);
+}

@@ -150,6 +150,11 @@ fn tests() -> Vec<GpuTest> {
             available: |d| d.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>(),
             run: wgmma_case,
         },
+        GpuTest {
+            name: "gpu::gemm_wgmma_persistent_epilogue_sm90",
+            available: |d| d.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>(),
+            run: wgmma_persistent_epilogue_case,
+        },
     ]
 }
 
@@ -597,7 +602,8 @@ fn wgmma_case(dev: &Device) -> Outcome {
             Ok(_) => return Err("k = 12 must be refused (TMA needs 16-byte row pitches)".into()),
         }
     }
-    for (&(m, n, k), tile) in shapes.iter().flat_map(|s| [(s, WgmmaTile::T128x128), (s, WgmmaTile::T128x256)]) {
+    let tiles = [WgmmaTile::T128x128, WgmmaTile::T128x256, WgmmaTile::Persistent, WgmmaTile::PersistentUnicast];
+    for (&(m, n, k), tile) in shapes.iter().flat_map(|s| tiles.map(|t| (s, t))) {
         let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
         let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
         let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
@@ -624,6 +630,64 @@ fn wgmma_case(dev: &Device) -> Outcome {
         }
     }
     Ok(())
+}
+
+/// The persistent wgmma GEMM with its fused epilogue (bias, then ReLU or GELU) against f64, on a
+/// product with more cluster tiles than clusters fit (every cluster takes several tiles, so the
+/// ring's parity runs on across tiles) and odd edges; and a refused epilogue on a non-fusing tile.
+fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
+    use kiln::cuda::gemm::{GemmEpilogue, WgmmaGemm, WgmmaTile};
+    use kiln::nn::Activation;
+    let (mut rng, _) = testing::rng();
+    let gelu = |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
+    for &(m, n, k, act) in &[
+        (4100u32, 2050u32, 200u32, None),
+        (4100, 2050, 200, Some(Activation::Relu)),
+        (333, 777, 520, Some(Activation::Gelu)),
+        (1, 9, 8, Some(Activation::Relu)),
+    ] {
+        let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
+        let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
+        let bias = testing::uniform(&mut rng, n as usize);
+        let (da, db, dbias) =
+            (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?, dev.upload(&bias).map_err(err)?);
+        let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+        let plan = WgmmaGemm::with_tile(dev, &da, &db, GemmShape { m, n, k }, WgmmaTile::Persistent).map_err(err)?;
+        plan.run_with(&mut dc, GemmEpilogue { bias: Some(&dbias), act }).map_err(err)?;
+        let got = dev.download(&dc).map_err(err)?;
+        let (a64, b64): (Vec<f64>, Vec<f64>) =
+            (a.iter().map(|x| x.to_f64()).collect(), b.iter().map(|x| x.to_f64()).collect());
+        let k = k as usize;
+        for i in 0..m as usize {
+            for j in 0..n as usize {
+                let (ar, br) = (&a64[i * k..(i + 1) * k], &b64[j * k..(j + 1) * k]);
+                let (dot, mag) = ar.iter().zip(br).fold((0.0, 0.0), |(d, g), (x, y)| (d + x * y, g + (x * y).abs()));
+                let pre = dot + bias[j] as f64;
+                let want = match act {
+                    None => pre,
+                    Some(Activation::Relu) => pre.max(0.0),
+                    Some(Activation::Gelu) => gelu(pre),
+                };
+                // the products' f32 accumulation, the bias's f32 add, and (GELU) f32 tanh
+                let tol = k as f64 * 2f64.powi(-22) * mag + 2f64.powi(-20) * (1.0 + pre.abs());
+                let g = got[i * n as usize + j] as f64;
+                if (g - want).abs() > tol || g.is_nan() {
+                    return Err(format!(
+                        "persistent {m}x{n}x{k} {act:?} at ({i}, {j}): got {g}, expected {want}, tolerance {tol:e}"
+                    ));
+                }
+            }
+        }
+    }
+    // A tile without the fused epilogue refuses one instead of ignoring it.
+    let (a, b) =
+        (dev.upload(&vec![bf16::ONE; 64 * 8]).map_err(err)?, dev.upload(&vec![bf16::ONE; 64 * 8]).map_err(err)?);
+    let mut c = dev.zeros::<f32>(64 * 64).map_err(err)?;
+    let plan = WgmmaGemm::with_tile(dev, &a, &b, GemmShape { m: 64, n: 64, k: 8 }, WgmmaTile::T128x256).map_err(err)?;
+    match plan.run_with(&mut c, GemmEpilogue { bias: None, act: Some(Activation::Relu) }) {
+        Err(kiln::Error::Unsupported { op: "wgmma gemm", .. }) => Ok(()),
+        other => Err(format!("an activation on the wide tile must be refused, got {other:?}")),
+    }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -857,7 +921,7 @@ fn triad_digests(dev: &Device) -> Result<Vec<(String, u64)>, String> {
         out.push((format!("typed_bf16:{m}x{n}x{k}"), digest(&c16)));
         if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>() {
             use kiln::cuda::gemm::{WgmmaGemm, WgmmaTile};
-            for tile in [WgmmaTile::T128x128, WgmmaTile::T128x256] {
+            for tile in [WgmmaTile::T128x128, WgmmaTile::T128x256, WgmmaTile::Persistent] {
                 WgmmaGemm::with_tile(dev, &dab, &dbb, s, tile).map_err(err)?.run(&mut dc).map_err(err)?;
                 out.push((format!("wgmma {tile:?}:{m}x{n}x{k}"), digest(&dev.download(&dc).map_err(err)?)));
             }
@@ -1074,7 +1138,7 @@ fn tensor_core_tier(dev: &Device) -> Outcome {
     let a_all: Vec<bf16> = testing::uniform(&mut rng, 1000 * k).into_iter().map(bf16::from_f32).collect();
     let db = dev.upload(&b).map_err(err)?;
     let wgmma_here = dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>();
-    let (mut mma_row0, mut wg_row0): (Option<Vec<u32>>, [Option<Vec<u32>>; 2]) = (None, [None, None]);
+    let (mut mma_row0, mut wg_row0): (Option<Vec<u32>>, [Option<Vec<u32>>; 3]) = (None, [None, None, None]);
     for m in [1usize, 7, 128, 1000] {
         let da = dev.upload(&a_all[..m * k]).map_err(err)?;
         let s = GemmShape { m: m as u32, n: n as u32, k: k as u32 };
@@ -1093,8 +1157,8 @@ fn tensor_core_tier(dev: &Device) -> Outcome {
             _ => {}
         }
         if wgmma_here {
-            for (ti, tile) in
-                [kiln::cuda::gemm::WgmmaTile::T128x128, kiln::cuda::gemm::WgmmaTile::T128x256].into_iter().enumerate()
+            use kiln::cuda::gemm::WgmmaTile;
+            for (ti, tile) in [WgmmaTile::T128x128, WgmmaTile::T128x256, WgmmaTile::Persistent].into_iter().enumerate()
             {
                 let plan = kiln::cuda::gemm::WgmmaGemm::with_tile(dev, &da, &db, s, tile).map_err(err)?;
                 plan.run(&mut dc).map_err(err)?;

@@ -24,6 +24,30 @@ fn modules_declare_their_targets() {
     }
 }
 
+/// The persistent wgmma GEMM runs in clusters of two (declared in the PTX, so a plain launch
+/// forms them), multicasts B, and hands stages back to the peer with plain (CTA-scope release)
+/// remote arrivals: `.release.cluster` on those arrivals halved its speed on the H200.
+#[test]
+fn persistent_gemm_is_a_cluster_kernel() {
+    let sm90 = embedded(Arch::Sm90a);
+    let name = <kernels::gemm_wgmma::GemmWgmmaBf16Persistent as Kernel>::NAME;
+    let start = sm90.find(&format!(".entry {name}(")).expect("entry");
+    let header = &sm90[start..start + sm90[start..].find('{').expect("body")];
+    assert!(header.contains(".maxntid 384, 1, 1") && header.contains(".reqnctapercluster 2, 1, 1"), "{header}");
+    assert_eq!(<kernels::gemm_wgmma::GemmWgmmaBf16Persistent as Kernel>::CLUSTER, 2);
+    let b = body(sm90, name);
+    for needle in [
+        "multicast::cluster",
+        "mapa.shared::cluster.u32",
+        "mbarrier.arrive.shared::cluster.b64",
+        "barrier.cluster.wait",
+    ] {
+        assert!(b.contains(needle), "{name} lacks `{needle}`");
+    }
+    assert!(!b.contains("mbarrier.arrive.release.cluster"), "{name}: a cluster-scope release on every stage");
+    assert_eq!(<kernels::gemm_wgmma::GemmWgmmaBf16Wide as Kernel>::CLUSTER, 1);
+}
+
 #[test]
 fn golden_instructions() {
     let sm90 = embedded(Arch::Sm90a);

@@ -43,6 +43,7 @@ mod param;
 pub use param::*;
 
 pub mod atomic;
+pub mod cluster;
 pub mod convert;
 pub mod cp_async;
 pub mod fence;

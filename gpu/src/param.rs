@@ -271,6 +271,8 @@ pub trait Kernel: Copy + Default + 'static {
     const TARGET: KernelTarget;
     /// Parameter names, for error messages and listings.
     const PARAMS: &'static [&'static str];
+    /// CTAs per cluster (`#[kernel(cluster = N)]`; 1 without): the grid's x size must be a multiple.
+    const CLUSTER: u32 = 1;
     /// The parameter tuple, in declaration order.
     type Args: KernelArgs;
 }

@@ -62,6 +62,31 @@ mod device {
         };
     }
 
+    /// [`load_2d`] multicast: the box lands at the same shared offset `dst` in every CTA of the
+    /// cluster whose rank bit is set in `cta_mask`, and completes its bytes on the barrier at offset
+    /// `bar` in each of them (every receiver's barrier must expect them).
+    ///
+    /// PTX: `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [dst], [map, {x, y}], [bar], mask;` (sm_90a)
+    ///
+    /// # Safety
+    /// As [`load_2d`], in every receiving CTA; the receivers must be live (their barriers
+    /// initialized and published with a cluster barrier).
+    #[inline(always)]
+    pub unsafe fn load_2d_multicast(
+        dst: SharedAddr,
+        map: *const TensorMap,
+        x: i32,
+        y: i32,
+        bar: SharedAddr,
+        cta_mask: u16,
+    ) {
+        unsafe {
+            asm!("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}}}], [{b}], {k};",
+                d = in(reg32) dst, m = in(reg64) map, x = in(reg32) x, y = in(reg32) y, b = in(reg32) bar,
+                k = in(reg16) cta_mask, options(nostack))
+        };
+    }
+
     /// Stores the box at shared `src` to element coordinates (`x`, `y`); only the part inside the
     /// tensor is written. Completion is tracked by bulk groups ([`commit_group`], [`wait_group_read`]).
     ///

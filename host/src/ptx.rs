@@ -34,6 +34,29 @@ pub fn module_text(arch: Arch) -> Result<Cow<'static, str>> {
     }
 }
 
+/// A module to load: PTX text (the driver compiles it) or a cubin ptxas already assembled.
+pub enum ModuleImage {
+    /// PTX source.
+    Ptx(Cow<'static, str>),
+    /// A cubin for exactly this architecture.
+    Cubin(Vec<u8>),
+}
+
+/// What the device loads for `arch`: with `$KILN_PTX_DIR` set, the cubin `kiln_<arch>.cubin` there
+/// when present (the GPU bundle ships the one ptxas assembled from the PTX beside it, so the driver
+/// has no JIT pass to run), else `kiln_<arch>.ptx` there; without it, the embedded PTX.
+pub fn module_image(arch: Arch) -> Result<ModuleImage> {
+    if let Some(dir) = std::env::var_os(PTX_DIR_ENV) {
+        let cubin = PathBuf::from(dir).join(format!("kiln_{}.cubin", arch.name()));
+        if cubin.exists() {
+            return std::fs::read(&cubin)
+                .map(ModuleImage::Cubin)
+                .map_err(|source| Error::PtxFile { path: cubin, source });
+        }
+    }
+    module_text(arch).map(ModuleImage::Ptx)
+}
+
 /// The file name of `arch`'s module (`kiln_sm_90a.ptx`).
 pub fn file_name(arch: Arch) -> String {
     format!("kiln_{}.ptx", arch.name())

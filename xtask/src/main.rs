@@ -371,6 +371,16 @@ fn gpu_bundle(dir: &Path) -> Res<()> {
     for p in ptx_files {
         let name = p.file_name().expect("ptx file name");
         std::fs::copy(&p, ptx.join(name)).map_err(|e| format!("copying {}: {e}", p.display()))?;
+        // The cubin ptxas assembled from the same PTX: the device loads it without a JIT pass
+        // (minutes for the largest kernels, repeated in every test process).
+        // Only a cubin at least as new as the PTX was assembled from it (without ptxas this build,
+        // an older one may be left from other PTX).
+        let cubin = p.with_extension("cubin");
+        let modified = |f: &std::path::Path| f.metadata().and_then(|m| m.modified()).ok();
+        if modified(&cubin).is_some_and(|c| modified(&p).is_some_and(|t| c >= t)) {
+            let name = cubin.file_name().expect("cubin file name");
+            std::fs::copy(&cubin, ptx.join(name)).map_err(|e| format!("copying {}: {e}", cubin.display()))?;
+        }
     }
     let script = dir.join("run.sh");
     std::fs::write(&script, RUN_SH).map_err(|e| format!("writing run.sh: {e}"))?;

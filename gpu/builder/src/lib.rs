@@ -235,10 +235,17 @@ fn newest_asm(deps: &Path) -> Result<PathBuf, BuildError> {
 /// The marker `#[kernel(max_threads = N)]` leaves in an entry's body (an inline-asm comment).
 pub const MAX_THREADS_MARKER: &str = "// kiln.maxntid ";
 
-/// Turns each entry's launch-bound marker ([`MAX_THREADS_MARKER`] `N`) into the PTX directive
-/// `.maxntid N, 1, 1` between the entry's parameter list and its body, so ptxas budgets registers
-/// for N threads per block (Rust has no launch-bounds attribute for nvptx). Entries without a
-/// marker are unchanged.
+/// The marker `#[kernel(cluster = N)]` leaves in an entry's body.
+pub const CLUSTER_MARKER: &str = "// kiln.cluster ";
+
+/// Each entry-body marker and the directive it becomes (Rust has no nvptx attributes for these).
+const DIRECTIVES: [(&str, &str); 2] = [(MAX_THREADS_MARKER, ".maxntid"), (CLUSTER_MARKER, ".reqnctapercluster")];
+
+/// Turns each entry's markers into PTX directives between the entry's parameter list and its body:
+/// the launch bound ([`MAX_THREADS_MARKER`] `N`) into `.maxntid N, 1, 1`, so ptxas budgets registers
+/// for N threads per block, and the cluster size ([`CLUSTER_MARKER`] `N`) into
+/// `.reqnctapercluster N, 1, 1`. Entries without markers are unchanged; applying it twice changes
+/// nothing.
 pub fn apply_launch_bounds(ptx: &str) -> String {
     let lines: Vec<&str> = ptx.lines().collect();
     let mut out = String::with_capacity(ptx.len() + 256);
@@ -255,20 +262,21 @@ pub fn apply_launch_bounds(ptx: &str) -> String {
         // The body opens at the first line that is `{`; it ends at the matching `}` at column 0.
         let open = (i..lines.len()).find(|&j| lines[j].trim() == "{");
         let close = open.and_then(|o| (o..lines.len()).find(|&j| lines[j] == "}"));
-        let bound = match (open, close) {
-            (Some(o), Some(c)) => lines[o..c].iter().find_map(|b| {
-                b.trim().strip_prefix(MAX_THREADS_MARKER.trim_end()).and_then(|n| n.trim().parse::<u32>().ok())
-            }),
-            _ => None,
-        };
         let end = open.unwrap_or(i);
         for l in &lines[i..end] {
             out.push_str(l);
             out.push('\n');
         }
-        let already = lines[i..end].iter().any(|l| l.trim_start().starts_with(".maxntid"));
-        if let (Some(n), false) = (bound, already) {
-            out.push_str(&format!(".maxntid {n}, 1, 1\n"));
+        if let (Some(o), Some(c)) = (open, close) {
+            for (marker, directive) in DIRECTIVES {
+                let n = lines[o..c]
+                    .iter()
+                    .find_map(|b| b.trim().strip_prefix(marker.trim_end()).and_then(|n| n.trim().parse::<u32>().ok()));
+                let already = lines[i..end].iter().any(|l| l.trim_start().starts_with(directive));
+                if let (Some(n), false) = (n, already) {
+                    out.push_str(&format!("{directive} {n}, 1, 1\n"));
+                }
+            }
         }
         i = end;
         if open.is_some() {
@@ -411,6 +419,17 @@ mod tests {
         assert_eq!(
             got,
             ".visible .entry a(\n\t.param .u64 a_p\n)\n.maxntid 384, 1, 1\n{\n\t// begin inline asm\n\t// kiln.maxntid 384\n\t// end inline asm\n\tret;\n}\n.visible .entry b(\n)\n{\n\tret;\n}\n"
+        );
+        assert_eq!(apply_launch_bounds(&got), got, "idempotent");
+    }
+
+    #[test]
+    fn cluster_markers_become_reqnctapercluster() {
+        let ptx = ".visible .entry a(\n)\n{\n\t// kiln.maxntid 384\n\t// kiln.cluster 2\n\tret;\n}\n";
+        let got = apply_launch_bounds(ptx);
+        assert_eq!(
+            got,
+            ".visible .entry a(\n)\n.maxntid 384, 1, 1\n.reqnctapercluster 2, 1, 1\n{\n\t// kiln.maxntid 384\n\t// kiln.cluster 2\n\tret;\n}\n"
         );
         assert_eq!(apply_launch_bounds(&got), got, "idempotent");
     }

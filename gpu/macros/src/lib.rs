@@ -23,6 +23,8 @@
 //! - `max_threads = N` (with either): the launch bound. ptxas then budgets registers for N threads
 //!   per block (`.maxntid N, 1, 1`, written by the PTX builder from a marker the entry carries); a
 //!   launch with more threads fails.
+//! - `cluster = N` (sm_90 and newer): blocks launch in clusters of N along x (`.reqnctapercluster
+//!   N, 1, 1`, from a marker like the launch bound's); the host descriptor's `CLUSTER` says N.
 //!
 //! Every parameter type must implement `kiln_gpu::KernelParam` (scalars, device pointers and
 //! `#[repr(C)]` structs that opt in); the emitted code asserts this at compile time on both sides.
@@ -44,6 +46,7 @@ enum Target {
 struct Options {
     target: Target,
     max_threads: Option<u32>,
+    cluster: Option<u32>,
 }
 
 impl Parse for Options {
@@ -51,6 +54,7 @@ impl Parse for Options {
         let items = Punctuated::<MetaNameValue, Token![,]>::parse_terminated(input)?;
         let mut target = Target::Any;
         let mut max_threads = None;
+        let mut cluster = None;
         for item in items {
             let key = item.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
             let lit = match &item.value {
@@ -60,6 +64,13 @@ impl Parse for Options {
             match (key.as_str(), lit) {
                 ("sm", Lit::Int(v)) => target = Target::MinSm(v.base10_parse()?),
                 ("max_threads", Lit::Int(v)) => max_threads = Some(v.base10_parse()?),
+                ("cluster", Lit::Int(v)) => {
+                    let n: u32 = v.base10_parse()?;
+                    if !matches!(n, 1 | 2 | 4 | 8) {
+                        return Err(syn::Error::new_spanned(v, "a portable cluster has 1, 2, 4 or 8 CTAs"));
+                    }
+                    cluster = Some(n);
+                }
                 ("arch", Lit::Str(s)) => {
                     let arch = s.value();
                     if !matches!(arch.as_str(), "sm_80" | "sm_90a" | "sm_100a") {
@@ -73,12 +84,12 @@ impl Parse for Options {
                 _ => {
                     return Err(syn::Error::new_spanned(
                         &item.path,
-                        "unknown #[kernel] option: use `sm = 90` (minimum architecture), `arch = \"sm_90a\"` (exact) or `max_threads = 384` (launch bound)",
+                        "unknown #[kernel] option: use `sm = 90` (minimum architecture), `arch = \"sm_90a\"` (exact), `max_threads = 384` (launch bound) or `cluster = 2` (CTAs per cluster)",
                     ));
                 }
             }
         }
-        Ok(Options { target, max_threads })
+        Ok(Options { target, max_threads, cluster })
     }
 }
 
@@ -164,6 +175,8 @@ fn expand(options: Options, func: ItemFn) -> syn::Result<TokenStream2> {
     let inputs = &sig.inputs;
     let block = &func.block;
     let bound = options.max_threads.map(|n| quote!(::kiln_gpu::thread::max_threads_marker::<#n>();));
+    let cluster_marker = options.cluster.map(|n| quote!(::kiln_gpu::cluster::cluster_marker::<#n>();));
+    let cluster = options.cluster.unwrap_or(1);
     let unsafety = &sig.unsafety;
     let arity = param_tys.len();
     let assert_fn = syn::Ident::new(&format!("__kiln_assert_params_{name_str}"), Span::call_site());
@@ -175,6 +188,7 @@ fn expand(options: Options, func: ItemFn) -> syn::Result<TokenStream2> {
         #[unsafe(no_mangle)]
         #vis #unsafety extern "ptx-kernel" fn #name(#inputs) {
             #bound
+            #cluster_marker
             #block
         }
 
@@ -197,6 +211,7 @@ fn expand(options: Options, func: ItemFn) -> syn::Result<TokenStream2> {
             const NAME: &'static str = #name_str;
             const TARGET: ::kiln_gpu::KernelTarget = #host_target;
             const PARAMS: &'static [&'static str] = &[#(#param_names),*];
+            const CLUSTER: u32 = #cluster;
             type Args = (#(#param_tys,)*);
         }
 

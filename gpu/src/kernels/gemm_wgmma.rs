@@ -35,6 +35,8 @@ pub const WG_BK: u32 = 64;
 pub const WG_STAGES: u32 = 4;
 /// Threads per block: three warpgroups.
 pub const WG_THREADS: u32 = 384;
+/// Consumer warpgroups per block (each releases every stage once).
+pub const WG_CONSUMERS: u32 = 2;
 /// Bytes of the A tile in one stage (the B tile follows it).
 pub const WG_TILE_BYTES: u32 = WG_BM * WG_BK * 2;
 /// Bytes of one stage: the A tile and the B tile (both boxes the TMA delivers).
@@ -85,9 +87,10 @@ impl Ring {
     }
 
     /// Checks the 1024-byte alignment 128-byte swizzling needs (it is computed from address bits),
-    /// and has thread 0 initialize the barriers (`full`: one arrival plus the bytes; `empty`: one
-    /// arrival per consumer warpgroup); then a block barrier. All threads call it.
-    fn init(self) {
+    /// and has thread 0 initialize the barriers (`full`: one arrival plus the bytes; `empty`:
+    /// `empty_arrivals`, one per consumer warpgroup that reads the stage); then a block barrier. All
+    /// threads call it.
+    fn init(self, empty_arrivals: u32) {
         if self.base % 1024 != 0 {
             thread::trap();
         }
@@ -96,7 +99,7 @@ impl Ring {
             while st < WG_STAGES {
                 unsafe {
                     mbarrier::init(self.full(st), 1);
-                    mbarrier::init(self.empty(st), 2);
+                    mbarrier::init(self.empty(st), empty_arrivals);
                 }
                 st += 1;
             }
@@ -156,7 +159,7 @@ pub unsafe fn gemm_wgmma_bf16(
     let (m0, n0) = (thread::block_idx_y() * WG_BM, thread::block_idx_x() * WG_BN);
     let ring = Ring { base: shared::dynamic_smem_addr(), stage_bytes: WG_STAGE_BYTES };
     let k_tiles = s.k.div_ceil(WG_BK);
-    ring.init();
+    ring.init(WG_CONSUMERS);
     if wg == 0 {
         if tid == 0 {
             unsafe { ring.produce(a_map, b_map, k_tiles, m0, n0) };
@@ -264,7 +267,7 @@ pub unsafe fn gemm_wgmma_bf16_wide(
     let (m0, n0) = (tm * WG_BM, tn * WW_BN);
     let ring = Ring { base: shared::dynamic_smem_addr(), stage_bytes: WW_STAGE_BYTES };
     let k_tiles = s.k.div_ceil(WG_BK);
-    ring.init();
+    ring.init(WG_CONSUMERS);
     if wg == 0 {
         unsafe { wgmma::setmaxnreg_dec::<WW_PRODUCER_REGS>() };
         if tid == 0 {
@@ -307,32 +310,289 @@ pub unsafe fn gemm_wgmma_bf16_wide(
     }
     wgmma::wait_group::<0>();
 
-    // Element pairs (i, i + 1) of the accumulator, listed with constant indices so the array stays
-    // in registers (a loop too long to unroll would index it dynamically and put it in local memory).
-    let pairs = s.n % 2 == 0;
-    let store = |i: u32, v0: f32, v1: f32| {
+    store_m64n256(&acc, ct, m0 + cons * 64, n0, c, s, Epilogue::NONE);
+}
+
+/// What the GEMM epilogue does to each output before storing it: `c = act(acc + bias[col])`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Epilogue {
+    /// `n` f32 biases, one per column of C (read only when `has_bias != 0`).
+    pub bias: DevicePtr<f32>,
+    /// Nonzero: add `bias[col]`.
+    pub has_bias: u32,
+    /// [`ACT_NONE`], or the activation as a `tensor_ops::unary` code (`RELU` or `GELU`).
+    pub act: u32,
+}
+// SAFETY: repr(C): a pointer and two u32, the same on both sides.
+unsafe impl crate::KernelParam for Epilogue {}
+
+/// [`Epilogue::act`] for no activation.
+pub const ACT_NONE: u32 = u32::MAX;
+
+impl Epilogue {
+    /// Store the products unchanged.
+    pub const NONE: Epilogue = Epilogue { bias: DevicePtr::from_addr(0), has_bias: 0, act: ACT_NONE };
+
+    /// Applies the epilogue to the output in column `col`. ReLU is inline; other activations are
+    /// one out-of-line call per output ([`activate`]): inlined into all 128 accumulators of a
+    /// thread, the full unary table made the module's PTX five times larger.
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+    #[inline(always)]
+    fn apply(self, v: f32, col: u32) -> f32 {
+        use super::tensor_ops::unary;
+        let v = if self.has_bias != 0 { v + unsafe { self.bias.read(col as usize) } } else { v };
+        match self.act {
+            ACT_NONE => v,
+            unary::RELU => v.max(0.0),
+            act => activate(act, v),
+        }
+    }
+}
+
+/// The activation `act` (a `tensor_ops::unary` code) of `v`, out of line.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+#[inline(never)]
+fn activate(act: u32, v: f32) -> f32 {
+    super::tensor_ops::apply_unary(act, v, 0.0)
+}
+
+impl Epilogue {}
+
+/// Stores a consumer warpgroup's `m64n256` accumulators (thread `ct` of the warpgroup) into the 64 x
+/// 256 block of C at (`row0`, `n0`) through the epilogue: two adjacent columns per 8-byte store where
+/// `n` is even, masked at the edges.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+#[inline(always)]
+fn store_m64n256(acc: &[f32; 128], ct: u32, row0: u32, n0: u32, c: DevicePtrMut<f32>, s: GemmShape, epi: Epilogue) {
+    /// Accumulator elements `i` and `i + 1` (adjacent columns of one row).
+    #[inline(always)]
+    fn store(i: u32, v: [f32; 2], ct: u32, row0: u32, n0: u32, c: DevicePtrMut<f32>, s: GemmShape, epi: Epilogue) {
         let (r, col) = wgmma::acc_m64(ct, i);
-        let (row, col) = (m0 + cons * 64 + r, n0 + col);
+        let (row, col) = (row0 + r, n0 + col);
         if row < s.m {
             let at = (row * s.n + col) as usize;
-            if pairs && col + 1 < s.n {
-                unsafe { c.write2(at, [v0, v1]) };
+            if s.n % 2 == 0 && col + 1 < s.n {
+                unsafe { c.write2(at, [epi.apply(v[0], col), epi.apply(v[1], col + 1)]) };
             } else {
                 if col < s.n {
-                    unsafe { c.write(at, v0) };
+                    unsafe { c.write(at, epi.apply(v[0], col)) };
                 }
                 if col + 1 < s.n {
-                    unsafe { c.write(at + 1, v1) };
+                    unsafe { c.write(at + 1, epi.apply(v[1], col + 1)) };
                 }
             }
         }
-    };
+    }
+    // Element pairs (i, i + 1) of the accumulator, listed with constant indices so the array stays
+    // in registers (a loop too long to unroll would index it dynamically and put it in local memory).
     macro_rules! store_pairs {
-        ($($i:literal),*) => { $( store($i, acc[$i], acc[$i + 1]); )* };
+        ($($i:literal),*) => { $( store($i, [acc[$i], acc[$i + 1]], ct, row0, n0, c, s, epi); )* };
     }
     store_pairs!(
         0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56,
         58, 60, 62, 64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84, 86, 88, 90, 92, 94, 96, 98, 100, 102, 104, 106, 108,
         110, 112, 114, 116, 118, 120, 122, 124, 126
     );
+}
+
+/// CTAs per cluster of the persistent kernel ([`gemm_wgmma_bf16_persistent`]).
+pub const WP_CLUSTER: u32 = 2;
+/// Rows of C per cluster tile: the cluster's CTAs stack their 128-row tiles over one 256-column panel.
+pub const WP_BM: u32 = WP_CLUSTER * WG_BM;
+/// Rows of B each CTA loads per stage and multicasts to the cluster (its share of the 256).
+pub const WP_B_SHARE: u32 = WW_BN / WP_CLUSTER;
+/// Cluster-tile rows per group of the persistent kernel's tile order ([`grouped_tile`]).
+pub const WP_GROUP_M: u32 = 4;
+/// Arrivals that free a stage of the persistent kernel: every consumer warpgroup of the cluster,
+/// since a stage holds B rows that the peer CTA's producer multicast into it.
+pub const WP_EMPTY_ARRIVALS: u32 = WG_CONSUMERS * WP_CLUSTER;
+
+/// Bytes of one B share in a stage.
+pub const WP_B_SHARE_BYTES: u32 = WP_B_SHARE * WG_BK * 2;
+
+/// The bytes a stage of the persistent kernel receives in the CTA whose tile starts at (`m0`, `n0`):
+/// its A box unless the tile lies wholly below the matrix, and each B share that starts inside it.
+/// Boxes wholly outside the operands are not loaded at all (their rows and columns of C are never
+/// stored), so no barrier depends on how the copy engine treats a box with nothing in bounds.
+/// Both CTAs of a cluster compute the same B shares, so each expects exactly what is sent to it.
+pub const fn persistent_stage_bytes(m0: u32, n0: u32, s: GemmShape) -> u32 {
+    let mut bytes = if m0 < s.m { WG_TILE_BYTES } else { 0 };
+    let mut share = 0;
+    while share < WP_CLUSTER {
+        if n0 + share * WP_B_SHARE < s.n {
+            bytes += WP_B_SHARE_BYTES;
+        }
+        share += 1;
+    }
+    bytes
+}
+
+/// The cluster tile `(tile_m, tile_n)` (in units of [`WP_BM`] x [`WW_BN`]) that a cluster takes on
+/// its `i`-th turn, and whether there is one: cluster `cluster` of `clusters` walks tiles
+/// `cluster, cluster + clusters, ...` of the grouped order over `tiles_m x tiles_n`.
+pub const fn persistent_tile(cluster: u32, clusters: u32, i: u32, tiles_m: u32, tiles_n: u32) -> Option<(u32, u32)> {
+    let t = cluster as u64 + i as u64 * clusters as u64;
+    if t >= tiles_m as u64 * tiles_n as u64 {
+        return None;
+    }
+    Some(grouped_tile(t as u32, tiles_m, tiles_n, WP_GROUP_M))
+}
+
+/// `C = act(A B^T + bias)`: the wide kernel's 128 x 256 CTA tile made persistent, in clusters of two
+/// that share B, with the bias and activation fused into the epilogue.
+///
+/// - Grid: [`WP_CLUSTER`]-CTA clusters (`#[kernel(cluster = 2)]`), as many as fit at once
+///   (`cuOccupancyMaxActiveClusters`); cluster `c` computes cluster tiles `c, c + clusters, ...` of
+///   the grouped order ([`persistent_tile`]). A cluster tile is 256 x 256: CTA rank `r` computes
+///   rows `128 r..128 r + 128` of it, both over the same 256 columns.
+/// - Loads: per k tile, each CTA's producer thread loads its own A box (128 x 64) and *half* of
+///   the shared B panel (rows `128 r..`, 128 x 64), multicast into the same stage offset of both
+///   CTAs (`.multicast::cluster`, mask 0b11). Each CTA's `full` barrier expects the whole stage
+///   (48 KiB: its A, both B halves), so L2 serves 32 KiB per CTA per k tile instead of 48.
+/// - Release: a stage holds data the peer's producer wrote, so `empty` counts
+///   [`WP_EMPTY_ARRIVALS`] (both consumer warpgroups of both CTAs); each consumer warpgroup arrives
+///   on its own CTA's barrier and, through `mapa`, on the peer's.
+/// - Overlap: the k-tile counter `t` runs on across a CTA's tiles (stage `t % STAGES`, parity
+///   `t / STAGES`), so the producer fills the next tile's stages while the consumers run the
+///   epilogue; consumers keep one wgmma group in flight as in the wide kernel.
+/// - Edges: a box wholly outside A or B is not loaded and not expected
+///   ([`persistent_stage_bytes`]); the stale shared memory it leaves only reaches masked outputs.
+/// - Epilogue: [`Epilogue`] applied to each output (`act(acc + bias[col])`), masked stores.
+/// - Lifetime: a cluster barrier after the barriers' initialization (no multicast or remote arrival
+///   before the peer's barriers exist) and one before exit (no CTA leaves while its peer may still
+///   write to it). Every mbarrier wait is bounded and traps on a stall.
+///
+/// Parameters: `a_map` (A, box 64 x 128), `b_map` (B, box 64 x 128), `c` (m x n f32), the shape,
+/// the epilogue, `multicast` (nonzero: share B across the cluster as above; zero: each CTA loads
+/// both B shares itself and only its own consumers release its stages). Block 384; dynamic shared memory [`WW_SMEM_BYTES`]; grid x a multiple of 2.
+#[kernel(arch = "sm_90a", max_threads = 384, cluster = 2)]
+pub unsafe fn gemm_wgmma_bf16_persistent(
+    a_map: DevicePtr<TensorMap>,
+    b_map: DevicePtr<TensorMap>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+    epi: Epilogue,
+    multicast: u32,
+) {
+    use crate::cluster;
+    let multicast = multicast != 0;
+    let tid = thread::thread_idx_x();
+    let wg = tid / 128;
+    let rank = cluster::cta_rank();
+    let (cid, clusters) = (cluster::cluster_idx_x(), cluster::cluster_count_x());
+    let (tiles_m, tiles_n) = (s.m.div_ceil(WP_BM), s.n.div_ceil(WW_BN));
+    let k_tiles = s.k.div_ceil(WG_BK);
+    let ring = Ring { base: shared::dynamic_smem_addr(), stage_bytes: WW_STAGE_BYTES };
+    ring.init(if multicast { WP_EMPTY_ARRIVALS } else { WG_CONSUMERS });
+    // The peer's barriers exist before anything multicasts into it or arrives on them.
+    cluster::sync();
+
+    if wg == 0 {
+        unsafe { wgmma::setmaxnreg_dec::<WW_PRODUCER_REGS>() };
+        if tid == 0 {
+            unsafe {
+                tma::prefetch(a_map.as_ptr());
+                tma::prefetch(b_map.as_ptr());
+            }
+            let mut t = 0;
+            let mut i = 0;
+            while let Some((tm, tn)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n) {
+                let (m0, n0) = (tm * WP_BM + rank * WG_BM, tn * WW_BN);
+                let mut kt = 0;
+                while kt < k_tiles {
+                    let st = t % WG_STAGES;
+                    if t >= WG_STAGES
+                        && !unsafe {
+                            mbarrier::wait_parity_bounded(ring.empty(st), empty_parity(t), mbarrier::DEFAULT_WAIT_NS)
+                        }
+                    {
+                        thread::trap();
+                    }
+                    let dst = ring.stage(st);
+                    unsafe {
+                        mbarrier::arrive_expect_tx(ring.full(st), persistent_stage_bytes(m0, n0, s));
+                        if m0 < s.m {
+                            tma::load_2d(dst, a_map.as_ptr(), (kt * WG_BK) as i32, m0 as i32, ring.full(st));
+                        }
+                        let mut share = 0;
+                        while share < WP_CLUSTER {
+                            let (row, dst) = (n0 + share * WP_B_SHARE, dst + WG_TILE_BYTES + share * WP_B_SHARE_BYTES);
+                            let k0 = (kt * WG_BK) as i32;
+                            if row < s.n {
+                                if !multicast {
+                                    tma::load_2d(dst, b_map.as_ptr(), k0, row as i32, ring.full(st));
+                                } else if share == rank {
+                                    tma::load_2d_multicast(dst, b_map.as_ptr(), k0, row as i32, ring.full(st), 0b11);
+                                }
+                            }
+                            share += 1;
+                        }
+                    }
+                    t += 1;
+                    kt += 1;
+                }
+                i += 1;
+            }
+        }
+    } else {
+        unsafe { wgmma::setmaxnreg_inc::<WW_CONSUMER_REGS>() };
+        let cons = wg - 1;
+        let ct = tid - 128 * wg;
+        // Hands stage `t % STAGES` back to both producers (each wrote part of it).
+        let release = |t: u32| {
+            if ct == 0 {
+                let bar = ring.empty(t % WG_STAGES);
+                if multicast {
+                    let mut r = 0;
+                    while r < WP_CLUSTER {
+                        unsafe { mbarrier::arrive_cluster(cluster::map_shared(bar, r)) };
+                        r += 1;
+                    }
+                } else {
+                    unsafe { mbarrier::arrive(bar) };
+                }
+            }
+        };
+        let mut acc = [0.0f32; 128];
+        let mut t = 0;
+        let mut i = 0;
+        while let Some((tm, tn)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n) {
+            let (m0, n0) = (tm * WP_BM + rank * WG_BM, tn * WW_BN);
+            let mut kt = 0;
+            while kt < k_tiles {
+                let st = t % WG_STAGES;
+                ring.wait_full(t);
+                let a_tile = ring.stage(st) + cons * 64 * 128;
+                let b_tile = ring.stage(st) + WG_TILE_BYTES;
+                wgmma::fence();
+                let mut kk = 0;
+                while kk < WG_BK / 16 {
+                    unsafe {
+                        wgmma::mma_m64n256k16_bf16(
+                            &mut acc,
+                            tile_descriptor(a_tile, kk),
+                            tile_descriptor(b_tile, kk),
+                            kt > 0 || kk > 0,
+                        )
+                    };
+                    kk += 1;
+                }
+                wgmma::commit_group();
+                // Tile kt - 1's products are done: its stage can be refilled while kt's run.
+                wgmma::wait_group::<1>();
+                if kt > 0 {
+                    release(t - 1);
+                }
+                t += 1;
+                kt += 1;
+            }
+            wgmma::wait_group::<0>();
+            release(t - 1);
+            store_m64n256(&acc, ct, m0 + cons * 64, n0, c, s, epi);
+            i += 1;
+        }
+    }
+    // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
+    cluster::sync();
 }

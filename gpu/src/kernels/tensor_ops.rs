@@ -198,9 +198,11 @@ pub struct SgdStep {
 // SAFETY: repr(C), 4-byte fields only.
 unsafe impl KernelParam for SgdStep {}
 
+/// `op` (a [`unary`] code) applied to `v` (`s`: the scalar of the `*_SCALAR` codes); traps on an
+/// unknown code. Also the activation of the GEMM epilogues.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-fn apply_unary(op: u32, v: f32, s: f32) -> f32 {
+pub(crate) fn apply_unary(op: u32, v: f32, s: f32) -> f32 {
     const C: f32 = 0.797_884_6;
     const A: f32 = 0.044_715;
     match op {

@@ -128,10 +128,13 @@ impl Device {
         if let Some(m) = self.module.get() {
             return Ok(m);
         }
-        let text = ptx::module_text(self.arch)?;
+        let image = match ptx::module_image(self.arch)? {
+            ptx::ModuleImage::Ptx(text) => cudarc::nvrtc::Ptx::from_src(text.into_owned()),
+            ptx::ModuleImage::Cubin(bytes) => cudarc::nvrtc::Ptx::from_binary(bytes),
+        };
         let m = self
             .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(text.into_owned()))
+            .load_module(image)
             .map_err(Error::driver(format!("loading the {} PTX module", self.arch.name())))?;
         Ok(self.module.get_or_init(|| m))
     }
@@ -222,6 +225,18 @@ impl Device {
     /// # }
     /// ```
     pub unsafe fn launch<K: Kernel>(&self, _kernel: K, cfg: LaunchConfig, args: K::Args) -> Result<()> {
+        if !cfg.grid_dim.0.is_multiple_of(K::CLUSTER) {
+            return Err(Error::Unsupported {
+                op: "launch",
+                what: format!(
+                    "`{}` runs in clusters of {} blocks along x, so the grid's x size ({}) must be a multiple of {}",
+                    K::NAME,
+                    K::CLUSTER,
+                    cfg.grid_dim.0,
+                    K::CLUSTER
+                ),
+            });
+        }
         let f = self.function::<K>(cfg.shared_mem_bytes)?;
         let mut ptrs = args.param_ptrs();
         *self.last_kernel.lock().unwrap_or_else(|p| p.into_inner()) = K::NAME;
@@ -243,6 +258,21 @@ impl Device {
             self.stream.synchronize().map_err(|source| Error::Launch { kernel: K::NAME, source })?;
         }
         Ok(())
+    }
+
+    /// How many clusters of kernel `K` (of `K::CLUSTER` blocks of `block_threads` threads with
+    /// `dynamic_smem` bytes each) can be resident at once: the size of a persistent grid that never
+    /// waits for a second wave. Clusters must fit within one GPC, so this can be less than
+    /// `SMs / CLUSTER`.
+    pub fn max_active_clusters<K: Kernel>(&self, block_threads: u32, dynamic_smem: u32) -> Result<u32> {
+        let f = self.function::<K>(dynamic_smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (K::CLUSTER, 1, 1),
+            block_dim: (block_threads, 1, 1),
+            shared_mem_bytes: dynamic_smem,
+        };
+        f.occupancy_max_active_clusters(cfg, &self.stream)
+            .map_err(Error::driver(format!("querying how many clusters of `{}` fit", K::NAME)))
     }
 
     /// Waits for all work on the device's stream; an asynchronous kernel failure is reported with the

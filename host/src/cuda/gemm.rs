@@ -258,8 +258,23 @@ pub enum WgmmaTile {
     /// first Hopper rung).
     T128x128,
     /// 128 x 256, `m64n256k16`, one group kept in flight, `setmaxnreg`, grouped block order
-    /// (`gemm_wgmma_bf16_wide`, the default).
+    /// (`gemm_wgmma_bf16_wide`).
     T128x256,
+    /// The 128 x 256 tile in a persistent grid of 2-CTA clusters that multicast B, with the
+    /// next tile's loads overlapping the epilogue and bias / activation fused into it
+    /// (`gemm_wgmma_bf16_persistent`, the default).
+    Persistent,
+    /// The persistent kernel with each CTA loading all of its B tile (no multicast).
+    PersistentUnicast,
+}
+
+/// What a GEMM's epilogue applies to each output: `c = act(a b^T + bias)`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GemmEpilogue<'a> {
+    /// `n` biases, one per column of C.
+    pub bias: Option<&'a DeviceBuffer<f32>>,
+    /// The activation, after the bias.
+    pub act: Option<crate::nn::Activation>,
 }
 
 /// A Hopper `wgmma` GEMM bound to its operands: `c = a b^T` with `a` (m x k) and `b` (n x k) bf16,
@@ -276,14 +291,14 @@ pub struct WgmmaGemm<'a> {
 }
 
 impl<'a> WgmmaGemm<'a> {
-    /// Checks the shapes and encodes the two tensor maps, for the default (128 x 256) tile.
+    /// Checks the shapes and encodes the two tensor maps, for the default (persistent) kernel.
     pub fn new(
         dev: &'a Device,
         a: &'a DeviceBuffer<half::bf16>,
         b: &'a DeviceBuffer<half::bf16>,
         s: GemmShape,
     ) -> Result<Self> {
-        Self::with_tile(dev, a, b, s, WgmmaTile::T128x256)
+        Self::with_tile(dev, a, b, s, WgmmaTile::Persistent)
     }
 
     /// As [`WgmmaGemm::new`], for the given block tile.
@@ -319,20 +334,70 @@ impl<'a> WgmmaGemm<'a> {
         let bn = match tile {
             WgmmaTile::T128x128 => WG_BN,
             WgmmaTile::T128x256 => WW_BN,
+            // each CTA of a cluster loads its share of the 256 rows and multicasts it
+            WgmmaTile::Persistent | WgmmaTile::PersistentUnicast => kiln_gpu::kernels::gemm_wgmma::WP_B_SHARE,
         };
         let b_map = dev.tensor_map(b.addr(), &spec(s.n, bn))?;
         Ok(WgmmaGemm { dev, a_map, b_map, s, tile, _operands: std::marker::PhantomData })
     }
 
+    /// The persistent kernel's grid, in clusters: one per cluster tile, at most as many as fit on
+    /// the device at once.
+    pub fn persistent_clusters(&self) -> Result<u32> {
+        use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16Persistent, WG_THREADS, WP_BM, WW_BN, WW_SMEM_BYTES};
+        let s = self.s;
+        let tiles = s.m.div_ceil(WP_BM) as u64 * s.n.div_ceil(WW_BN) as u64;
+        let resident = self.dev.max_active_clusters::<GemmWgmmaBf16Persistent>(WG_THREADS, WW_SMEM_BYTES)? as u64;
+        if resident == 0 {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: "no cluster of two 384-thread blocks with 192 KiB of shared memory fits this device".into(),
+            });
+        }
+        Ok(tiles.min(resident) as u32)
+    }
+
     /// Launches into `c` (m x n f32).
     pub fn run(&self, c: &mut DeviceBuffer<f32>) -> Result<()> {
+        self.run_with(c, GemmEpilogue::default())
+    }
+
+    /// Launches into `c` (m x n f32) with the epilogue applied to each output. The persistent
+    /// kernel fuses it; the other tiles refuse a non-empty epilogue.
+    pub fn run_with(&self, c: &mut DeviceBuffer<f32>, epi: GemmEpilogue<'_>) -> Result<()> {
         use kiln_gpu::kernels::gemm_wgmma::{
-            GemmWgmmaBf16, GemmWgmmaBf16Wide, WG_BM, WG_BN, WG_SMEM_BYTES, WG_THREADS, WW_BN, WW_SMEM_BYTES,
+            ACT_NONE, Epilogue, GemmWgmmaBf16, GemmWgmmaBf16Persistent, GemmWgmmaBf16Wide, WG_BM, WG_BN, WG_SMEM_BYTES,
+            WG_THREADS, WW_BN, WW_SMEM_BYTES,
         };
+        use kiln_gpu::kernels::tensor_ops::unary;
         let s = self.s;
         let mn = s.m as usize * s.n as usize;
         if c.len() != mn {
             return Err(Error::shape("wgmma gemm", format!("c needs {mn} elements, has {}", c.len())));
+        }
+        if let Some(b) = epi.bias
+            && b.len() != s.n as usize
+        {
+            return Err(Error::shape("wgmma gemm", format!("the bias needs n = {} elements, has {}", s.n, b.len())));
+        }
+        let fused = Epilogue {
+            bias: epi.bias.map_or(kiln_gpu::DevicePtr::from_addr(0), |b| b.ptr()),
+            has_bias: epi.bias.is_some() as u32,
+            act: match epi.act {
+                None => ACT_NONE,
+                Some(crate::nn::Activation::Relu) => unary::RELU,
+                Some(crate::nn::Activation::Gelu) => unary::GELU,
+            },
+        };
+        let persistent = matches!(self.tile, WgmmaTile::Persistent | WgmmaTile::PersistentUnicast);
+        if !persistent && (epi.bias.is_some() || epi.act.is_some()) {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!(
+                    "a bias or activation with the {:?} tile: use WgmmaTile::Persistent, which fuses them",
+                    self.tile
+                ),
+            });
         }
         let args = (self.a_map.ptr(), self.b_map.ptr(), c.ptr_mut(), s);
         match self.tile {
@@ -359,6 +424,19 @@ impl<'a> WgmmaGemm<'a> {
                 check_grid("wgmma gemm", &cfg)?;
                 // SAFETY: as above; the wide kernel's B map has the 256-row box it expects.
                 unsafe { self.dev.launch(GemmWgmmaBf16Wide, cfg, args) }
+            }
+            WgmmaTile::Persistent | WgmmaTile::PersistentUnicast => {
+                type K = GemmWgmmaBf16Persistent;
+                let multicast = (self.tile == WgmmaTile::Persistent) as u32;
+                let clusters = self.persistent_clusters()?;
+                let cfg = LaunchConfig {
+                    grid_dim: (clusters * <K as kiln_gpu::Kernel>::CLUSTER, 1, 1),
+                    block_dim: (WG_THREADS, 1, 1),
+                    shared_mem_bytes: WW_SMEM_BYTES,
+                };
+                // SAFETY: as above; the B map's box is the 128-row share each CTA multicasts; the
+                // bias (when present) holds n floats, checked above.
+                unsafe { self.dev.launch(K::default(), cfg, (args.0, args.1, args.2, args.3, fused, multicast)) }
             }
         }
     }
