@@ -5,7 +5,7 @@
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use kiln::cuda::Device;
-use kiln::cuda::gemm::RUNGS;
+use kiln::cuda::gemm::{LAYOUT_RUNGS, RUNGS};
 use kiln::gpu::kernels::mma_tile::GemmShape;
 use std::sync::Arc;
 
@@ -82,7 +82,8 @@ fn main() {
             if first { "" } else { "," }
         );
         first = false;
-        for r in RUNGS {
+        // the NN ladder, then the tuned rungs reading a transposed operand in place (same sizes)
+        for r in RUNGS.iter().chain(LAYOUT_RUNGS) {
             if (r.level <= 2 && m >= 4096) || (r.level <= 4 && m >= 8192) {
                 continue; // the first rungs take seconds at this size and teach nothing more
             }

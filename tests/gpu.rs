@@ -143,6 +143,7 @@ fn tests() -> Vec<GpuTest> {
         },
         GpuTest { name: "gpu::megakernel_wrong_count_stalls_not_hangs", available: any, run: megakernel_stall },
         GpuTest { name: "gpu::megakernel_trains_the_main_job", available: any, run: megakernel_main_job },
+        GpuTest { name: "gpu::sgemm_layouts_read_transposes_in_place", available: any, run: sgemm_layouts_case },
         GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
         GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
         GpuTest {
@@ -688,6 +689,59 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
         Err(kiln::Error::Unsupported { op: "wgmma gemm", .. }) => Ok(()),
         other => Err(format!("an activation on the wide tile must be refused, got {other:?}")),
     }
+}
+
+/// The NT and TN rungs read a transposed operand in place and give exactly the bits of their NN
+/// twin on a transposed copy (same tiles, same chains), at odd aligned shapes with poisoned
+/// outputs; unaligned rows are refused with a typed error, never read wrongly.
+fn sgemm_layouts_case(dev: &Device) -> Outcome {
+    use kiln::cuda::gemm::{LAYOUT_RUNGS, Layout, rung};
+    let (mut rng, _) = testing::rng();
+    let transpose = |x: &[f32], rows: usize, cols: usize| -> Vec<f32> {
+        (0..cols * rows).map(|i| x[(i % rows) * cols + i / rows]).collect()
+    };
+    for r in LAYOUT_RUNGS {
+        let nn = rung(r.name.trim_end_matches("_nt").trim_end_matches("_tn")).map_err(err)?;
+        for &(m, n, k) in &[(4u32, 4u32, 4u32), (132, 260, 68), (1000, 36, 516), (68, 1028, 12)] {
+            let s = GemmShape { m, n, k };
+            let (mu, nu, ku) = (m as usize, n as usize, k as usize);
+            let a = testing::uniform(&mut rng, mu * ku); // m x k
+            let b = testing::uniform(&mut rng, ku * nu); // k x n
+            let (dan, dbn) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+            let mut want = dev.upload(&vec![POISON_F32; mu * nu]).map_err(err)?;
+            nn.run(dev, &dan, &dbn, &mut want, s).map_err(err)?;
+            let (da, db) = match r.layout {
+                Layout::NT => (dev.upload(&a).map_err(err)?, dev.upload(&transpose(&b, ku, nu)).map_err(err)?),
+                Layout::TN => (dev.upload(&transpose(&a, mu, ku)).map_err(err)?, dev.upload(&b).map_err(err)?),
+                Layout::NN => unreachable!("the layout table has no NN rung"),
+            };
+            let mut got = dev.upload(&vec![POISON_F32; mu * nu]).map_err(err)?;
+            r.run(dev, &da, &db, &mut got, s).map_err(err)?;
+            let (got, want) = (dev.download(&got).map_err(err)?, dev.download(&want).map_err(err)?);
+            if let Some(i) = (0..mu * nu).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+                return Err(format!(
+                    "{} {m}x{n}x{k} at ({}, {}): got {:e}, the NN rung on a transposed copy gave {:e}",
+                    r.name,
+                    i / nu,
+                    i % nu,
+                    got[i],
+                    want[i]
+                ));
+            }
+        }
+        // rows that are not 16-byte multiples in this layout
+        let s = if r.layout == Layout::TN { GemmShape { m: 6, n: 8, k: 8 } } else { GemmShape { m: 8, n: 8, k: 6 } };
+        let (a, b) = (
+            dev.zeros::<f32>((s.m * s.k) as usize).map_err(err)?,
+            dev.zeros::<f32>((s.k * s.n) as usize).map_err(err)?,
+        );
+        let mut c = dev.zeros::<f32>((s.m * s.n) as usize).map_err(err)?;
+        match r.run(dev, &a, &b, &mut c, s) {
+            Err(kiln::Error::Unsupported { .. }) => {}
+            other => return Err(format!("{} must refuse {s:?}, got {other:?}", r.name)),
+        }
+    }
+    Ok(())
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

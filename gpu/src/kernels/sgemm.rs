@@ -470,6 +470,12 @@ pub const fn warptile_db_smem(bm: u32, bn: u32, bk: u32) -> u32 {
 /// stage, each thread holds the next k-tile in registers (16-byte global loads issued before the
 /// compute), then writes it to the other stage; one barrier per k-tile separates the two.
 ///
+/// Layouts: `TA` reads A stored transposed (k x m, row-major: `C = A^T B` of the stored matrix),
+/// `TB` reads B stored transposed (n x k: `C = A B^T`); only the global loads and their shared
+/// stores differ, so every layout computes the same chains, bit for bit. Alignment: 16-byte rows of
+/// every stored operand (`k % 4` for A or B stored with k innermost, `m % 4` for A^T, `n % 4` for B
+/// and C).
+///
 /// Numerics: every C element is one chain `acc = fma(a[i][p], b[p][j], acc)` over p = 0, 1, ... in
 /// order from +0; the last tile past k is zero-filled (fma(0, 0, acc) steps). Edges in m and n are
 /// zero-filled on load and masked on store; needs `k % 4 == 0`, `n % 4 == 0` and 16-byte-aligned
@@ -484,6 +490,8 @@ unsafe fn warptile_db<
     const WN: u32,
     const TM: u32,
     const TN: u32,
+    const TA: bool,
+    const TB: bool,
 >(
     a: DevicePtr<f32>,
     b: DevicePtr<f32>,
@@ -518,39 +526,61 @@ unsafe fn warptile_db<
     let (a_vecs, b_vecs) = (BM * BK / 4, BK * BN / 4);
     let mut pa = [[0.0f32; 4]; 4];
     let mut pb = [[0.0f32; 4]; 4];
+    // With TA (A stored k x m), vector l is instead (k-row i / (BM / 4), rows 4 (i % (BM / 4)) of
+    // C); with TB (B stored n x k), (column i / (BK / 4) of C, k-column 4 (i % (BK / 4))): vectors
+    // always run along the stored rows.
     let load = |k0: u32, pa: &mut [[f32; 4]; 4], pb: &mut [[f32; 4]; 4]| {
         let mut l = 0;
         while l * threads < a_vecs {
             let i = t + l * threads;
-            let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
-            let (gr, gc) = (row0 + r, k0 + c4);
-            let inside = (a_vecs.is_multiple_of(threads) || i < a_vecs) && gr < s.m && gc < s.k;
-            pa[l as usize] = if inside { unsafe { a.read4(((gr * s.k + gc) / 4) as usize) } } else { [0.0; 4] };
+            let live = a_vecs.is_multiple_of(threads) || i < a_vecs;
+            pa[l as usize] = if TA {
+                let (r, c4) = (i / (BM / 4), (i % (BM / 4)) * 4);
+                let (gk, gm) = (k0 + r, row0 + c4);
+                if live && gk < s.k && gm < s.m { unsafe { a.read4(((gk * s.m + gm) / 4) as usize) } } else { [0.0; 4] }
+            } else {
+                let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
+                let (gr, gc) = (row0 + r, k0 + c4);
+                if live && gr < s.m && gc < s.k { unsafe { a.read4(((gr * s.k + gc) / 4) as usize) } } else { [0.0; 4] }
+            };
             l += 1;
         }
         l = 0;
         while l * threads < b_vecs {
             let i = t + l * threads;
-            let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
-            let (gr, gc) = (k0 + r, col0 + c4);
-            let inside = (b_vecs.is_multiple_of(threads) || i < b_vecs) && gr < s.k && gc < s.n;
-            pb[l as usize] = if inside { unsafe { b.read4(((gr * s.n + gc) / 4) as usize) } } else { [0.0; 4] };
+            let live = b_vecs.is_multiple_of(threads) || i < b_vecs;
+            pb[l as usize] = if TB {
+                let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
+                let (gn, gk) = (col0 + r, k0 + c4);
+                if live && gn < s.n && gk < s.k { unsafe { b.read4(((gn * s.k + gk) / 4) as usize) } } else { [0.0; 4] }
+            } else {
+                let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
+                let (gr, gc) = (k0 + r, col0 + c4);
+                if live && gr < s.k && gc < s.n { unsafe { b.read4(((gr * s.n + gc) / 4) as usize) } } else { [0.0; 4] }
+            };
             l += 1;
         }
     };
     let store = |stage: u32, pa: &[[f32; 4]; 4], pb: &[[f32; 4]; 4]| {
         let base = smem + stage;
         let mut l = 0;
+        let v4 = |v: [f32; 4]| [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()];
         while l * threads < a_vecs {
             let i = t + l * threads;
             if a_vecs.is_multiple_of(threads) || i < a_vecs {
-                let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
-                let mut j = 0;
-                while j < 4 {
-                    unsafe {
-                        shared::st_shared_b32(base + ((c4 + j) * sa + r) * 4, pa[l as usize][j as usize].to_bits())
-                    };
-                    j += 1;
+                if TA {
+                    // already k-major: one vector store
+                    let (r, c4) = (i / (BM / 4), (i % (BM / 4)) * 4);
+                    unsafe { shared::st_shared_v4(base + (r * sa + c4) * 4, v4(pa[l as usize])) };
+                } else {
+                    let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
+                    let mut j = 0;
+                    while j < 4 {
+                        unsafe {
+                            shared::st_shared_b32(base + ((c4 + j) * sa + r) * 4, pa[l as usize][j as usize].to_bits())
+                        };
+                        j += 1;
+                    }
                 }
             }
             l += 1;
@@ -559,14 +589,23 @@ unsafe fn warptile_db<
         while l * threads < b_vecs {
             let i = t + l * threads;
             if b_vecs.is_multiple_of(threads) || i < b_vecs {
-                let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
-                let v = pb[l as usize];
-                unsafe {
-                    shared::st_shared_v4(
-                        base + a_bytes + (r * BN + c4) * 4,
-                        [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()],
-                    )
-                };
+                if TB {
+                    // n-major in memory, k-major in the tile: four scalar stores
+                    let (r, c4) = (i / (BK / 4), (i % (BK / 4)) * 4);
+                    let mut j = 0;
+                    while j < 4 {
+                        unsafe {
+                            shared::st_shared_b32(
+                                base + a_bytes + ((c4 + j) * BN + r) * 4,
+                                pb[l as usize][j as usize].to_bits(),
+                            )
+                        };
+                        j += 1;
+                    }
+                } else {
+                    let (r, c4) = (i / (BN / 4), (i % (BN / 4)) * 4);
+                    unsafe { shared::st_shared_v4(base + a_bytes + (r * BN + c4) * 4, v4(pb[l as usize])) };
+                }
             }
             l += 1;
         }
@@ -660,7 +699,7 @@ pub unsafe fn sgemm_warptile_128x128x8_8x8_db(
     c: DevicePtrMut<f32>,
     s: GemmShape,
 ) {
-    unsafe { warptile_db::<128, 128, 8, 32, 64, 8, 8>(a, b, c, s) }
+    unsafe { warptile_db::<128, 128, 8, 32, 64, 8, 8, false, false>(a, b, c, s) }
 }
 
 /// Rung 7, tuned, deeper k step: 128 x 128 x 16, otherwise as `sgemm_warptile_128x128x8_8x8_db`
@@ -672,7 +711,7 @@ pub unsafe fn sgemm_warptile_128x128x16_8x8_db(
     c: DevicePtrMut<f32>,
     s: GemmShape,
 ) {
-    unsafe { warptile_db::<128, 128, 16, 32, 64, 8, 8>(a, b, c, s) }
+    unsafe { warptile_db::<128, 128, 16, 32, 64, 8, 8, false, false>(a, b, c, s) }
 }
 
 /// Rung 7, tuned, wide tile: 128 x 256 x 8, 256 threads (warps 4 x 2, each 32 x 128), 8 x 16 per
@@ -685,7 +724,7 @@ pub unsafe fn sgemm_warptile_128x256x8_8x16_db(
     c: DevicePtrMut<f32>,
     s: GemmShape,
 ) {
-    unsafe { warptile_db::<128, 256, 8, 32, 128, 8, 16>(a, b, c, s) }
+    unsafe { warptile_db::<128, 256, 8, 32, 128, 8, 16, false, false>(a, b, c, s) }
 }
 
 /// Rung 7, tuned, tall tile: 256 x 128 x 8, 256 threads (warps 4 x 2, each 64 x 64), 16 x 8 per
@@ -698,7 +737,7 @@ pub unsafe fn sgemm_warptile_256x128x8_16x8_db(
     c: DevicePtrMut<f32>,
     s: GemmShape,
 ) {
-    unsafe { warptile_db::<256, 128, 8, 64, 64, 16, 8>(a, b, c, s) }
+    unsafe { warptile_db::<256, 128, 8, 64, 64, 16, 8, false, false>(a, b, c, s) }
 }
 
 /// Rung 7, tuned, small tile for products that would not fill the GPU with 128 x 128 tiles:
@@ -707,5 +746,52 @@ pub unsafe fn sgemm_warptile_256x128x8_16x8_db(
 /// ceil(m / 64)), block 256, dynamic shared memory 12,544 bytes.
 #[kernel]
 pub unsafe fn sgemm_warptile_64x128x8_4x8_db(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, s: GemmShape) {
-    unsafe { warptile_db::<64, 128, 8, 16, 64, 4, 8>(a, b, c, s) }
+    unsafe { warptile_db::<64, 128, 8, 16, 64, 4, 8, false, false>(a, b, c, s) }
+}
+
+/// The wide tuned rung (`sgemm_warptile_128x256x8_8x16_db`) for `C = A B^T`: B stored n x k (the
+/// layout of `Y = X W^T` and of `dX = dY W` read as `dY (W^T)^T`), read without a transposed copy.
+/// Needs `k % 4 == 0`, `n % 4 == 0`; otherwise as the NN kernel.
+#[kernel]
+pub unsafe fn sgemm_warptile_128x256x8_8x16_db_nt(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    unsafe { warptile_db::<128, 256, 8, 32, 128, 8, 16, false, true>(a, b, c, s) }
+}
+
+/// The wide tuned rung for `C = A^T B`: A stored k x m (the layout of `dW = dY^T X`). Needs
+/// `m % 4 == 0`, `n % 4 == 0`; otherwise as the NN kernel.
+#[kernel]
+pub unsafe fn sgemm_warptile_128x256x8_8x16_db_tn(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    unsafe { warptile_db::<128, 256, 8, 32, 128, 8, 16, true, false>(a, b, c, s) }
+}
+
+/// The small tuned rung (`sgemm_warptile_64x128x8_4x8_db`) for `C = A B^T` (B stored n x k).
+#[kernel]
+pub unsafe fn sgemm_warptile_64x128x8_4x8_db_nt(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    unsafe { warptile_db::<64, 128, 8, 16, 64, 4, 8, false, true>(a, b, c, s) }
+}
+
+/// The small tuned rung for `C = A^T B` (A stored k x m).
+#[kernel]
+pub unsafe fn sgemm_warptile_64x128x8_4x8_db_tn(
+    a: DevicePtr<f32>,
+    b: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    unsafe { warptile_db::<64, 128, 8, 16, 64, 4, 8, true, false>(a, b, c, s) }
 }

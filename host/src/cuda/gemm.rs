@@ -69,6 +69,27 @@ pub enum Mapping {
     Tiled,
 }
 
+/// How a product's operands are stored (row-major): `C = op(A) op(B)` with `C` m x n.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `C = A B`: A m x k, B k x n.
+    NN,
+    /// `C = A B^T`: A m x k, B stored n x k (`Y = X W^T`).
+    NT,
+    /// `C = A^T B`: A stored k x m, B k x n (`dW = dY^T X`).
+    TN,
+}
+
+impl Layout {
+    /// Whether 16-byte loads of every stored row and 16-byte stores of C are possible for `s`:
+    /// the innermost dimension of each stored operand, and n (C's rows), a multiple of 4.
+    pub fn rows_aligned(self, s: GemmShape) -> bool {
+        let inner_a = if self == Layout::TN { s.m } else { s.k };
+        let inner_b = if self == Layout::NT { s.k } else { s.n };
+        inner_a.is_multiple_of(4) && inner_b.is_multiple_of(4) && s.n.is_multiple_of(4)
+    }
+}
+
 /// One rung of the ladder.
 #[derive(Clone, Copy, Debug)]
 pub struct Rung {
@@ -88,11 +109,16 @@ pub struct Rung {
     pub vec4: bool,
     /// Thread mapping.
     pub mapping: Mapping,
+    /// How it reads its operands.
+    pub layout: Layout,
     launch: Launch,
 }
 
 macro_rules! rung {
     ($K:ty, $level:expr, $tm:expr, $tn:expr, $threads:expr, $smem:expr, $vec4:expr, $map:ident) => {
+        rung!($K, $level, $tm, $tn, $threads, $smem, $vec4, $map, NN)
+    };
+    ($K:ty, $level:expr, $tm:expr, $tn:expr, $threads:expr, $smem:expr, $vec4:expr, $map:ident, $layout:ident) => {
         Rung {
             name: <$K as Kernel>::NAME,
             level: $level,
@@ -102,6 +128,7 @@ macro_rules! rung {
             smem: $smem,
             vec4: $vec4,
             mapping: Mapping::$map,
+            layout: Layout::$layout,
             launch: launch::<$K>,
         }
     };
@@ -125,12 +152,40 @@ pub const RUNGS: &[Rung] = &[
     rung!(k::SgemmWarptile64x128x84x8Db, 7, 64, 128, 256, k::warptile_db_smem(64, 128, 8), true, Tiled),
 ];
 
-/// The rung named `name`.
+/// The tuned rungs again, reading a transposed operand in place (`Layout::NT`, `Layout::TN`): the
+/// products of a linear layer's forward and backward passes without transposed copies. Each
+/// computes the same chains as its NN twin, bit for bit.
+pub const LAYOUT_RUNGS: &[Rung] = &[
+    rung!(k::SgemmWarptile128x256x88x16DbNt, 7, 128, 256, 256, k::warptile_db_smem(128, 256, 8), true, Tiled, NT),
+    rung!(k::SgemmWarptile128x256x88x16DbTn, 7, 128, 256, 256, k::warptile_db_smem(128, 256, 8), true, Tiled, TN),
+    rung!(k::SgemmWarptile64x128x84x8DbNt, 7, 64, 128, 256, k::warptile_db_smem(64, 128, 8), true, Tiled, NT),
+    rung!(k::SgemmWarptile64x128x84x8DbTn, 7, 64, 128, 256, k::warptile_db_smem(64, 128, 8), true, Tiled, TN),
+];
+
+/// The rung named `name` (either table).
 pub fn rung(name: &str) -> Result<&'static Rung> {
-    RUNGS.iter().find(|r| r.name == name).ok_or_else(|| Error::Unsupported {
+    RUNGS.iter().chain(LAYOUT_RUNGS).find(|r| r.name == name).ok_or_else(|| Error::Unsupported {
         op: "sgemm",
-        what: format!("kernel `{name}`; known: {}", RUNGS.iter().map(|r| r.name).collect::<Vec<_>>().join(", ")),
+        what: format!(
+            "kernel `{name}`; known: {}",
+            RUNGS.iter().chain(LAYOUT_RUNGS).map(|r| r.name).collect::<Vec<_>>().join(", ")
+        ),
     })
+}
+
+/// The rung for `s` in `layout`: [`choose`]'s tile choice, read in that layout. `None` for NT and
+/// TN products whose stored rows are not 16-byte multiples (no scalar kernel reads them in place;
+/// transpose one operand and use [`choose`]).
+pub fn choose_layout(s: GemmShape, layout: Layout) -> Option<&'static Rung> {
+    let nn = choose(s);
+    if layout == Layout::NN {
+        return Some(nn);
+    }
+    if !layout.rows_aligned(s) {
+        return None;
+    }
+    let name = format!("{}_{}", nn.name, if layout == Layout::NT { "nt" } else { "tn" });
+    LAYOUT_RUNGS.iter().find(|r| r.name == name)
 }
 
 /// The fastest rung that fits, by shape class, from the H200 measurements in
@@ -162,7 +217,8 @@ impl Rung {
         }
     }
 
-    /// `c = a b` with this rung: `a` m x k, `b` k x n, `c` m x n, row-major and dense.
+    /// `c = op(a) op(b)` with this rung in its [`Layout`]: `a` m x k (NN, NT) or k x m (TN), `b`
+    /// k x n (NN, TN) or n x k (NT), `c` m x n, row-major and dense.
     pub fn run(
         &self,
         dev: &Device,
@@ -176,12 +232,13 @@ impl Rung {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        if self.vec4 && (!s.k.is_multiple_of(4) || !s.n.is_multiple_of(4)) {
+        if self.vec4 && !self.layout.rows_aligned(s) {
             return Err(Error::Unsupported {
                 op: "sgemm",
                 what: format!(
-                    "{} with k = {kk}, n = {n}: it loads 16-byte rows, so k and n must be multiples of 4",
-                    self.name
+                    "{} ({:?}) with m = {m}, n = {n}, k = {kk}: it loads 16-byte rows, so each stored operand's \
+                     row length and n must be multiples of 4",
+                    self.name, self.layout
                 ),
             });
         }
@@ -205,6 +262,27 @@ pub fn sgemm(
     s: GemmShape,
 ) -> Result<()> {
     choose(s).run(dev, a, b, c, s)
+}
+
+/// `c = op(a) op(b)` in `layout` with the chosen rung; NT and TN products with unaligned rows are
+/// refused (see [`choose_layout`]).
+pub fn sgemm_layout(
+    dev: &Device,
+    a: &DeviceBuffer<f32>,
+    b: &DeviceBuffer<f32>,
+    c: &mut DeviceBuffer<f32>,
+    s: GemmShape,
+    layout: Layout,
+) -> Result<()> {
+    let r = choose_layout(s, layout).ok_or_else(|| Error::Unsupported {
+        op: "sgemm",
+        what: format!(
+            "{layout:?} {}x{}x{}: in-place transposed reads need 16-byte rows (m, n, k multiples of 4 as the layout \
+             stores them); transpose the operand and multiply NN",
+            s.m, s.n, s.k
+        ),
+    })?;
+    r.run(dev, a, b, c, s)
 }
 
 /// Input types of the `mma.sync` tensor-core GEMM: one table row each.

@@ -239,6 +239,27 @@ impl CudaStorage {
         Ok(res)
     }
 
+    /// One product `op(self) op(b)` in `layout` (m x n out, reduction k), read in place by the
+    /// GEMM ladder's layout rungs; `None` when the rows are not 16-byte multiples (the caller
+    /// transposes and multiplies NN instead).
+    pub fn matmul_layout(
+        &self,
+        b: &CudaStorage,
+        m: usize,
+        k: usize,
+        n: usize,
+        layout: crate::cuda::gemm::Layout,
+    ) -> Result<Option<CudaStorage>> {
+        let v = u32s("matmul", &[m, n, k])?;
+        let s = kiln_gpu::kernels::mma_tile::GemmShape { m: v[0], n: v[1], k: v[2] };
+        if m * n == 0 || k == 0 || !layout.rows_aligned(s) {
+            return Ok(None);
+        }
+        let mut c = Self::alloc(&self.dev, m * n)?;
+        crate::cuda::gemm::sgemm_layout(&self.dev, &self.buf, &b.buf, &mut c.buf, s, layout)?;
+        Ok(Some(c))
+    }
+
     /// Batched product (see `Tensor::matmul`).
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(

@@ -380,6 +380,13 @@ impl Op {
                 vec![(a.clone(), ga.sum_to(a.shape())?), (b.clone(), gb.sum_to(b.shape())?)]
             }
             Op::Matmul(a, b) => {
+                // On CUDA, unbatched f32 products read the transposed operand in place (the
+                // ladder's NT and TN rungs: the same chains as transposing first, bit for bit).
+                if b.shape().rank() == 2
+                    && let Some((ga, gb)) = matmul_grads_in_place(a, b, g)?
+                {
+                    return Ok(vec![(a.clone(), ga), (b.clone(), gb)]);
+                }
                 let ga = g.matmul(&b.transpose(-1, -2)?)?;
                 let gb = if a.shape().rank() == 3 && b.shape().rank() == 2 {
                     let (bs, m, k) = (a.dims()[0], a.dims()[1], a.dims()[2]);
@@ -1066,4 +1073,30 @@ impl Tensor {
         };
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::Dropout(self.clone(), mask))))
     }
+}
+
+/// The gradients of `a b` (b 2-D, a 2-D or 3-D read as rows) on CUDA f32 without transposed copies:
+/// `da = g b^T` (NT) and `db = a^T g` (TN). `None` off CUDA, for other dtypes, or when a row is not
+/// a 16-byte multiple; the caller then transposes.
+fn matmul_grads_in_place(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    use crate::cuda::gemm::Layout;
+    if a.dtype() != DType::F32 || b.dtype() != DType::F32 || g.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    let (k, n) = (b.dims()[0], b.dims()[1]);
+    let rows = a.shape().elem_count() / k.max(1);
+    let (sa, sb, sg) = (a.storage(), b.storage(), g.storage());
+    let (Storage::Cuda(xa), Storage::Cuda(xb), Storage::Cuda(xg)) = (&*sa, &*sb, &*sg) else {
+        return Ok(None);
+    };
+    // da (rows x k) = g (rows x n) b^T, b stored k x n; db (k x n) = a^T g, a stored rows x k
+    let (Some(da), Some(db)) =
+        (xg.matmul_layout(xb, rows, n, k, Layout::NT)?, xa.matmul_layout(xg, k, rows, n, Layout::TN)?)
+    else {
+        return Ok(None);
+    };
+    Ok(Some((
+        Tensor::from_storage(Storage::Cuda(da), a.shape().clone(), None),
+        Tensor::from_storage(Storage::Cuda(db), b.shape().clone(), None),
+    )))
 }
