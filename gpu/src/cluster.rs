@@ -30,21 +30,6 @@ mod device {
         unsafe { asm!("// kiln.cluster {n}", n = const N, options(nomem, nostack, preserves_flags)) }
     }
 
-    macro_rules! sreg {
-        ($($(#[$doc:meta])+ $name:ident => $reg:literal;)*) => {$(
-            $(#[$doc])+
-            ///
-            #[doc = concat!("PTX: `mov.u32 %r, ", $reg, ";`")]
-            #[inline(always)]
-            pub fn $name() -> u32 {
-                let r: u32;
-                // SAFETY: reading a special register has no side effects.
-                unsafe { asm!(concat!("mov.u32 {r}, ", $reg, ";"), r = out(reg32) r, options(nomem, nostack, pure)) };
-                r
-            }
-        )*};
-    }
-
     sreg! {
         /// This CTA's rank within its cluster (0..cluster size).
         cta_rank => "%cluster_ctarank";

@@ -42,6 +42,24 @@ extern crate self as kiln_gpu;
 mod param;
 pub use param::*;
 
+/// Defines one `pub fn name() -> u32` per special register (`mov.u32 %r, %reg;`), with its docs.
+/// Defined before the modules, so `thread` and `cluster` see it.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! sreg {
+    ($($(#[$doc:meta])+ $name:ident => $reg:literal;)*) => {$(
+        $(#[$doc])+
+        ///
+        #[doc = concat!("PTX: `mov.u32 %r, ", $reg, ";`")]
+        #[inline(always)]
+        pub fn $name() -> u32 {
+            let r: u32;
+            // SAFETY: reading a special register has no side effects.
+            unsafe { core::arch::asm!(concat!("mov.u32 {r}, ", $reg, ";"), r = out(reg32) r, options(nomem, nostack, pure)) };
+            r
+        }
+    )*};
+}
+
 pub mod atomic;
 pub mod cluster;
 pub mod convert;

@@ -7,21 +7,6 @@
 mod device {
     use core::arch::asm;
 
-    macro_rules! sreg {
-        ($($(#[$doc:meta])+ $name:ident => $reg:literal;)*) => {$(
-            $(#[$doc])+
-            ///
-            #[doc = concat!("PTX: `mov.u32 %r, ", $reg, ";`")]
-            #[inline(always)]
-            pub fn $name() -> u32 {
-                let r: u32;
-                // SAFETY: reading a special register has no side effects.
-                unsafe { asm!(concat!("mov.u32 {r}, ", $reg, ";"), r = out(reg32) r, options(nomem, nostack, pure)) };
-                r
-            }
-        )*};
-    }
-
     sreg! {
         /// Thread index within the block, x.
         thread_idx_x => "%tid.x";

@@ -134,6 +134,33 @@ impl Ring {
         }
     }
 
+    /// Consumer warpgroup `cons`'s products on the stage of k tile `t` (A: its 64 rows, B: 256 rows):
+    /// waits for the stage, issues the four `m64n256k16` wgmma (the first overwrites `acc` unless
+    /// `accumulate`), commits them and waits until only this group is in flight, so the previous
+    /// tile's stage may be released.
+    #[inline(always)]
+    fn mma_m64n256(self, t: u32, cons: u32, acc: &mut [f32; 128], accumulate: bool) {
+        let st = t % WG_STAGES;
+        self.wait_full(t);
+        let a_tile = self.stage(st) + cons * 64 * 128;
+        let b_tile = self.stage(st) + WG_TILE_BYTES;
+        wgmma::fence();
+        let mut kk = 0;
+        while kk < WG_BK / 16 {
+            unsafe {
+                wgmma::mma_m64n256k16_bf16(
+                    acc,
+                    tile_descriptor(a_tile, kk),
+                    tile_descriptor(b_tile, kk),
+                    accumulate || kk > 0,
+                )
+            };
+            kk += 1;
+        }
+        wgmma::commit_group();
+        wgmma::wait_group::<1>();
+    }
+
     /// A consumer's wait for k tile `t`'s stage to be full (bounded; traps on a stall).
     fn wait_full(self, t: u32) {
         if !unsafe {
@@ -283,26 +310,8 @@ pub unsafe fn gemm_wgmma_bf16_wide(
     let mut acc = [0.0f32; 128];
     let mut t = 0;
     while t < k_tiles {
-        let st = t % WG_STAGES;
-        ring.wait_full(t);
-        let a_tile = ring.stage(st) + cons * 64 * 128;
-        let b_tile = ring.stage(st) + WG_TILE_BYTES;
-        wgmma::fence();
-        let mut kk = 0;
-        while kk < WG_BK / 16 {
-            unsafe {
-                wgmma::mma_m64n256k16_bf16(
-                    &mut acc,
-                    tile_descriptor(a_tile, kk),
-                    tile_descriptor(b_tile, kk),
-                    t > 0 || kk > 0,
-                )
-            };
-            kk += 1;
-        }
-        wgmma::commit_group();
+        ring.mma_m64n256(t, cons, &mut acc, t > 0);
         // Tile t - 1's products are done: its stage can be refilled while tile t's run.
-        wgmma::wait_group::<1>();
         if t > 0 && ct == 0 {
             unsafe { mbarrier::arrive(ring.empty((t - 1) % WG_STAGES)) };
         }
@@ -561,26 +570,8 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
             let (m0, n0) = (tm * WP_BM + rank * WG_BM, tn * WW_BN);
             let mut kt = 0;
             while kt < k_tiles {
-                let st = t % WG_STAGES;
-                ring.wait_full(t);
-                let a_tile = ring.stage(st) + cons * 64 * 128;
-                let b_tile = ring.stage(st) + WG_TILE_BYTES;
-                wgmma::fence();
-                let mut kk = 0;
-                while kk < WG_BK / 16 {
-                    unsafe {
-                        wgmma::mma_m64n256k16_bf16(
-                            &mut acc,
-                            tile_descriptor(a_tile, kk),
-                            tile_descriptor(b_tile, kk),
-                            kt > 0 || kk > 0,
-                        )
-                    };
-                    kk += 1;
-                }
-                wgmma::commit_group();
+                ring.mma_m64n256(t, cons, &mut acc, kt > 0);
                 // Tile kt - 1's products are done: its stage can be refilled while kt's run.
-                wgmma::wait_group::<1>();
                 if kt > 0 {
                     release(t - 1);
                 }
