@@ -155,7 +155,7 @@ fn main() {
             }
             // the persistent cluster kernel, plain and with the bias + ReLU epilogue fused
             let g = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::Persistent).expect("wgmma maps");
-            println!("  (persistent grid: {} clusters of 2)", g.persistent_clusters().expect("occupancy"));
+            println!("  (persistent grid: {} clusters of 2)", g.persistent_clusters());
             record("gemm_wgmma_bf16_persistent", median_ms(&dev, || g.run(&mut dc).expect("kiln wgmma")));
             let u = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentUnicast).expect("wgmma maps");
             record("gemm_wgmma_bf16_persistent_unicast", median_ms(&dev, || u.run(&mut dc).expect("kiln wgmma")));

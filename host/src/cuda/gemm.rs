@@ -357,7 +357,8 @@ pub struct GemmEpilogue<'a> {
 
 /// A Hopper `wgmma` GEMM bound to its operands: `c = a b^T` with `a` (m x k) and `b` (n x k) bf16,
 /// `c` (m x n) f32, `k % 8 == 0`. The tensor maps are encoded once; [`WgmmaGemm::run`] launches.
-/// Needs the sm_90a module (compute capability 9.0); elsewhere `run` returns
+/// Needs the sm_90a module (compute capability 9.0); elsewhere the persistent tiles fail to build
+/// (their occupancy is queried in `with_tile`) and `run` of the others returns
 /// [`Error::KernelUnavailable`].
 pub struct WgmmaGemm<'a> {
     dev: &'a Device,
@@ -365,6 +366,8 @@ pub struct WgmmaGemm<'a> {
     b_map: super::DeviceTensorMap,
     s: GemmShape,
     tile: WgmmaTile,
+    /// The persistent kernels' grid in clusters (occupancy queried once, here); 0 for other tiles.
+    clusters: u32,
     _operands: std::marker::PhantomData<&'a DeviceBuffer<half::bf16>>,
 }
 
@@ -416,23 +419,17 @@ impl<'a> WgmmaGemm<'a> {
             WgmmaTile::Persistent | WgmmaTile::PersistentUnicast => kiln_gpu::kernels::gemm_wgmma::WP_B_SHARE,
         };
         let b_map = dev.tensor_map(b.addr(), &spec(s.n, bn))?;
-        Ok(WgmmaGemm { dev, a_map, b_map, s, tile, _operands: std::marker::PhantomData })
+        let clusters = match tile {
+            WgmmaTile::Persistent | WgmmaTile::PersistentUnicast => persistent_clusters(dev, s)?,
+            WgmmaTile::T128x128 | WgmmaTile::T128x256 => 0,
+        };
+        Ok(WgmmaGemm { dev, a_map, b_map, s, tile, clusters, _operands: std::marker::PhantomData })
     }
 
     /// The persistent kernel's grid, in clusters: one per cluster tile, at most as many as fit on
-    /// the device at once.
-    pub fn persistent_clusters(&self) -> Result<u32> {
-        use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16Persistent, WG_THREADS, WP_BM, WW_BN, WW_SMEM_BYTES};
-        let s = self.s;
-        let tiles = s.m.div_ceil(WP_BM) as u64 * s.n.div_ceil(WW_BN) as u64;
-        let resident = self.dev.max_active_clusters::<GemmWgmmaBf16Persistent>(WG_THREADS, WW_SMEM_BYTES)? as u64;
-        if resident == 0 {
-            return Err(Error::Unsupported {
-                op: "wgmma gemm",
-                what: "no cluster of two 384-thread blocks with 192 KiB of shared memory fits this device".into(),
-            });
-        }
-        Ok(tiles.min(resident) as u32)
+    /// the device at once (0 for the other tiles).
+    pub fn persistent_clusters(&self) -> u32 {
+        self.clusters
     }
 
     /// Launches into `c` (m x n f32).
@@ -506,7 +503,7 @@ impl<'a> WgmmaGemm<'a> {
             WgmmaTile::Persistent | WgmmaTile::PersistentUnicast => {
                 type K = GemmWgmmaBf16Persistent;
                 let multicast = (self.tile == WgmmaTile::Persistent) as u32;
-                let clusters = self.persistent_clusters()?;
+                let clusters = self.clusters;
                 let cfg = LaunchConfig {
                     grid_dim: (clusters * <K as kiln_gpu::Kernel>::CLUSTER, 1, 1),
                     block_dim: (WG_THREADS, 1, 1),
@@ -518,6 +515,21 @@ impl<'a> WgmmaGemm<'a> {
             }
         }
     }
+}
+
+/// The persistent wgmma kernel's grid for `s`, in clusters: one per cluster tile, at most as many
+/// as fit on the device at once.
+fn persistent_clusters(dev: &Device, s: GemmShape) -> Result<u32> {
+    use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16Persistent, WG_THREADS, WP_BM, WW_BN, WW_SMEM_BYTES};
+    let tiles = s.m.div_ceil(WP_BM) as u64 * s.n.div_ceil(WW_BN) as u64;
+    let resident = dev.max_active_clusters::<GemmWgmmaBf16Persistent>(WG_THREADS, WW_SMEM_BYTES)? as u64;
+    if resident == 0 {
+        return Err(Error::Unsupported {
+            op: "wgmma gemm",
+            what: "no cluster of two 384-thread blocks with 192 KiB of shared memory fits this device".into(),
+        });
+    }
+    Ok(tiles.min(resident) as u32)
 }
 
 /// A 16-bit float type of the deterministic typed tier ([`typed_gemm`]).

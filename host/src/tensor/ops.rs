@@ -1089,10 +1089,13 @@ fn matmul_grads_in_place(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Option<(T
     let (Storage::Cuda(xa), Storage::Cuda(xb), Storage::Cuda(xg)) = (&*sa, &*sb, &*sg) else {
         return Ok(None);
     };
-    // da (rows x k) = g (rows x n) b^T, b stored k x n; db (k x n) = a^T g, a stored rows x k
-    let (Some(da), Some(db)) =
-        (xg.matmul_layout(xb, rows, n, k, Layout::NT)?, xa.matmul_layout(xg, k, rows, n, Layout::TN)?)
-    else {
+    // da (rows x k) = g (rows x n) b^T, b stored k x n; db (k x n) = a^T g, a stored rows x k.
+    // Both need the same alignment (k and n multiples of 4), so when the first declines, the
+    // second is not tried.
+    let Some(da) = xg.matmul_layout(xb, rows, n, k, Layout::NT)? else {
+        return Ok(None);
+    };
+    let Some(db) = xa.matmul_layout(xg, k, rows, n, Layout::TN)? else {
         return Ok(None);
     };
     Ok(Some((
