@@ -159,6 +159,9 @@ fn main() {
             record("gemm_wgmma_bf16_persistent", median_ms(&dev, || g.run(&mut dc).expect("kiln wgmma")));
             let u = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentUnicast).expect("wgmma maps");
             record("gemm_wgmma_bf16_persistent_unicast", median_ms(&dev, || u.run(&mut dc).expect("kiln wgmma")));
+            // the rung before the staged epilogue: C stored from registers
+            let r = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentRegisterStore).expect("wgmma maps");
+            record("gemm_wgmma_bf16_persistent_regstore", median_ms(&dev, || r.run(&mut dc).expect("kiln wgmma")));
             let bias = dev.upload(&vec![0.5f32; n as usize]).expect("upload");
             let epi = kiln::cuda::gemm::GemmEpilogue { bias: Some(&bias), act: Some(kiln::nn::Activation::Relu) };
             record(

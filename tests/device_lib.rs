@@ -380,3 +380,42 @@ fn persistent_stage_bytes_count_only_boxes_that_are_loaded() {
     assert_eq!(persistent_stage_bytes(256, 256, s), WG_TILE_BYTES + WP_B_SHARE_BYTES);
     assert_eq!(persistent_stage_bytes(0, 0, GemmShape { m: 1, n: 1, k: 8 }), WG_TILE_BYTES + WP_B_SHARE_BYTES);
 }
+
+/// The persistent kernel's staged epilogue: its boxes fit in a block's shared memory after the
+/// ring and barriers, 1024-byte aligned (128-byte swizzling needs it); every thread's 16 outputs of
+/// a subtile land on distinct words covering the 64 x 32 box once; and each warp-wide 8-byte store
+/// touches every bank exactly twice (two wavefronts, the least 256 bytes can take).
+#[test]
+fn staged_epilogue_boxes_fit_and_stores_are_conflict_free() {
+    use kiln::gpu::kernels::gemm_wgmma::{
+        WG_CONSUMERS, WG_SWIZZLE, WP_EPI_BOX_BYTES, WP_EPI_BUFFERS, WP_EPI_COLS, WP_EPI_OFFSET, WP_SMEM_BYTES,
+        WW_SMEM_BYTES,
+    };
+    use kiln::gpu::wgmma::acc_m64;
+    assert!(WP_EPI_OFFSET >= WW_SMEM_BYTES && WP_EPI_OFFSET % 1024 == 0);
+    assert_eq!(WP_SMEM_BYTES, WP_EPI_OFFSET + WG_CONSUMERS * WP_EPI_BUFFERS * WP_EPI_BOX_BYTES);
+    assert!(WP_SMEM_BYTES <= 227 * 1024, "{WP_SMEM_BYTES} bytes exceed the 227 KiB a block may have");
+    assert_eq!(WP_EPI_COLS * 4, WG_SWIZZLE.span());
+    for j in 0..8u32 {
+        let mut words = HashSet::new();
+        for warp in 0..4u32 {
+            for g in 0..4u32 {
+                for h in 0..2u32 {
+                    let mut banks = [0u32; 32];
+                    for lane in 0..32u32 {
+                        let (r, col) = acc_m64(warp * 32 + lane, 16 * j + 4 * g);
+                        assert!((WP_EPI_COLS * j..WP_EPI_COLS * (j + 1)).contains(&col), "subtile {j}: column {col}");
+                        let at = tile_offset(WG_SWIZZLE, r + 8 * h, col - WP_EPI_COLS * j, WP_EPI_COLS * 4, 4);
+                        assert!(at % 8 == 0 && at + 8 <= WP_EPI_BOX_BYTES);
+                        for w in [at / 4, at / 4 + 1] {
+                            assert!(words.insert(w), "subtile {j}: word {w} written twice");
+                            banks[(w % 32) as usize] += 1;
+                        }
+                    }
+                    assert!(banks.iter().all(|&b| b == 2), "subtile {j} warp {warp} group {g}: banks {banks:?}");
+                }
+            }
+        }
+        assert_eq!(words.len() as u32, WP_EPI_BOX_BYTES / 4);
+    }
+}

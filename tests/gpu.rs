@@ -603,7 +603,13 @@ fn wgmma_case(dev: &Device) -> Outcome {
             Ok(_) => return Err("k = 12 must be refused (TMA needs 16-byte row pitches)".into()),
         }
     }
-    let tiles = [WgmmaTile::T128x128, WgmmaTile::T128x256, WgmmaTile::Persistent, WgmmaTile::PersistentUnicast];
+    let tiles = [
+        WgmmaTile::T128x128,
+        WgmmaTile::T128x256,
+        WgmmaTile::Persistent,
+        WgmmaTile::PersistentUnicast,
+        WgmmaTile::PersistentRegisterStore,
+    ];
     for (&(m, n, k), tile) in shapes.iter().flat_map(|s| tiles.map(|t| (s, t))) {
         let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
         let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
@@ -635,7 +641,10 @@ fn wgmma_case(dev: &Device) -> Outcome {
 
 /// The persistent wgmma GEMM with its fused epilogue (bias, then ReLU or GELU) against f64, on a
 /// product with more cluster tiles than clusters fit (every cluster takes several tiles, so the
-/// ring's parity runs on across tiles) and odd edges; and a refused epilogue on a non-fusing tile.
+/// ring's parity runs on across tiles) and odd edges, through both epilogues: n a multiple of 4
+/// takes the staged TMA stores (whose clipping does the masking), other n the register stores. The
+/// same plan run into a second output must give the same bits (the C map follows the buffer). And
+/// a refused epilogue on a non-fusing tile.
 fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
     use kiln::cuda::gemm::{GemmEpilogue, WgmmaGemm, WgmmaTile};
     use kiln::nn::Activation;
@@ -643,9 +652,12 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
     let gelu = |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
     for &(m, n, k, act) in &[
         (4100u32, 2050u32, 200u32, None),
-        (4100, 2050, 200, Some(Activation::Relu)),
+        (4100, 2052, 200, None),
+        (4100, 2052, 200, Some(Activation::Relu)),
         (333, 777, 520, Some(Activation::Gelu)),
+        (333, 780, 520, Some(Activation::Gelu)),
         (1, 9, 8, Some(Activation::Relu)),
+        (1, 12, 8, Some(Activation::Relu)),
     ] {
         let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
         let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
@@ -656,6 +668,11 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
         let plan = WgmmaGemm::with_tile(dev, &da, &db, GemmShape { m, n, k }, WgmmaTile::Persistent).map_err(err)?;
         plan.run_with(&mut dc, GemmEpilogue { bias: Some(&dbias), act }).map_err(err)?;
         let got = dev.download(&dc).map_err(err)?;
+        let mut dc2 = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+        plan.run_with(&mut dc2, GemmEpilogue { bias: Some(&dbias), act }).map_err(err)?;
+        if bits(&dev.download(&dc2).map_err(err)?) != bits(&got) {
+            return Err(format!("persistent {m}x{n}x{k} {act:?}: a second output buffer got different bits"));
+        }
         let (a64, b64): (Vec<f64>, Vec<f64>) =
             (a.iter().map(|x| x.to_f64()).collect(), b.iter().map(|x| x.to_f64()).collect());
         let k = k as usize;

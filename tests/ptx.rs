@@ -41,9 +41,15 @@ fn persistent_gemm_is_a_cluster_kernel() {
         "mapa.shared::cluster.u32",
         "mbarrier.arrive.shared::cluster.b64",
         "barrier.cluster.wait",
+        // the staged epilogue: TMA stores from shared memory behind a warpgroup's named barrier
+        "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group",
+        "barrier.sync",
     ] {
         assert!(b.contains(needle), "{name} lacks `{needle}`");
     }
+    // Only the one block barrier is `.aligned`: the epilogue's named barrier follows a branch on
+    // one thread and is duplicated into both arms, which only the non-aligned form survives.
+    assert_eq!(b.matches("bar.sync").count(), 1, "{name}: an aligned named barrier");
     assert!(!b.contains("mbarrier.arrive.release.cluster"), "{name}: a cluster-scope release on every stage");
     assert_eq!(<kernels::gemm_wgmma::GemmWgmmaBf16Wide as Kernel>::CLUSTER, 1);
 }

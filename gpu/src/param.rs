@@ -189,6 +189,15 @@ impl<T> DevicePtrMut<T> {
 pub struct F32x4(pub [f32; 4]);
 
 impl DevicePtr<f32> {
+    /// Reads elements `i, i + 1` as one 8-byte load (`ld.global.v2.f32`).
+    ///
+    /// # Safety
+    /// `i` must be even, the pointer 8-byte aligned and both elements in bounds; device only.
+    #[inline(always)]
+    pub unsafe fn read2(self, i: usize) -> [f32; 2] {
+        unsafe { (*(self.0.add(i) as *const F32x2)).0 }
+    }
+
     /// Reads elements `4 q .. 4 q + 4` as one 16-byte load (`ld.global.v4.f32`).
     ///
     /// # Safety

@@ -94,6 +94,20 @@ mod device {
         unsafe { asm!("st.shared.b32 [{p}], {v};", p = in(reg32) addr, v = in(reg32) v, options(nostack)) };
     }
 
+    /// Stores 8 bytes to a shared-window address.
+    ///
+    /// PTX: `st.shared.v2.u32 [addr], {a, b};`
+    ///
+    /// # Safety
+    /// `addr` must be an 8-byte-aligned shared address inside the block's allocation.
+    #[inline(always)]
+    pub unsafe fn st_shared_v2(addr: SharedAddr, v: [u32; 2]) {
+        unsafe {
+            asm!("st.shared.v2.u32 [{p}], {{{a}, {b}}};", p = in(reg32) addr, a = in(reg32) v[0], b = in(reg32) v[1],
+                options(nostack))
+        };
+    }
+
     /// Stores 16 bytes to a shared-window address.
     ///
     /// PTX: `st.shared.v4.u32 [addr], {a, b, c, d};`

@@ -12,8 +12,10 @@
 mod device {
     use core::arch::asm;
 
-    // The named-barrier and warp-sync wrappers below are asm: keep them out of code that branches
-    // just before them, or check the kernel's PTX (see `sync_threads`).
+    // The named-barrier and warp-sync wrappers below are asm, which LLVM may duplicate into the
+    // arms of a branch just before them (see `sync_threads`). The named barriers therefore use the
+    // non-`.aligned` forms, which stay correct when the threads of a warp reach the same barrier
+    // id through different instructions.
 
     /// Waits until every thread of the block arrives (`__syncthreads`).
     ///
@@ -33,24 +35,26 @@ mod device {
 
     /// Waits until `count` threads (a multiple of 32) reach named barrier `id` (1..16).
     ///
-    /// PTX: `bar.sync id, count;`
+    /// PTX: `barrier.sync id, count;` (not `bar.sync`, which is `.aligned`: the persistent GEMM's
+    /// epilogue, `if thread == 0 { wait } barrier`, had its asm barrier tail-duplicated into both
+    /// arms, and with `bar.sync` the warpgroup hung on the H200.)
     ///
     /// # Safety
     /// Exactly `count` threads, whole warps, must reach barrier `id`; `id` 0 is [`sync_threads`]'s.
     #[inline(always)]
     pub unsafe fn named_barrier_sync(id: u32, count: u32) {
-        unsafe { asm!("bar.sync {id}, {count};", id = in(reg32) id, count = in(reg32) count, options(nostack)) };
+        unsafe { asm!("barrier.sync {id}, {count};", id = in(reg32) id, count = in(reg32) count, options(nostack)) };
     }
 
     /// Arrives at named barrier `id` without waiting (a producer signalling consumers).
     ///
-    /// PTX: `bar.arrive id, count;`
+    /// PTX: `barrier.arrive id, count;`
     ///
     /// # Safety
     /// As [`named_barrier_sync`].
     #[inline(always)]
     pub unsafe fn named_barrier_arrive(id: u32, count: u32) {
-        unsafe { asm!("bar.arrive {id}, {count};", id = in(reg32) id, count = in(reg32) count, options(nostack)) };
+        unsafe { asm!("barrier.arrive {id}, {count};", id = in(reg32) id, count = in(reg32) count, options(nostack)) };
     }
 
     /// Synchronizes the lanes in `mask` of the calling warp (`__syncwarp`).

@@ -349,8 +349,15 @@ impl Epilogue {
     #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
     #[inline(always)]
     fn apply(self, v: f32, col: u32) -> f32 {
-        use super::tensor_ops::unary;
         let v = if self.has_bias != 0 { v + unsafe { self.bias.read(col as usize) } } else { v };
+        self.activate(v)
+    }
+
+    /// The activation alone (the bias already added).
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+    #[inline(always)]
+    fn activate(self, v: f32) -> f32 {
+        use super::tensor_ops::unary;
         match self.act {
             ACT_NONE => v,
             unary::RELU => v.max(0.0),
@@ -365,8 +372,6 @@ impl Epilogue {
 fn activate(act: u32, v: f32) -> f32 {
     super::tensor_ops::apply_unary(act, v, 0.0)
 }
-
-impl Epilogue {}
 
 /// Stores a consumer warpgroup's `m64n256` accumulators (thread `ct` of the warpgroup) into the 64 x
 /// 256 block of C at (`row0`, `n0`) through the epilogue: two adjacent columns per 8-byte store where
@@ -405,6 +410,92 @@ fn store_m64n256(acc: &[f32; 128], ct: u32, row0: u32, n0: u32, c: DevicePtrMut<
     );
 }
 
+/// Stores a consumer warpgroup's `m64n256` accumulators (thread `ct` of warpgroup `cons`) into
+/// the 64 x 256 block of C at (`row0`, `n0`) through shared memory and TMA: for each of the 8
+/// subtiles of [`WP_EPI_COLS`] columns, every thread writes its 16 outputs (after the epilogue) to a
+/// 128-byte-swizzled staging box (conflict-free: the 8 rows a warp writes at once fall on 8
+/// different 16-byte chunks), fences them to the async proxy, and after a warpgroup barrier one
+/// thread issues the box's TMA store, which clips rows and columns outside C. The boxes alternate,
+/// and thread 0 waits until the previous store has read its box before the barrier, so a box is
+/// never overwritten while a store reads it; stores still writing C overlap the next tile's
+/// products. `*issued` counts this warpgroup's subtiles (it picks the box across tiles).
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn store_m64n256_staged(
+    acc: &[f32; 128],
+    ct: u32,
+    cons: u32,
+    row0: u32,
+    n0: u32,
+    c_map: DevicePtr<TensorMap>,
+    s: GemmShape,
+    epi: Epilogue,
+    staging: u32,
+) {
+    use crate::swizzle::tile_offset;
+    /// One subtile `j` (accumulator elements `16 j .. 16 j + 16`).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn subtile(
+        j: u32,
+        v: [f32; 16],
+        ct: u32,
+        cons: u32,
+        row0: u32,
+        n0: u32,
+        c_map: DevicePtr<TensorMap>,
+        s: GemmShape,
+        epi: Epilogue,
+        staging: u32,
+    ) {
+        let buf = staging + (j % WP_EPI_BUFFERS) * WP_EPI_BOX_BYTES;
+        let mut g = 0;
+        while g < 4 {
+            // elements 16 j + 4 g + (0, 1): row r, columns (col, col + 1); + (2, 3): row r + 8
+            let (r, col) = wgmma::acc_m64(ct, 16 * j + 4 * g);
+            let col = col - WP_EPI_COLS * j;
+            let gcol = n0 + WP_EPI_COLS * j + col;
+            // (n % 4 == 0 here, so an even in-bounds column has its right neighbour in bounds)
+            let bias = if epi.has_bias != 0 && gcol < s.n { unsafe { epi.bias.read2(gcol as usize) } } else { [0.0; 2] };
+            let mut h = 0;
+            while h < 2 {
+                let e = (4 * g + 2 * h) as usize;
+                let (x, y) = if epi.has_bias != 0 { (v[e] + bias[0], v[e + 1] + bias[1]) } else { (v[e], v[e + 1]) };
+                let out = [epi.activate(x), epi.activate(y)];
+                let at = buf + tile_offset(WG_SWIZZLE, r + 8 * h, col, WP_EPI_COLS * 4, 4);
+                unsafe { shared::st_shared_v2(at, [out[0].to_bits(), out[1].to_bits()]) };
+                h += 1;
+            }
+            g += 1;
+        }
+        fence::proxy_async_shared_cta();
+        if ct == 0 {
+            // every earlier store has read its box, so the next subtile may refill the other one
+            tma::wait_group_read::<0>();
+        }
+        unsafe { sync::named_barrier_sync(WP_EPI_BARRIER + cons, 128) };
+        if ct == 0 {
+            let col = n0 + WP_EPI_COLS * j;
+            if row0 < s.m && col < s.n {
+                unsafe { tma::store_2d(c_map.as_ptr(), col as i32, row0 as i32, buf) };
+            }
+            tma::commit_group();
+        }
+    }
+    macro_rules! subtiles {
+        ($($j:literal),*) => {$({
+            const B: usize = 16 * $j;
+            let v = [
+                acc[B], acc[B + 1], acc[B + 2], acc[B + 3], acc[B + 4], acc[B + 5], acc[B + 6], acc[B + 7],
+                acc[B + 8], acc[B + 9], acc[B + 10], acc[B + 11], acc[B + 12], acc[B + 13], acc[B + 14], acc[B + 15],
+            ];
+            subtile($j, v, ct, cons, row0, n0, c_map, s, epi, staging);
+        })*};
+    }
+    subtiles!(0, 1, 2, 3, 4, 5, 6, 7);
+}
+
 /// CTAs per cluster of the persistent kernel ([`gemm_wgmma_bf16_persistent`]).
 pub const WP_CLUSTER: u32 = 2;
 /// Rows of C per cluster tile: the cluster's CTAs stack their 128-row tiles over one 256-column panel.
@@ -419,6 +510,29 @@ pub const WP_EMPTY_ARRIVALS: u32 = WG_CONSUMERS * WP_CLUSTER;
 
 /// Bytes of one B share in a stage.
 pub const WP_B_SHARE_BYTES: u32 = WP_B_SHARE * WG_BK * 2;
+
+/// Columns of C in one subtile of the persistent kernel's staged epilogue: 32 f32 = 128 bytes, the
+/// 128-byte swizzle span of the staging box.
+pub const WP_EPI_COLS: u32 = 32;
+/// Bytes of one staging box: a consumer warpgroup's 64 rows x [`WP_EPI_COLS`] f32.
+pub const WP_EPI_BOX_BYTES: u32 = 64 * WP_EPI_COLS * 4;
+/// Staging boxes per consumer warpgroup (one is filled while the TMA store of the other reads it).
+pub const WP_EPI_BUFFERS: u32 = 2;
+/// Offset of the staging boxes in dynamic shared memory: after the wide kernel's stages and
+/// barriers, at the next 1024-byte boundary (128-byte swizzling needs it).
+pub const WP_EPI_OFFSET: u32 = (WW_SMEM_BYTES + 1023) / 1024 * 1024;
+/// Dynamic shared memory of the persistent kernel: the wide kernel's ring and barriers, then
+/// [`WP_EPI_BUFFERS`] staging boxes per consumer warpgroup (224.5 KiB of the 227 KiB a block may have).
+pub const WP_SMEM_BYTES: u32 = WP_EPI_OFFSET + WG_CONSUMERS * WP_EPI_BUFFERS * WP_EPI_BOX_BYTES;
+/// The named barrier of consumer warpgroup `c`'s epilogue is `WP_EPI_BARRIER + c` (0 is
+/// `bar.sync 0`, the block barrier).
+pub const WP_EPI_BARRIER: u32 = 1;
+
+/// Whether C can take the staged epilogue's TMA stores: its row pitch (`n` f32) must be a multiple
+/// of 16 bytes, and its address 16-byte aligned. Otherwise the kernel stores from registers.
+pub const fn tma_store_fits(n: u32, c_addr: u64) -> bool {
+    n % 4 == 0 && c_addr % 16 == 0
+}
 
 /// The bytes a stage of the persistent kernel receives in the CTA whose tile starts at (`m0`, `n0`):
 /// its A box unless the tile lies wholly below the matrix, and each B share that starts inside it.
@@ -467,14 +581,20 @@ pub const fn persistent_tile(cluster: u32, clusters: u32, i: u32, tiles_m: u32, 
 ///   epilogue; consumers keep one wgmma group in flight as in the wide kernel.
 /// - Edges: a box wholly outside A or B is not loaded and not expected
 ///   ([`persistent_stage_bytes`]); the stale shared memory it leaves only reaches masked outputs.
-/// - Epilogue: [`Epilogue`] applied to each output (`act(acc + bias[col])`), masked stores.
+/// - Epilogue: [`Epilogue`] applied to each output (`act(acc + bias[col])`). With a C tensor map
+///   (`c_map` not null: f32, box 32 x 64, 128-byte swizzle; needs [`tma_store_fits`]) the outputs go
+///   through swizzled staging boxes in shared memory and TMA stores ([`store_m64n256_staged`]), so a
+///   consumer spends the epilogue on shared-memory writes and the global writes overlap the next
+///   tile; without one, each thread stores its outputs from registers, masked.
 /// - Lifetime: a cluster barrier after the barriers' initialization (no multicast or remote arrival
 ///   before the peer's barriers exist) and one before exit (no CTA leaves while its peer may still
 ///   write to it). Every mbarrier wait is bounded and traps on a stall.
 ///
 /// Parameters: `a_map` (A, box 64 x 128), `b_map` (B, box 64 x 128), `c` (m x n f32), the shape,
 /// the epilogue, `multicast` (nonzero: share B across the cluster as above; zero: each CTA loads
-/// both B shares itself and only its own consumers release its stages). Block 384; dynamic shared memory [`WW_SMEM_BYTES`]; grid x a multiple of 2.
+/// both B shares itself and only its own consumers release its stages), `c_map` (C's tensor map for
+/// the staged epilogue, or null for stores from registers). Block 384; dynamic shared memory
+/// [`WP_SMEM_BYTES`]; grid x a multiple of 2.
 #[kernel(arch = "sm_90a", max_threads = 384, cluster = 2)]
 pub unsafe fn gemm_wgmma_bf16_persistent(
     a_map: DevicePtr<TensorMap>,
@@ -483,6 +603,7 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
     s: GemmShape,
     epi: Epilogue,
     multicast: u32,
+    c_map: DevicePtr<TensorMap>,
 ) {
     use crate::cluster;
     let multicast = multicast != 0;
@@ -563,6 +684,8 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
                 }
             }
         };
+        let staged = c_map.addr() != 0;
+        let staging = ring.base + WP_EPI_OFFSET + cons * WP_EPI_BUFFERS * WP_EPI_BOX_BYTES;
         let mut acc = [0.0f32; 128];
         let mut t = 0;
         let mut i = 0;
@@ -580,8 +703,16 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
             }
             wgmma::wait_group::<0>();
             release(t - 1);
-            store_m64n256(&acc, ct, m0 + cons * 64, n0, c, s, epi);
+            if staged {
+                store_m64n256_staged(&acc, ct, cons, m0 + cons * 64, n0, c_map, s, epi, staging);
+            } else {
+                store_m64n256(&acc, ct, m0 + cons * 64, n0, c, s, epi);
+            }
             i += 1;
+        }
+        if staged && ct == 0 {
+            // the last stores have written C (and stopped reading shared memory) before the exit
+            tma::wait_group::<0>();
         }
     }
     // No CTA leaves while its peer may still multicast into it or arrive on its barriers.

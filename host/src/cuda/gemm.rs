@@ -344,6 +344,16 @@ pub enum WgmmaTile {
     Persistent,
     /// The persistent kernel with each CTA loading all of its B tile (no multicast).
     PersistentUnicast,
+    /// The persistent kernel (multicast) storing C from registers even where the staged TMA-store
+    /// epilogue would fit: the rung before the staged epilogue, kept for the benchmark and tests.
+    PersistentRegisterStore,
+}
+
+impl WgmmaTile {
+    /// Whether this is one of the persistent kernel's configurations (which fuse an epilogue).
+    pub const fn is_persistent(self) -> bool {
+        matches!(self, WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore)
+    }
 }
 
 /// What a GEMM's epilogue applies to each output: `c = act(a b^T + bias)`.
@@ -368,6 +378,9 @@ pub struct WgmmaGemm<'a> {
     tile: WgmmaTile,
     /// The persistent kernels' grid in clusters (occupancy queried once, here); 0 for other tiles.
     clusters: u32,
+    /// The staged epilogue's tensor map of the last C it stored to, by address (encoded on the
+    /// first run into a buffer, reused while the output stays the same).
+    c_map: std::cell::RefCell<Option<(u64, super::DeviceTensorMap)>>,
     _operands: std::marker::PhantomData<&'a DeviceBuffer<half::bf16>>,
 }
 
@@ -416,14 +429,51 @@ impl<'a> WgmmaGemm<'a> {
             WgmmaTile::T128x128 => WG_BN,
             WgmmaTile::T128x256 => WW_BN,
             // each CTA of a cluster loads its share of the 256 rows and multicasts it
-            WgmmaTile::Persistent | WgmmaTile::PersistentUnicast => kiln_gpu::kernels::gemm_wgmma::WP_B_SHARE,
+            WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore => {
+                kiln_gpu::kernels::gemm_wgmma::WP_B_SHARE
+            }
         };
         let b_map = dev.tensor_map(b.addr(), &spec(s.n, bn))?;
-        let clusters = match tile {
-            WgmmaTile::Persistent | WgmmaTile::PersistentUnicast => persistent_clusters(dev, s)?,
-            WgmmaTile::T128x128 | WgmmaTile::T128x256 => 0,
+        let clusters = if tile.is_persistent() { persistent_clusters(dev, s)? } else { 0 };
+        Ok(WgmmaGemm {
+            dev,
+            a_map,
+            b_map,
+            s,
+            tile,
+            clusters,
+            c_map: std::cell::RefCell::new(None),
+            _operands: std::marker::PhantomData,
+        })
+    }
+
+    /// The address of C's tensor map for the staged epilogue, or 0 where C cannot take TMA stores
+    /// ([`kiln_gpu::kernels::gemm_wgmma::tma_store_fits`]) or the tile stores from registers.
+    fn staged_c_map(&self, c: &DeviceBuffer<f32>) -> Result<u64> {
+        use kiln_gpu::kernels::gemm_wgmma::{WP_EPI_COLS, tma_store_fits};
+        let staged = matches!(self.tile, WgmmaTile::Persistent | WgmmaTile::PersistentUnicast);
+        if !staged || !tma_store_fits(self.s.n, c.addr()) {
+            return Ok(0);
+        }
+        let mut cache = self.c_map.borrow_mut();
+        if let Some((addr, map)) = cache.as_ref()
+            && *addr == c.addr()
+        {
+            return Ok(map.ptr().addr());
+        }
+        let spec = super::TensorMapSpec {
+            dtype: super::TmaDtype::F32,
+            rows: self.s.m as u64,
+            cols: self.s.n as u64,
+            row_pitch: self.s.n as u64,
+            box_rows: 64,
+            box_cols: WP_EPI_COLS,
+            swizzle: kiln_gpu::kernels::gemm_wgmma::WG_SWIZZLE,
         };
-        Ok(WgmmaGemm { dev, a_map, b_map, s, tile, clusters, _operands: std::marker::PhantomData })
+        let map = self.dev.tensor_map(c.addr(), &spec)?;
+        let addr = map.ptr().addr();
+        *cache = Some((c.addr(), map));
+        Ok(addr)
     }
 
     /// The persistent kernel's grid, in clusters: one per cluster tile, at most as many as fit on
@@ -442,7 +492,7 @@ impl<'a> WgmmaGemm<'a> {
     pub fn run_with(&self, c: &mut DeviceBuffer<f32>, epi: GemmEpilogue<'_>) -> Result<()> {
         use kiln_gpu::kernels::gemm_wgmma::{
             ACT_NONE, Epilogue, GemmWgmmaBf16, GemmWgmmaBf16Persistent, GemmWgmmaBf16Wide, WG_BM, WG_BN, WG_SMEM_BYTES,
-            WG_THREADS, WW_BN, WW_SMEM_BYTES,
+            WG_THREADS, WP_SMEM_BYTES, WW_BN, WW_SMEM_BYTES,
         };
         use kiln_gpu::kernels::tensor_ops::unary;
         let s = self.s;
@@ -464,7 +514,7 @@ impl<'a> WgmmaGemm<'a> {
                 Some(crate::nn::Activation::Gelu) => unary::GELU,
             },
         };
-        let persistent = matches!(self.tile, WgmmaTile::Persistent | WgmmaTile::PersistentUnicast);
+        let persistent = self.tile.is_persistent();
         if !persistent && (epi.bias.is_some() || epi.act.is_some()) {
             return Err(Error::Unsupported {
                 op: "wgmma gemm",
@@ -500,18 +550,21 @@ impl<'a> WgmmaGemm<'a> {
                 // SAFETY: as above; the wide kernel's B map has the 256-row box it expects.
                 unsafe { self.dev.launch(GemmWgmmaBf16Wide, cfg, args) }
             }
-            WgmmaTile::Persistent | WgmmaTile::PersistentUnicast => {
+            WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore => {
                 type K = GemmWgmmaBf16Persistent;
-                let multicast = (self.tile == WgmmaTile::Persistent) as u32;
-                let clusters = self.clusters;
+                let multicast = (self.tile != WgmmaTile::PersistentUnicast) as u32;
+                let c_map = kiln_gpu::DevicePtr::from_addr(self.staged_c_map(c)?);
                 let cfg = LaunchConfig {
-                    grid_dim: (clusters * <K as kiln_gpu::Kernel>::CLUSTER, 1, 1),
+                    grid_dim: (self.clusters * <K as kiln_gpu::Kernel>::CLUSTER, 1, 1),
                     block_dim: (WG_THREADS, 1, 1),
-                    shared_mem_bytes: WW_SMEM_BYTES,
+                    shared_mem_bytes: WP_SMEM_BYTES,
                 };
                 // SAFETY: as above; the B map's box is the 128-row share each CTA multicasts; the
-                // bias (when present) holds n floats, checked above.
-                unsafe { self.dev.launch(K::default(), cfg, (args.0, args.1, args.2, args.3, fused, multicast)) }
+                // bias (when present) holds n floats, checked above; the C map (when not null)
+                // describes c with the 32 x 64 box the staged epilogue stores.
+                unsafe {
+                    self.dev.launch(K::default(), cfg, (args.0, args.1, args.2, args.3, fused, multicast, c_map))
+                }
             }
         }
     }
@@ -520,13 +573,13 @@ impl<'a> WgmmaGemm<'a> {
 /// The persistent wgmma kernel's grid for `s`, in clusters: one per cluster tile, at most as many
 /// as fit on the device at once.
 fn persistent_clusters(dev: &Device, s: GemmShape) -> Result<u32> {
-    use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16Persistent, WG_THREADS, WP_BM, WW_BN, WW_SMEM_BYTES};
+    use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16Persistent, WG_THREADS, WP_BM, WP_SMEM_BYTES, WW_BN};
     let tiles = s.m.div_ceil(WP_BM) as u64 * s.n.div_ceil(WW_BN) as u64;
-    let resident = dev.max_active_clusters::<GemmWgmmaBf16Persistent>(WG_THREADS, WW_SMEM_BYTES)? as u64;
+    let resident = dev.max_active_clusters::<GemmWgmmaBf16Persistent>(WG_THREADS, WP_SMEM_BYTES)? as u64;
     if resident == 0 {
         return Err(Error::Unsupported {
             op: "wgmma gemm",
-            what: "no cluster of two 384-thread blocks with 192 KiB of shared memory fits this device".into(),
+            what: "no cluster of two 384-thread blocks with 225 KiB of shared memory fits this device".into(),
         });
     }
     Ok(tiles.min(resident) as u32)
