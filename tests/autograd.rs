@@ -56,6 +56,8 @@ fn matmul_2d_and_batched() {
     check("matmul 2d", &[rnd(&[3, 4], 10), rnd(&[4, 5], 11)], |x| x[0].matmul(&x[1]));
     check("matmul batched", &[rnd(&[2, 3, 4], 12), rnd(&[2, 4, 2], 13)], |x| x[0].matmul(&x[1]));
     check("matmul 3d x 2d", &[rnd(&[2, 3, 4], 14), rnd(&[4, 2], 15)], |x| x[0].matmul(&x[1]));
+    check("matmul_t 2d", &[rnd(&[3, 4], 16), rnd(&[5, 4], 17)], |x| x[0].matmul_t(&x[1]));
+    check("matmul_t 3d", &[rnd(&[2, 3, 4], 18), rnd(&[2, 4], 19)], |x| x[0].matmul_t(&x[1]));
 }
 
 #[test]

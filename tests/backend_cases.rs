@@ -54,6 +54,37 @@ pub fn matmul_matches_naive(dev: &Device) {
     }
 }
 
+/// `x.matmul_t(w)` (a Linear layer's product, `w` read in place where the backend can) gives the
+/// bits of `x.matmul(w^T)`, and so do both gradients, at 2-D and batched 3-D `x`, with row lengths
+/// that the in-place GPU path takes (multiples of 4) and ones it declines.
+pub fn matmul_t_matches_matmul_of_transpose(dev: &Device) {
+    let bits = |t: &Tensor| t.to_vec_f32().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    for (i, &(xs, n)) in [(&[6usize, 8][..], 12usize), (&[7, 13], 5), (&[2, 33, 64], 20), (&[130, 300], 70)]
+        .iter()
+        .enumerate()
+    {
+        let k = *xs.last().unwrap();
+        let rows: usize = xs.iter().product::<usize>() / k;
+        let seed = 100 + 4 * i as u64;
+        let (xv, wv, gv) = (f32s(&rnd(rows * k, seed)), f32s(&rnd(n * k, seed + 1)), f32s(&rnd(rows * n, seed + 2)));
+        let mut out_shape = xs.to_vec();
+        *out_shape.last_mut().unwrap() = n;
+        let run = |fused: bool| {
+            let (x, w) = (t(&xv, xs, dev).requires_grad(), t(&wv, &[n, k], dev).requires_grad());
+            let y = if fused { x.matmul_t(&w) } else { x.matmul(&w.transpose(0, 1).unwrap()) }.unwrap();
+            y.mul(&t(&gv, &out_shape, dev)).unwrap().sum_all().unwrap().backward().unwrap();
+            (bits(&y), bits(&x.grad().unwrap()), bits(&w.grad().unwrap()))
+        };
+        let (fused, plain) = (run(true), run(false));
+        assert!(fused.0 == plain.0, "matmul_t {xs:?} x {n}: y differs from matmul of the transpose");
+        assert!(fused.1 == plain.1, "matmul_t {xs:?} x {n}: dx differs");
+        assert!(fused.2 == plain.2, "matmul_t {xs:?} x {n}: dw differs");
+    }
+    // a width mismatch is a typed error naming the op
+    let e = t(&[0.0; 6], &[2, 3], dev).matmul_t(&t(&[0.0; 8], &[2, 4], dev)).unwrap_err().to_string();
+    assert!(e.contains("matmul_t"), "{e}");
+}
+
 pub fn broadcast_binary(dev: &Device) {
     let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], dev);
     let row = t(&[10.0, 20.0, 30.0], &[3], dev);

@@ -71,6 +71,11 @@ fn tests() -> Vec<GpuTest> {
             run: |d| on_cuda(d, backend_cases::matmul_matches_naive),
         },
         GpuTest {
+            name: "gpu::tensor::matmul_t_matches_matmul_of_transpose",
+            available: any,
+            run: |d| on_cuda(d, backend_cases::matmul_t_matches_matmul_of_transpose),
+        },
+        GpuTest {
             name: "gpu::tensor::broadcast_binary",
             available: any,
             run: |d| on_cuda(d, backend_cases::broadcast_binary),

@@ -11,6 +11,7 @@ macro_rules! cpu_tests {
 
 cpu_tests!(
     matmul_matches_naive,
+    matmul_t_matches_matmul_of_transpose,
     broadcast_binary,
     reductions_and_max,
     softmax_and_cross_entropy,

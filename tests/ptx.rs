@@ -195,3 +195,26 @@ fn sgemm_table_matches_the_modules() {
     assert_eq!(cfg.grid_dim, (4, 32, 1), "{} is 128 x 256", c.name);
     assert!(choose(GemmShape { m: 1024, n: 1024, k: 1024 }).name.starts_with("sgemm_warptile_64x128"));
 }
+
+/// Every shape a layout declares aligned has a rung of that layout (autograd's backward relies on
+/// it: a TN product with k = 6, the rows of a batch of 6, once passed the check and then found no
+/// rung), and every rung chosen for a layout is of that layout.
+#[test]
+fn aligned_layout_shapes_have_a_rung() {
+    use kiln::cuda::gemm::{Layout, choose_layout};
+    use kiln::gpu::kernels::mma_tile::GemmShape;
+    for layout in [Layout::NT, Layout::TN] {
+        for m in [1u32, 4, 6, 8, 12, 130, 132, 4096] {
+            for n in [1u32, 4, 6, 8, 12, 132, 4096] {
+                for k in [1u32, 4, 6, 8, 12, 516] {
+                    let s = GemmShape { m, n, k };
+                    let r = choose_layout(s, layout);
+                    assert_eq!(r.is_some(), layout.rows_aligned(s), "{layout:?} {m}x{n}x{k}");
+                    if let Some(r) = r {
+                        assert_eq!(r.layout, layout, "{}", r.name);
+                    }
+                }
+            }
+        }
+    }
+}

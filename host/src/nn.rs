@@ -52,7 +52,7 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.transpose(0, 1)?)?;
+        let y = x.matmul_t(&self.weight)?;
         match &self.bias {
             Some(b) => y.add(b),
             None => Ok(y),

@@ -434,12 +434,30 @@ fn store_m64n256_staged(
     staging: u32,
 ) {
     use crate::swizzle::tile_offset;
-    /// One subtile `j` (accumulator elements `16 j .. 16 j + 16`).
+    /// The biases of this thread's 4 column pairs in subtile `j` (zeros without a bias, or past n;
+    /// n % 4 == 0 here, so an even in-bounds column has its right neighbour in bounds).
+    #[inline(always)]
+    fn biases(j: u32, ct: u32, n0: u32, s: GemmShape, epi: Epilogue) -> [[f32; 2]; 4] {
+        let mut out = [[0.0; 2]; 4];
+        if epi.has_bias != 0 {
+            let mut g = 0;
+            while g < 4 {
+                let col = n0 + wgmma::acc_m64(ct, 16 * j + 4 * g).1;
+                if col < s.n {
+                    out[g as usize] = unsafe { epi.bias.read2(col as usize) };
+                }
+                g += 1;
+            }
+        }
+        out
+    }
+    /// One subtile `j` (accumulator elements `16 j .. 16 j + 16`, `bias` from [`biases`]).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn subtile(
         j: u32,
         v: [f32; 16],
+        bias: [[f32; 2]; 4],
         ct: u32,
         cons: u32,
         row0: u32,
@@ -455,13 +473,11 @@ fn store_m64n256_staged(
             // elements 16 j + 4 g + (0, 1): row r, columns (col, col + 1); + (2, 3): row r + 8
             let (r, col) = wgmma::acc_m64(ct, 16 * j + 4 * g);
             let col = col - WP_EPI_COLS * j;
-            let gcol = n0 + WP_EPI_COLS * j + col;
-            // (n % 4 == 0 here, so an even in-bounds column has its right neighbour in bounds)
-            let bias = if epi.has_bias != 0 && gcol < s.n { unsafe { epi.bias.read2(gcol as usize) } } else { [0.0; 2] };
+            let b = bias[g as usize];
             let mut h = 0;
             while h < 2 {
                 let e = (4 * g + 2 * h) as usize;
-                let (x, y) = if epi.has_bias != 0 { (v[e] + bias[0], v[e + 1] + bias[1]) } else { (v[e], v[e + 1]) };
+                let (x, y) = if epi.has_bias != 0 { (v[e] + b[0], v[e + 1] + b[1]) } else { (v[e], v[e + 1]) };
                 let out = [epi.activate(x), epi.activate(y)];
                 let at = buf + tile_offset(WG_SWIZZLE, r + 8 * h, col, WP_EPI_COLS * 4, 4);
                 unsafe { shared::st_shared_v2(at, [out[0].to_bits(), out[1].to_bits()]) };
@@ -483,6 +499,9 @@ fn store_m64n256_staged(
             tma::commit_group();
         }
     }
+    // The next subtile's biases are loaded before this one's barrier, so their latency hides
+    // behind its stores instead of stalling every subtile.
+    let mut bias = biases(0, ct, n0, s, epi);
     macro_rules! subtiles {
         ($($j:literal),*) => {$({
             const B: usize = 16 * $j;
@@ -490,10 +509,13 @@ fn store_m64n256_staged(
                 acc[B], acc[B + 1], acc[B + 2], acc[B + 3], acc[B + 4], acc[B + 5], acc[B + 6], acc[B + 7],
                 acc[B + 8], acc[B + 9], acc[B + 10], acc[B + 11], acc[B + 12], acc[B + 13], acc[B + 14], acc[B + 15],
             ];
-            subtile($j, v, ct, cons, row0, n0, c_map, s, epi, staging);
+            let next = if $j + 1 < 8 { biases($j + 1, ct, n0, s, epi) } else { [[0.0; 2]; 4] };
+            subtile($j, v, bias, ct, cons, row0, n0, c_map, s, epi, staging);
+            bias = next;
         })*};
     }
     subtiles!(0, 1, 2, 3, 4, 5, 6, 7);
+    let _ = bias;
 }
 
 /// CTAs per cluster of the persistent kernel ([`gemm_wgmma_bf16_persistent`]).

@@ -81,12 +81,14 @@ pub enum Layout {
 }
 
 impl Layout {
-    /// Whether 16-byte loads of every stored row and 16-byte stores of C are possible for `s`:
-    /// the innermost dimension of each stored operand, and n (C's rows), a multiple of 4.
+    /// Whether the layout's rungs take `s`: 16-byte loads of every stored row and 16-byte stores
+    /// of C (the innermost dimension of each stored operand, and n, a multiple of 4), and k a
+    /// multiple of 4 as their NN twins need (the rungs are those twins with other loaders, so a TN
+    /// product with k = 6 has no rung even though its stored rows are aligned).
     pub fn rows_aligned(self, s: GemmShape) -> bool {
         let inner_a = if self == Layout::TN { s.m } else { s.k };
         let inner_b = if self == Layout::NT { s.k } else { s.n };
-        inner_a.is_multiple_of(4) && inner_b.is_multiple_of(4) && s.n.is_multiple_of(4)
+        inner_a.is_multiple_of(4) && inner_b.is_multiple_of(4) && s.n.is_multiple_of(4) && s.k.is_multiple_of(4)
     }
 }
 

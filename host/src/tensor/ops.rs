@@ -214,6 +214,8 @@ pub enum Op {
     Binary(Tensor, Tensor, Binary),
     /// Matrix product (2-D, or batched 3-D).
     Matmul(Tensor, Tensor),
+    /// `x w^T` with `w` (N x K) 2-D: a Linear layer's product, `w` read in place.
+    MatmulT(Tensor, Tensor),
     /// Sum over dimensions.
     Sum {
         /// Input.
@@ -288,6 +290,7 @@ impl Op {
             Op::Unary(..) => "unary",
             Op::Binary(_, _, b) => b.name(),
             Op::Matmul(..) => "matmul",
+            Op::MatmulT(..) => "matmul_t",
             Op::Sum { .. } => "sum",
             Op::Max { .. } => "max",
             Op::Expand(_) => "expand",
@@ -318,7 +321,7 @@ impl Op {
             | Op::Dropout(x, _)
             | Op::ToDType(x)
             | Op::ToDevice(x) => vec![x],
-            Op::Binary(a, b, _) | Op::Matmul(a, b) => vec![a, b],
+            Op::Binary(a, b, _) | Op::Matmul(a, b) | Op::MatmulT(a, b) => vec![a, b],
             Op::Sum { x, .. } | Op::Max { x, .. } => vec![x],
             Op::CrossEntropy { logits, .. } => vec![logits],
             Op::LayerNorm { x, weight, bias, .. } => vec![x, weight, bias],
@@ -341,7 +344,7 @@ impl Op {
             | Op::Sum { x, .. }
             | Op::Max { x, .. } => vec![x],
             Op::Dropout(x, m) => vec![x, m],
-            Op::Binary(a, b, _) | Op::Matmul(a, b) => vec![a, b],
+            Op::Binary(a, b, _) | Op::Matmul(a, b) | Op::MatmulT(a, b) => vec![a, b],
             Op::CrossEntropy { logits, .. } => vec![logits],
             Op::LayerNorm { x, weight, bias, mean, rstd } => vec![x, weight, bias, mean, rstd],
             Op::Embedding { weight, .. } => vec![weight],
@@ -396,6 +399,18 @@ impl Op {
                     a.transpose(-1, -2)?.matmul(g)?
                 };
                 vec![(a.clone(), ga), (b.clone(), gb)]
+            }
+            Op::MatmulT(x, w) => {
+                // y = x w^T: dx = g w (NN); dw = g^T x over all rows (TN, read in place on CUDA).
+                let (n, k) = (w.dims()[0], w.dims()[1]);
+                let rows = x.shape().elem_count() / k.max(1);
+                let (g2, x2) = (g.reshape([rows, n])?, x.reshape([rows, k])?);
+                let gx = g.matmul(w)?;
+                let gw = match gram_in_place(&g2, &x2)? {
+                    Some(gw) => gw,
+                    None => g2.transpose(0, 1)?.matmul(&x2)?,
+                };
+                vec![(x.clone(), gx), (w.clone(), gw)]
             }
             Op::Sum { x, dims, keepdim } => {
                 let kept = if *keepdim { g.clone() } else { g.reshape(keep_shape(x.shape(), dims))? };
@@ -690,21 +705,37 @@ impl Tensor {
         if self.dtype() != other.dtype() {
             return Err(Error::DType { op: "matmul", got: other.dtype(), expected: self.dtype() });
         }
-        let data = match (&*self.storage(), &*other.storage()) {
-            (Storage::Cpu(sa), Storage::Cpu(sb)) => Storage::Cpu(match (sa, sb) {
-                (CpuStorage::F32(x), CpuStorage::F32(y)) => {
-                    CpuStorage::F32(cpu::matmul(x, y, batch, m, k, n, b_batched))
-                }
-                (CpuStorage::F64(x), CpuStorage::F64(y)) => {
-                    CpuStorage::F64(cpu::matmul(x, y, batch, m, k, n, b_batched))
-                }
-                (x, y) => CpuStorage::F32(cpu::matmul(&x.as_f32(), &y.as_f32(), batch, m, k, n, b_batched))
-                    .to_dtype(x.dtype()),
-            }),
-            (Storage::Cuda(x), Storage::Cuda(y)) => Storage::Cuda(x.matmul(y, batch, m, k, n, b_batched)?),
-            (a, b) => return Err(Error::Device { op: "matmul", a: a.device().name(), b: b.device().name() }),
-        };
+        let data = matmul_data(&self.storage(), &other.storage(), batch, m, k, n, b_batched)?;
         Ok(Tensor::from_storage(data, Shape(out_shape), Some(Op::Matmul(self.clone(), other.clone()))))
+    }
+
+    /// `self w^T` for a 2-D `w` (N x K): (M, K) -> (M, N), or (B, M, K) -> (B, M, N). A Linear
+    /// layer's forward. On CUDA an f32 product reads `w` in place (the GEMM ladder's NT rung, the
+    /// same bits as `matmul` of the transposed copy); elsewhere, or where the rows are not 16-byte
+    /// multiples, it multiplies a transposed copy. Its backward is `dx = g w`, `dw = g^T x`.
+    pub fn matmul_t(&self, w: &Tensor) -> Result<Tensor> {
+        let (a, b) = (self.dims(), w.dims());
+        if b.len() != 2 || !matches!(a.len(), 2 | 3) || a[a.len() - 1] != b[1] {
+            return Err(Error::shape("matmul_t", format!("cannot multiply {} by the transpose of {}", self.shape(), w.shape())));
+        }
+        if self.dtype() != w.dtype() {
+            return Err(Error::DType { op: "matmul_t", got: w.dtype(), expected: self.dtype() });
+        }
+        let (n, k) = (b[0], b[1]);
+        let rows = self.shape().elem_count() / k.max(1);
+        let mut out_shape = a.to_vec();
+        *out_shape.last_mut().expect("rank 2 or 3") = n;
+        let in_place = match (&*self.storage(), &*w.storage()) {
+            (Storage::Cuda(x), Storage::Cuda(y)) if self.dtype() == DType::F32 => {
+                x.matmul_layout(y, rows, k, n, crate::cuda::gemm::Layout::NT)?
+            }
+            _ => None,
+        };
+        let data = match in_place {
+            Some(c) => Storage::Cuda(c),
+            None => matmul_data(&self.storage(), &w.transpose_data(0, 1)?, 1, rows, k, n, false)?,
+        };
+        Ok(Tensor::from_storage(data, Shape(out_shape), Some(Op::MatmulT(self.clone(), w.clone()))))
     }
 
     fn reduce_sum(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
@@ -881,15 +912,22 @@ impl Tensor {
         }
         let mut dims = self.dims().to_vec();
         dims.swap(a, b);
-        let data = match &*self.storage() {
+        let data = self.transpose_data(a, b)?;
+        Ok(Tensor::from_storage(data, Shape(dims), Some(Op::Transpose(self.clone(), a, b))))
+    }
+
+    /// The data of this tensor with dimensions `a` and `b` (resolved) swapped, materialized.
+    fn transpose_data(&self, a: usize, b: usize) -> Result<Storage> {
+        let mut dims = self.dims().to_vec();
+        dims.swap(a, b);
+        Ok(match &*self.storage() {
             Storage::Cpu(s) => Storage::Cpu(Transpose2 { shape: self.shape(), d0: a, d1: b }.map(s)?),
             Storage::Cuda(s) => {
                 let mut strides = self.shape().strides();
                 strides.swap(a, b);
-                Storage::Cuda(s.strided_copy(&Shape(dims.clone()), &strides)?)
+                Storage::Cuda(s.strided_copy(&Shape(dims), &strides)?)
             }
-        };
-        Ok(Tensor::from_storage(data, Shape(dims), Some(Op::Transpose(self.clone(), a, b))))
+        })
     }
 
     fn last_dim_op(&self, op: &'static str) -> Result<usize> {
@@ -1078,6 +1116,44 @@ impl Tensor {
 /// The gradients of `a b` (b 2-D, a 2-D or 3-D read as rows) on CUDA f32 without transposed copies:
 /// `da = g b^T` (NT) and `db = a^T g` (TN). `None` off CUDA, for other dtypes, or when a row is not
 /// a 16-byte multiple; the caller then transposes.
+/// The data of a (batched) product, for [`Tensor::matmul`] and [`Tensor::matmul_t`]'s fallback.
+#[allow(clippy::too_many_arguments)]
+fn matmul_data(
+    a: &Storage,
+    b: &Storage,
+    batch: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    b_batched: bool,
+) -> Result<Storage> {
+    Ok(match (a, b) {
+        (Storage::Cpu(sa), Storage::Cpu(sb)) => Storage::Cpu(match (sa, sb) {
+            (CpuStorage::F32(x), CpuStorage::F32(y)) => CpuStorage::F32(cpu::matmul(x, y, batch, m, k, n, b_batched)),
+            (CpuStorage::F64(x), CpuStorage::F64(y)) => CpuStorage::F64(cpu::matmul(x, y, batch, m, k, n, b_batched)),
+            (x, y) => CpuStorage::F32(cpu::matmul(&x.as_f32(), &y.as_f32(), batch, m, k, n, b_batched))
+                .to_dtype(x.dtype()),
+        }),
+        (Storage::Cuda(x), Storage::Cuda(y)) => Storage::Cuda(x.matmul(y, batch, m, k, n, b_batched)?),
+        (a, b) => return Err(Error::Device { op: "matmul", a: a.device().name(), b: b.device().name() }),
+    })
+}
+
+/// `g^T x` (n x k) for f32 CUDA tensors `g` (rows x n) and `x` (rows x k), read in place by the
+/// TN rung; `None` elsewhere or when the rows are not 16-byte multiples.
+fn gram_in_place(g: &Tensor, x: &Tensor) -> Result<Option<Tensor>> {
+    use crate::cuda::gemm::Layout;
+    if g.dtype() != DType::F32 || x.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    let (rows, n, k) = (g.dims()[0], g.dims()[1], x.dims()[1]);
+    let (sg, sx) = (g.storage(), x.storage());
+    let (Storage::Cuda(xg), Storage::Cuda(xx)) = (&*sg, &*sx) else {
+        return Ok(None);
+    };
+    Ok(xg.matmul_layout(xx, n, rows, k, Layout::TN)?.map(|c| Tensor::from_storage(Storage::Cuda(c), Shape(vec![n, k]), None)))
+}
+
 fn matmul_grads_in_place(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
     use crate::cuda::gemm::Layout;
     if a.dtype() != DType::F32 || b.dtype() != DType::F32 || g.dtype() != DType::F32 {
