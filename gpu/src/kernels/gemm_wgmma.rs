@@ -16,8 +16,9 @@
 //! - Edges: TMA zero-fills rows and k past the tensor; stores are masked. `k % 8 == 0` (the tensor
 //!   map's row pitch must be a multiple of 16 bytes).
 //!
-//! Status: both kernels pass their GPU tests on the H200; the wide one reaches 0.82-0.95 / 0.85-0.95 of cuBLAS
-//! at 4096^3 / 8192^3 (`benches/results/gemm.md`).
+//! Status: all three kernels pass their GPU tests on the H200; the wide one reaches 0.82-0.95 / 0.81-0.95 of
+//! cuBLAS at 4096^3 / 8192^3, the persistent one with its staged epilogue 1.00-1.03 / 0.89-0.92
+//! (`benches/results/gemm.md`).
 
 use super::mma_tile::GemmShape;
 use crate::swizzle::Swizzle;
