@@ -1,9 +1,11 @@
 //! The FP32 GEMM ladder against cuBLAS SGEMM (TF32 off: cuBLAS's default math for FP32) in the same
 //! process: TFLOP/s per rung and size, and the ratio to cuBLAS. Writes JSON to `$KILN_BENCH_OUT`
 //! (default `gemm.json`). Run: `cargo bench --bench gemm`, or `benches/gemm` from a GPU bundle.
-//! Without a GPU it prints why and exits 0.
+//! Without a GPU it prints why and exits 0. The Hopper (`wgmma`) kernels are each compared with
+//! cuBLAS measured just before and after them (the mean), since the H200's clocks drift over a run;
+//! `KILN_BENCH_PART=f32|tc` runs one half, `KILN_BENCH_SHAPES=MxNxK,...` only those shapes.
 
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+use cudarc::cublas::CudaBlas;
 use kiln::cuda::Device;
 use kiln::cuda::gemm::{LAYOUT_RUNGS, RUNGS};
 use kiln::gpu::kernels::mma_tile::GemmShape;
@@ -13,6 +15,10 @@ const REPS: usize = 10;
 
 #[path = "timing.rs"]
 mod timing;
+
+#[path = "cublas.rs"]
+mod cublas;
+use cublas::{cublas_bf16_f32out, cublas_sgemm, set_math_mode};
 
 fn median_ms(dev: &Arc<Device>, f: impl FnMut()) -> f64 {
     timing::median_ms(dev, REPS, f)
@@ -40,34 +46,24 @@ fn main() {
     // KILN_BENCH_PART=f32 or =tc runs one half (default: both).
     let part = std::env::var("KILN_BENCH_PART").ok();
     let want = |p: &str| part.as_deref().is_none_or(|v| v == p);
-    for &(m, n, k) in sizes.iter().filter(|_| want("f32")) {
+    // KILN_BENCH_SHAPES=8192x8192x8192,... keeps only those shapes (for a profiler run).
+    let shapes = std::env::var("KILN_BENCH_SHAPES").ok();
+    let keep = |&&(m, n, k): &&(u32, u32, u32)| {
+        shapes.as_deref().is_none_or(|v| v.split(',').any(|x| x.trim() == format!("{m}x{n}x{k}")))
+    };
+    for &(m, n, k) in sizes.iter().filter(|_| want("f32")).filter(keep) {
         let s = GemmShape { m, n, k };
         let fl = 2.0 * m as f64 * n as f64 * k as f64;
         let a: Vec<f32> = (0..m * k).map(|i| ((i % 97) as f32 - 48.0) / 64.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i % 89) as f32 - 44.0) / 64.0).collect();
         let (da, db) = (dev.upload(&a).expect("upload"), dev.upload(&b).expect("upload"));
         let mut dc = dev.zeros::<f32>((m * n) as usize).expect("alloc");
-        // cuBLAS is column-major: C^T = B^T A^T with the row-major buffers as they are.
-        let cfg = GemmConfig {
-            transa: cublasOperation_t::CUBLAS_OP_N,
-            transb: cublasOperation_t::CUBLAS_OP_N,
-            m: n as i32,
-            n: m as i32,
-            k: k as i32,
-            alpha: 1.0f32,
-            lda: n as i32,
-            ldb: k as i32,
-            beta: 0.0f32,
-            ldc: n as i32,
-        };
-        let cublas_ms =
-            median_ms(&dev, || unsafe { blas.gemm(cfg, db.slice(), da.slice(), dc.slice_mut()) }.expect("cublas"));
+        let cublas_ms = median_ms(&dev, || cublas_sgemm(&blas, &da, &db, &mut dc, s));
         let cublas_tf = fl / cublas_ms / 1e9;
         println!("{m}x{n}x{k}: cuBLAS SGEMM {cublas_ms:.3} ms, {cublas_tf:.1} TFLOP/s");
         // cuBLAS with pedantic math (no reduced-precision shortcuts): the deterministic comparison.
         set_math_mode(&blas, cudarc::cublas::sys::cublasMath_t::CUBLAS_PEDANTIC_MATH);
-        let pedantic_ms =
-            median_ms(&dev, || unsafe { blas.gemm(cfg, db.slice(), da.slice(), dc.slice_mut()) }.expect("cublas"));
+        let pedantic_ms = median_ms(&dev, || cublas_sgemm(&blas, &da, &db, &mut dc, s));
         set_math_mode(&blas, cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH);
         let pedantic_tf = fl / pedantic_ms / 1e9;
         println!(
@@ -109,7 +105,7 @@ fn main() {
         (16384, 768, 3072),
         (3072, 768, 16384),
     ];
-    for &(m, n, k) in tc_sizes.iter().filter(|_| want("tc")) {
+    for &(m, n, k) in tc_sizes.iter().filter(|_| want("tc")).filter(keep) {
         use half::bf16;
         let s = GemmShape { m, n, k };
         let fl = 2.0 * m as f64 * n as f64 * k as f64;
@@ -121,15 +117,19 @@ fn main() {
         let cublas_ms = median_ms(&dev, || cublas_bf16_f32out(&blas, &da, &db, &mut dc, s, CUBLAS_COMPUTE_32F));
         let cublas_tf = fl / cublas_ms / 1e9;
         println!("{m}x{n}x{k} bf16 -> f32: cuBLAS GemmEx {cublas_ms:.3} ms, {cublas_tf:.1} TFLOP/s");
-        let mut record = |name: &str, ms: f64| {
-            let tf = fl / ms / 1e9;
-            println!("  {:<28} {:>8.3} ms {:>7.1} TFLOP/s {:>6.1}% of cuBLAS", name, ms, tf, 100.0 * tf / cublas_tf);
+        // `record` compares with the cuBLAS figure above; `record_vs` with one taken just around
+        // the kernel (the H200's clocks drift over a run as it heats, so a reference measured
+        // minutes earlier favours whichever side ran first).
+        let mut record_vs = |name: &str, ms: f64, ref_ms: f64| {
+            let (tf, ref_tf) = (fl / ms / 1e9, fl / ref_ms / 1e9);
+            println!("  {:<28} {:>8.3} ms {:>7.1} TFLOP/s {:>6.1}% of cuBLAS", name, ms, tf, 100.0 * tf / ref_tf);
             json += &format!(
-                "{}{{\"m\":{m},\"n\":{n},\"k\":{k},\"kernel\":\"{name}\",\"ms\":{ms:.4},\"tflops\":{tf:.3},\"cublas_tflops\":{cublas_tf:.3}}}",
+                "{}{{\"m\":{m},\"n\":{n},\"k\":{k},\"kernel\":\"{name}\",\"ms\":{ms:.4},\"tflops\":{tf:.3},\"cublas_tflops\":{ref_tf:.3}}}",
                 if first { "" } else { "," }
             );
             first = false;
         };
+        let mut record = |name: &str, ms: f64| record_vs(name, ms, cublas_ms);
         // Pedantic compute: cuBLAS without reduced-precision shortcuts, the deterministic tier's rival.
         record(
             "cublas_bf16_pedantic",
@@ -147,27 +147,40 @@ fn main() {
         );
         if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>() {
             use kiln::cuda::gemm::{WgmmaGemm, WgmmaTile};
+            // The Hopper kernels race cuBLAS closely, so each is compared with cuBLAS measured just
+            // before and just after it (the mean of the two), into its own output buffer.
+            let mut dc_ref = dev.zeros::<f32>((m * n) as usize).expect("alloc");
+            let mut bracketed = |f: &mut dyn FnMut()| -> (f64, f64) {
+                let mut reference =
+                    || median_ms(&dev, || cublas_bf16_f32out(&blas, &da, &db, &mut dc_ref, s, CUBLAS_COMPUTE_32F));
+                let before = reference();
+                let ms = median_ms(&dev, &mut *f);
+                let after = reference();
+                (ms, (before + after) / 2.0)
+            };
             for (name, tile) in
                 [("gemm_wgmma_bf16", WgmmaTile::T128x128), ("gemm_wgmma_bf16_wide", WgmmaTile::T128x256)]
             {
                 let g = WgmmaGemm::with_tile(&dev, &da, &db, s, tile).expect("wgmma maps");
-                record(name, median_ms(&dev, || g.run(&mut dc).expect("kiln wgmma")));
+                let (ms, r) = bracketed(&mut || g.run(&mut dc).expect("kiln wgmma"));
+                record_vs(name, ms, r);
             }
             // the persistent cluster kernel, plain and with the bias + ReLU epilogue fused
             let g = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::Persistent).expect("wgmma maps");
             println!("  (persistent grid: {} clusters of 2)", g.persistent_clusters());
-            record("gemm_wgmma_bf16_persistent", median_ms(&dev, || g.run(&mut dc).expect("kiln wgmma")));
+            let (ms, r) = bracketed(&mut || g.run(&mut dc).expect("kiln wgmma"));
+            record_vs("gemm_wgmma_bf16_persistent", ms, r);
             let u = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentUnicast).expect("wgmma maps");
-            record("gemm_wgmma_bf16_persistent_unicast", median_ms(&dev, || u.run(&mut dc).expect("kiln wgmma")));
+            let (ms, r) = bracketed(&mut || u.run(&mut dc).expect("kiln wgmma"));
+            record_vs("gemm_wgmma_bf16_persistent_unicast", ms, r);
             // the rung before the staged epilogue: C stored from registers
-            let r = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentRegisterStore).expect("wgmma maps");
-            record("gemm_wgmma_bf16_persistent_regstore", median_ms(&dev, || r.run(&mut dc).expect("kiln wgmma")));
+            let rs = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentRegisterStore).expect("wgmma maps");
+            let (ms, r) = bracketed(&mut || rs.run(&mut dc).expect("kiln wgmma"));
+            record_vs("gemm_wgmma_bf16_persistent_regstore", ms, r);
             let bias = dev.upload(&vec![0.5f32; n as usize]).expect("upload");
             let epi = kiln::cuda::gemm::GemmEpilogue { bias: Some(&bias), act: Some(kiln::nn::Activation::Relu) };
-            record(
-                "gemm_wgmma_bf16_persistent_bias_relu",
-                median_ms(&dev, || g.run_with(&mut dc, epi).expect("kiln wgmma")),
-            );
+            let (ms, r) = bracketed(&mut || g.run_with(&mut dc, epi).expect("kiln wgmma"));
+            record_vs("gemm_wgmma_bf16_persistent_bias_relu", ms, r);
         }
     }
     json += "]}\n";
@@ -175,50 +188,4 @@ fn main() {
     if let Err(e) = std::fs::write(&out, json) {
         eprintln!("writing {out}: {e}");
     }
-}
-
-/// cuBLAS's math mode for the handle.
-fn set_math_mode(blas: &CudaBlas, mode: cudarc::cublas::sys::cublasMath_t) {
-    // SAFETY: a live handle and a valid enum value.
-    let st = unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) };
-    assert_eq!(st, cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS, "cublasSetMathMode");
-}
-
-/// cuBLAS GemmEx, row-major `c (m x n, f32) = a (m x k, bf16) b^T (b: n x k, bf16)`, f32 compute:
-/// column-major `c^T = b a^T`, i.e. op(A) = the (k x n) column-major `b` transposed.
-fn cublas_bf16_f32out(
-    blas: &CudaBlas,
-    a: &kiln::cuda::DeviceBuffer<half::bf16>,
-    b: &kiln::cuda::DeviceBuffer<half::bf16>,
-    c: &mut kiln::cuda::DeviceBuffer<f32>,
-    s: GemmShape,
-    compute: cudarc::cublas::sys::cublasComputeType_t,
-) {
-    use cudarc::cublas::sys::{cublasGemmAlgo_t, cudaDataType};
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    // SAFETY: the buffers hold m*k, n*k and m*n elements (allocated by the caller for `s`).
-    unsafe {
-        cudarc::cublas::result::gemm_ex(
-            *blas.handle(),
-            cublasOperation_t::CUBLAS_OP_T,
-            cublasOperation_t::CUBLAS_OP_N,
-            s.n as i32,
-            s.m as i32,
-            s.k as i32,
-            (&alpha) as *const f32 as *const _,
-            b.addr() as *const _,
-            cudaDataType::CUDA_R_16BF,
-            s.k as i32,
-            a.addr() as *const _,
-            cudaDataType::CUDA_R_16BF,
-            s.k as i32,
-            (&beta) as *const f32 as *const _,
-            c.addr() as *mut _,
-            cudaDataType::CUDA_R_32F,
-            s.n as i32,
-            compute,
-            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
-    }
-    .expect("cublas GemmEx bf16");
 }

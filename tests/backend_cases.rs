@@ -59,9 +59,8 @@ pub fn matmul_matches_naive(dev: &Device) {
 /// that the in-place GPU path takes (multiples of 4) and ones it declines.
 pub fn matmul_t_matches_matmul_of_transpose(dev: &Device) {
     let bits = |t: &Tensor| t.to_vec_f32().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-    for (i, &(xs, n)) in [(&[6usize, 8][..], 12usize), (&[7, 13], 5), (&[2, 33, 64], 20), (&[130, 300], 70)]
-        .iter()
-        .enumerate()
+    for (i, &(xs, n)) in
+        [(&[6usize, 8][..], 12usize), (&[7, 13], 5), (&[2, 33, 64], 20), (&[130, 300], 70)].iter().enumerate()
     {
         let k = *xs.last().unwrap();
         let rows: usize = xs.iter().product::<usize>() / k;

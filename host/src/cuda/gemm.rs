@@ -564,9 +564,7 @@ impl<'a> WgmmaGemm<'a> {
                 // SAFETY: as above; the B map's box is the 128-row share each CTA multicasts; the
                 // bias (when present) holds n floats, checked above; the C map (when not null)
                 // describes c with the 32 x 64 box the staged epilogue stores.
-                unsafe {
-                    self.dev.launch(K::default(), cfg, (args.0, args.1, args.2, args.3, fused, multicast, c_map))
-                }
+                unsafe { self.dev.launch(K::default(), cfg, (args.0, args.1, args.2, args.3, fused, multicast, c_map)) }
             }
         }
     }

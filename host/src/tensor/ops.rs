@@ -716,7 +716,10 @@ impl Tensor {
     pub fn matmul_t(&self, w: &Tensor) -> Result<Tensor> {
         let (a, b) = (self.dims(), w.dims());
         if b.len() != 2 || !matches!(a.len(), 2 | 3) || a[a.len() - 1] != b[1] {
-            return Err(Error::shape("matmul_t", format!("cannot multiply {} by the transpose of {}", self.shape(), w.shape())));
+            return Err(Error::shape(
+                "matmul_t",
+                format!("cannot multiply {} by the transpose of {}", self.shape(), w.shape()),
+            ));
         }
         if self.dtype() != w.dtype() {
             return Err(Error::DType { op: "matmul_t", got: w.dtype(), expected: self.dtype() });
@@ -1131,8 +1134,9 @@ fn matmul_data(
         (Storage::Cpu(sa), Storage::Cpu(sb)) => Storage::Cpu(match (sa, sb) {
             (CpuStorage::F32(x), CpuStorage::F32(y)) => CpuStorage::F32(cpu::matmul(x, y, batch, m, k, n, b_batched)),
             (CpuStorage::F64(x), CpuStorage::F64(y)) => CpuStorage::F64(cpu::matmul(x, y, batch, m, k, n, b_batched)),
-            (x, y) => CpuStorage::F32(cpu::matmul(&x.as_f32(), &y.as_f32(), batch, m, k, n, b_batched))
-                .to_dtype(x.dtype()),
+            (x, y) => {
+                CpuStorage::F32(cpu::matmul(&x.as_f32(), &y.as_f32(), batch, m, k, n, b_batched)).to_dtype(x.dtype())
+            }
         }),
         (Storage::Cuda(x), Storage::Cuda(y)) => Storage::Cuda(x.matmul(y, batch, m, k, n, b_batched)?),
         (a, b) => return Err(Error::Device { op: "matmul", a: a.device().name(), b: b.device().name() }),
@@ -1151,7 +1155,9 @@ fn gram_in_place(g: &Tensor, x: &Tensor) -> Result<Option<Tensor>> {
     let (Storage::Cuda(xg), Storage::Cuda(xx)) = (&*sg, &*sx) else {
         return Ok(None);
     };
-    Ok(xg.matmul_layout(xx, n, rows, k, Layout::TN)?.map(|c| Tensor::from_storage(Storage::Cuda(c), Shape(vec![n, k]), None)))
+    Ok(xg
+        .matmul_layout(xx, n, rows, k, Layout::TN)?
+        .map(|c| Tensor::from_storage(Storage::Cuda(c), Shape(vec![n, k]), None)))
 }
 
 fn matmul_grads_in_place(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
