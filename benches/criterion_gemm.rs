@@ -21,20 +21,12 @@ use std::time::Duration;
 
 #[path = "cublas.rs"]
 mod cublas;
+#[path = "timing.rs"]
+mod timing;
 
 /// `iters` calls of `f` between two CUDA events on the device's stream.
-fn gpu_time(dev: &Device, iters: u64, mut f: impl FnMut()) -> Duration {
-    use cudarc::driver::sys::CUevent_flags;
-    let ctx = dev.context();
-    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-    let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-    start.record(dev.stream()).expect("record");
-    for _ in 0..iters {
-        f();
-    }
-    end.record(dev.stream()).expect("record");
-    end.synchronize().expect("sync");
-    Duration::from_secs_f64(start.elapsed_ms(&end).expect("elapsed") as f64 / 1e3)
+fn gpu_time(dev: &Device, iters: u64, f: impl FnMut()) -> Duration {
+    Duration::from_secs_f64(timing::events_ms(dev, iters, f) / 1e3)
 }
 
 fn flops(s: GemmShape) -> Throughput {

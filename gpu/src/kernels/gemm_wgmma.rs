@@ -411,20 +411,11 @@ fn store_m64n256(acc: &[f32; 128], ct: u32, row0: u32, n0: u32, c: DevicePtrMut<
     );
 }
 
-/// Stores a consumer warpgroup's `m64n256` accumulators (thread `ct` of warpgroup `cons`) into
-/// the 64 x 256 block of C at (`row0`, `n0`) through shared memory and TMA: for each of the 8
-/// subtiles of [`WP_EPI_COLS`] columns, every thread writes its 16 outputs (after the epilogue) to a
-/// 128-byte-swizzled staging box (conflict-free: the 8 rows a warp writes at once fall on 8
-/// different 16-byte chunks), fences them to the async proxy, and after a warpgroup barrier one
-/// thread issues the box's TMA store, which clips rows and columns outside C. The boxes alternate,
-/// and thread 0 waits until the previous store has read its box before the barrier, so a box is
-/// never overwritten while a store reads it; stores still writing C overlap the next tile's
-/// products. `*issued` counts this warpgroup's subtiles (it picks the box across tiles).
+/// One consumer warpgroup's staged epilogue for one tile: thread `ct` of warpgroup `cons`, whose 64
+/// x 256 block of C starts at (`row0`, `n0`); `staging` is the warpgroup's first staging box.
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn store_m64n256_staged(
-    acc: &[f32; 128],
+#[derive(Clone, Copy)]
+struct StagedStore {
     ct: u32,
     cons: u32,
     row0: u32,
@@ -433,42 +424,63 @@ fn store_m64n256_staged(
     s: GemmShape,
     epi: Epilogue,
     staging: u32,
-) {
-    use crate::swizzle::tile_offset;
+}
+
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+impl StagedStore {
+    /// Stores the warpgroup's `m64n256` accumulators into C through shared memory and TMA: for each
+    /// of the 8 subtiles of [`WP_EPI_COLS`] columns, every thread writes its 16 outputs (after the
+    /// epilogue) to a 128-byte-swizzled staging box (conflict-free: the 8 rows a warp writes at once
+    /// fall on 8 different 16-byte chunks), fences them to the async proxy, and after a warpgroup
+    /// barrier one thread issues the box's TMA store, which clips rows and columns outside C. The
+    /// boxes alternate (subtile `j` uses box `j % 2`; 8 subtiles per tile keep the alternation across
+    /// tiles), and thread 0 waits until earlier stores have read their boxes before the barrier, so a
+    /// box is never overwritten while a store reads it; stores still writing C overlap the next
+    /// tile's products. The next subtile's biases are loaded before this one's barrier, so their
+    /// latency hides behind its stores instead of stalling every subtile.
+    #[inline(always)]
+    fn store(self, acc: &[f32; 128]) {
+        let mut bias = self.biases(0);
+        macro_rules! subtiles {
+            ($($j:literal),*) => {$({
+                const B: usize = 16 * $j;
+                let v = [
+                    acc[B], acc[B + 1], acc[B + 2], acc[B + 3], acc[B + 4], acc[B + 5], acc[B + 6], acc[B + 7],
+                    acc[B + 8], acc[B + 9], acc[B + 10], acc[B + 11], acc[B + 12], acc[B + 13], acc[B + 14], acc[B + 15],
+                ];
+                let next = if $j + 1 < 8 { self.biases($j + 1) } else { [[0.0; 2]; 4] };
+                self.subtile($j, v, bias);
+                bias = next;
+            })*};
+        }
+        subtiles!(0, 1, 2, 3, 4, 5, 6, 7);
+        let _ = bias;
+    }
+
     /// The biases of this thread's 4 column pairs in subtile `j` (zeros without a bias, or past n;
     /// n % 4 == 0 here, so an even in-bounds column has its right neighbour in bounds).
     #[inline(always)]
-    fn biases(j: u32, ct: u32, n0: u32, s: GemmShape, epi: Epilogue) -> [[f32; 2]; 4] {
+    fn biases(self, j: u32) -> [[f32; 2]; 4] {
         let mut out = [[0.0; 2]; 4];
-        if epi.has_bias != 0 {
+        if self.epi.has_bias != 0 {
             let mut g = 0;
             while g < 4 {
-                let col = n0 + wgmma::acc_m64(ct, 16 * j + 4 * g).1;
-                if col < s.n {
-                    out[g as usize] = unsafe { epi.bias.read2(col as usize) };
+                let col = self.n0 + wgmma::acc_m64(self.ct, 16 * j + 4 * g).1;
+                if col < self.s.n {
+                    out[g as usize] = unsafe { self.epi.bias.read2(col as usize) };
                 }
                 g += 1;
             }
         }
         out
     }
-    /// One subtile `j` (accumulator elements `16 j .. 16 j + 16`, `bias` from [`biases`]).
+
+    /// Subtile `j`: accumulator elements `16 j .. 16 j + 16` as `v`, `bias` from [`Self::biases`].
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn subtile(
-        j: u32,
-        v: [f32; 16],
-        bias: [[f32; 2]; 4],
-        ct: u32,
-        cons: u32,
-        row0: u32,
-        n0: u32,
-        c_map: DevicePtr<TensorMap>,
-        s: GemmShape,
-        epi: Epilogue,
-        staging: u32,
-    ) {
-        let buf = staging + (j % WP_EPI_BUFFERS) * WP_EPI_BOX_BYTES;
+    fn subtile(self, j: u32, v: [f32; 16], bias: [[f32; 2]; 4]) {
+        use crate::swizzle::tile_offset;
+        let (epi, ct) = (self.epi, self.ct);
+        let buf = self.staging + (j % WP_EPI_BUFFERS) * WP_EPI_BOX_BYTES;
         let mut g = 0;
         while g < 4 {
             // elements 16 j + 4 g + (0, 1): row r, columns (col, col + 1); + (2, 3): row r + 8
@@ -491,32 +503,15 @@ fn store_m64n256_staged(
             // every earlier store has read its box, so the next subtile may refill the other one
             tma::wait_group_read::<0>();
         }
-        unsafe { sync::named_barrier_sync(WP_EPI_BARRIER + cons, 128) };
+        unsafe { sync::named_barrier_sync(WP_EPI_BARRIER + self.cons, 128) };
         if ct == 0 {
-            let col = n0 + WP_EPI_COLS * j;
-            if row0 < s.m && col < s.n {
-                unsafe { tma::store_2d(c_map.as_ptr(), col as i32, row0 as i32, buf) };
+            let col = self.n0 + WP_EPI_COLS * j;
+            if self.row0 < self.s.m && col < self.s.n {
+                unsafe { tma::store_2d(self.c_map.as_ptr(), col as i32, self.row0 as i32, buf) };
             }
             tma::commit_group();
         }
     }
-    // The next subtile's biases are loaded before this one's barrier, so their latency hides
-    // behind its stores instead of stalling every subtile.
-    let mut bias = biases(0, ct, n0, s, epi);
-    macro_rules! subtiles {
-        ($($j:literal),*) => {$({
-            const B: usize = 16 * $j;
-            let v = [
-                acc[B], acc[B + 1], acc[B + 2], acc[B + 3], acc[B + 4], acc[B + 5], acc[B + 6], acc[B + 7],
-                acc[B + 8], acc[B + 9], acc[B + 10], acc[B + 11], acc[B + 12], acc[B + 13], acc[B + 14], acc[B + 15],
-            ];
-            let next = if $j + 1 < 8 { biases($j + 1, ct, n0, s, epi) } else { [[0.0; 2]; 4] };
-            subtile($j, v, bias, ct, cons, row0, n0, c_map, s, epi, staging);
-            bias = next;
-        })*};
-    }
-    subtiles!(0, 1, 2, 3, 4, 5, 6, 7);
-    let _ = bias;
 }
 
 /// CTAs per cluster of the persistent kernel ([`gemm_wgmma_bf16_persistent`]).
@@ -606,7 +601,7 @@ pub const fn persistent_tile(cluster: u32, clusters: u32, i: u32, tiles_m: u32, 
 ///   ([`persistent_stage_bytes`]); the stale shared memory it leaves only reaches masked outputs.
 /// - Epilogue: [`Epilogue`] applied to each output (`act(acc + bias[col])`). With a C tensor map
 ///   (`c_map` not null: f32, box 32 x 64, 128-byte swizzle; needs [`tma_store_fits`]) the outputs go
-///   through swizzled staging boxes in shared memory and TMA stores ([`store_m64n256_staged`]), so a
+///   through swizzled staging boxes in shared memory and TMA stores (`StagedStore`), so a
 ///   consumer spends the epilogue on shared-memory writes and the global writes overlap the next
 ///   tile; without one, each thread stores its outputs from registers, masked.
 /// - Lifetime: a cluster barrier after the barriers' initialization (no multicast or remote arrival
@@ -727,7 +722,7 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
             wgmma::wait_group::<0>();
             release(t - 1);
             if staged {
-                store_m64n256_staged(&acc, ct, cons, m0 + cons * 64, n0, c_map, s, epi, staging);
+                StagedStore { ct, cons, row0: m0 + cons * 64, n0, c_map, s, epi, staging }.store(&acc);
             } else {
                 store_m64n256(&acc, ct, m0 + cons * 64, n0, c, s, epi);
             }
