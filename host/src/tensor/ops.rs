@@ -4,6 +4,7 @@
 use super::cpu::{self, CpuStorage, Float, Map1, Map2, par_rows, unsupported};
 use super::{DType, Shape, Storage, Tensor};
 use crate::cuda::DeviceBuffer;
+use crate::cuda::gemm::Layout;
 use crate::error::{Error, Result};
 use kiln_gpu::kernels::tensor_ops as k;
 use rand::Rng;
@@ -383,32 +384,37 @@ impl Op {
                 vec![(a.clone(), ga.sum_to(a.shape())?), (b.clone(), gb.sum_to(b.shape())?)]
             }
             Op::Matmul(a, b) => {
-                // On CUDA, unbatched f32 products read the transposed operand in place (the
-                // ladder's NT and TN rungs: the same chains as transposing first, bit for bit).
-                if b.shape().rank() == 2
-                    && let Some((ga, gb)) = matmul_grads_in_place(a, b, g)?
-                {
-                    return Ok(vec![(a.clone(), ga), (b.clone(), gb)]);
-                }
-                let ga = g.matmul(&b.transpose(-1, -2)?)?;
-                let gb = if a.shape().rank() == 3 && b.shape().rank() == 2 {
-                    let (bs, m, k) = (a.dims()[0], a.dims()[1], a.dims()[2]);
-                    let n = g.dims()[2];
-                    a.reshape([bs * m, k])?.transpose(0, 1)?.matmul(&g.reshape([bs * m, n])?)?
-                } else {
-                    a.transpose(-1, -2)?.matmul(g)?
+                // On CUDA, f32 products against a 2-D b read the transposed operand in place (the
+                // ladder's NT and TN rungs: the same chains as transposing first, bit for bit);
+                // each gradient falls back to a transposed copy on its own.
+                let (k, n) = (a.dims()[a.shape().rank() - 1], g.dims()[g.shape().rank() - 1]);
+                let rows = a.elem_count() / k.max(1);
+                let two_d = b.shape().rank() == 2;
+                // da (rows x k) = g (rows x n) b^T, b stored k x n
+                let ga = if two_d { product_in_place(g, b, (rows, n, k), Layout::NT, a.shape())? } else { None };
+                let ga = match ga {
+                    Some(ga) => ga,
+                    None => g.matmul(&b.transpose(-1, -2)?)?,
+                };
+                // db (k x n) = a^T g over all rows, a stored rows x k
+                let gb = if two_d { product_in_place(a, g, (k, rows, n), Layout::TN, b.shape())? } else { None };
+                let gb = match gb {
+                    Some(gb) => gb,
+                    None if a.shape().rank() == 3 && two_d => {
+                        a.reshape([rows, k])?.transpose(0, 1)?.matmul(&g.reshape([rows, n])?)?
+                    }
+                    None => a.transpose(-1, -2)?.matmul(g)?,
                 };
                 vec![(a.clone(), ga), (b.clone(), gb)]
             }
             Op::MatmulT(x, w) => {
-                // y = x w^T: dx = g w (NN); dw = g^T x over all rows (TN, read in place on CUDA).
+                // y = x w^T: dx = g w (NN); dw (n x k) = g^T x over all rows (TN, in place on CUDA).
                 let (n, k) = (w.dims()[0], w.dims()[1]);
-                let rows = x.shape().elem_count() / k.max(1);
-                let (g2, x2) = (g.reshape([rows, n])?, x.reshape([rows, k])?);
+                let rows = x.elem_count() / k.max(1);
                 let gx = g.matmul(w)?;
-                let gw = match gram_in_place(&g2, &x2)? {
+                let gw = match product_in_place(g, x, (n, rows, k), Layout::TN, w.shape())? {
                     Some(gw) => gw,
-                    None => g2.transpose(0, 1)?.matmul(&x2)?,
+                    None => g.reshape([rows, n])?.transpose(0, 1)?.matmul(&x.reshape([rows, k])?)?,
                 };
                 vec![(x.clone(), gx), (w.clone(), gw)]
             }
@@ -728,14 +734,8 @@ impl Tensor {
         let rows = self.shape().elem_count() / k.max(1);
         let mut out_shape = a.to_vec();
         *out_shape.last_mut().expect("rank 2 or 3") = n;
-        let in_place = match (&*self.storage(), &*w.storage()) {
-            (Storage::Cuda(x), Storage::Cuda(y)) if self.dtype() == DType::F32 => {
-                x.matmul_layout(y, rows, k, n, crate::cuda::gemm::Layout::NT)?
-            }
-            _ => None,
-        };
-        let data = match in_place {
-            Some(c) => Storage::Cuda(c),
+        let data = match layout_data(self, w, (rows, k, n), Layout::NT)? {
+            Some(data) => data,
             None => matmul_data(&self.storage(), &w.transpose_data(0, 1)?, 1, rows, k, n, false)?,
         };
         Ok(Tensor::from_storage(data, Shape(out_shape), Some(Op::MatmulT(self.clone(), w.clone()))))
@@ -1143,45 +1143,27 @@ fn matmul_data(
     })
 }
 
-/// `g^T x` (n x k) for f32 CUDA tensors `g` (rows x n) and `x` (rows x k), read in place by the
-/// TN rung; `None` elsewhere or when the rows are not 16-byte multiples.
-fn gram_in_place(g: &Tensor, x: &Tensor) -> Result<Option<Tensor>> {
-    use crate::cuda::gemm::Layout;
-    if g.dtype() != DType::F32 || x.dtype() != DType::F32 {
+/// The data of `op(a) op(b)` (`m` x `n`, reduction `k`) in `layout` for f32 CUDA tensors, read in
+/// place by the GEMM ladder's layout rungs; `None` on other devices or dtypes, or when the layout's
+/// rungs do not take the shape (the caller multiplies a transposed copy).
+fn layout_data(a: &Tensor, b: &Tensor, (m, k, n): (usize, usize, usize), layout: Layout) -> Result<Option<Storage>> {
+    if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return Ok(None);
     }
-    let (rows, n, k) = (g.dims()[0], g.dims()[1], x.dims()[1]);
-    let (sg, sx) = (g.storage(), x.storage());
-    let (Storage::Cuda(xg), Storage::Cuda(xx)) = (&*sg, &*sx) else {
+    let (sa, sb) = (a.storage(), b.storage());
+    let (Storage::Cuda(xa), Storage::Cuda(xb)) = (&*sa, &*sb) else {
         return Ok(None);
     };
-    Ok(xg
-        .matmul_layout(xx, n, rows, k, Layout::TN)?
-        .map(|c| Tensor::from_storage(Storage::Cuda(c), Shape(vec![n, k]), None)))
+    Ok(xa.matmul_layout(xb, m, k, n, layout)?.map(Storage::Cuda))
 }
 
-fn matmul_grads_in_place(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
-    use crate::cuda::gemm::Layout;
-    if a.dtype() != DType::F32 || b.dtype() != DType::F32 || g.dtype() != DType::F32 {
-        return Ok(None);
-    }
-    let (k, n) = (b.dims()[0], b.dims()[1]);
-    let rows = a.shape().elem_count() / k.max(1);
-    let (sa, sb, sg) = (a.storage(), b.storage(), g.storage());
-    let (Storage::Cuda(xa), Storage::Cuda(xb), Storage::Cuda(xg)) = (&*sa, &*sb, &*sg) else {
-        return Ok(None);
-    };
-    // da (rows x k) = g (rows x n) b^T, b stored k x n; db (k x n) = a^T g, a stored rows x k.
-    // Both need the same alignment (k and n multiples of 4), so when the first declines, the
-    // second is not tried.
-    let Some(da) = xg.matmul_layout(xb, rows, n, k, Layout::NT)? else {
-        return Ok(None);
-    };
-    let Some(db) = xa.matmul_layout(xg, k, rows, n, Layout::TN)? else {
-        return Ok(None);
-    };
-    Ok(Some((
-        Tensor::from_storage(Storage::Cuda(da), a.shape().clone(), None),
-        Tensor::from_storage(Storage::Cuda(db), b.shape().clone(), None),
-    )))
+/// [`layout_data`] as an untracked gradient of `shape`.
+fn product_in_place(
+    a: &Tensor,
+    b: &Tensor,
+    mkn: (usize, usize, usize),
+    layout: Layout,
+    shape: &Shape,
+) -> Result<Option<Tensor>> {
+    Ok(layout_data(a, b, mkn, layout)?.map(|data| Tensor::from_storage(data, shape.clone(), None)))
 }
