@@ -33,6 +33,10 @@ mod device {
         proxy_async_shared_cta => "fence.proxy.async.shared::cta;";
         /// The same, for every state space.
         proxy_async => "fence.proxy.async;";
+        /// Orders this thread's generic-proxy accesses to global memory with async-proxy accesses
+        /// (TMA loads from global) on either side of it: a writer runs it after its stores, and a
+        /// TMA issuer after it has acquired the data's readiness.
+        proxy_async_global => "fence.proxy.async.global;";
         /// Makes `mbarrier.init` visible to the async proxy and to the cluster before first use.
         mbarrier_init_release_cluster => "fence.mbarrier_init.release.cluster;";
     }

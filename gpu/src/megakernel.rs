@@ -28,21 +28,121 @@ pub const TILES: [u32; 3] = [16, 32, 64];
 /// (so small tiles take long K steps, and one slab's loads are all in flight at once).
 pub const SLAB: u32 = 2048;
 
-/// The tile for a model: the largest of [`TILES`] whose forward of the widest layer (`batch` rows by
-/// `widest` outputs) still has a tile for every 10 SMs, else the smallest. Bigger tiles do more math
-/// per byte loaded and per wait, and that outweighs idle SMs down to about that ratio: tuned from the
-/// tile sweep in `benches/results/mlp_step.md` (64 rows of 256: tile 32 beat 16 and 64; 256 rows of
-/// 1024: 64 beat 32).
-pub const fn choose_tile(batch: u32, widest: u32, sms: u32) -> u32 {
-    let mut i = TILES.len();
+/// The tile edges of the tensor-core data path ([`precision::TF32`], [`precision::TF32X3`]): a block's
+/// four consumer warps each own a `tile/2` square, at least one 16 x 16 `mma` pair.
+pub const TC_TILES: [u32; 2] = [32, 64];
+
+/// The tiles a data path ([`precision`] code) is built for.
+pub const fn tiles_for(precision: u32) -> &'static [u32] {
+    if precision == precision::CUDA_CORES { &TILES } else { &TC_TILES }
+}
+
+/// The tile for a model: the largest of `tiles` (ascending) whose forward of the widest layer
+/// (`batch` rows by `widest` outputs) still has a tile for every 10 SMs, else the smallest. Bigger
+/// tiles do more math per byte loaded and per wait, and that outweighs idle SMs down to about that
+/// ratio: tuned from the tile sweep in `benches/results/mlp_step.md` (64 rows of 256: tile 32 beat
+/// 16 and 64; 256 rows of 1024: 64 beat 32).
+pub const fn choose_tile(batch: u32, widest: u32, sms: u32, tiles: &[u32]) -> u32 {
+    let mut i = tiles.len();
     while i > 1 {
         i -= 1;
-        let t = TILES[i];
+        let t = tiles[i];
         if batch.div_ceil(t) as u64 * widest.div_ceil(t) as u64 * 10 >= sms as u64 {
             return t;
         }
     }
-    TILES[0]
+    tiles[0]
+}
+
+/// Data-path codes for [`MegaConfig::precision`]: which kernel runs the step and how it multiplies.
+pub mod precision {
+    /// `megakernel_step`: CUDA-core FMA chains in ascending k, bit-identical to the CPU interpreter.
+    pub const CUDA_CORES: u32 = 0;
+    /// `megakernel_step_tc`: TMA pages and `mma.sync` with inputs rounded to tf32 (10-bit mantissa).
+    pub const TF32: u32 = 1;
+    /// `megakernel_step_tc` with each input split into a tf32 head and a tf32 tail and three
+    /// products (`a_t b_h + a_h b_t + a_h b_h`): about f32 accuracy at three times the tensor work.
+    pub const TF32X3: u32 = 2;
+}
+
+/// The row pitch (elements) of every matrix of the step in device memory: `dim` rounded up to 4,
+/// so that each row starts 16-byte aligned, as TMA requires. The padding is never read (tensor
+/// maps describe the live columns, and loads past them are zero-filled) and never written.
+pub const fn pitch(dim: u32) -> u32 {
+    dim.div_ceil(4) * 4
+}
+
+/// The K extent of one page: one 128-byte swizzled row of f32.
+pub const PAGE_K: u32 = 32;
+/// Stages of each block's page ring; a stage is an A page and a B page.
+pub const PAGE_STAGES: u32 = 8;
+/// Bytes of one operand page: `tile` rows of [`PAGE_K`] f32 (K-major) or [`PAGE_K`] rows of `tile`
+/// f32 stored as `tile / 32` boxes of 32 x 32 (M-major).
+pub const fn page_bytes(tile: u32) -> u32 {
+    tile * PAGE_K * 4
+}
+/// Bytes between stages: room for the A and B pages of the largest tile.
+pub const STAGE_BYTES: u32 = 2 * page_bytes(TC_TILES[TC_TILES.len() - 1]);
+/// The bytes the loader announces on a stage's ready barrier: both pages, whole (TMA delivers
+/// every byte of a box, zero-filled outside the matrix).
+pub const fn stage_tx_bytes(tile: u32) -> u32 {
+    2 * page_bytes(tile)
+}
+
+/// The ring slot of a block's `use_index`-th page use (counted over all its products in order).
+pub const fn page_slot(use_index: u32) -> u32 {
+    use_index % PAGE_STAGES
+}
+/// The parity consumers wait for on the ready barrier of use `use_index`: the slot's phase
+/// `use_index / PAGE_STAGES`.
+pub const fn ready_parity(use_index: u32) -> u32 {
+    page_parity(use_index / PAGE_STAGES)
+}
+/// The parity the loader waits for on the free barrier before use `use_index >= PAGE_STAGES`: the
+/// consumers' release of the slot's previous use, phase `use_index / PAGE_STAGES - 1`.
+pub const fn free_parity(use_index: u32) -> u32 {
+    page_parity(use_index / PAGE_STAGES + 1)
+}
+
+/// Tensor maps per layer, in the buffer [`MegaBuffers::maps`] points to (index `PER_LAYER * l +`
+/// one of these). K-major maps load a box of [`PAGE_K`] columns by `tile` rows; M-major maps a box
+/// of 32 columns by [`PAGE_K`] rows, `tile / 32` of them per page.
+pub mod map {
+    /// `act[l]` (`batch x dims[l]`), K-major: the forward's A.
+    pub const ACT_K: u32 = 0;
+    /// `act[l]`, M-major: the weight gradient's B (n = input feature, k = row).
+    pub const ACT_M: u32 = 1;
+    /// `grad[l + 1]` (`batch x dims[l + 1]`), K-major: the input gradient's A.
+    pub const GRAD_K: u32 = 2;
+    /// `grad[l + 1]`, M-major: the weight gradient's A (m = output feature, k = row).
+    pub const GRAD_M: u32 = 3;
+    /// `W[l]` (`dims[l + 1] x dims[l]`), K-major: the forward's B.
+    pub const W_K: u32 = 4;
+    /// `W[l]`, M-major: the input gradient's B (n = input feature, k = output feature).
+    pub const W_M: u32 = 5;
+    /// Maps per layer.
+    pub const PER_LAYER: u32 = 6;
+}
+
+/// A stall record's second word for a page wait: this tag, the barrier kind
+/// ([`PAGE_READY`]/[`PAGE_FREE`]/[`RENDEZVOUS`] in bits 16..24) and the ring slot (low bits); the
+/// third word is then the parity waited for. Counter waits record the counter index.
+pub const PAGE_TAG: u32 = 0x8000_0000;
+/// Record kind: a consumer waited for a page's bytes.
+pub const PAGE_READY: u32 = 1;
+/// Record kind: the loader waited for consumers to free a page.
+pub const PAGE_FREE: u32 = 2;
+/// Record kind: a consumer warp waited for the others at an instruction boundary.
+pub const RENDEZVOUS: u32 = 3;
+/// Stall records per block (after the counters and the abort flag): the loader's, then the
+/// consumers' (the CUDA-core kernel uses only the first).
+pub const RECORDS_PER_BLOCK: u32 = 2;
+/// Words per stall record: 1 + instruction index, what was waited on, value seen, value wanted.
+pub const RECORD_WORDS: u32 = 4;
+/// Word offset of block `block`'s record for `role` (0: loader or whole block, 1: consumers) in
+/// the counter buffer of a step with `counters` dependency counters.
+pub const fn record_offset(counters: u32, block: u32, role: u32) -> u32 {
+    counters + 1 + RECORD_WORDS * (RECORDS_PER_BLOCK * block + role)
 }
 
 /// Instruction opcodes.
@@ -145,6 +245,8 @@ pub struct MegaBuffers {
     pub y: crate::DevicePtr<f32>,
     /// Cross-entropy classes.
     pub classes: crate::DevicePtr<u32>,
+    /// The tensor maps of the tensor-core path ([`map`]); unused by the CUDA-core kernel.
+    pub maps: crate::DevicePtr<crate::tma::TensorMap>,
 }
 // SAFETY: repr(C), device pointers only.
 unsafe impl crate::KernelParam for MegaBuffers {}
@@ -169,6 +271,11 @@ pub struct MegaConfig {
     pub wait_limit_ns: u32,
     /// Output tile edge, one of [`TILES`] (the schedule's).
     pub tile: u32,
+    /// The data path, a [`precision`] code.
+    pub precision: u32,
+    /// Fault injection for the hang-proof test: extra arrivals each free barrier expects beyond
+    /// [`PAGE_FREE_ARRIVALS`] (0 in every real step; 1 strands the loader at the first reuse of a page).
+    pub extra_free_arrivals: u32,
 }
 // SAFETY: repr(C), 4-byte fields only.
 unsafe impl crate::KernelParam for MegaConfig {}

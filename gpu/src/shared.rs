@@ -83,6 +83,19 @@ mod device {
         [a, b, c, d]
     }
 
+    /// Loads 4 bytes from a shared-window address.
+    ///
+    /// PTX: `ld.shared.b32 v, [addr];`
+    ///
+    /// # Safety
+    /// `addr` must be a 4-byte-aligned shared address inside the block's allocation.
+    #[inline(always)]
+    pub unsafe fn ld_shared_b32(addr: SharedAddr) -> u32 {
+        let v: u32;
+        unsafe { asm!("ld.shared.b32 {v}, [{p}];", v = out(reg32) v, p = in(reg32) addr, options(nostack, readonly)) };
+        v
+    }
+
     /// Stores 4 bytes to a shared-window address.
     ///
     /// PTX: `st.shared.b32 [addr], v;`

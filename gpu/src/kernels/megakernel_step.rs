@@ -22,7 +22,7 @@
 //! Not yet the design's data path: no TMA pages, no tensor cores, no overlap of the next tile's
 //! loads with this tile's math. Speed against PyTorch is in `benches/results/mlp_step.md`.
 
-use crate::megakernel::{Instruction, MegaBuffers, MegaConfig, NO_COUNTER, SLAB, TILES, loss, opcode};
+use crate::megakernel::{Instruction, MegaBuffers, MegaConfig, NO_COUNTER, SLAB, TILES, loss, opcode, pitch, record_offset};
 use crate::{atomic, fence, kernel, math, shared_array, sync, thread, warp};
 
 /// Threads per block.
@@ -33,18 +33,41 @@ shared_array!(fn mk_flag() -> [u32; 4], align 16);
 /// Reads a `u32` written by another block (acquire, GPU scope).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn acquire(p: crate::DevicePtrMut<u32>, i: u32) -> u32 {
+pub(crate) unsafe fn acquire(p: crate::DevicePtrMut<u32>, i: u32) -> u32 {
     unsafe { atomic::load_acquire_gpu(p.as_mut_ptr().add(i as usize)) }
 }
 
-/// Thread 0 waits until `counters[c] >= v` (or an abort); returns false when the block must stop.
+/// Gives up the step: raises the abort flag (after the counters) and writes this block's stall
+/// record for `role` (see [`record_offset`]): 1 + instruction index, what was waited on, the value
+/// seen, the value wanted.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx: u32) -> bool {
+pub(crate) unsafe fn record_stall(b: &MegaBuffers, cfg: &MegaConfig, role: u32, idx: u32, what: u32, seen: u32, want: u32) {
+    unsafe {
+        atomic::atomic_cas_u32(b.counters.as_mut_ptr().add(cfg.counters as usize), 0, 1);
+        let rec = record_offset(cfg.counters, thread::block_idx_x(), role) as usize;
+        b.counters.write(rec, idx + 1);
+        b.counters.write(rec + 1, what);
+        b.counters.write(rec + 2, seen);
+        b.counters.write(rec + 3, want);
+    }
+}
+
+/// Whether some block has given up the step.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn aborted(b: &MegaBuffers, cfg: &MegaConfig) -> bool {
+    unsafe { acquire(b.counters, cfg.counters) != 0 }
+}
+
+/// One thread waits until `counters[c] >= v` (or an abort); returns false when the block must
+/// stop, after writing its stall record for `role`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx: u32, role: u32) -> bool {
     if c == NO_COUNTER {
         return true;
     }
-    let abort = cfg.counters;
     let mut start = thread::globaltimer_ns();
     let mut last = u32::MAX;
     loop {
@@ -56,20 +79,23 @@ unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx: u32) -> b
             // progress: the limit counts from the last change, so a long but moving wait is fine
             (last, start) = (seen, thread::globaltimer_ns());
         }
-        let stop = unsafe { acquire(b.counters, abort) } != 0
-            || thread::globaltimer_ns().wrapping_sub(start) > cfg.wait_limit_ns as u64;
-        if stop {
-            unsafe {
-                let p = b.counters.as_mut_ptr();
-                atomic::atomic_cas_u32(p.add(abort as usize), 0, 1);
-                // this block's record: 1 + instruction index, counter, value seen, value wanted
-                let rec = (abort + 1 + 4 * thread::block_idx_x()) as usize;
-                b.counters.write(rec, idx + 1);
-                b.counters.write(rec + 1, c);
-                b.counters.write(rec + 2, seen);
-                b.counters.write(rec + 3, v);
-            }
+        if unsafe { aborted(b, cfg) } || thread::globaltimer_ns().wrapping_sub(start) > cfg.wait_limit_ns as u64 {
+            unsafe { record_stall(b, cfg, role, idx, c, seen, v) };
             return false;
+        }
+    }
+}
+
+/// After a block's tile is written and published to it: adds 1 to the instruction's signal
+/// counters, behind a GPU-scope fence (one thread).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn signal(b: &MegaBuffers, ins: &Instruction) {
+    fence::fence_gpu();
+    let p = b.counters.as_mut_ptr();
+    for c in [ins.signal, ins.signal2] {
+        if c != NO_COUNTER {
+            unsafe { atomic::atomic_add_u32(p.add(c as usize), 1) };
         }
     }
 }
@@ -256,6 +282,7 @@ unsafe fn run<const R: usize>(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction
     let rd = |p: crate::DevicePtr<u32>, k: u32| unsafe { p.read(k as usize) };
     let din = rd(b.dims, l);
     let dout = rd(b.dims, l + 1);
+    let (pin, pout) = (pitch(din), pitch(dout));
     let (w, a_in, a_out) = (rd(b.w_off, l), rd(b.a_off, l), rd(b.a_off, l + 1));
     let (m0, n0) = (i.tile_row * tile, i.tile_col * tile);
     let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
@@ -263,70 +290,103 @@ unsafe fn run<const R: usize>(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction
     match i.opcode {
         opcode::LINEAR_FWD => {
             // act[l+1][r][o] = f(sum_k act[l][r][k] W[l][o][k])
-            let x = Operand { p: act, base: a_in, sm: din, sk: 1, lim: cfg.batch };
-            let wt = Operand { p: weights, base: w, sm: din, sk: 1, lim: dout };
+            let x = Operand { p: act, base: a_in, sm: pin, sk: 1, lim: cfg.batch };
+            let wt = Operand { p: weights, base: w, sm: pin, sk: 1, lim: dout };
             let acc = unsafe { tile_product::<R>(x, wt, m0, n0, din) };
             let hidden = l + 1 < cfg.layers;
             for_each_output(&acc, m0, n0, cfg.batch, dout, |r, c, v| unsafe {
-                b.act.write((a_out + r * dout + c) as usize, if hidden { v.max(0.0) } else { v })
+                b.act.write((a_out + r * pout + c) as usize, if hidden { v.max(0.0) } else { v })
             });
         }
         opcode::LINEAR_BWD_INPUT => {
             // grad[l][r][k] = relu'(act[l][r][k]) sum_o grad[l+1][r][o] W[l][o][k]
-            let g = Operand { p: grad, base: a_out, sm: dout, sk: 1, lim: cfg.batch };
-            let wt = Operand { p: weights, base: w, sm: 1, sk: din, lim: din };
+            let g = Operand { p: grad, base: a_out, sm: pout, sk: 1, lim: cfg.batch };
+            let wt = Operand { p: weights, base: w, sm: 1, sk: pin, lim: din };
             let acc = unsafe { tile_product::<R>(g, wt, m0, n0, dout) };
             for_each_output(&acc, m0, n0, cfg.batch, din, |r, c, v| unsafe {
-                let j = a_in + r * din + c;
+                let j = a_in + r * pin + c;
                 b.grad.write(j as usize, if f(b.act, j) > 0.0 { v } else { 0.0 })
             });
         }
         opcode::LINEAR_BWD_WEIGHT => {
             // dW[l][o][k] = sum_r grad[l+1][r][o] act[l][r][k]
-            let g = Operand { p: grad, base: a_out, sm: 1, sk: dout, lim: dout };
-            let x = Operand { p: act, base: a_in, sm: 1, sk: din, lim: din };
+            let g = Operand { p: grad, base: a_out, sm: 1, sk: pout, lim: dout };
+            let x = Operand { p: act, base: a_in, sm: 1, sk: pin, lim: din };
             let acc = unsafe { tile_product::<R>(g, x, m0, n0, cfg.batch) };
-            for_each_output(&acc, m0, n0, dout, din, |o, k, v| unsafe { b.dw.write((w + o * din + k) as usize, v) });
+            for_each_output(&acc, m0, n0, dout, din, |o, k, v| unsafe { b.dw.write((w + o * pin + k) as usize, v) });
         }
-        opcode::LOSS_GRAD => unsafe { loss_grad(b, cfg, a_out, dout, m0, n0, tile) },
-        opcode::SGD_UPDATE => {
-            let mut e = thread::thread_idx_x();
-            while e < tile * tile {
-                let (o, k) = (m0 + e / tile, n0 + e % tile);
-                if o < dout && k < din {
-                    let j = w + o * din + k;
-                    let g = f(b.dw, j);
-                    let step = if cfg.momentum != 0.0 {
-                        let v = cfg.momentum * f(b.velocity, j) + g;
-                        unsafe { b.velocity.write(j as usize, v) };
-                        v
-                    } else {
-                        g
-                    };
-                    unsafe { b.weights.write(j as usize, f(b.weights, j) - cfg.lr * step) };
-                }
-                e += MEGA_THREADS;
-            }
-        }
+        opcode::LOSS_GRAD => unsafe {
+            let t = thread::thread_idx_x();
+            let stats = mk_stats() as *mut f32;
+            loss_grad(b, cfg, i, tile, stats, MEGA_THREADS, t, || {
+                sync::sync_threads();
+                true
+            });
+        },
+        opcode::SGD_UPDATE => unsafe { sgd_update(b, cfg, i, tile, MEGA_THREADS, thread::thread_idx_x()) },
         _ => {}
     }
 }
 
-/// `grad[L] = dLoss / d act[L]` on one tile. Cross-entropy first finds each of the tile's rows'
-/// maximum and sum of `exp(x - max)` over the whole row, one warp per row (lanes stride the row,
-/// then a shuffle tree), into shared memory; then every thread takes elements `t, t + 256, ...`.
+/// `W[l] -= lr dW[l]` (with momentum when enabled) on one tile: thread `t` of `threads` takes
+/// elements `t, t + threads, ...`.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn loss_grad(b: &MegaBuffers, cfg: &MegaConfig, a_out: u32, dout: u32, m0: u32, n0: u32, tile: u32) {
+pub(crate) unsafe fn sgd_update(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction, tile: u32, threads: u32, t: u32) {
     let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
-    let stats = mk_stats();
+    let (din, dout) = unsafe { (b.dims.read(i.layer as usize), b.dims.read(i.layer as usize + 1)) };
+    let w = unsafe { b.w_off.read(i.layer as usize) };
+    let (m0, n0) = (i.tile_row * tile, i.tile_col * tile);
+    let mut e = t;
+    while e < tile * tile {
+        let (o, k) = (m0 + e / tile, n0 + e % tile);
+        if o < dout && k < din {
+            let j = w + o * pitch(din) + k;
+            let g = f(b.dw, j);
+            let step = if cfg.momentum != 0.0 {
+                let v = cfg.momentum * f(b.velocity, j) + g;
+                unsafe { b.velocity.write(j as usize, v) };
+                v
+            } else {
+                g
+            };
+            unsafe { b.weights.write(j as usize, f(b.weights, j) - cfg.lr * step) };
+        }
+        e += threads;
+    }
+}
+
+/// `grad[L] = dLoss / d act[L]` on one tile, by `threads` threads (`t` is this one's index,
+/// `threads / 32` whole warps). Cross-entropy first finds each of the tile's rows' maximum and sum
+/// of `exp(x - max)` over the whole row, one warp per row (lanes stride the row, then a shuffle
+/// tree), into `stats` (`2 * tile` floats of shared memory), then `sync` (a barrier of the
+/// `threads`; false gives up the step, and so does this function); then every thread takes
+/// elements `t, t + threads, ...`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn loss_grad(
+    b: &MegaBuffers,
+    cfg: &MegaConfig,
+    i: &Instruction,
+    tile: u32,
+    stats: *mut f32,
+    threads: u32,
+    t: u32,
+    sync: impl FnOnce() -> bool,
+) -> bool {
+    let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
+    let dout = unsafe { b.dims.read(i.layer as usize + 1) };
+    let a_out = unsafe { b.a_off.read(i.layer as usize + 1) };
+    let pout = pitch(dout);
+    let (m0, n0) = (i.tile_row * tile, i.tile_col * tile);
     let ce = cfg.loss != loss::MSE;
     if ce {
-        let (lane, warp) = (thread::lane_id(), thread::warp_id());
+        let (lane, warp) = (t % 32, t / 32);
         let mut r = warp;
         while r < tile {
             if m0 + r < cfg.batch {
-                let row = a_out + (m0 + r) * dout;
+                let row = a_out + (m0 + r) * pout;
                 let mut m = f32::NEG_INFINITY;
                 let mut k = lane;
                 while k < dout {
@@ -343,24 +403,26 @@ unsafe fn loss_grad(b: &MegaBuffers, cfg: &MegaConfig, a_out: u32, dout: u32, m0
                 let z = warp::reduce_sum_f32(z);
                 if lane == 0 {
                     unsafe {
-                        (*stats)[r as usize] = m;
-                        (*stats)[MAX_TILE + r as usize] = z;
+                        *stats.add(r as usize) = m;
+                        *stats.add((tile + r) as usize) = z;
                     }
                 }
             }
-            r += MEGA_THREADS / 32;
+            r += threads / 32;
         }
-        sync::sync_threads();
+        if !sync() {
+            return false;
+        }
     }
-    let mut e = thread::thread_idx_x();
+    let mut e = t;
     while e < tile * tile {
         let (r, c) = (e / tile, e % tile);
         let (tr, tc) = (m0 + r, n0 + c);
         if tr < cfg.batch && tc < dout {
-            let j = a_out + tr * dout + tc;
+            let j = a_out + tr * pout + tc;
             let v = f(b.act, j);
             let g = if ce {
-                let (m, z) = unsafe { ((*stats)[r as usize], (*stats)[MAX_TILE + r as usize]) };
+                let (m, z) = unsafe { (*stats.add(r as usize), *stats.add((tile + r) as usize)) };
                 let onehot = if unsafe { b.classes.read(tr as usize) } == tc { 1.0 } else { 0.0 };
                 (math::exp(v - m) / z - onehot) / cfg.batch as f32
             } else {
@@ -368,8 +430,9 @@ unsafe fn loss_grad(b: &MegaBuffers, cfg: &MegaConfig, a_out: u32, dout: u32, m0
             };
             unsafe { b.grad.write(j as usize, g) };
         }
-        e += MEGA_THREADS;
+        e += threads;
     }
+    true
 }
 
 /// One training step (see the module docs). Grid: one block per SM; block [`MEGA_THREADS`].
@@ -383,7 +446,7 @@ pub unsafe fn megakernel_step(b: MegaBuffers, cfg: MegaConfig) {
         let ins = unsafe { b.instructions.read(idx as usize) };
         if thread::thread_idx_x() == 0 {
             let ok = unsafe {
-                wait(&b, &cfg, ins.wait, ins.wait_value, idx) && wait(&b, &cfg, ins.wait2, ins.wait2_value, idx)
+                wait(&b, &cfg, ins.wait, ins.wait_value, idx, 0) && wait(&b, &cfg, ins.wait2, ins.wait2_value, idx, 0)
             };
             unsafe { (*go)[0] = ok as u32 };
         }
@@ -400,14 +463,7 @@ pub unsafe fn megakernel_step(b: MegaBuffers, cfg: MegaConfig) {
         }
         sync::sync_threads();
         if thread::thread_idx_x() == 0 {
-            fence::fence_gpu();
-            let p = b.counters.as_mut_ptr();
-            if ins.signal != NO_COUNTER {
-                unsafe { atomic::atomic_add_u32(p.add(ins.signal as usize), 1) };
-            }
-            if ins.signal2 != NO_COUNTER {
-                unsafe { atomic::atomic_add_u32(p.add(ins.signal2 as usize), 1) };
-            }
+            unsafe { signal(&b, &ins) };
         }
         idx += 1;
     }

@@ -11,6 +11,7 @@ pub mod elementwise;
 pub mod gemm_wgmma;
 pub mod hgemm_mma;
 pub mod megakernel_step;
+pub mod megakernel_tc;
 pub mod mma_tile;
 pub mod reduce;
 pub mod sgemm;

@@ -1,0 +1,468 @@
+//! The training megakernel, version 2: the design's data path. Same instruction stream, counters
+//! and stall records as [`megakernel_step`](super::megakernel_step); the products run on tensor
+//! cores from shared-memory pages that a loader warp fills with TMA while the consumers compute.
+//!
+//! - Block: [`CONSUMER_WARPS`] consumer warps (threads `0..128`) and one loader warp (its lane 0
+//!   works, the others leave at once). Both walk the block's instruction list in order.
+//! - Pages: a ring of [`PAGE_STAGES`] stages in dynamic shared memory, each an A page and a B page
+//!   of `tile x PAGE_K` f32 (128-byte swizzled), with a *ready* barrier (count
+//!   [`PAGE_READY_ARRIVALS`]: the loader's `arrive.expect_tx`, completed by the bytes) and a *free*
+//!   barrier (count [`PAGE_FREE_ARRIVALS`]: one arrival per consumer warp). Use `u` of the ring (the
+//!   block's page uses counted in order over all its products) is slot [`page_slot`]`(u)`; consumers
+//!   wait for [`ready_parity`]`(u)`, the loader (from the second lap) for [`free_parity`]`(u)`.
+//! - Loader, per product instruction: waits for the instruction's dependency counter (acquire),
+//!   fences the generic and async proxies, then for each K block of [`PAGE_K`]: waits until the
+//!   slot is free, announces [`stage_tx_bytes`] and issues the two TMA loads (A rows `m0..`, B rows
+//!   `n0..`; an M-major operand is `tile / 32` boxes of 32 x 32). It runs up to the whole ring ahead,
+//!   across instruction boundaries: the next tile's loads overlap this tile's math.
+//! - Consumers, per product: warp `w` owns the `tile/2` square at `(w / 2, w % 2)` of the output
+//!   tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; per page it reads fragments from the
+//!   swizzled pages, multiplies ([`precision::TF32`]: one product; [`precision::TF32X3`]: the
+//!   inputs split into tf32 head and tail, three products, tail terms first), and its lane 0 frees
+//!   the page. Then the epilogue (ReLU, the ReLU derivative) stores the live outputs straight from
+//!   the accumulators. Loss gradients and SGD updates run on the 128 consumer threads after
+//!   consumer thread 0 has waited for their counters.
+//! - Publishing: every consumer thread fences its stores for the async proxy (another block's TMA
+//!   reads them next), the consumers meet at a rendezvous barrier, and consumer thread 0 signals.
+//! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
+//!   block has raised the abort flag. The consumers meet on an mbarrier rather than `bar.sync`,
+//!   so a warp that gave up can never strand the others. A stall writes the waiter's record (the
+//!   loader's and the consumers' are separate): instruction, page slot and barrier kind, parity.
+
+use crate::kernel;
+use crate::megakernel::{CONSUMER_WARPS, MegaBuffers, MegaConfig, PAGE_STAGES, STAGE_BYTES, TC_TILES, page_bytes};
+
+/// Threads per block: the consumer warps and the loader warp.
+pub const TC_THREADS: u32 = 32 * (CONSUMER_WARPS + 1);
+/// Largest tile.
+const MAX_TILE: u32 = TC_TILES[TC_TILES.len() - 1];
+/// Barriers after the stages: ready and free per stage, then the consumers' rendezvous.
+const BARRIERS: u32 = STAGE_BYTES * PAGE_STAGES;
+/// The loss gradient's row statistics (`2 * MAX_TILE` f32), then the "go" word.
+const STATS: u32 = BARRIERS + 8 * (2 * PAGE_STAGES + 2);
+const GO: u32 = STATS + 8 * MAX_TILE;
+/// Dynamic shared memory of one block.
+pub const TC_SMEM_BYTES: u32 = GO + 16;
+
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+mod dev {
+    use super::{BARRIERS, GO, STATS};
+
+    /// Consumer threads.
+    const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
+    use crate::kernels::megakernel_step::{aborted, loss_grad, record_stall, sgd_update, signal, wait};
+    use crate::megakernel::{
+        CONSUMER_WARPS, Instruction, MegaBuffers, MegaConfig, PAGE_FREE, PAGE_FREE_ARRIVALS, PAGE_K, PAGE_READY,
+        PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES, free_parity, map, opcode,
+        page_bytes, page_slot, pitch, precision, ready_parity, stage_tx_bytes,
+    };
+    use crate::swizzle::Swizzle;
+    use crate::{convert, fence, mbarrier, mma, shared, thread, tma, warp};
+
+    /// Role of a stall record: the loader's, or the consumers'.
+    const LOADER: u32 = 0;
+    const CONSUMER: u32 = 1;
+
+    /// The block's dynamic shared memory (see the constants above for its layout).
+    #[derive(Clone, Copy)]
+    struct Smem {
+        base: shared::SharedAddr,
+    }
+
+    impl Smem {
+        fn a_page(self, slot: u32) -> u32 {
+            self.base + slot * STAGE_BYTES
+        }
+        fn b_page(self, slot: u32) -> u32 {
+            self.a_page(slot) + STAGE_BYTES / 2
+        }
+        fn ready(self, slot: u32) -> u32 {
+            self.base + BARRIERS + 8 * slot
+        }
+        fn free(self, slot: u32) -> u32 {
+            self.base + BARRIERS + 8 * (PAGE_STAGES + slot)
+        }
+        fn rendezvous(self) -> u32 {
+            self.base + BARRIERS + 8 * (2 * PAGE_STAGES)
+        }
+    }
+
+    /// The product an instruction computes, `C[m][n] = sum_k A(m, k) B(n, k)` over `k < k`, each
+    /// operand one of the step's tensor maps, K-major or M-major.
+    #[derive(Clone, Copy)]
+    struct Product {
+        a_map: u32,
+        a_kmajor: bool,
+        b_map: u32,
+        b_kmajor: bool,
+        m0: u32,
+        n0: u32,
+        k: u32,
+    }
+
+    /// The product of a `LINEAR_*` instruction (see the table in [`crate::megakernel`]), or `None`.
+    #[inline(always)]
+    fn product(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction) -> Option<Product> {
+        let l = i.layer;
+        let at = |kind: u32| map::PER_LAYER * l + kind;
+        let (m0, n0) = (i.tile_row * cfg.tile, i.tile_col * cfg.tile);
+        let dim = |k: u32| unsafe { b.dims.read(k as usize) };
+        match i.opcode {
+            // act[l+1] = act[l] W[l]^T: both K-major over the input features
+            opcode::LINEAR_FWD => {
+                Some(Product { a_map: at(map::ACT_K), a_kmajor: true, b_map: at(map::W_K), b_kmajor: true, m0, n0, k: dim(l) })
+            }
+            // grad[l] = grad[l+1] W[l]: k is the output feature, W's rows
+            opcode::LINEAR_BWD_INPUT => Some(Product {
+                a_map: at(map::GRAD_K),
+                a_kmajor: true,
+                b_map: at(map::W_M),
+                b_kmajor: false,
+                m0,
+                n0,
+                k: dim(l + 1),
+            }),
+            // dW[l] = grad[l+1]^T act[l]: k is the batch row
+            opcode::LINEAR_BWD_WEIGHT => Some(Product {
+                a_map: at(map::GRAD_M),
+                a_kmajor: false,
+                b_map: at(map::ACT_M),
+                b_kmajor: false,
+                m0,
+                n0,
+                k: cfg.batch,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Byte offset of element `(m, k)` in a page: K-major pages are `tile` rows of [`PAGE_K`] f32,
+    /// M-major pages are `tile / 32` boxes of [`PAGE_K`] rows of 32 f32; 128-byte swizzled either way.
+    #[inline(always)]
+    fn page_offset(kmajor: bool, m: u32, k: u32) -> u32 {
+        if kmajor {
+            Swizzle::B128.apply(m * 128 + k * 4)
+        } else {
+            (m / 32) * (32 * PAGE_K * 4) + Swizzle::B128.apply(k * 128 + (m % 32) * 4)
+        }
+    }
+
+    /// Issues the TMA loads of one operand's page for K block `kt` (rows from `m0`).
+    #[inline(always)]
+    unsafe fn load_page(dst: u32, maps: crate::DevicePtr<tma::TensorMap>, m: u32, kmajor: bool, m0: u32, kt: u32, tile: u32, bar: u32) {
+        let map = unsafe { maps.as_ptr().add(m as usize) };
+        let k0 = (kt * PAGE_K) as i32;
+        if kmajor {
+            unsafe { tma::load_2d(dst, map, k0, m0 as i32, bar) };
+        } else {
+            let mut h = 0;
+            while h < tile / 32 {
+                unsafe { tma::load_2d(dst + h * 32 * PAGE_K * 4, map, (m0 + 32 * h) as i32, k0, bar) };
+                h += 1;
+            }
+        }
+    }
+
+    /// Waits for the phase of `bar` with `parity`, giving up (false) after the step's wait limit or
+    /// when another block has aborted. Every lane that calls it waits by itself.
+    #[inline(always)]
+    unsafe fn bounded_wait(b: &MegaBuffers, cfg: &MegaConfig, bar: u32, parity: u32) -> bool {
+        let start = thread::globaltimer_ns();
+        let mut tries = 0u32;
+        loop {
+            if unsafe { mbarrier::try_wait_parity(bar, parity) } {
+                return true;
+            }
+            tries += 1;
+            if tries % 16 == 0
+                && (unsafe { aborted(b, cfg) } || thread::globaltimer_ns().wrapping_sub(start) > cfg.wait_limit_ns as u64)
+            {
+                return false;
+            }
+        }
+    }
+
+    /// The loader (one thread): fills pages for every product of `lo..hi`, in order. Returns early
+    /// after recording a stall; then it waits (briefly) for the loads it issued, so that no copy lands
+    /// in the shared memory of a block that has exited.
+    #[inline(always)]
+    unsafe fn load_pages(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, lo: u32, hi: u32) {
+        let tile = cfg.tile;
+        let mut u = 0u32;
+        let mut idx = lo;
+        'instructions: while idx < hi {
+            let ins = unsafe { b.instructions.read(idx as usize) };
+            if let Some(p) = product(b, cfg, &ins) {
+                if !unsafe { wait(b, cfg, ins.wait, ins.wait_value, idx, LOADER) } {
+                    break 'instructions;
+                }
+                // The producers' generic stores were acquired above; TMA (the async proxy) reads them next.
+                fence::proxy_async_global();
+                let mut kt = 0;
+                while kt < p.k.div_ceil(PAGE_K) {
+                    let slot = page_slot(u);
+                    if u >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(u)) } {
+                        unsafe { record_stall(b, cfg, LOADER, idx, PAGE_TAG | PAGE_FREE << 16 | slot, free_parity(u), u) };
+                        break 'instructions;
+                    }
+                    unsafe {
+                        mbarrier::arrive_expect_tx(sm.ready(slot), stage_tx_bytes(tile));
+                        load_page(sm.a_page(slot), b.maps, p.a_map, p.a_kmajor, p.m0, kt, tile, sm.ready(slot));
+                        load_page(sm.b_page(slot), b.maps, p.b_map, p.b_kmajor, p.n0, kt, tile, sm.ready(slot));
+                    }
+                    u += 1;
+                    kt += 1;
+                }
+            }
+            idx += 1;
+        }
+        if idx < hi {
+            // Gave up: let the copies in flight (the last use of each slot) land before exiting.
+            let mut back = 1;
+            while back <= PAGE_STAGES && back <= u {
+                let v = u - back;
+                let _ = unsafe { mbarrier::wait_parity_bounded(sm.ready(page_slot(v)), ready_parity(v), 10_000_000) };
+                back += 1;
+            }
+        }
+    }
+
+    /// The consumers' barrier: each warp arrives once (lane 0, after the warp has converged), then
+    /// waits for the phase. False (the same on every lane of the warp) when the step was given up.
+    #[inline(always)]
+    unsafe fn rendezvous(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, phase: &mut u32, idx: u32) -> bool {
+        crate::sync::sync_warp(u32::MAX);
+        if thread::lane_id() == 0 {
+            unsafe { mbarrier::arrive(sm.rendezvous()) };
+        }
+        let ok = unsafe { bounded_wait(b, cfg, sm.rendezvous(), *phase & 1) };
+        let ok = warp::all(u32::MAX, ok);
+        if !ok && thread::lane_id() == 0 {
+            unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | RENDEZVOUS << 16, *phase & 1, *phase) };
+        }
+        *phase += 1;
+        ok
+    }
+
+    /// An f32 as tf32 operands: `(head, tail)` with `head = tf32(x)` and `tail = tf32(x - head)`
+    /// (the tail only when `SPLIT`).
+    #[inline(always)]
+    fn split<const SPLIT: bool>(x: f32) -> (u32, u32) {
+        let head = convert::f32_to_tf32(x);
+        let tail = if SPLIT { convert::f32_to_tf32(x - f32::from_bits(head)) } else { 0 };
+        (head, tail)
+    }
+
+    /// This warp's share of one product: `MT x NT` `m16n8` accumulators, `16 MT` rows by `8 NT`
+    /// columns (`tile = 32 MT`, `NT = 2 MT`; warp `w`'s square starts at row `(w / 2) 16 MT`,
+    /// column `(w % 2) 8 NT` of the tile). Consumes the product's pages from use `*u` on. False
+    /// when the step was given up.
+    #[inline(always)]
+    unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        sm: Smem,
+        p: &Product,
+        u: &mut u32,
+        idx: u32,
+        acc: &mut [[[f32; 4]; NT]; MT],
+    ) -> bool {
+        let lane = thread::lane_id();
+        let w = thread::warp_id();
+        let (rm, rn) = ((w / 2) * 16 * MT as u32, (w % 2) * 8 * NT as u32);
+        *acc = [[[0.0f32; 4]; NT]; MT];
+        let mut kt = 0;
+        while kt < p.k.div_ceil(PAGE_K) {
+            let slot = page_slot(*u);
+            let ok = unsafe { bounded_wait(b, cfg, sm.ready(slot), ready_parity(*u)) };
+            if !warp::all(u32::MAX, ok) {
+                if lane == 0 {
+                    unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | PAGE_READY << 16 | slot, ready_parity(*u), *u) };
+                }
+                return false;
+            }
+            let (pa, pb) = (sm.a_page(slot), sm.b_page(slot));
+            let mut kk = 0;
+            while kk < PAGE_K {
+                let mut fa = [[(0u32, 0u32); 4]; MT];
+                for (i, f) in fa.iter_mut().enumerate() {
+                    for (e, v) in f.iter_mut().enumerate() {
+                        let (r, c) = mma::m16n8k8_tf32_a(lane, e as u32);
+                        let off = page_offset(p.a_kmajor, rm + 16 * i as u32 + r, kk + c);
+                        *v = split::<SPLIT>(f32::from_bits(unsafe { shared::ld_shared_b32(pa + off) }));
+                    }
+                }
+                for j in 0..NT {
+                    let mut fb = [(0u32, 0u32); 2];
+                    for (e, v) in fb.iter_mut().enumerate() {
+                        let (c, n) = mma::m16n8k8_tf32_b(lane, e as u32);
+                        let off = page_offset(p.b_kmajor, rn + 8 * j as u32 + n, kk + c);
+                        *v = split::<SPLIT>(f32::from_bits(unsafe { shared::ld_shared_b32(pb + off) }));
+                    }
+                    let bh = [fb[0].0, fb[1].0];
+                    for i in 0..MT {
+                        let ah = [fa[i][0].0, fa[i][1].0, fa[i][2].0, fa[i][3].0];
+                        let mut c = acc[i][j];
+                        if SPLIT {
+                            let at = [fa[i][0].1, fa[i][1].1, fa[i][2].1, fa[i][3].1];
+                            c = mma::mma_m16n8k8_tf32(at, bh, c);
+                            c = mma::mma_m16n8k8_tf32(ah, [fb[0].1, fb[1].1], c);
+                        }
+                        acc[i][j] = mma::mma_m16n8k8_tf32(ah, bh, c);
+                    }
+                }
+                kk += 8;
+            }
+            // This warp is done with the page.
+            crate::sync::sync_warp(u32::MAX);
+            if lane == 0 {
+                unsafe { mbarrier::arrive(sm.free(slot)) };
+            }
+            *u += 1;
+            kt += 1;
+        }
+        true
+    }
+
+    /// Stores this warp's accumulators of instruction `i` (live outputs only): the forward's ReLU on
+    /// hidden layers, the input gradient's ReLU derivative, the weight gradient as is.
+    #[inline(always)]
+    unsafe fn epilogue<const MT: usize, const NT: usize>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        i: &Instruction,
+        acc: &[[[f32; 4]; NT]; MT],
+    ) {
+        let (lane, w) = (thread::lane_id(), thread::warp_id());
+        let l = i.layer;
+        let (din, dout) = unsafe { (b.dims.read(l as usize), b.dims.read(l as usize + 1)) };
+        let (pin, pout) = (pitch(din), pitch(dout));
+        let (w_off, a_in, a_out) = unsafe { (b.w_off.read(l as usize), b.a_off.read(l as usize), b.a_off.read(l as usize + 1)) };
+        let r0 = i.tile_row * cfg.tile + (w / 2) * 16 * MT as u32;
+        let c0 = i.tile_col * cfg.tile + (w % 2) * 8 * NT as u32;
+        let hidden = l + 1 < cfg.layers;
+        for (mi, row) in acc.iter().enumerate() {
+            for (nj, frag) in row.iter().enumerate() {
+                for (e, &v) in frag.iter().enumerate() {
+                    let (fr, fc) = mma::m16n8_c(lane, e as u32);
+                    let (r, c) = (r0 + 16 * mi as u32 + fr, c0 + 8 * nj as u32 + fc);
+                    unsafe {
+                        match i.opcode {
+                            opcode::LINEAR_FWD if r < cfg.batch && c < dout => {
+                                b.act.write((a_out + r * pout + c) as usize, if hidden { v.max(0.0) } else { v })
+                            }
+                            opcode::LINEAR_BWD_INPUT if r < cfg.batch && c < din => {
+                                let j = a_in + r * pin + c;
+                                let live = b.act.as_const().read(j as usize) > 0.0;
+                                b.grad.write(j as usize, if live { v } else { 0.0 })
+                            }
+                            opcode::LINEAR_BWD_WEIGHT if r < dout && c < din => b.dw.write((w_off + r * pin + c) as usize, v),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The consumers: every instruction of `lo..hi` in order (see the module docs).
+    #[inline(always)]
+    unsafe fn consume<const MT: usize, const NT: usize, const SPLIT: bool>(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, lo: u32, hi: u32) {
+        let t = thread::thread_idx_x();
+        let go = shared::dynamic_smem::<u32>(GO as usize);
+        let stats = shared::dynamic_smem::<f32>(STATS as usize);
+        let (mut u, mut phase) = (0u32, 0u32);
+        let mut acc = [[[0.0f32; 4]; NT]; MT];
+        let mut idx = lo;
+        while idx < hi {
+            let ins = unsafe { b.instructions.read(idx as usize) };
+            if let Some(p) = product(b, cfg, &ins) {
+                if !unsafe { tile_mma::<MT, NT, SPLIT>(b, cfg, sm, &p, &mut u, idx, &mut acc) } {
+                    return;
+                }
+                unsafe { epilogue::<MT, NT>(b, cfg, &ins, &acc) };
+            } else {
+                if t == 0 {
+                    let ok = unsafe {
+                        wait(b, cfg, ins.wait, ins.wait_value, idx, CONSUMER)
+                            && wait(b, cfg, ins.wait2, ins.wait2_value, idx, CONSUMER)
+                    };
+                    unsafe { *go = ok as u32 };
+                }
+                if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } || unsafe { *go } == 0 {
+                    return;
+                }
+                let done = match ins.opcode {
+                    opcode::LOSS_GRAD => unsafe {
+                        loss_grad(b, cfg, &ins, cfg.tile, stats, CONSUMERS, t, || rendezvous(b, cfg, sm, &mut phase, idx))
+                    },
+                    opcode::SGD_UPDATE => {
+                        unsafe { sgd_update(b, cfg, &ins, cfg.tile, CONSUMERS, t) };
+                        true
+                    }
+                    _ => true,
+                };
+                if !done {
+                    return;
+                }
+            }
+            // Another block's TMA may read these stores next.
+            fence::proxy_async_global();
+            if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } {
+                return;
+            }
+            if t == 0 {
+                unsafe { signal(b, &ins) };
+            }
+            idx += 1;
+        }
+    }
+
+    /// The kernel's body: barriers initialized by thread 0, then the loader and the consumers.
+    #[inline(always)]
+    pub(super) unsafe fn run(b: &MegaBuffers, cfg: &MegaConfig) {
+        let sm = Smem { base: shared::dynamic_smem_addr() };
+        if sm.base % 1024 != 0 {
+            thread::trap();
+        }
+        if thread::thread_idx_x() == 0 {
+            let mut s = 0;
+            while s < PAGE_STAGES {
+                unsafe {
+                    mbarrier::init(sm.ready(s), PAGE_READY_ARRIVALS);
+                    mbarrier::init(sm.free(s), PAGE_FREE_ARRIVALS + cfg.extra_free_arrivals);
+                }
+                s += 1;
+            }
+            unsafe { mbarrier::init(sm.rendezvous(), CONSUMER_WARPS) };
+            fence::mbarrier_init_release_cluster();
+        }
+        crate::sync::sync_threads();
+        let block = thread::block_idx_x();
+        let (lo, hi) = unsafe { (b.sm_offsets.read(block as usize), b.sm_offsets.read(block as usize + 1)) };
+        if thread::warp_id() == CONSUMER_WARPS {
+            if thread::lane_id() == 0 {
+                unsafe { load_pages(b, cfg, sm, lo, hi) };
+            }
+            return;
+        }
+        match (cfg.tile, cfg.precision == precision::TF32X3) {
+            (32, false) => unsafe { consume::<1, 2, false>(b, cfg, sm, lo, hi) },
+            (32, true) => unsafe { consume::<1, 2, true>(b, cfg, sm, lo, hi) },
+            (_, false) => unsafe { consume::<2, 4, false>(b, cfg, sm, lo, hi) },
+            (_, true) => unsafe { consume::<2, 4, true>(b, cfg, sm, lo, hi) },
+        }
+    }
+
+}
+
+/// One training step on the tensor-core data path (see the module docs). Grid: one block per SM;
+/// block [`TC_THREADS`]; dynamic shared memory [`TC_SMEM_BYTES`]. `cfg.tile` is one of
+/// [`TC_TILES`], `cfg.precision` [`precision::TF32`] or [`precision::TF32X3`].
+#[kernel(arch = "sm_90a", max_threads = 160)]
+pub unsafe fn megakernel_step_tc(b: MegaBuffers, cfg: MegaConfig) {
+    unsafe { dev::run(&b, &cfg) }
+}
+
+// The page layout must hold the largest tile's two pages.
+const _: () = assert!(2 * page_bytes(MAX_TILE) <= STAGE_BYTES);
