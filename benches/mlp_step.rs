@@ -1,5 +1,6 @@
 //! One MLP training step (forward, softmax cross-entropy, backward, SGD) on the GPU, three ways:
-//! the megakernel (one launch per step), kiln's layer-by-layer autograd path, and (in
+//! the megakernel (one launch per step; each data path, every tile), kiln's layer-by-layer
+//! autograd path, and (in
 //! `benches/torch_mlp_step.py`, same run) PyTorch eager and as a CUDA graph. Models: `layers`
 //! bias-free Linear layers of `width` (ReLU between), `width` classes, f32, SGD lr 0.01.
 //! Writes JSON to `$KILN_BENCH_OUT` (default `mlp_step.json`).
@@ -8,8 +9,7 @@
 //! prints why and exits 0.
 
 use kiln::cuda::Device;
-use kiln::gpu::megakernel::TILES;
-use kiln::megakernel::{GpuStep, Loss, MlpShape, StepInputs, build, build_with_tile};
+use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build, build_with_tile};
 use kiln::nn::{Linear, Module, ReLU, Sequential};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::tensor::{DType, Device as TDev, Tensor};
@@ -41,32 +41,46 @@ fn main() {
         let x = Tensor::randn([batch, width], DType::F32, &mut rng).to_vec_f32();
         let classes: Vec<usize> = (0..batch).map(|i| (i * 37) % width).collect();
 
-        // Megakernel: one launch per step.
+        // Megakernel: one launch per step, on each data path, every tile size (so the chooser's pick
+        // can be checked against the others). The batch stays on the device (as PyTorch's graph's
+        // static inputs do); stalls are checked once after the timing instead of after every step.
         let shape = MlpShape { batch, dims: vec![width; layers + 1] };
-        let schedule = build(&shape, sms).expect("schedule");
         let weights: Vec<Vec<f32>> = (0..layers)
             .map(|_| Tensor::randn([width * width], DType::F32, &mut rng).to_vec_f32())
             .map(|w| w.iter().map(|v| v / (width as f32).sqrt()).collect())
             .collect();
         let inp = StepInputs { x: &x, y: &[], classes: &classes, loss: Loss::CrossEntropy, lr: LR, momentum: 0.0 };
-        // Every tile size, so the chooser's pick can be checked against the others. The batch stays
-        // on the device (as PyTorch's graph's static inputs do); stalls are checked once after the
-        // timing instead of after every step.
-        let mut per_tile = vec![];
-        for tile in TILES {
-            let sched = build_with_tile(&shape, sms, tile).expect("schedule");
-            let mut mega = GpuStep::new(dev.clone(), &sched, &weights).expect("megakernel");
-            mega.load_batch(&inp).expect("batch");
-            mega.check_every = 0;
-            let ms = timing::median_ms_batched(&dev, reps, per, || {
-                mega.run(Loss::CrossEntropy, LR, 0.0).expect("megakernel step")
-            });
-            mega.check().expect("no stalled wait while timing");
-            per_tile.push((tile, ms));
+        let mut paths_json = vec![];
+        let mut paths_text = vec![];
+        for path in [DataPath::CudaCores, DataPath::Tf32, DataPath::Tf32x3] {
+            let chosen = build(&shape, sms, path).expect("schedule").tile;
+            let mut per_tile = vec![];
+            for &tile in path.tiles() {
+                let sched = build_with_tile(&shape, sms, tile).expect("schedule");
+                let mut mega = match GpuStep::new(dev.clone(), &sched, &weights, path) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        println!("  {path:?}: {e}");
+                        break;
+                    }
+                };
+                mega.load_batch(&inp).expect("batch");
+                mega.check_every = 0;
+                let ms = timing::median_ms_batched(&dev, reps, per, || {
+                    mega.run(Loss::CrossEntropy, LR, 0.0).expect("megakernel step")
+                });
+                mega.check().expect("no stalled wait while timing");
+                per_tile.push((tile, ms));
+            }
+            let Some(&(_, ms)) = per_tile.iter().find(|(t, _)| *t == chosen) else { continue };
+            let tiles_json: Vec<String> = per_tile.iter().map(|(t, ms)| format!("\"{t}\":{ms:.4}")).collect();
+            let tiles_text: Vec<String> = per_tile.iter().map(|(t, ms)| format!("{t}: {ms:.3}")).collect();
+            paths_json.push(format!(
+                "\"{path:?}\":{{\"tile\":{chosen},\"ms\":{ms:.4},\"ms_by_tile\":{{{}}}}}",
+                tiles_json.join(",")
+            ));
+            paths_text.push(format!("{path:?} {ms:.3} (tile {chosen}; {})", tiles_text.join(", ")));
         }
-        let mega_ms = per_tile.iter().find(|(t, _)| *t == schedule.tile).expect("chosen tile").1;
-        let tiles_json: Vec<String> = per_tile.iter().map(|(t, ms)| format!("\"{t}\":{ms:.4}")).collect();
-        let tiles_text: Vec<String> = per_tile.iter().map(|(t, ms)| format!("tile {t}: {ms:.3}")).collect();
 
         // kiln layer by layer (autograd on the CUDA backend).
         let td = TDev::Cuda(Arc::clone(&dev));
@@ -92,15 +106,13 @@ fn main() {
         let layered_ms = timing::median_ms_batched(&dev, reps, per, &mut step);
 
         println!(
-            "b{batch} w{width} d{layers}: megakernel (chosen tile {}) {mega_ms:.3} ms/step [{}], kiln layer-by-layer {layered_ms:.3} ms/step",
-            schedule.tile,
-            tiles_text.join(", ")
+            "b{batch} w{width} d{layers}: megakernel ms/step {}; kiln layer-by-layer {layered_ms:.3} ms/step",
+            paths_text.join("; ")
         );
         json += &format!(
-            "{}{{\"batch\":{batch},\"width\":{width},\"layers\":{layers},\"tile\":{},\"megakernel_ms\":{mega_ms:.4},\"megakernel_ms_by_tile\":{{{}}},\"layered_ms\":{layered_ms:.4}}}",
+            "{}{{\"batch\":{batch},\"width\":{width},\"layers\":{layers},\"megakernel\":{{{}}},\"layered_ms\":{layered_ms:.4}}}",
             if mi > 0 { "," } else { "" },
-            schedule.tile,
-            tiles_json.join(",")
+            paths_json.join(",")
         );
     }
     json += "]}\n";

@@ -1,6 +1,7 @@
 """PyTorch on the models of benches/mlp_step.rs, for the comparison in the same run: one training
 step (forward, cross-entropy, backward, SGD lr 0.01) of `layers` bias-free Linear layers of `width`
-with ReLU between, eager and captured as a CUDA graph, f32 (TF32 off) and bf16.
+with ReLU between, eager and captured as a CUDA graph: f32 (TF32 off), f32 with TF32 matmuls
+(`allow_tf32`, for kiln's tf32 megakernel path) and bf16.
 Usage: python3 benches/torch_mlp_step.py [out.json]
 """
 import json
@@ -72,7 +73,8 @@ def main():
     for batch, width, layers in MODELS:
         reps, per = (5, 2) if batch * width >= 1 << 22 else (15, 10)
         row = {"batch": batch, "width": width, "layers": layers}
-        for name, dtype in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
+        for name, dtype in [("f32", torch.float32), ("tf32", torch.float32), ("bf16", torch.bfloat16)]:
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
             eager, graph = measure(batch, width, layers, dtype, reps, per)
             row[f"{name}_eager_ms"], row[f"{name}_graph_ms"] = eager, graph
             print(f"b{batch} w{width} d{layers} {name}: eager {eager:.3f} ms, CUDA graph {graph:.3f} ms")

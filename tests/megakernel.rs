@@ -1,8 +1,8 @@
 //! The megakernel's schedule, interpreted on the CPU with SMs interleaved at random, against kiln's
 //! layer-by-layer autograd path: no deadlock for any shape, and the same weights after 1 and 3 steps.
 
-use kiln::gpu::megakernel::{TILES, choose_tile};
-use kiln::megakernel::{Loss, MlpShape, StepInputs, StepState, build, build_with_tile, interpret};
+use kiln::gpu::megakernel::{TC_TILES, TILES, choose_tile};
+use kiln::megakernel::{DataPath, Loss, MlpShape, StepInputs, StepState, build, build_with_tile, interpret};
 use kiln::nn::{Linear, Module, ReLU, Sequential};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::tensor::{DType, Tensor};
@@ -85,13 +85,13 @@ fn one_and_three_steps_match_autograd() {
 #[test]
 fn instruction_counts() {
     let shape = MlpShape { batch: 130, dims: vec![64, 65, 1] };
-    let s = build(&shape, 4).unwrap();
+    let s = build(&shape, 4, DataPath::CudaCores).unwrap();
     assert_eq!(s.tile, 64, "3 x 2 tiles of 64 cover 4 SMs");
     // fwd: 3x2 + 3x1; loss: 3x1; bwd weight: (1x2) + (2x1); bwd input layer 1: 3x2; sgd: 2 + 2
     assert_eq!(s.order.len(), 6 + 3 + 3 + 2 + 2 + 6 + 2 + 2);
     assert_eq!(s.per_sm.iter().map(|v| v.len()).sum::<usize>(), s.order.len());
-    assert!(build(&MlpShape { batch: 0, dims: vec![2, 3] }, 4).is_err());
-    assert!(build(&MlpShape { batch: 4, dims: vec![2] }, 4).is_err());
+    assert!(build(&MlpShape { batch: 0, dims: vec![2, 3] }, 4, DataPath::CudaCores).is_err());
+    assert!(build(&MlpShape { batch: 4, dims: vec![2] }, 4, DataPath::CudaCores).is_err());
     assert!(build_with_tile(&shape, 4, 48).unwrap_err().to_string().contains("tile 48"));
 }
 
@@ -99,17 +99,22 @@ fn instruction_counts() {
 /// the smallest tile when even one tile per 10 SMs is out of reach.
 #[test]
 fn the_tile_fits_the_model() {
-    assert_eq!(choose_tile(4096, 1024, 132), 64);
-    assert_eq!(choose_tile(256, 1024, 132), 64);
-    assert_eq!(choose_tile(64, 256, 132), 32);
-    assert_eq!(choose_tile(1, 1, 1), 64);
-    assert_eq!(choose_tile(16, 16, 132), 16);
+    assert_eq!(choose_tile(4096, 1024, 132, &TILES), 64);
+    assert_eq!(choose_tile(256, 1024, 132, &TILES), 64);
+    assert_eq!(choose_tile(64, 256, 132, &TILES), 32);
+    assert_eq!(choose_tile(1, 1, 1, &TILES), 64);
+    assert_eq!(choose_tile(16, 16, 132, &TILES), 16);
+    // the tensor-core path has no 16-wide tile
+    assert_eq!(choose_tile(16, 16, 132, &TC_TILES), 32);
+    assert_eq!(DataPath::Tf32x3.tiles(), &TC_TILES);
+    assert_eq!(DataPath::CudaCores.tiles(), &TILES);
+    assert_eq!(build(&MlpShape { batch: 16, dims: vec![16, 16] }, 132, DataPath::Tf32).unwrap().tile, 32);
 }
 
 #[test]
 fn a_wrong_wait_is_a_reported_deadlock_not_a_hang() {
     let shape = MlpShape { batch: 64, dims: vec![8, 8, 4] };
-    let mut s = build(&shape, 3).unwrap();
+    let mut s = build(&shape, 3, DataPath::CudaCores).unwrap();
     // one arrival too many expected: the waiter can never run
     let victim = s.per_sm[1].iter_mut().find(|i| i.wait != kiln::gpu::megakernel::NO_COUNTER).unwrap();
     victim.wait_value += 1;
@@ -143,4 +148,142 @@ fn a_one_unit_hidden_layer_matches() {
             assert!(worst < 1e-5, "seed {seed} on {sms} SMs: {worst}");
         }
     }
+}
+
+/// A host model of an mbarrier: arrivals and transaction bytes complete phases; a waiter on
+/// `parity` passes once the phase with that parity has completed (the current phase's parity
+/// differs), as `mbarrier.try_wait.parity` does.
+#[derive(Clone, Debug)]
+struct Barrier {
+    count: u32,
+    pending: u32,
+    tx: u32,
+    completed: u32,
+}
+
+impl Barrier {
+    fn new(count: u32) -> Barrier {
+        Barrier { count, pending: count, tx: 0, completed: 0 }
+    }
+    fn finish_if_done(&mut self) {
+        if self.pending == 0 && self.tx == 0 {
+            self.completed += 1;
+            self.pending = self.count;
+        }
+    }
+    fn arrive(&mut self) {
+        self.pending -= 1;
+        self.finish_if_done();
+    }
+    fn arrive_expect_tx(&mut self, bytes: u32) {
+        self.tx += bytes;
+        self.arrive();
+    }
+    fn complete_tx(&mut self, bytes: u32) {
+        self.tx -= bytes;
+        self.finish_if_done();
+    }
+    fn passes(&self, parity: u32) -> bool {
+        self.completed % 2 != parity
+    }
+}
+
+/// The page ring's protocol run on the host with the kernel's constants and parity functions: a
+/// loader, `CONSUMER_WARPS` consumers and TMA completions interleaved at random over `uses` page
+/// uses. Returns the use at which everything stopped (`uses` when all consumed) and checks that
+/// every consumer read the bytes of the use it waited for.
+fn run_page_ring(uses: u32, free_arrivals: u32, seed: u64) -> (u32, Option<(u32, u32)>) {
+    use kiln::gpu::megakernel::{
+        CONSUMER_WARPS, PAGE_READY_ARRIVALS, PAGE_STAGES, free_parity, page_slot, ready_parity, stage_tx_bytes,
+    };
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let s = PAGE_STAGES as usize;
+    let mut ready = vec![Barrier::new(PAGE_READY_ARRIVALS); s];
+    let mut free = vec![Barrier::new(free_arrivals); s];
+    let mut page = vec![u32::MAX; s];
+    let tx = stage_tx_bytes(64);
+    let mut loader = 0u32;
+    let mut in_flight: Vec<u32> = Vec::new();
+    let mut consumers = vec![0u32; CONSUMER_WARPS as usize];
+    loop {
+        // what can move: the loader (its free wait met), a copy landing, a consumer (its ready wait met)
+        let mut moves = Vec::new();
+        if loader < uses && (loader < PAGE_STAGES || free[page_slot(loader) as usize].passes(free_parity(loader))) {
+            moves.push(0usize);
+        }
+        if !in_flight.is_empty() {
+            moves.push(1);
+        }
+        for (w, &u) in consumers.iter().enumerate() {
+            if u < uses && ready[page_slot(u) as usize].passes(ready_parity(u)) {
+                moves.push(2 + w);
+            }
+        }
+        if moves.is_empty() {
+            let stuck = (loader < uses).then(|| (page_slot(loader), free_parity(loader)));
+            return (*consumers.iter().min().unwrap(), stuck);
+        }
+        match moves[rng.random_range(0..moves.len())] {
+            0 => {
+                ready[page_slot(loader) as usize].arrive_expect_tx(tx);
+                in_flight.push(loader);
+                loader += 1;
+            }
+            1 => {
+                let u = in_flight.remove(rng.random_range(0..in_flight.len()));
+                page[page_slot(u) as usize] = u;
+                ready[page_slot(u) as usize].complete_tx(tx);
+            }
+            m => {
+                let w = m - 2;
+                let u = consumers[w];
+                assert_eq!(page[page_slot(u) as usize], u, "consumer {w} read the wrong use of slot {}", page_slot(u));
+                free[page_slot(u) as usize].arrive();
+                consumers[w] += 1;
+            }
+        }
+    }
+}
+
+/// The arrival counts and parities the kernel uses (one definition in `kiln_gpu::megakernel`)
+/// carry every page use through, far past the parity bit's wrap-around, in any interleaving.
+#[test]
+fn the_page_ring_protocol_never_strands_a_waiter() {
+    use kiln::gpu::megakernel::PAGE_FREE_ARRIVALS;
+    for seed in 0..20 {
+        assert_eq!(run_page_ring(5000, PAGE_FREE_ARRIVALS, seed), (5000, None), "seed {seed}");
+    }
+}
+
+/// One expected arrival too many (the GPU test's planted fault) strands the loader at the first
+/// reuse of page 0, waiting for parity 0: the record the device reports.
+#[test]
+fn one_extra_free_arrival_strands_the_loader_at_the_first_reuse() {
+    use kiln::gpu::megakernel::{PAGE_FREE_ARRIVALS, PAGE_STAGES};
+    for seed in 0..5 {
+        assert_eq!(run_page_ring(100, PAGE_FREE_ARRIVALS + 1, seed), (PAGE_STAGES, Some((0, 0))), "seed {seed}");
+    }
+}
+
+/// The shared-memory layout of the tensor-core kernel: stages 1024-byte aligned (128-byte
+/// swizzling computes from address bits), both pages of the largest tile fit a stage, the whole fits
+/// the H200's 227 KiB; row pitches keep every row 16-byte aligned.
+#[test]
+fn tensor_core_layout_constants() {
+    use kiln::gpu::kernels::megakernel_tc::{TC_SMEM_BYTES, TC_THREADS};
+    use kiln::gpu::megakernel::{PAGE_K, STAGE_BYTES, page_bytes, pitch, record_offset};
+    assert_eq!(STAGE_BYTES % 1024, 0);
+    assert_eq!(page_bytes(64) % 1024, 0, "the B page starts 1024-byte aligned");
+    assert!(2 * page_bytes(TC_TILES[1]) <= STAGE_BYTES);
+    assert!(TC_SMEM_BYTES <= 227 * 1024, "{TC_SMEM_BYTES}");
+    assert_eq!(TC_THREADS, 160);
+    assert_eq!(PAGE_K * 4, 128, "a K-major page row is one 128-byte swizzle span");
+    for d in 1..100u32 {
+        assert!(pitch(d) >= d && pitch(d) % 4 == 0 && pitch(d) < d + 4);
+    }
+    // records: the abort flag right after the counters, then two per block
+    assert_eq!(record_offset(10, 0, 0), 11);
+    assert_eq!(record_offset(10, 0, 1), 15);
+    assert_eq!(record_offset(10, 1, 0), 19);
 }

@@ -115,6 +115,14 @@ struct TrainArgs {
     /// without a GPU, its schedule runs on the CPU interpreter).
     #[arg(long)]
     megakernel: bool,
+    /// The megakernel's data path: tf32x3 (tensor cores, about f32 accuracy), tf32 (tensor cores,
+    /// tf32 inputs) or cuda-cores (FMA chains, any GPU). Default: tf32x3 where the GPU has TMA.
+    #[arg(long, value_parser = parse_mega_path)]
+    mega_path: Option<kiln::megakernel::DataPath>,
+}
+
+fn parse_mega_path(s: &str) -> Result<kiln::megakernel::DataPath, String> {
+    kiln::megakernel::DataPath::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Subcommand)]
@@ -197,6 +205,7 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         checkpoint: Some(a.checkpoint),
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         megakernel: a.megakernel,
+        mega_path: a.mega_path,
     };
     let report = kiln::train::train(&cfg, |line| say!("{line}"))?;
     let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);

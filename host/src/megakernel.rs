@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result};
 use kiln_gpu::math;
-use kiln_gpu::megakernel::{Instruction, NO_COUNTER, TILES, choose_tile, opcode};
+use kiln_gpu::megakernel::{Instruction, NO_COUNTER, TILES, choose_tile, opcode, pitch, precision};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// The loss the step differentiates.
@@ -21,6 +21,50 @@ pub enum Loss {
     Mse,
     /// Mean over the batch of softmax cross-entropy with integer targets.
     CrossEntropy,
+}
+
+/// How the device multiplies: which kernel runs the step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DataPath {
+    /// `megakernel_step` (any GPU): shared-memory slabs and CUDA-core FMA chains in ascending k,
+    /// bit-identical to [`interpret`]. Tiles 16, 32, 64.
+    CudaCores,
+    /// `megakernel_step_tc` (sm_90): TMA pages, a loader warp, `mma.sync` with inputs rounded to
+    /// tf32 (about 3 decimal digits per input, as PyTorch's `allow_tf32`). Tiles 32, 64.
+    Tf32,
+    /// `megakernel_step_tc` with 3xTF32 products (each input split into a tf32 head and tail):
+    /// about f32 accuracy. The default. Tiles 32, 64.
+    #[default]
+    Tf32x3,
+}
+
+impl DataPath {
+    /// The kernel's [`precision`] code.
+    pub fn code(self) -> u32 {
+        match self {
+            DataPath::CudaCores => precision::CUDA_CORES,
+            DataPath::Tf32 => precision::TF32,
+            DataPath::Tf32x3 => precision::TF32X3,
+        }
+    }
+
+    /// The tile edges the path's kernel is built for, ascending.
+    pub fn tiles(self) -> &'static [u32] {
+        kiln_gpu::megakernel::tiles_for(self.code())
+    }
+
+    /// Parses `cuda-cores`, `tf32` or `tf32x3` (the main job's `--mega-path`).
+    pub fn parse(s: &str) -> Result<DataPath> {
+        match s {
+            "cuda-cores" => Ok(DataPath::CudaCores),
+            "tf32" => Ok(DataPath::Tf32),
+            "tf32x3" => Ok(DataPath::Tf32x3),
+            other => Err(Error::Unsupported {
+                op: "megakernel data path",
+                what: format!("{other:?}: choose cuda-cores, tf32 or tf32x3"),
+            }),
+        }
+    }
 }
 
 /// The model and batch a schedule is built for.
@@ -102,11 +146,11 @@ fn instr(op: u32, layer: u32, tr: u32, tc: u32) -> Instruction {
 }
 
 /// Builds the schedule of one training step for `shape` on `sms` multiprocessors, with the tile
-/// [`choose_tile`] picks for it.
-pub fn build(shape: &MlpShape, sms: usize) -> Result<Schedule> {
+/// [`choose_tile`] picks for it among `path`'s tiles.
+pub fn build(shape: &MlpShape, sms: usize, path: DataPath) -> Result<Schedule> {
     let widest = shape.dims.iter().skip(1).copied().max().unwrap_or(1);
     let clamp = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
-    build_with_tile(shape, sms, choose_tile(clamp(shape.batch), clamp(widest), clamp(sms)))
+    build_with_tile(shape, sms, choose_tile(clamp(shape.batch), clamp(widest), clamp(sms), path.tiles()))
 }
 
 /// [`build`] with a given tile edge (one of [`TILES`]).
@@ -401,10 +445,16 @@ pub fn interpret(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, seed: u
 }
 
 /// The schedule and buffers of one model on the GPU: [`GpuStep::step`] runs one training step as a
-/// single launch of `megakernel_step`.
+/// single launch of the megakernel of its [`DataPath`].
+///
+/// Device layout: every matrix (`act[l]`, `grad[l]`: `batch x dims[l]`; `W[l]`, its gradient and
+/// momentum: `dims[l+1] x dims[l]`) is row-major with a row pitch of
+/// [`pitch`]`(columns)` (a multiple of 4 elements, so that every row starts 16-byte aligned, as TMA
+/// needs); the padding is never read or written. The host API takes and returns unpadded rows.
 pub struct GpuStep {
     dev: std::sync::Arc<crate::cuda::Device>,
     shape: MlpShape,
+    path: DataPath,
     sms: u32,
     counters: usize,
     tile: u32,
@@ -421,7 +471,10 @@ pub struct GpuStep {
     grad: crate::cuda::DeviceBuffer<f32>,
     y: crate::cuda::DeviceBuffer<f32>,
     classes: crate::cuda::DeviceBuffer<u32>,
-    w_sizes: Vec<usize>,
+    /// The tensor maps of the tensor-core path (`map::PER_LAYER` per layer, 64-byte aligned at
+    /// `maps_offset` words), absent on the CUDA-core path.
+    maps: Option<(crate::cuda::DeviceBuffer<u64>, usize)>,
+    extra_free_arrivals: u32,
     steps_since_check: u32,
     /// How long a dependency wait may take before the step is abandoned (nanoseconds).
     pub wait_limit_ns: u32,
@@ -440,11 +493,56 @@ struct InstructionWords(Instruction);
 // SAFETY: repr(transparent) over a repr(C) struct of u32.
 unsafe impl cudarc::driver::DeviceRepr for InstructionWords {}
 
+/// `rows` rows of `cols` values, each padded with zeros to [`pitch`]`(cols)`.
+fn pad_rows(v: &[f32], cols: usize) -> Vec<f32> {
+    let p = pitch(cols as u32) as usize;
+    if p == cols {
+        return v.to_vec();
+    }
+    let mut out = vec![0.0; v.len() / cols * p];
+    for (dst, src) in out.chunks_mut(p).zip(v.chunks(cols)) {
+        dst[..cols].copy_from_slice(src);
+    }
+    out
+}
+
+/// The inverse of [`pad_rows`].
+fn unpad_rows(v: &[f32], cols: usize) -> Vec<f32> {
+    let p = pitch(cols as u32) as usize;
+    v.chunks(p).flat_map(|r| r[..cols].iter().copied()).collect()
+}
+
 impl GpuStep {
-    /// Uploads `schedule` and the initial weights (`W[l]`, `dims[l+1] x dims[l]`).
-    pub fn new(dev: std::sync::Arc<crate::cuda::Device>, schedule: &Schedule, weights: &[Vec<f32>]) -> Result<GpuStep> {
+    /// Uploads `schedule` and the initial weights (`W[l]`, `dims[l+1] x dims[l]`) for the kernel of
+    /// `path` (the schedule's tile must be one of `path.tiles()`).
+    pub fn new(
+        dev: std::sync::Arc<crate::cuda::Device>,
+        schedule: &Schedule,
+        weights: &[Vec<f32>],
+        path: DataPath,
+    ) -> Result<GpuStep> {
+        use kiln_gpu::megakernel::{RECORD_WORDS, RECORDS_PER_BLOCK};
         let shape = schedule.shape.clone();
         StepState::new(&shape, weights.to_vec())?;
+        if !path.tiles().contains(&schedule.tile) {
+            return Err(Error::Unsupported {
+                op: "megakernel",
+                what: format!(
+                    "a schedule with tile {} for the {path:?} path, which takes tiles {:?}: build it with `build(.., {path:?})`",
+                    schedule.tile,
+                    path.tiles()
+                ),
+            });
+        }
+        if path != DataPath::CudaCores && !dev.supports::<kiln_gpu::kernels::megakernel_tc::MegakernelStepTc>() {
+            return Err(Error::Unsupported {
+                op: "megakernel",
+                what: format!(
+                    "the {path:?} path needs TMA (sm_90); this GPU is {:?}: use DataPath::CudaCores",
+                    dev.compute_capability()
+                ),
+            });
+        }
         let sms = schedule.per_sm.len();
         let max_sms =
             dev.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
@@ -460,17 +558,19 @@ impl GpuStep {
             flat.extend(list.iter().map(|i| InstructionWords(*i)));
             offsets.push(flat.len() as u32);
         }
+        let d = &shape.dims;
+        let p = |l: usize| pitch(d[l] as u32) as usize;
         let mut w_off = vec![];
         let mut total = 0usize;
-        for w in weights {
+        for l in 0..shape.layers() {
             w_off.push(total as u32);
-            total += w.len();
+            total += d[l + 1] * p(l);
         }
         let mut a_off = vec![];
         let mut atotal = 0usize;
-        for &d in &shape.dims {
+        for l in 0..d.len() {
             a_off.push(atotal as u32);
-            atotal += d * shape.batch;
+            atotal += shape.batch * p(l);
         }
         if total.max(atotal).max(flat.len()) > crate::cuda::gemm::MAX_OPERAND_ELEMENTS {
             return Err(Error::Unsupported {
@@ -480,20 +580,20 @@ impl GpuStep {
                 ),
             });
         }
-        let flat_w: Vec<f32> = weights.concat();
-        let instructions = dev.upload(&flat)?;
-        Ok(GpuStep {
+        let flat_w: Vec<f32> = weights.iter().enumerate().flat_map(|(l, w)| pad_rows(w, d[l])).collect();
+        let records = RECORD_WORDS as usize * RECORDS_PER_BLOCK as usize * sms;
+        let mut step = GpuStep {
             sms: sms as u32,
             counters: schedule.counters,
             tile: schedule.tile,
-            instructions,
+            instructions: dev.upload(&flat)?,
             sm_offsets: dev.upload(&offsets)?,
-            counter_buf: dev.zeros::<u32>(schedule.counters + 1 + 4 * sms)?,
-            y: dev.zeros::<f32>(shape.batch * shape.dims[shape.layers()])?,
+            counter_buf: dev.zeros::<u32>(schedule.counters + 1 + records)?,
+            y: dev.zeros::<f32>(shape.batch * d[shape.layers()])?,
             classes: dev.zeros::<u32>(shape.batch)?,
             steps_since_check: 0,
             check_every: 1,
-            dims: dev.upload(&shape.dims.iter().map(|&d| d as u32).collect::<Vec<_>>())?,
+            dims: dev.upload(&d.iter().map(|&x| x as u32).collect::<Vec<_>>())?,
             w_off: dev.upload(&w_off)?,
             a_off: dev.upload(&a_off)?,
             velocity: dev.zeros::<f32>(total)?,
@@ -501,11 +601,75 @@ impl GpuStep {
             weights: dev.upload(&flat_w)?,
             act: dev.zeros::<f32>(atotal)?,
             grad: dev.zeros::<f32>(atotal)?,
-            w_sizes: weights.iter().map(|w| w.len()).collect(),
+            maps: None,
+            extra_free_arrivals: 0,
             wait_limit_ns: 1_000_000_000,
+            path,
             shape,
             dev,
-        })
+        };
+        if path != DataPath::CudaCores {
+            step.maps = Some(step.encode_maps(&w_off, &a_off)?);
+        }
+        Ok(step)
+    }
+
+    /// The tensor maps of the tensor-core path, in `kiln_gpu::megakernel::map` order per layer.
+    fn encode_maps(&self, w_off: &[u32], a_off: &[u32]) -> Result<(crate::cuda::DeviceBuffer<u64>, usize)> {
+        use crate::cuda::{TensorMapSpec, TmaDtype};
+        use kiln_gpu::megakernel::{PAGE_K, map};
+        use kiln_gpu::swizzle::Swizzle;
+        let d = &self.shape.dims;
+        let spec = |rows: usize, cols: usize, box_rows: u32| TensorMapSpec {
+            dtype: TmaDtype::F32,
+            rows: rows as u64,
+            cols: cols as u64,
+            row_pitch: pitch(cols as u32) as u64,
+            box_rows,
+            box_cols: 32,
+            swizzle: Swizzle::B128,
+        };
+        let at = |buf: &crate::cuda::DeviceBuffer<f32>, off: u32| buf.addr() + 4 * off as u64;
+        let mut words = Vec::new();
+        for l in 0..self.shape.layers() {
+            let b = self.shape.batch;
+            let mut layer = [(0u64, spec(1, 1, 1)); map::PER_LAYER as usize];
+            layer[map::ACT_K as usize] = (at(&self.act, a_off[l]), spec(b, d[l], self.tile));
+            layer[map::ACT_M as usize] = (at(&self.act, a_off[l]), spec(b, d[l], PAGE_K));
+            layer[map::GRAD_K as usize] = (at(&self.grad, a_off[l + 1]), spec(b, d[l + 1], self.tile));
+            layer[map::GRAD_M as usize] = (at(&self.grad, a_off[l + 1]), spec(b, d[l + 1], PAGE_K));
+            layer[map::W_K as usize] = (at(&self.weights, w_off[l]), spec(d[l + 1], d[l], self.tile));
+            layer[map::W_M as usize] = (at(&self.weights, w_off[l]), spec(d[l + 1], d[l], PAGE_K));
+            for (addr, s) in layer {
+                words.extend_from_slice(&s.encode(addr)?.opaque);
+            }
+        }
+        // Pool allocations promise less than the copy engine's 64-byte alignment: place the maps
+        // at the first 64-byte boundary of a slightly larger buffer.
+        let mut buf = self.dev.zeros::<u64>(words.len() + 8)?;
+        let offset = ((64 - buf.addr() % 64) % 64 / 8) as usize;
+        let mut host = vec![0u64; buf.len()];
+        host[offset..offset + words.len()].copy_from_slice(&words);
+        self.dev.write(&mut buf, &host)?;
+        Ok((buf, offset))
+    }
+
+    /// The step's data path.
+    pub fn path(&self) -> DataPath {
+        self.path
+    }
+
+    /// The output tile edge of the schedule.
+    pub fn tile(&self) -> u32 {
+        self.tile
+    }
+
+    /// Test hook for the hang-proof check: every page's free barrier of the tensor-core kernel
+    /// expects `n` more arrivals than the consumer warps make, so the loader's first reuse of a page
+    /// waits forever; the step must then report [`Error::Stalled`] with the page and parity. 0
+    /// (the default) for real training. No effect on the CUDA-core path (it has no pages).
+    pub fn set_extra_free_arrivals(&mut self, n: u32) {
+        self.extra_free_arrivals = n;
     }
 
     /// One training step on the GPU: [`GpuStep::load_batch`], then [`GpuStep::run`]. After an
@@ -533,7 +697,7 @@ impl GpuStep {
             });
         }
         // The batch goes into layer 0's activations; the other layers are overwritten by the forward.
-        self.dev.write_prefix(&mut self.act, inp.x)?;
+        self.dev.write_prefix(&mut self.act, &pad_rows(inp.x, d0))?;
         match inp.loss {
             Loss::Mse => self.dev.write_prefix(&mut self.y, inp.y)?,
             Loss::CrossEntropy => {
@@ -548,6 +712,7 @@ impl GpuStep {
     /// [`GpuStep::check_every`] says so.
     pub fn run(&mut self, loss_kind: Loss, lr: f32, momentum: f32) -> Result<()> {
         use kiln_gpu::kernels::megakernel_step::{MEGA_THREADS, MegakernelStep};
+        use kiln_gpu::kernels::megakernel_tc::{MegakernelStepTc, TC_SMEM_BYTES, TC_THREADS};
         use kiln_gpu::megakernel::{MegaBuffers, MegaConfig, loss};
         // Zero the dependency counters only: the abort flag and the records after them stay until
         // a check reads them.
@@ -555,6 +720,10 @@ impl GpuStep {
             let mut deps = self.counter_buf.slice_mut().slice_mut(..self.counters);
             self.dev.stream().memset_zeros(&mut deps).map_err(Error::driver("zeroing the megakernel's counters"))?;
         }
+        let maps = match &self.maps {
+            Some((buf, offset)) => kiln_gpu::DevicePtr::from_addr(buf.addr() + 8 * *offset as u64),
+            None => kiln_gpu::DevicePtr::from_addr(0),
+        };
         let bufs = MegaBuffers {
             instructions: kiln_gpu::DevicePtr::from_addr(self.instructions.addr()),
             sm_offsets: self.sm_offsets.ptr(),
@@ -569,6 +738,7 @@ impl GpuStep {
             grad: self.grad.ptr_mut(),
             y: self.y.ptr(),
             classes: self.classes.ptr(),
+            maps,
         };
         let cfg = MegaConfig {
             batch: self.shape.batch as u32,
@@ -579,14 +749,22 @@ impl GpuStep {
             momentum,
             wait_limit_ns: self.wait_limit_ns,
             tile: self.tile,
+            precision: self.path.code(),
+            extra_free_arrivals: self.extra_free_arrivals,
         };
-        let launch = crate::cuda::LaunchConfig {
+        let launch = |threads: u32, smem: u32| crate::cuda::LaunchConfig {
             grid_dim: (self.sms, 1, 1),
-            block_dim: (MEGA_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
         };
-        // SAFETY: every buffer was sized from the schedule's shape; the kernel indexes within it.
-        unsafe { self.dev.launch(MegakernelStep, launch, (bufs, cfg))? };
+        // SAFETY: every buffer was sized from the schedule's shape, and the tensor maps describe
+        // them; the kernels index within them.
+        unsafe {
+            match self.path {
+                DataPath::CudaCores => self.dev.launch(MegakernelStep, launch(MEGA_THREADS, 0), (bufs, cfg))?,
+                _ => self.dev.launch(MegakernelStepTc, launch(TC_THREADS, TC_SMEM_BYTES), (bufs, cfg))?,
+            }
+        }
         self.steps_since_check += 1;
         if self.check_every != 0 && self.steps_since_check >= self.check_every {
             self.check()?;
@@ -597,38 +775,59 @@ impl GpuStep {
     /// Waits for the launched steps and reports a stalled wait in any of them as
     /// [`Error::Stalled`] (then clears the flag).
     pub fn check(&mut self) -> Result<()> {
+        use kiln_gpu::megakernel::{
+            PAGE_FREE, PAGE_READY, PAGE_TAG, RECORD_WORDS, RECORDS_PER_BLOCK, RENDEZVOUS, record_offset,
+        };
         self.steps_since_check = 0;
         let c = self.dev.download(&self.counter_buf)?;
         let k = self.counters;
         if c[k] == 0 {
             return Ok(());
         }
-        let stuck: Vec<String> = (0..self.sms as usize)
-            .filter_map(|blk| {
-                let r = &c[k + 1 + 4 * blk..k + 5 + 4 * blk];
-                (r[0] != 0).then(|| {
-                    format!(
-                        "block {blk} at instruction {} waited on counter {} (saw {}, wanted {})",
-                        r[0] - 1,
-                        r[1],
-                        r[2],
-                        r[3]
-                    )
-                })
-            })
-            .collect();
+        let mut stuck = Vec::new();
+        for blk in 0..self.sms {
+            for role in 0..RECORDS_PER_BLOCK {
+                let at = record_offset(k as u32, blk, role) as usize;
+                let r = &c[at..at + RECORD_WORDS as usize];
+                if r[0] == 0 {
+                    continue;
+                }
+                let who = if self.path == DataPath::CudaCores {
+                    "block"
+                } else if role == 0 {
+                    "loader of block"
+                } else {
+                    "consumers of block"
+                };
+                let what = if r[1] & PAGE_TAG == 0 {
+                    format!("counter {} (saw {}, wanted {})", r[1], r[2], r[3])
+                } else {
+                    let slot = r[1] & 0xffff;
+                    match (r[1] >> 16) & 0xff {
+                        PAGE_READY => format!("the ready barrier of page {slot} with parity {} (page use {})", r[2], r[3]),
+                        PAGE_FREE => format!("the free barrier of page {slot} with parity {} (page use {})", r[2], r[3]),
+                        RENDEZVOUS => format!("the consumers' rendezvous with parity {} (meeting {})", r[2], r[3]),
+                        other => format!("barrier kind {other}, slot {slot}, parity {}", r[2]),
+                    }
+                };
+                stuck.push(format!("{who} {blk} at instruction {} waited on {what}", r[0] - 1));
+            }
+        }
         self.dev.zero(&mut self.counter_buf)?;
-        Err(Error::Stalled { kernel: "megakernel_step", msg: stuck.join("; ") })
+        let kernel = if self.path == DataPath::CudaCores { "megakernel_step" } else { "megakernel_step_tc" };
+        Err(Error::Stalled { kernel, msg: stuck.join("; ") })
     }
 
-    /// The current weights, per layer.
+    /// The current weights, per layer (unpadded rows).
     pub fn weights(&mut self) -> Result<Vec<Vec<f32>>> {
         self.check()?;
         let flat = self.dev.download(&self.weights)?;
+        let d = &self.shape.dims;
         let mut out = Vec::new();
         let mut at = 0;
-        for &n in &self.w_sizes {
-            out.push(flat[at..at + n].to_vec());
+        for l in 0..self.shape.layers() {
+            let n = d[l + 1] * pitch(d[l] as u32) as usize;
+            out.push(unpad_rows(&flat[at..at + n], d[l]));
             at += n;
         }
         Ok(out)

@@ -90,6 +90,9 @@ pub struct TrainConfig {
     /// cross-entropy) instead of the layer-by-layer path. Without a GPU its schedule runs on the
     /// CPU interpreter.
     pub megakernel: bool,
+    /// The megakernel's data path on the GPU (None: the tensor-core path with 3xTF32 products
+    /// where the GPU has TMA, sm_90 and newer; the CUDA-core path elsewhere).
+    pub mega_path: Option<crate::megakernel::DataPath>,
 }
 
 impl Default for TrainConfig {
@@ -111,6 +114,7 @@ impl Default for TrainConfig {
             checkpoint: Some(PathBuf::from("kiln-mlp.safetensors")),
             progress: true,
             megakernel: false,
+            mega_path: None,
         }
     }
 }
@@ -346,7 +350,7 @@ pub fn load_model(path: &std::path::Path) -> Result<(Sequential, HashMap<String,
 /// The main job through the megakernel: one launch per training step (or, without a GPU, the same
 /// schedule on the CPU interpreter). Full batches only (a last partial batch is dropped each epoch).
 fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport> {
-    use crate::megakernel::{GpuStep, Loss, MlpShape, StepInputs, StepState, build, interpret};
+    use crate::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, StepState, build, interpret};
     use crate::nn::{Linear, ReLU};
     if cfg.depth == 0 {
         return Err(Error::shape("train", "depth must be at least 1"));
@@ -391,10 +395,15 @@ fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<Trai
         }
         None => 8,
     };
-    let schedule = build(&shape, sms)?;
+    let path = cfg.mega_path.unwrap_or(match &gpu {
+        Some(d) if d.supports::<kiln_gpu::kernels::megakernel_tc::MegakernelStepTc>() => DataPath::Tf32x3,
+        Some(_) => DataPath::CudaCores,
+        None => DataPath::default(),
+    });
+    let schedule = build(&shape, sms, path)?;
     let (mut on_gpu, mut on_cpu) = match &gpu {
         Some(d) => {
-            let mut g = GpuStep::new(d.clone(), &schedule, &weights)?;
+            let mut g = GpuStep::new(d.clone(), &schedule, &weights, path)?;
             // a stall is reported when the epoch's weights are read, without a wait after every step
             g.check_every = 0;
             (Some(g), None)
@@ -403,8 +412,9 @@ fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<Trai
     };
     let device_name = match &gpu {
         Some(d) => format!(
-            "GPU: {} (megakernel, one launch per step, {} instructions on {sms} SMs)",
+            "GPU: {} (megakernel, {path:?} path, tile {}, one launch per step, {} instructions on {sms} SMs)",
             d.name(),
+            schedule.tile,
             schedule.order.len()
         ),
         None => format!("CPU (megakernel schedule on the CPU interpreter, {} instructions)", schedule.order.len()),
