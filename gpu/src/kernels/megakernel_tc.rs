@@ -57,7 +57,7 @@ mod dev {
         page_bytes, page_slot, pitch, precision, ready_parity, stage_tx_bytes,
     };
     use crate::swizzle::Swizzle;
-    use crate::{convert, fence, mbarrier, mma, shared, thread, tma, warp};
+    use crate::{convert, fence, matrix, mbarrier, mma, shared, thread, tma, warp};
 
     /// Role of a stall record: the loader's, or the consumers'.
     const LOADER: u32 = 0;
@@ -244,6 +244,82 @@ mod dev {
         ok
     }
 
+    /// Which fragments a [`Frags`] loads: the four registers of an `m16n8k8` A tile (16 rows), or
+    /// the two registers of each of a pair of B tiles (16 columns).
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum FragKind {
+        A,
+        BPair,
+    }
+
+    /// One lane's addressing of a warp's fragments in an operand page, computed once per product:
+    /// `G` groups of 16 rows (m for A, n for B) from row `base` of the page.
+    ///
+    /// - K-major pages: one `ldmatrix.x4` per group. Its four 8 x 8 b16 matrices are four 8-row x
+    ///   4-f32 blocks, and a lane receives element `lane % 4` of row `lane / 4` of each: exactly the
+    ///   tf32 fragment (A: rows +0/+8 x k +0/+4; B: k +0/+4 x columns +0/+8). Lane `l` points at
+    ///   row `l % 8 (+8)`, 16-byte chunk `(l / 8)`; the 128-byte swizzle XORs the chunk with the row,
+    ///   and since the page is 1024-byte aligned and `kk / 4` only sets chunk bits, the address for
+    ///   k step `kk` is the lane's address XOR `(kk / 4) << 4`.
+    /// - M-major pages: four `ld.shared.b32` per group, at offsets precomputed for `kk = 0`; k step
+    ///   `kk` (a multiple of 8) adds `kk * 128` and leaves the swizzle's `k % 8` unchanged.
+    #[derive(Clone, Copy)]
+    struct Frags<const G: usize> {
+        kmajor: bool,
+        off: [[u32; 4]; G],
+    }
+
+    impl<const G: usize> Frags<G> {
+        #[inline(always)]
+        fn new(kmajor: bool, base: u32, kind: FragKind) -> Self {
+            let lane = thread::lane_id();
+            let (q, r) = (lane / 8, lane % 8);
+            let mut off = [[0u32; 4]; G];
+            for (gi, o) in off.iter_mut().enumerate() {
+                let row0 = base + 16 * gi as u32;
+                if kmajor {
+                    // A: matrices (rows +0, k +0), (+8, +0), (+0, +4), (+8, +4);
+                    // B pair: (columns +0, k +0), (+0, +4), (+8, +0), (+8, +4)
+                    let (drow, dchunk) = if kind == FragKind::A { (8 * (q % 2), q / 2) } else { (8 * (q / 2), q % 2) };
+                    o[0] = (row0 + r + drow) * 128 + ((dchunk ^ r) << 4);
+                } else {
+                    for (e, v) in o.iter_mut().enumerate() {
+                        let e = e as u32;
+                        let (m, k) = if kind == FragKind::A {
+                            let (fr, fc) = mma::m16n8k8_tf32_a(lane, e);
+                            (row0 + fr, fc)
+                        } else {
+                            // registers (b0, b1) of the first B tile, then of the second
+                            let (fk, fn_) = mma::m16n8k8_tf32_b(lane, e % 2);
+                            (row0 + 8 * (e / 2) + fn_, fk)
+                        };
+                        *v = page_offset(false, m, k);
+                    }
+                }
+            }
+            Frags { kmajor, off }
+        }
+
+        /// The four fragment registers of group `gi` at k step `kk` of the page at `page`.
+        #[inline(always)]
+        unsafe fn load(&self, page: u32, gi: usize, kk: u32) -> [u32; 4] {
+            let o = &self.off[gi];
+            if self.kmajor {
+                unsafe { matrix::ldmatrix_x4(page + (o[0] ^ ((kk / 4) << 4))) }
+            } else {
+                let at = page + kk * 128;
+                unsafe {
+                    [
+                        shared::ld_shared_b32(at + o[0]),
+                        shared::ld_shared_b32(at + o[1]),
+                        shared::ld_shared_b32(at + o[2]),
+                        shared::ld_shared_b32(at + o[3]),
+                    ]
+                }
+            }
+        }
+    }
+
     /// An f32 as tf32 operands: `(head, tail)` with `head = tf32(x)` and `tail = tf32(x - head)`
     /// (the tail only when `SPLIT`).
     #[inline(always)]
@@ -270,6 +346,8 @@ mod dev {
         let lane = thread::lane_id();
         let w = thread::warp_id();
         let (rm, rn) = ((w / 2) * 16 * MT as u32, (w % 2) * 8 * NT as u32);
+        let a_frag = Frags::<MT>::new(p.a_kmajor, rm, FragKind::A);
+        let b_frag = Frags::<MT>::new(p.b_kmajor, rn, FragKind::BPair);
         *acc = [[[0.0f32; 4]; NT]; MT];
         let mut kt = 0;
         while kt < p.k.div_ceil(PAGE_K) {
@@ -286,19 +364,21 @@ mod dev {
             while kk < PAGE_K {
                 let mut fa = [[(0u32, 0u32); 4]; MT];
                 for (i, f) in fa.iter_mut().enumerate() {
-                    for (e, v) in f.iter_mut().enumerate() {
-                        let (r, c) = mma::m16n8k8_tf32_a(lane, e as u32);
-                        let off = page_offset(p.a_kmajor, rm + 16 * i as u32 + r, kk + c);
-                        *v = split::<SPLIT>(f32::from_bits(unsafe { shared::ld_shared_b32(pa + off) }));
+                    let raw = unsafe { a_frag.load(pa, i, kk) };
+                    for e in 0..4 {
+                        f[e] = split::<SPLIT>(f32::from_bits(raw[e]));
                     }
                 }
-                for j in 0..NT {
-                    let mut fb = [(0u32, 0u32); 2];
-                    for (e, v) in fb.iter_mut().enumerate() {
-                        let (c, n) = mma::m16n8k8_tf32_b(lane, e as u32);
-                        let off = page_offset(p.b_kmajor, rn + 8 * j as u32 + n, kk + c);
-                        *v = split::<SPLIT>(f32::from_bits(unsafe { shared::ld_shared_b32(pb + off) }));
+                let mut fb = [[(0u32, 0u32); 2]; NT];
+                let mut j = 0;
+                while j < NT {
+                    let raw = unsafe { b_frag.load(pb, j / 2, kk) };
+                    for e in 0..4 {
+                        fb[j + e / 2][e % 2] = split::<SPLIT>(f32::from_bits(raw[e]));
                     }
+                    j += 2;
+                }
+                for (j, fb) in fb.iter().enumerate() {
                     let bh = [fb[0].0, fb[1].0];
                     for i in 0..MT {
                         let ah = [fa[i][0].0, fa[i][1].0, fa[i][2].0, fa[i][3].0];
