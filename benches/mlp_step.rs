@@ -6,7 +6,8 @@
 //! Writes JSON to `$KILN_BENCH_OUT` (default `mlp_step.json`).
 //!
 //! Run: `cargo bench --bench mlp_step`, or `benches/mlp_step` from a GPU bundle. Without a GPU it
-//! prints why and exits 0.
+//! prints why and exits 0. `KILN_BENCH_MODELS=4096x1024x8,...` (batch x width x layers) and
+//! `KILN_BENCH_PATHS=cuda-cores,tf32,tf32x3` and `KILN_BENCH_TILES=32,64` pick a subset (for a profiler run, for example).
 
 use kiln::cuda::Device;
 use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build, build_with_tile};
@@ -35,7 +36,9 @@ fn main() {
         .expect("SM count") as usize;
     println!("device: {}, per training step, f32, median of samples of back-to-back steps", dev.name());
     let mut json = format!("{{\"device\":\"{}\",\"models\":[", dev.name());
-    for (mi, &(batch, width, layers)) in MODELS.iter().enumerate() {
+    let wanted = |var: &str, name: &str| std::env::var(var).map(|v| v.split(',').any(|w| w == name)).unwrap_or(true);
+    let models = MODELS.iter().filter(|(b, w, l)| wanted("KILN_BENCH_MODELS", &format!("{b}x{w}x{l}")));
+    for (mi, &(batch, width, layers)) in models.enumerate() {
         let (reps, per) = if batch * width >= 1 << 22 { (5, 2) } else { (15, 10) };
         let mut rng = Tensor::rng(7);
         let x = Tensor::randn([batch, width], DType::F32, &mut rng).to_vec_f32();
@@ -52,10 +55,11 @@ fn main() {
         let inp = StepInputs { x: &x, y: &[], classes: &classes, loss: Loss::CrossEntropy, lr: LR, momentum: 0.0 };
         let mut paths_json = vec![];
         let mut paths_text = vec![];
-        for path in [DataPath::CudaCores, DataPath::Tf32, DataPath::Tf32x3] {
+        let paths = [(DataPath::CudaCores, "cuda-cores"), (DataPath::Tf32, "tf32"), (DataPath::Tf32x3, "tf32x3")];
+        for path in paths.into_iter().filter(|(_, name)| wanted("KILN_BENCH_PATHS", name)).map(|(p, _)| p) {
             let chosen = build(&shape, sms, path).expect("schedule").tile;
             let mut per_tile = vec![];
-            for &tile in path.tiles() {
+            for &tile in path.tiles().iter().filter(|t| wanted("KILN_BENCH_TILES", &t.to_string())) {
                 let sched = build_with_tile(&shape, sms, tile).expect("schedule");
                 let mut mega = match GpuStep::new(dev.clone(), &sched, &weights, path) {
                     Ok(m) => m,

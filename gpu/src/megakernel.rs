@@ -75,7 +75,7 @@ pub const fn pitch(dim: u32) -> u32 {
 /// The K extent of one page: one 128-byte swizzled row of f32.
 pub const PAGE_K: u32 = 32;
 /// Stages of each block's page ring; a stage is an A page and a B page.
-pub const PAGE_STAGES: u32 = 8;
+pub const PAGE_STAGES: u32 = 12;
 /// Bytes of one operand page: `tile` rows of [`PAGE_K`] f32 (K-major) or [`PAGE_K`] rows of `tile`
 /// f32 stored as `tile / 32` boxes of 32 x 32 (M-major).
 pub const fn page_bytes(tile: u32) -> u32 {

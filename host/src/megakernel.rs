@@ -193,6 +193,10 @@ pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32) -> Result<Schedu
             order.push(i);
         }
     }
+    // The updates go last: each waits for a whole layer's weight gradient (a barrier across the
+    // GPU), and an SM's list runs in order, so an update in the middle would hold back the input
+    // gradients behind it, which are the step's critical path.
+    let mut updates = Vec::new();
     for l in (0..layers).rev() {
         // The input gradient first: the layers below wait for it, the weight gradient only for the
         // update.
@@ -223,10 +227,11 @@ pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32) -> Result<Schedu
                     // the input gradient of layer l reads the old W[l]: update only after it
                     (i.wait2, i.wait2_value) = (c.grad_total(l), rbs * w(l));
                 }
-                order.push(i);
+                updates.push(i);
             }
         }
     }
+    order.extend(updates);
     let mut per_sm = vec![Vec::new(); sms];
     for (k, i) in order.iter().enumerate() {
         per_sm[k % sms].push(*i);

@@ -337,22 +337,34 @@ pub(crate) unsafe fn sgd_update(b: &MegaBuffers, cfg: &MegaConfig, i: &Instructi
     let (din, dout) = unsafe { (b.dims.read(i.layer as usize), b.dims.read(i.layer as usize + 1)) };
     let w = unsafe { b.w_off.read(i.layer as usize) };
     let (m0, n0) = (i.tile_row * tile, i.tile_col * tile);
+    // Element `e` of the tile, or None outside the matrix.
+    let at = |e: u32| {
+        let (o, k) = (m0 + e / tile, n0 + e % tile);
+        (e < tile * tile && o < dout && k < din).then_some(w + o * pitch(din) + k)
+    };
+    // Two elements per thread per round, all loads issued before any arithmetic (the loop is
+    // bound by global-memory latency, not by its few flops).
+    const U: u32 = 2;
     let mut e = t;
     while e < tile * tile {
-        let (o, k) = (m0 + e / tile, n0 + e % tile);
-        if o < dout && k < din {
-            let j = w + o * pitch(din) + k;
-            let g = f(b.dw, j);
-            let step = if cfg.momentum != 0.0 {
-                let v = cfg.momentum * f(b.velocity, j) + g;
-                unsafe { b.velocity.write(j as usize, v) };
-                v
-            } else {
-                g
-            };
-            unsafe { b.weights.write(j as usize, f(b.weights, j) - cfg.lr * step) };
+        let js: [Option<u32>; U as usize] = core::array::from_fn(|u| at(e + u as u32 * threads));
+        let g: [f32; U as usize] = core::array::from_fn(|u| js[u].map_or(0.0, |j| f(b.dw, j)));
+        let wv: [f32; U as usize] = core::array::from_fn(|u| js[u].map_or(0.0, |j| f(b.weights, j)));
+        let step: [f32; U as usize] = if cfg.momentum != 0.0 {
+            let v: [f32; U as usize] = core::array::from_fn(|u| js[u].map_or(0.0, |j| f(b.velocity, j)));
+            core::array::from_fn(|u| cfg.momentum * v[u] + g[u])
+        } else {
+            g
+        };
+        for u in 0..U as usize {
+            if let Some(j) = js[u] {
+                if cfg.momentum != 0.0 {
+                    unsafe { b.velocity.write(j as usize, step[u]) };
+                }
+                unsafe { b.weights.write(j as usize, wv[u] - cfg.lr * step[u]) };
+            }
         }
-        e += threads;
+        e += U * threads;
     }
 }
 
@@ -387,8 +399,15 @@ pub(crate) unsafe fn loss_grad(
         while r < tile {
             if m0 + r < cfg.batch {
                 let row = a_out + (m0 + r) * pout;
+                // Four loads in flight per lane (the loop is latency-bound); the sum still adds each
+                // lane's elements in ascending order, the interpreter's.
                 let mut m = f32::NEG_INFINITY;
                 let mut k = lane;
+                while k + 96 < dout {
+                    let v: [f32; 4] = core::array::from_fn(|j| f(b.act, row + k + 32 * j as u32));
+                    m = m.max(v[0]).max(v[1]).max(v[2]).max(v[3]);
+                    k += 128;
+                }
                 while k < dout {
                     m = m.max(f(b.act, row + k));
                     k += 32;
@@ -396,6 +415,13 @@ pub(crate) unsafe fn loss_grad(
                 let m = warp::reduce_max_f32(m);
                 let mut z = 0.0f32;
                 k = lane;
+                while k + 96 < dout {
+                    let v: [f32; 4] = core::array::from_fn(|j| f(b.act, row + k + 32 * j as u32));
+                    for x in v {
+                        z += math::exp(x - m);
+                    }
+                    k += 128;
+                }
                 while k < dout {
                     z += math::exp(f(b.act, row + k) - m);
                     k += 32;
