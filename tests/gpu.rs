@@ -148,6 +148,7 @@ fn tests() -> Vec<GpuTest> {
         },
         GpuTest { name: "gpu::megakernel_wrong_count_stalls_not_hangs", available: any, run: megakernel_stall },
         GpuTest { name: "gpu::megakernel_tc_matches_the_interpreter_sm90", available: mega_tc, run: megakernel_tc_matches },
+        GpuTest { name: "gpu::megakernel_tc_shallow_models_tight_sm90", available: mega_tc, run: megakernel_tc_shallow },
         GpuTest { name: "gpu::megakernel_tc_hundred_steps_sm90", available: mega_tc, run: megakernel_tc_hundred_steps },
         GpuTest { name: "gpu::megakernel_bits_repeat_across_runs_and_schedules_sm90", available: mega_tc, run: megakernel_tc_bits_repeat },
         GpuTest { name: "gpu::megakernel_tc_random_shapes_sm90", available: mega_tc, run: megakernel_tc_random_shapes },
@@ -1090,17 +1091,20 @@ enum MegaBound {
     /// pre-activation sits within rounding of 0 and takes the other side: the unit's whole
     /// gradient row flips (one row of 256 in the H200 runs), which no tolerance on sums covers.
     Update { frac: f64, outliers: f64 },
+    /// The whole update within this fraction in norm (see [`TC_DEEP`]).
+    UpdateNorm(f64),
 }
 
-/// The bounds of the tensor-core paths: 3xTF32 sums agree to about f32's rounding (2e-3 of the
-/// update); tf32 inputs keep 10 mantissa bits, so gradients differ by up to a few 1e-3 of their
-/// size per product, compounding over the layers (measured: up to 2.5 % of the largest update).
-fn tc_bound(path: kiln::megakernel::DataPath) -> MegaBound {
-    match path {
-        kiln::megakernel::DataPath::Tf32 => MegaBound::Update { frac: 0.05, outliers: 0.005 },
-        _ => MegaBound::Update { frac: 2e-3, outliers: 0.005 },
-    }
-}
+/// The bound of the tensor-core paths on models with hidden layers: the update's error in norm,
+/// `||got - want|| <= 5e-2 ||want - w0||`, and no weight off by more than the largest update. Their
+/// sums are ordered differently from the interpreter's, so a ReLU unit whose pre-activation sits
+/// within rounding of 0 can take the other side; its batch row's whole gradient then changes
+/// below it, moving every lower layer's update by up to about 1/batch of its size (seen on the
+/// H200: 1.4 % of the update on 17 % of a layer's weights, 3xTF32, batch 64). Wrong products
+/// (a lost K block, a misplaced fragment) move the update by far more than 5 %. The tight checks of
+/// the products are [`megakernel_tc_shallow`] (no ReLU above any product) and the bit-identity
+/// of runs and schedules.
+const TC_DEEP: MegaBound = MegaBound::UpdateNorm(5e-2);
 
 /// Checks `got` against the interpreter's `want` (layer weights that started at `w0`).
 fn mega_check(what: &str, got: &[f32], want: &[f32], w0: &[f32], bound: MegaBound) -> Outcome {
@@ -1111,6 +1115,19 @@ fn mega_check(what: &str, got: &[f32], want: &[f32], w0: &[f32], bound: MegaBoun
             None => Ok(()),
         },
         MegaBound::Tol(tol) => compare(what, got, &want64(), tol),
+        MegaBound::UpdateNorm(frac) => {
+            let largest = want.iter().zip(w0).map(|(w, s)| (w - s).abs() as f64).fold(0.0, f64::max);
+            let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+            let off = norm(&mut got.iter().zip(want).map(|(g, w)| *g as f64 - *w as f64));
+            let update = norm(&mut want.iter().zip(w0).map(|(w, s)| *w as f64 - *s as f64));
+            if !(off <= frac * update) {
+                return Err(format!("{what}: the update is off by {off:e} in norm, over {frac} of its norm {update:e}"));
+            }
+            match (0..got.len()).find(|&i| !((got[i] as f64 - want[i] as f64).abs() <= largest)) {
+                Some(i) => Err(format!("{what}: weight {i} is {} on the GPU, {} on the CPU (largest update {largest:e})", got[i], want[i])),
+                None => Ok(()),
+            }
+        }
         MegaBound::Update { frac, outliers } => {
             let largest = want.iter().zip(w0).map(|(w, s)| (w - s).abs() as f64).fold(0.0, f64::max);
             let err = |i: usize| (got[i] as f64 - want[i] as f64).abs();
@@ -1207,24 +1224,38 @@ fn megakernel_hundred_steps(_: &Device) -> Outcome {
     megakernel_vs_interpreter(kiln::megakernel::DataPath::CudaCores, &cases, 100, MegaBound::Tol(Tol { abs: 1e-5, rel: 1e-5 }))
 }
 
-/// The tensor-core path against the interpreter's f32 FMA chains, after 1 and 3 steps, within
-/// [`tc_bound`].
+/// The tensor-core paths against the interpreter's f32 FMA chains on the edge-case models, after
+/// 1 and 3 steps, within [`TC_DEEP`].
 fn megakernel_tc_matches(_: &Device) -> Outcome {
     use kiln::megakernel::DataPath;
     let cases = megakernel_edge_cases();
-    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 3, tc_bound(DataPath::Tf32x3))?;
-    megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, tc_bound(DataPath::Tf32))
+    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 3, TC_DEEP)?;
+    megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, TC_DEEP)
+}
+
+/// The tensor-core products checked tightly where no ReLU decision can flip above them: a linear
+/// model (forward and weight gradient) and one hidden layer (a flip there changes one weight row
+/// of the first layer, for one batch row: the allowed 0.5 % of outliers). 3xTF32: every weight
+/// within 2e-3 of the largest update (f32-like sums); tf32: within 5 % (10-bit inputs).
+fn megakernel_tc_shallow(_: &Device) -> Outcome {
+    use kiln::megakernel::{DataPath, Loss};
+    let cases = [
+        (200usize, vec![300usize, 70], Loss::Mse, 0.0f32),
+        (77, vec![129, 64], Loss::CrossEntropy, 0.9),
+        (130, vec![100, 257, 10], Loss::CrossEntropy, 0.5),
+    ];
+    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 3, MegaBound::Update { frac: 2e-3, outliers: 0.005 })?;
+    megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, MegaBound::Update { frac: 5e-2, outliers: 0.005 })
 }
 
 /// 100 steps with momentum 0.9 on the 3xTF32 path. Training amplifies the last-bit differences
 /// of reordered sums (the CUDA-core path, bit-identical, has none), and near-zero ReLU units that
 /// flip: measured on the H200, up to 4.8e-4 apart after 100 steps on weights of about 0.1, with
-/// one weight of 9216 off by 2.9e-3. Bound: 2e-2 of the largest distance a weight travelled,
-/// with 0.5 % of weights allowed up to that distance.
+/// one weight of 9216 off by 2.9e-3. Bound: [`TC_DEEP`] on the distance travelled.
 fn megakernel_tc_hundred_steps(_: &Device) -> Outcome {
     use kiln::megakernel::{DataPath, Loss};
     let cases = [(64usize, vec![32usize, 96, 96, 10], Loss::CrossEntropy, 0.9f32)];
-    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 100, MegaBound::Update { frac: 2e-2, outliers: 0.005 })
+    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 100, TC_DEEP)
 }
 
 /// Weights after `steps` steps of `path` with the schedule for `sms` SMs (fixed inputs).
@@ -1309,7 +1340,7 @@ fn megakernel_tc_random_shapes(dev: &Device) -> Outcome {
             gpu.step(&inp).map_err(err)?;
             interpret(&schedule, &mut cpu, &inp, step as u64).map_err(err)?;
         }
-        let bound = tc_bound(path);
+        let bound = TC_DEEP;
         for (l, (g, c)) in gpu.weights().map_err(err)?.iter().zip(&cpu.weights).enumerate() {
             let what = format!(
                 "seed {seed} case {case}: {path:?} batch {batch} dims {dims:?} {loss:?} tile {} on {} SMs, layer {l}",
