@@ -25,7 +25,7 @@
 //! - Publishing: every consumer thread fences its stores for the async proxy (another block's TMA
 //!   reads them next), the consumers meet at a rendezvous barrier, and consumer thread 0 signals.
 //! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
-//!   block has raised the abort flag. The consumers meet on an mbarrier rather than `bar.sync`,
+//!   block has raised the abort flag. The consumers meet on an mbarrier (all 128 arrive) rather than `bar.sync`,
 //!   so a warp that gave up can never strand the others. A stall writes the waiter's record (the
 //!   loader's and the consumers' are separate): instruction, page slot and barrier kind, parity.
 
@@ -229,15 +229,13 @@ mod dev {
         }
     }
 
-    /// The consumers' barrier: each warp arrives once (lane 0, after the warp has converged), then
-    /// waits for the phase. False (the same on every lane of the warp) when the step was given up.
+    /// The consumers' barrier: every consumer thread arrives (so each thread's own shared and global
+    /// accesses are released by its own arrival), then waits for the phase. False (the same on
+    /// every lane of the warp) when the step was given up.
     #[inline(always)]
     unsafe fn rendezvous(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, phase: &mut u32, idx: u32) -> bool {
-        crate::sync::sync_warp(u32::MAX);
-        if thread::lane_id() == 0 {
-            unsafe { mbarrier::arrive(sm.rendezvous()) };
-        }
-        let ok = unsafe { bounded_wait(b, cfg, sm.rendezvous(), *phase & 1) };
+        unsafe { mbarrier::arrive(sm.rendezvous()) };
+    let ok = unsafe { bounded_wait(b, cfg, sm.rendezvous(), *phase & 1) };
         let ok = warp::all(u32::MAX, ok);
         if !ok && thread::lane_id() == 0 {
             unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | RENDEZVOUS << 16, *phase & 1, *phase) };
@@ -516,7 +514,7 @@ mod dev {
                 }
                 s += 1;
             }
-            unsafe { mbarrier::init(sm.rendezvous(), CONSUMER_WARPS) };
+            unsafe { mbarrier::init(sm.rendezvous(), CONSUMERS) };
             fence::mbarrier_init_release_cluster();
         }
         crate::sync::sync_threads();
