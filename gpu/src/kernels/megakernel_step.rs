@@ -19,8 +19,10 @@
 //!   counter.
 //! - Grid: one block per SM (all co-resident), 256 threads.
 //!
-//! Not yet the design's data path: no TMA pages, no tensor cores, no overlap of the next tile's
-//! loads with this tile's math. Speed against PyTorch is in `benches/results/mlp_step.md`.
+//! This version keeps every product an FMA chain in the CPU interpreter's order, so its results are
+//! the interpreter's bit for bit (the reference the schedule is tested with). The design's data path
+//! (TMA pages, tensor cores, loads overlapping math) is version 2,
+//! [`megakernel_tc`](super::megakernel_tc). Speed against PyTorch is in `benches/results/mlp_step.md`.
 
 use crate::megakernel::{Instruction, MegaBuffers, MegaConfig, NO_COUNTER, SLAB, TILES, loss, opcode, pitch, record_offset};
 use crate::{atomic, fence, kernel, math, shared_array, sync, thread, warp};
