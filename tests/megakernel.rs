@@ -287,3 +287,14 @@ fn tensor_core_layout_constants() {
     assert_eq!(record_offset(10, 0, 1), 15);
     assert_eq!(record_offset(10, 1, 0), 19);
 }
+
+/// `--mega-path` names, and the error for an unknown one says the choices.
+#[test]
+fn data_path_names() {
+    assert_eq!(DataPath::parse("tf32x3").unwrap(), DataPath::Tf32x3);
+    assert_eq!(DataPath::parse("tf32").unwrap(), DataPath::Tf32);
+    assert_eq!(DataPath::parse("cuda-cores").unwrap(), DataPath::CudaCores);
+    let e = DataPath::parse("fp8").unwrap_err().to_string();
+    assert!(e.contains("cuda-cores, tf32 or tf32x3"), "{e}");
+    assert_eq!(DataPath::default(), DataPath::Tf32x3);
+}
