@@ -31,9 +31,7 @@ fn main() {
             return;
         }
     };
-    let sms = dev
-        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .expect("SM count") as usize;
+    let sms = dev.sm_count().expect("SM count");
     println!("device: {}, per training step, f32, median of samples of back-to-back steps", dev.name());
     let mut json = format!("{{\"device\":\"{}\",\"models\":[", dev.name());
     let wanted = |var: &str, name: &str| std::env::var(var).map(|v| v.split(',').any(|w| w == name)).unwrap_or(true);

@@ -1167,7 +1167,7 @@ fn megakernel_vs_interpreter(
 ) -> Outcome {
     use kiln::megakernel::{GpuStep, MlpShape, StepInputs, StepState, build_with_tile, interpret};
     let dev = Device::shared().map_err(err)?;
-    let sms = sm_count(&dev)?;
+    let sms = dev.sm_count().map_err(err)?;
     let (mut rng, _) = testing::rng();
     for (batch, dims, loss, momentum) in cases {
         let (batch, loss, momentum) = (*batch, *loss, *momentum);
@@ -1197,10 +1197,6 @@ fn megakernel_vs_interpreter(
     Ok(())
 }
 
-fn sm_count(dev: &Device) -> Result<usize, String> {
-    Ok(dev.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(err)?
-        as usize)
-}
 
 /// Shapes that cover every opcode's edge tiles, both losses, momentum and a batch of one.
 fn megakernel_edge_cases() -> Vec<(usize, Vec<usize>, kiln::megakernel::Loss, f32)> {
@@ -1296,7 +1292,7 @@ fn megakernel_weights_after(
 /// for bit after 5 steps, on both tensor-core precisions and on the CUDA-core path.
 fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
     use kiln::megakernel::{DataPath, MlpShape};
-    let sms = sm_count(dev)?;
+    let sms = dev.sm_count().map_err(err)?;
     let shape = MlpShape { batch: 200, dims: vec![300, 257, 257, 7] };
     for path in [DataPath::Tf32x3, DataPath::Tf32, DataPath::CudaCores] {
         let (a, tile) = megakernel_weights_after(path, &shape, sms, 5)?;
@@ -1323,7 +1319,7 @@ fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
 fn megakernel_tc_random_shapes(dev: &Device) -> Outcome {
     use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, StepState, build, interpret};
     use rand::Rng;
-    let sms = sm_count(dev)?;
+    let sms = dev.sm_count().map_err(err)?;
     let (mut rng, seed) = testing::rng();
     let log_uniform = |rng: &mut rand::rngs::StdRng, hi: f64| (rng.random_range(0.0..hi.ln())).exp().round() as usize;
     for case in 0..12 {

@@ -291,10 +291,10 @@ fn tensor_core_layout_constants() {
 /// `--mega-path` names, and the error for an unknown one says the choices.
 #[test]
 fn data_path_names() {
-    assert_eq!(DataPath::parse("tf32x3").unwrap(), DataPath::Tf32x3);
-    assert_eq!(DataPath::parse("tf32").unwrap(), DataPath::Tf32);
-    assert_eq!(DataPath::parse("cuda-cores").unwrap(), DataPath::CudaCores);
-    let e = DataPath::parse("fp8").unwrap_err().to_string();
+    assert_eq!("tf32x3".parse::<DataPath>().unwrap(), DataPath::Tf32x3);
+    assert_eq!("tf32".parse::<DataPath>().unwrap(), DataPath::Tf32);
+    assert_eq!("cuda-cores".parse::<DataPath>().unwrap(), DataPath::CudaCores);
+    let e = "fp8".parse::<DataPath>().unwrap_err().to_string();
     assert!(e.contains("cuda-cores, tf32 or tf32x3"), "{e}");
     assert_eq!(DataPath::default(), DataPath::Tf32x3);
 }

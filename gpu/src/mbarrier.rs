@@ -13,6 +13,9 @@ pub const DEFAULT_WAIT_NS: u64 = 1_000_000_000;
 /// At most this many `try_wait`s in [`wait_parity_bounded`], whatever the timer says.
 pub const MAX_TRIES: u32 = 1 << 22;
 
+/// How many `try_wait`s [`wait_parity_or`] makes between two questions to its `give_up`.
+pub const GIVE_UP_EVERY: u32 = 256;
+
 #[cfg(target_arch = "nvptx64")]
 mod device {
     use crate::shared::SharedAddr;
@@ -141,15 +144,33 @@ mod device {
     /// As [`try_wait_parity`].
     #[inline(always)]
     pub unsafe fn wait_parity_bounded(bar: SharedAddr, parity: u32, timeout_ns: u64) -> bool {
+        // The try count backs up the timer, should the timer not advance.
+        unsafe { wait_parity_or(bar, parity, timeout_ns, |tries| tries > super::MAX_TRIES) }
+    }
+
+    /// [`wait_parity_bounded`] that also stops when `give_up(tries)` says so (asked every
+    /// [`GIVE_UP_EVERY`](super::GIVE_UP_EVERY) tries, so that it may be slow: an acquire load of a
+    /// global abort flag, for example). Returns whether the phase completed.
+    ///
+    /// # Safety
+    /// As [`try_wait_parity`].
+    #[inline(always)]
+    pub unsafe fn wait_parity_or(
+        bar: SharedAddr,
+        parity: u32,
+        timeout_ns: u64,
+        mut give_up: impl FnMut(u32) -> bool,
+    ) -> bool {
         let start = crate::thread::globaltimer_ns();
         let mut tries = 0u32;
         loop {
             if unsafe { try_wait_parity(bar, parity) } {
                 return true;
             }
-            tries += 1;
-            // The try count backs up the timer, should the timer not advance.
-            if crate::thread::globaltimer_ns().wrapping_sub(start) > timeout_ns || tries > super::MAX_TRIES {
+            tries = tries.wrapping_add(1);
+            if crate::thread::globaltimer_ns().wrapping_sub(start) > timeout_ns
+                || (tries % super::GIVE_UP_EVERY == 0 && give_up(tries))
+            {
                 return false;
             }
         }

@@ -117,13 +117,10 @@ struct TrainArgs {
     megakernel: bool,
     /// The megakernel's data path: tf32x3 (tensor cores, about f32 accuracy), tf32 (tensor cores,
     /// tf32 inputs) or cuda-cores (FMA chains, any GPU). Default: tf32x3 where the GPU has TMA.
-    #[arg(long, value_parser = parse_mega_path)]
+    #[arg(long)]
     mega_path: Option<kiln::megakernel::DataPath>,
 }
 
-fn parse_mega_path(s: &str) -> Result<kiln::megakernel::DataPath, String> {
-    kiln::megakernel::DataPath::parse(s).map_err(|e| e.to_string())
-}
 
 #[derive(Subcommand)]
 enum Command {

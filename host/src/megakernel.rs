@@ -52,9 +52,12 @@ impl DataPath {
     pub fn tiles(self) -> &'static [u32] {
         kiln_gpu::megakernel::tiles_for(self.code())
     }
+}
 
-    /// Parses `cuda-cores`, `tf32` or `tf32x3` (the main job's `--mega-path`).
-    pub fn parse(s: &str) -> Result<DataPath> {
+/// Parses `cuda-cores`, `tf32` or `tf32x3` (the main job's `--mega-path`).
+impl std::str::FromStr for DataPath {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<DataPath> {
         match s {
             "cuda-cores" => Ok(DataPath::CudaCores),
             "tf32" => Ok(DataPath::Tf32),
@@ -476,9 +479,9 @@ pub struct GpuStep {
     grad: crate::cuda::DeviceBuffer<f32>,
     y: crate::cuda::DeviceBuffer<f32>,
     classes: crate::cuda::DeviceBuffer<u32>,
-    /// The tensor maps of the tensor-core path (`map::PER_LAYER` per layer, 64-byte aligned at
-    /// `maps_offset` words), absent on the CUDA-core path.
-    maps: Option<(crate::cuda::DeviceBuffer<u64>, usize)>,
+    /// The tensor maps of the tensor-core path (`map::PER_LAYER` per layer), absent on the
+    /// CUDA-core path.
+    maps: Option<crate::cuda::DeviceTensorMap>,
     extra_free_arrivals: u32,
     steps_since_check: u32,
     /// How long a dependency wait may take before the step is abandoned (nanoseconds).
@@ -549,8 +552,7 @@ impl GpuStep {
             });
         }
         let sms = schedule.per_sm.len();
-        let max_sms =
-            dev.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let max_sms = dev.sm_count()?;
         if sms > max_sms {
             return Err(Error::shape(
                 "megakernel",
@@ -620,7 +622,7 @@ impl GpuStep {
     }
 
     /// The tensor maps of the tensor-core path, in `kiln_gpu::megakernel::map` order per layer.
-    fn encode_maps(&self, w_off: &[u32], a_off: &[u32]) -> Result<(crate::cuda::DeviceBuffer<u64>, usize)> {
+    fn encode_maps(&self, w_off: &[u32], a_off: &[u32]) -> Result<crate::cuda::DeviceTensorMap> {
         use crate::cuda::{TensorMapSpec, TmaDtype};
         use kiln_gpu::megakernel::{PAGE_K, map};
         use kiln_gpu::swizzle::Swizzle;
@@ -635,28 +637,19 @@ impl GpuStep {
             swizzle: Swizzle::B128,
         };
         let at = |buf: &crate::cuda::DeviceBuffer<f32>, off: u32| buf.addr() + 4 * off as u64;
-        let mut words = Vec::new();
+        let (b, tile) = (self.shape.batch, self.tile);
+        let mut maps = Vec::new();
         for l in 0..self.shape.layers() {
-            let b = self.shape.batch;
             let mut layer = [(0u64, spec(1, 1, 1)); map::PER_LAYER as usize];
-            layer[map::ACT_K as usize] = (at(&self.act, a_off[l]), spec(b, d[l], self.tile));
+            layer[map::ACT_K as usize] = (at(&self.act, a_off[l]), spec(b, d[l], tile));
             layer[map::ACT_M as usize] = (at(&self.act, a_off[l]), spec(b, d[l], PAGE_K));
-            layer[map::GRAD_K as usize] = (at(&self.grad, a_off[l + 1]), spec(b, d[l + 1], self.tile));
+            layer[map::GRAD_K as usize] = (at(&self.grad, a_off[l + 1]), spec(b, d[l + 1], tile));
             layer[map::GRAD_M as usize] = (at(&self.grad, a_off[l + 1]), spec(b, d[l + 1], PAGE_K));
-            layer[map::W_K as usize] = (at(&self.weights, w_off[l]), spec(d[l + 1], d[l], self.tile));
+            layer[map::W_K as usize] = (at(&self.weights, w_off[l]), spec(d[l + 1], d[l], tile));
             layer[map::W_M as usize] = (at(&self.weights, w_off[l]), spec(d[l + 1], d[l], PAGE_K));
-            for (addr, s) in layer {
-                words.extend_from_slice(&s.encode(addr)?.opaque);
-            }
+            maps.extend(layer);
         }
-        // Pool allocations promise less than the copy engine's 64-byte alignment: place the maps
-        // at the first 64-byte boundary of a slightly larger buffer.
-        let mut buf = self.dev.zeros::<u64>(words.len() + 8)?;
-        let offset = ((64 - buf.addr() % 64) % 64 / 8) as usize;
-        let mut host = vec![0u64; buf.len()];
-        host[offset..offset + words.len()].copy_from_slice(&words);
-        self.dev.write(&mut buf, &host)?;
-        Ok((buf, offset))
+        self.dev.tensor_maps(&maps)
     }
 
     /// The step's data path.
@@ -725,10 +718,7 @@ impl GpuStep {
             let mut deps = self.counter_buf.slice_mut().slice_mut(..self.counters);
             self.dev.stream().memset_zeros(&mut deps).map_err(Error::driver("zeroing the megakernel's counters"))?;
         }
-        let maps = match &self.maps {
-            Some((buf, offset)) => kiln_gpu::DevicePtr::from_addr(buf.addr() + 8 * *offset as u64),
-            None => kiln_gpu::DevicePtr::from_addr(0),
-        };
+        let maps = self.maps.as_ref().map_or(kiln_gpu::DevicePtr::from_addr(0), |m| m.ptr());
         let bufs = MegaBuffers {
             instructions: kiln_gpu::DevicePtr::from_addr(self.instructions.addr()),
             sm_offsets: self.sm_offsets.ptr(),

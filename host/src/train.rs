@@ -390,9 +390,7 @@ fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<Trai
         DeviceChoice::Auto => crate::cuda::Device::shared().ok(),
     };
     let sms = match &gpu {
-        Some(d) => {
-            d.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize
-        }
+        Some(d) => d.sm_count()?,
         None => 8,
     };
     let path = cfg.mega_path.unwrap_or(match &gpu {

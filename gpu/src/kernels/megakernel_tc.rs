@@ -136,15 +136,11 @@ mod dev {
         }
     }
 
-    /// Byte offset of element `(m, k)` in a page: K-major pages are `tile` rows of [`PAGE_K`] f32,
-    /// M-major pages are `tile / 32` boxes of [`PAGE_K`] rows of 32 f32; 128-byte swizzled either way.
+    /// Byte offset of element `(m, k)` in an M-major page: `tile / 32` boxes of [`PAGE_K`] rows of
+    /// 32 f32, 128-byte swizzled. (K-major pages are read with `ldmatrix`, see [`Frags`].)
     #[inline(always)]
-    fn page_offset(kmajor: bool, m: u32, k: u32) -> u32 {
-        if kmajor {
-            Swizzle::B128.apply(m * 128 + k * 4)
-        } else {
-            (m / 32) * (32 * PAGE_K * 4) + Swizzle::B128.apply(k * 128 + (m % 32) * 4)
-        }
+    fn m_major_offset(m: u32, k: u32) -> u32 {
+        (m / 32) * (32 * PAGE_K * 4) + Swizzle::B128.apply(k * 128 + (m % 32) * 4)
     }
 
     /// Issues the TMA loads of one operand's page for K block `kt` (rows from `m0`).
@@ -167,21 +163,7 @@ mod dev {
     /// when another block has aborted. Every lane that calls it waits by itself.
     #[inline(always)]
     unsafe fn bounded_wait(b: &MegaBuffers, cfg: &MegaConfig, bar: u32, parity: u32) -> bool {
-        let start = thread::globaltimer_ns();
-        let mut tries = 0u32;
-        loop {
-            if unsafe { mbarrier::try_wait_parity(bar, parity) } {
-                return true;
-            }
-            tries += 1;
-            // The abort flag and the clock are checked now and then: an acquire load at GPU scope
-            // is slow, and a stall is only reported after the wait limit anyway.
-            if tries % 256 == 0
-                && (unsafe { aborted(b, cfg) } || thread::globaltimer_ns().wrapping_sub(start) > cfg.wait_limit_ns as u64)
-            {
-                return false;
-            }
-        }
+        unsafe { mbarrier::wait_parity_or(bar, parity, cfg.wait_limit_ns as u64, |_| aborted(b, cfg)) }
     }
 
     /// The loader (one thread): fills pages for every product of `lo..hi`, in order. Returns early
@@ -293,7 +275,7 @@ mod dev {
                             let (fk, fn_) = mma::m16n8k8_tf32_b(lane, e % 2);
                             (row0 + 8 * (e / 2) + fn_, fk)
                         };
-                        *v = page_offset(false, m, k);
+                        *v = m_major_offset(m, k);
                     }
                 }
             }

@@ -119,6 +119,10 @@ impl Device {
     pub fn attribute(&self, a: cudarc::driver::sys::CUdevice_attribute) -> Result<i32> {
         self.ctx.attribute(a).map_err(Error::driver(format!("reading attribute {a:?}")))
     }
+    /// The number of streaming multiprocessors.
+    pub fn sm_count(&self) -> Result<usize> {
+        Ok(self.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize)
+    }
     /// Whether launches synchronize and check each kernel (see [`SYNC_LAUNCHES_ENV`]).
     pub fn set_sync_launches(&mut self, on: bool) {
         self.sync_launches = on;

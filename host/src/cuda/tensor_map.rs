@@ -134,7 +134,8 @@ impl TensorMapSpec {
 /// The alignment the copy engine needs for a tensor map in global memory.
 pub const TENSOR_MAP_ALIGN: u64 = 64;
 
-/// A tensor map in device global memory, passed to kernels by pointer.
+/// Tensor maps in device global memory (one, or an array of them back to back), passed to kernels
+/// by pointer.
 #[derive(Debug)]
 pub struct DeviceTensorMap {
     buf: DeviceBuffer<u64>,
@@ -142,7 +143,7 @@ pub struct DeviceTensorMap {
 }
 
 impl DeviceTensorMap {
-    /// The kernel parameter (64-byte aligned whatever the allocator returned).
+    /// The kernel parameter: the first map (64-byte aligned whatever the allocator returned).
     pub fn ptr(&self) -> DevicePtr<TensorMap> {
         DevicePtr::from_addr(self.buf.addr() + (self.offset * 8) as u64)
     }
@@ -151,13 +152,22 @@ impl DeviceTensorMap {
 impl Device {
     /// Encodes a tensor map for the matrix at `addr` and copies it to device memory, 64-byte aligned.
     pub fn tensor_map(&self, addr: u64, spec: &TensorMapSpec) -> Result<DeviceTensorMap> {
-        let map = spec.encode(addr)?;
+        self.tensor_maps(&[(addr, *spec)])
+    }
+
+    /// Encodes a tensor map for each `(address, spec)` and copies them to device memory as an array
+    /// (map `i` at `ptr() + i`), 64-byte aligned.
+    pub fn tensor_maps(&self, maps: &[(u64, TensorMapSpec)]) -> Result<DeviceTensorMap> {
+        let mut words = Vec::with_capacity(16 * maps.len());
+        for (addr, spec) in maps {
+            words.extend_from_slice(&spec.encode(*addr)?.opaque);
+        }
         // Stream-ordered pool allocations promise less alignment than cuMemAlloc: over-allocate and
-        // place the map at the first 64-byte boundary.
-        let mut buf = self.zeros::<u64>(16 + (TENSOR_MAP_ALIGN / 8) as usize)?;
+        // place the maps at the first 64-byte boundary.
+        let mut buf = self.zeros::<u64>(words.len() + (TENSOR_MAP_ALIGN / 8) as usize)?;
         let offset = ((TENSOR_MAP_ALIGN - buf.addr() % TENSOR_MAP_ALIGN) % TENSOR_MAP_ALIGN / 8) as usize;
         let mut host = vec![0u64; buf.len()];
-        host[offset..offset + 16].copy_from_slice(&map.opaque);
+        host[offset..offset + words.len()].copy_from_slice(&words);
         self.write(&mut buf, &host)?;
         Ok(DeviceTensorMap { buf, offset })
     }
