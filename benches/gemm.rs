@@ -105,6 +105,29 @@ fn main() {
         (16384, 768, 3072),
         (3072, 768, 16384),
     ];
+    if want("tc") {
+        // The ceiling the mma.sync rungs climb towards: register-only products, no memory.
+        use kiln::gpu::kernels::mma_tile::{MmaSyncPeakBf16, PEAK_MMAS_PER_ITER};
+        let sms = dev.sm_count().expect("SM count") as u32;
+        let iters = 4096u32;
+        for blocks_per_sm in [1u32, 2] {
+            let blocks = sms * blocks_per_sm;
+            let mut out = dev.zeros::<f32>((blocks * 8) as usize).expect("alloc");
+            let cfg = kiln::cuda::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let ms = median_ms(&dev, || {
+                // SAFETY: out holds one float per warp of the grid.
+                unsafe { dev.launch(MmaSyncPeakBf16, cfg, (out.ptr_mut(), iters)) }.expect("mma peak")
+            });
+            let flops = (blocks * 8) as f64 * (2 * 16 * 8 * 16 * PEAK_MMAS_PER_ITER) as f64 * iters as f64;
+            let tf = flops / ms / 1e9;
+            println!("mma.sync bf16 register-only ceiling, {blocks_per_sm} block(s) of 8 warps per SM: {tf:.1} TFLOP/s");
+            json += &format!(
+                "{}{{\"m\":0,\"n\":0,\"k\":0,\"kernel\":\"mma_sync_peak_bf16_{blocks_per_sm}x8warps\",\"ms\":{ms:.4},\"tflops\":{tf:.3},\"cublas_tflops\":0}}",
+                if first { "" } else { "," }
+            );
+            first = false;
+        }
+    }
     for &(m, n, k) in tc_sizes.iter().filter(|_| want("tc")).filter(keep) {
         use half::bf16;
         let s = GemmShape { m, n, k };
@@ -141,23 +164,28 @@ fn main() {
             "typed_bf16_f32_tier",
             median_ms(&dev, || kiln::cuda::gemm::typed_gemm(&dev, &da, &db, &mut dc16, s).expect("typed tier")),
         );
-        record(
-            "hgemm_mma_bf16",
-            median_ms(&dev, || kiln::cuda::gemm::hgemm(&dev, &da, &db, &mut dc, s).expect("kiln hgemm")),
-        );
+        // The tensor-core kernels are each compared with cuBLAS measured just before and just
+        // after them (the mean of the two), into its own output buffer.
+        let mut dc_ref = dev.zeros::<f32>((m * n) as usize).expect("alloc");
+        let mut bracketed = |f: &mut dyn FnMut()| -> (f64, f64) {
+            let mut reference =
+                || median_ms(&dev, || cublas_bf16_f32out(&blas, &da, &db, &mut dc_ref, s, CUBLAS_COMPUTE_32F));
+            let before = reference();
+            let ms = median_ms(&dev, &mut *f);
+            let after = reference();
+            (ms, (before + after) / 2.0)
+        };
+        {
+            use kiln::cuda::gemm::hgemm_with_tile;
+            use kiln::gpu::kernels::hgemm_mma::{HGEMM_NARROW, HGEMM_WIDE};
+            for (name, tile) in [("hgemm_mma_bf16", HGEMM_NARROW), ("hgemm_mma_bf16_wide", HGEMM_WIDE)] {
+                let (ms, r) =
+                    bracketed(&mut || hgemm_with_tile(&dev, tile, &da, &db, &mut dc, s).expect("kiln hgemm"));
+                record_vs(name, ms, r);
+            }
+        }
         if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>() {
             use kiln::cuda::gemm::{WgmmaGemm, WgmmaTile};
-            // The Hopper kernels race cuBLAS closely, so each is compared with cuBLAS measured just
-            // before and just after it (the mean of the two), into its own output buffer.
-            let mut dc_ref = dev.zeros::<f32>((m * n) as usize).expect("alloc");
-            let mut bracketed = |f: &mut dyn FnMut()| -> (f64, f64) {
-                let mut reference =
-                    || median_ms(&dev, || cublas_bf16_f32out(&blas, &da, &db, &mut dc_ref, s, CUBLAS_COMPUTE_32F));
-                let before = reference();
-                let ms = median_ms(&dev, &mut *f);
-                let after = reference();
-                (ms, (before + after) / 2.0)
-            };
             for (name, tile) in
                 [("gemm_wgmma_bf16", WgmmaTile::T128x128), ("gemm_wgmma_bf16_wide", WgmmaTile::T128x256)]
             {

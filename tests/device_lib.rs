@@ -252,20 +252,48 @@ fn welford_combine_matches_two_pass() {
 
 #[test]
 fn hgemm_swizzle_spreads_ldmatrix_rows_over_banks() {
-    use kiln::gpu::kernels::hgemm_mma::swizzled_chunk;
+    use kiln::gpu::kernels::hgemm_mma::{chunk_offset, swizzled_chunk};
     // Any 8 consecutive rows (an ldmatrix phase) at one logical chunk land in 8 distinct 16-byte
-    // bank groups of a 128-byte window, and the map is a bijection on each row's 4 chunks.
-    for start in 0..120u32 {
-        for chunk in 0..4 {
-            let groups: HashSet<u32> = (start..start + 8).map(|r| (swizzled_chunk(r, chunk) % 128) / 16).collect();
-            assert_eq!(groups.len(), 8, "rows {start}.. chunk {chunk}");
+    // bank groups of a 128-byte window, and the map is a bijection on each row's chunks; for the
+    // 64-byte rows of the first rung and the 128-byte rows of the wide one.
+    for row_bytes in [64u32, 128] {
+        let chunks = row_bytes / 16;
+        for start in 0..120u32 {
+            for chunk in 0..chunks {
+                let groups: HashSet<u32> =
+                    (start..start + 8).map(|r| (chunk_offset(row_bytes, r, chunk) % 128) / 16).collect();
+                assert_eq!(groups.len(), 8, "{row_bytes}-byte rows {start}.. chunk {chunk}");
+            }
+        }
+        for r in 0..256u32 {
+            let offs: HashSet<u32> = (0..chunks).map(|c| chunk_offset(row_bytes, r, c)).collect();
+            assert_eq!(offs.len(), chunks as usize);
+            assert!(offs.iter().all(|&o| o / row_bytes == r && o % 16 == 0));
         }
     }
     for r in 0..128u32 {
-        let chunks: HashSet<u32> = (0..4).map(|c| swizzled_chunk(r, c)).collect();
-        assert_eq!(chunks.len(), 4);
-        assert!(chunks.iter().all(|&o| o / 64 == r && o % 16 == 0));
+        for c in 0..4 {
+            assert_eq!(swizzled_chunk(r, c), r * 64 + ((c ^ ((r / 2) % 4)) * 16));
+        }
     }
+}
+
+#[test]
+fn hgemm_tiles_fit_the_sm_and_the_chooser_fills_the_h200() {
+    use kiln::cuda::gemm::hgemm_tile_for;
+    use kiln::gpu::kernels::hgemm_mma::{HGEMM_NARROW, HGEMM_WIDE};
+    use kiln::gpu::kernels::mma_tile::GemmShape;
+    // 227 KiB of dynamic shared memory per block on sm_90 (and sm_80's 163 KiB for the narrow tile)
+    assert_eq!(HGEMM_WIDE.smem_bytes(), 4 * 48 * 1024);
+    assert!(HGEMM_WIDE.smem_bytes() <= 227 * 1024);
+    assert!(HGEMM_NARROW.smem_bytes() <= 48 * 1024);
+    let s = |m, n| GemmShape { m, n, k: 4096 };
+    let h200 = 227 * 1024;
+    assert_eq!(hgemm_tile_for(s(4096, 4096), h200), HGEMM_WIDE); // 512 blocks
+    assert_eq!(hgemm_tile_for(s(4096, 4096), 163 * 1024), HGEMM_NARROW); // an A100 block's limit
+    assert_eq!(hgemm_tile_for(s(1024, 1024), h200), HGEMM_NARROW); // 32 wide blocks, 64 narrow
+    assert_eq!(hgemm_tile_for(s(3072, 768), h200), HGEMM_NARROW); // 72 wide blocks
+    assert_eq!(HGEMM_WIDE.blocks(s(129, 257)), 4);
 }
 
 #[test]
@@ -418,4 +446,56 @@ fn staged_epilogue_boxes_fit_and_stores_are_conflict_free() {
         }
         assert_eq!(words.len() as u32, WP_EPI_BOX_BYTES / 4);
     }
+}
+
+#[test]
+fn hgemm_copy_and_fragment_plans_cover_the_tiles() {
+    use kiln::gpu::kernels::hgemm_mma::{
+        CopyPlan, FragPlan, HGEMM_NARROW, HGEMM_THREADS, HGEMM_WIDE, HgemmTile, chunk_offset, rows_per_pass,
+    };
+    fn check<const BK: u32, const KS: usize, const BM: u32, const MI: usize, const NI: usize>(tile: HgemmTile) {
+        assert_eq!((tile.bk, tile.bm, KS as u32), (BK, BM, BK / 16));
+        let (rb, rpp) = (BK * 2, rows_per_pass(BK));
+        let a_passes = tile.bm / rpp;
+        // every 16-byte chunk of the A and B tiles is copied exactly once, to its swizzled place
+        let mut seen = HashSet::new();
+        for t in 0..HGEMM_THREADS {
+            let p = CopyPlan::new::<BK>(t, 1000, 2000);
+            for i in 0..(tile.bm + tile.bn) / rpp {
+                let (row, offset) = if i < a_passes {
+                    (p.a_row - 1000 + i * rpp, 0)
+                } else {
+                    (p.b_row - 2000 + (i - a_passes) * rpp, tile.bm)
+                };
+                let chunk = p.col / 8;
+                let pass = if i < a_passes { i } else { i - a_passes };
+                assert_eq!(p.dst + pass * rpp * rb, chunk_offset(rb, row, chunk), "t {t} pass {i}");
+                assert!(seen.insert((offset + row, chunk)), "t {t} pass {i}: ({row}, {chunk}) twice");
+            }
+        }
+        assert_eq!(seen.len() as u32, (tile.bm + tile.bn) * BK / 8);
+        // a lane's ldmatrix rows: A rows 0-15 and B rows 0-15 of its warp's tile at each 16 of k;
+        // the other fragments sit 16 rows (16 * rb bytes) apart
+        let warps_n = tile.bn / (8 * NI as u32);
+        for w in 0..HGEMM_THREADS / 32 {
+            let (wm, wn) = (w / warps_n, w % warps_n);
+            for lane in 0..32 {
+                let plan = FragPlan::<KS>::new::<BM, MI, NI>(wm, wn, lane);
+                for ks in 0..KS as u32 {
+                    let arow = wm * 16 * MI as u32 + lane % 16;
+                    let brow = wn * 8 * NI as u32 + lane % 8 + (lane / 16) * 8;
+                    for j in 0..MI as u32 {
+                        let want = chunk_offset(rb, arow + j * 16, ks * 2 + lane / 16);
+                        assert_eq!(plan.a[ks as usize] + j * 16 * rb, want, "A w {w} lane {lane} ks {ks} mi {j}");
+                    }
+                    for j in 0..NI as u32 / 2 {
+                        let want = BM * rb + chunk_offset(rb, brow + j * 16, ks * 2 + (lane / 8) % 2);
+                        assert_eq!(plan.b[ks as usize] + j * 16 * rb, want, "B w {w} lane {lane} ks {ks} pair {j}");
+                    }
+                }
+            }
+        }
+    }
+    check::<32, 2, 128, 4, 4>(HGEMM_NARROW);
+    check::<64, 4, 128, 4, 8>(HGEMM_WIDE);
 }

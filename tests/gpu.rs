@@ -555,29 +555,45 @@ fn sgemm_ladder(dev: &Device) -> Outcome {
     Ok(())
 }
 
-/// The `mma.sync` GEMM (3-stage cp.async, swizzled ldmatrix) against f64, at odd m and n.
+/// The `mma.sync` GEMM (cp.async pipeline, swizzled ldmatrix, both block tiles) against f64, at
+/// odd m and n (odd n: scalar stores), k past the pipeline's depth, and more tile rows than one
+/// group of the block order.
 fn hgemm_case<T: TestInput + kiln::cuda::gemm::HgemmInput>(dev: &Device) -> Outcome {
+    use kiln::gpu::kernels::hgemm_mma::{HGEMM_NARROW, HGEMM_WIDE};
     let (mut rng, _) = testing::rng();
-    for &(m, n, k) in
-        &[(1u32, 1u32, 8u32), (127, 129, 64), (256, 256, 256), (1000, 130, 264), (129, 300, 40), (300, 260, 1032)]
-    {
+    for &(m, n, k) in &[
+        (1u32, 1u32, 8u32),
+        (127, 129, 64),
+        (256, 256, 256),
+        (1000, 130, 264),
+        (129, 301, 40),
+        (300, 260, 1032),
+        (1100, 520, 136),
+    ] {
         let a: Vec<T> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(T::from_f32).collect();
         let b: Vec<T> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(T::from_f32).collect();
         let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
-        let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
-        kiln::cuda::gemm::hgemm(dev, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
-        let got = dev.download(&dc).map_err(err)?;
-        for i in 0..m as usize {
-            for j in 0..n as usize {
-                let (mut want, mut mag) = (0.0f64, 0.0f64);
-                for p in 0..k as usize {
-                    let x = a[i * k as usize + p].as_f64() * b[j * k as usize + p].as_f64();
-                    want += x;
-                    mag += x.abs();
+        for tile in [HGEMM_NARROW, HGEMM_WIDE] {
+            let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+            kiln::cuda::gemm::hgemm_with_tile(dev, tile, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
+            let got = dev.download(&dc).map_err(err)?;
+            for i in 0..m as usize {
+                for j in 0..n as usize {
+                    let (mut want, mut mag) = (0.0f64, 0.0f64);
+                    for p in 0..k as usize {
+                        let x = a[i * k as usize + p].as_f64() * b[j * k as usize + p].as_f64();
+                        want += x;
+                        mag += x.abs();
+                    }
+                    let tol = k as f64 * 2f64.powi(-22) * mag + 1e-30;
+                    let what = format!(
+                        "hgemm<{}> {}x{} tile {m}x{n}x{k} at ({i}, {j})",
+                        std::any::type_name::<T>(),
+                        tile.bm,
+                        tile.bn
+                    );
+                    compare(&what, &[got[i * n as usize + j]], &[want], Tol { abs: tol, rel: 0.0 })?;
                 }
-                let tol = k as f64 * 2f64.powi(-22) * mag + 1e-30;
-                let what = format!("hgemm<{}> {m}x{n}x{k} at ({i}, {j})", std::any::type_name::<T>());
-                compare(&what, &[got[i * n as usize + j]], &[want], Tol { abs: tol, rel: 0.0 })?;
             }
         }
     }
@@ -1474,6 +1490,12 @@ fn tensor_core_tier(dev: &Device) -> Outcome {
             None => mma_row0 = Some(first[..n].to_vec()),
             Some(r) if r[..] != first[..n] => return Err(format!("hgemm: row 0 changed at m={m}")),
             _ => {}
+        }
+        // both block tiles run the same k16 chain per output
+        let wide = kiln::gpu::kernels::hgemm_mma::HGEMM_WIDE;
+        kiln::cuda::gemm::hgemm_with_tile(dev, wide, &da, &db, &mut dc, s).map_err(err)?;
+        if bits(&dev.download(&dc).map_err(err)?) != first {
+            return Err(format!("hgemm m={m}: the wide tile's bits differ from the narrow tile's"));
         }
         if wgmma_here {
             use kiln::cuda::gemm::WgmmaTile;

@@ -122,7 +122,9 @@ fn barriers_are_not_duplicated() {
         ("softmax_rows_f32", 12),
         ("cross_entropy_rows_f32", 8),
         ("cross_entropy_backward_rows_f32", 8),
-        ("hgemm_mma_bf16", 1),
+        // one after the prologue, one per stage
+        ("hgemm_mma_bf16", 2),
+        ("hgemm_mma_bf16_wide", 2),
         // 3 in the instruction loop; per tile size (3): the tile product's 2 in each of the three
         // product opcodes, and the loss gradient's 1
         ("megakernel_step", 3 + 3 * (3 * 2 + 1)),

@@ -17,6 +17,7 @@
 //! | [`warp`] | shuffles, votes, warp reductions |
 //! | [`atomic`] | atomic read-modify-write, acquire loads and release stores |
 //! | [`fence`] | memory fences, including `fence.proxy.async` |
+//! | [`hint`] | compiler hints (`launder`: keep a value's uses inside a loop) |
 //! | [`mbarrier`] | shared-memory barriers with transaction counts and phase parity |
 //! | [`cp_async`] | asynchronous global-to-shared copies (sm_80) |
 //! | [`tma`] | tensor-memory-accelerator bulk tensor copies (sm_90) and the tensor map type |
@@ -65,6 +66,7 @@ pub mod cluster;
 pub mod convert;
 pub mod cp_async;
 pub mod fence;
+pub mod hint;
 pub mod math;
 pub mod matrix;
 pub mod mbarrier;

@@ -1,126 +1,321 @@
 //! Tensor-core GEMM with `mma.sync` (the ladder's second part): `C = A B^T` with A (m x k) and
 //! B (n x k) in bf16 or f16, row-major, and C (m x n) in f32 — the layout of `Y = X W^T`.
 //!
-//! - Block tile 128 x 128, k step 32, 8 warps as 2 x 4, each warp a 64 x 32 tile of 4 x 4
-//!   `m16n8k16` products per 16 of k (64 f32 accumulators per lane).
-//! - A 3-stage `cp.async` pipeline: while the tensor cores work on stage s, the copies for stage
-//!   s + 2 are in flight (`cp.async.wait_group 1` keeps one group outstanding).
-//! - Shared rows are 64 bytes (32 elements); 16-byte chunk `c` of row `r` is stored at chunk
-//!   `c ^ ((r / 2) % 4)`, so the 8 rows an `ldmatrix` phase reads fall in 8 different bank groups.
+//! One generic body, two block tiles ([`HgemmTile`]): the first rung, [`HGEMM_NARROW`] (128 x 128,
+//! k step 32, 3 stages, warp tile 64 x 32), and the tuned one, [`HGEMM_WIDE`] (128 x 256, k step 64,
+//! 4 stages, warp tile 64 x 64: twice the products per fragment loaded, half the block barriers
+//! per k).
+//!
+//! - 8 warps as 2 (m) x 4 (n). A warp's tile is `MI` x `NI` products `m16n8k16` per 16 of k, with
+//!   `4 MI NI` f32 accumulators per lane. A fragments come from one `ldmatrix.x4` per 16 rows, B
+//!   fragments from one `ldmatrix.x4` per 16 columns (two `n8` products).
+//! - Fragments are double-buffered in registers: the loads for the next 16 of k are issued before
+//!   the products of the current ones, across stage boundaries too.
+//! - A `STAGES`-deep `cp.async` pipeline: while the tensor cores work on stage s, the copies for
+//!   the next `STAGES - 1` stages are in flight; one wait and one block barrier per stage.
+//! - Shared rows are `2 BK` bytes (64 or 128); 16-byte chunk `c` of row `r` is stored where the
+//!   64- or 128-byte swizzle puts it ([`chunk_offset`]), so the 8 rows an `ldmatrix` phase reads
+//!   fall in 8 different bank groups.
+//! - 1-D grid in grouped order ([`grouped_tile`]: blocks walk down 8 tile rows, then across), so
+//!   the blocks resident together share panels of A and B in L2.
 //! - `k % 8 == 0` (16-byte rows for `cp.async`); any m and n (edge rows are zero-filled, stores
-//!   masked).
+//!   masked; two adjacent columns per 8-byte store where `n` is even).
 
+use super::gemm_wgmma::grouped_tile;
 use super::mma_tile::GemmShape;
+use crate::swizzle::Swizzle;
 use crate::{DevicePtr, DevicePtrMut, kernel};
-use crate::{cp_async, matrix, mma, shared, sync, thread};
+use crate::{cp_async, hint, matrix, mma, shared, sync, thread};
 use half::{bf16, f16};
 
-/// Rows of C per block.
-pub const HGEMM_BM: u32 = 128;
-/// Columns of C per block.
-pub const HGEMM_BN: u32 = 128;
-/// k per stage.
-pub const HGEMM_BK: u32 = 32;
-/// Pipeline depth.
-pub const HGEMM_STAGES: u32 = 3;
 /// Threads per block (8 warps).
 pub const HGEMM_THREADS: u32 = 256;
-/// Bytes of one stage (an A and a B tile of 128 rows x 64 bytes).
-pub const HGEMM_STAGE_BYTES: u32 = (HGEMM_BM + HGEMM_BN) * HGEMM_BK * 2;
-/// Dynamic shared memory per block.
-pub const HGEMM_SMEM_BYTES: u32 = HGEMM_STAGES * HGEMM_STAGE_BYTES;
+/// Tile rows per group of the block order.
+pub const HGEMM_GROUP_M: u32 = 8;
 
-/// Byte offset of 16-byte chunk `chunk` (0..4) of row `row` in a swizzled tile of 64-byte rows
-/// (pure: host-tested).
-pub const fn swizzled_chunk(row: u32, chunk: u32) -> u32 {
-    row * 64 + ((chunk ^ ((row / 2) % 4)) * 16)
+/// A block tile of the `mma.sync` GEMM: the numbers the host needs to launch it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HgemmTile {
+    /// Rows of C per block.
+    pub bm: u32,
+    /// Columns of C per block.
+    pub bn: u32,
+    /// k per stage (32 or 64: 64- or 128-byte shared rows).
+    pub bk: u32,
+    /// Pipeline depth.
+    pub stages: u32,
 }
 
-/// Issues the copies of one stage: the A tile (rows m0.., k0..k0+32) and the B tile (rows n0..).
-/// Each of the 256 threads copies two 16-byte chunks of each tile; rows or k past the edge are
-/// zero-filled.
+impl HgemmTile {
+    /// Bytes of one stage: an A tile of `bm` rows and a B tile of `bn` rows, `2 bk` bytes each.
+    pub const fn stage_bytes(self) -> u32 {
+        (self.bm + self.bn) * self.bk * 2
+    }
+    /// Dynamic shared memory per block.
+    pub const fn smem_bytes(self) -> u32 {
+        self.stages * self.stage_bytes()
+    }
+    /// Blocks of the 1-D grid for `s`.
+    pub const fn blocks(self, s: GemmShape) -> u64 {
+        s.m.div_ceil(self.bm) as u64 * s.n.div_ceil(self.bn) as u64
+    }
+}
+
+/// The first rung: 128 x 128, k step 32, 3 stages, warp tile 64 x 32.
+pub const HGEMM_NARROW: HgemmTile = HgemmTile { bm: 128, bn: 128, bk: 32, stages: 3 };
+/// The tuned rung: 128 x 256, k step 64, 4 stages (192 KiB), warp tile 64 x 64.
+pub const HGEMM_WIDE: HgemmTile = HgemmTile { bm: 128, bn: 256, bk: 64, stages: 4 };
+
+/// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of `row_bytes`-byte rows
+/// (64 or 128; pure: host-tested).
+pub const fn chunk_offset(row_bytes: u32, row: u32, chunk: u32) -> u32 {
+    let sw = if row_bytes == 128 { Swizzle::B128 } else { Swizzle::B64 };
+    sw.apply(row * row_bytes + chunk * 16)
+}
+
+/// [`chunk_offset`] for the first rung's 64-byte rows.
+pub const fn swizzled_chunk(row: u32, chunk: u32) -> u32 {
+    chunk_offset(64, row, chunk)
+}
+
+/// Where one thread's share of every stage comes from and goes, computed once per block: the
+/// thread copies 16-byte chunk `t % (BK / 8)` of rows `t / (BK / 8) + i * ROWS_PER_PASS` of the A
+/// and B tiles. The rows it visits differ by multiples of 8, so their swizzle is the same and the
+/// shared offset of pass `i` is `dst + i * ROWS_PER_PASS * 2 BK`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyPlan {
+    /// First global row of A this thread copies.
+    pub a_row: u32,
+    /// First global row of B this thread copies.
+    pub b_row: u32,
+    /// Column (element) of its chunk within the stage's k range.
+    pub col: u32,
+    /// Byte offset of its first chunk in a tile.
+    pub dst: u32,
+}
+
+/// Rows of a tile one pass of the 256 threads copies, for a k step of `bk`.
+pub const fn rows_per_pass(bk: u32) -> u32 {
+    HGEMM_THREADS / (bk / 8)
+}
+
+impl CopyPlan {
+    /// Thread `t`'s plan in the block whose tile starts at row `m0` of A and `n0` of B.
+    #[inline(always)]
+    pub fn new<const BK: u32>(t: u32, m0: u32, n0: u32) -> Self {
+        let per_row = BK / 8;
+        let (row, chunk) = (t / per_row, t % per_row);
+        CopyPlan { a_row: m0 + row, b_row: n0 + row, col: chunk * 8, dst: chunk_offset(BK * 2, row, chunk) }
+    }
+
+    /// The plan through [`hint::launder`]: its per-pass values are then computed in the loop,
+    /// where they are used, instead of being hoisted into dozens of live registers.
+    #[inline(always)]
+    pub fn laundered(self) -> Self {
+        CopyPlan {
+            a_row: hint::launder(self.a_row),
+            b_row: hint::launder(self.b_row),
+            col: self.col,
+            dst: hint::launder(self.dst),
+        }
+    }
+}
+
+/// Issues this thread's copies of passes `first..first + count` of one stage (k from `k0`) into
+/// the stage at `base`: passes `0..BM / ROWS_PER_PASS` are A's, the rest B's. Rows or k past the
+/// edge are zero-filled (their source row is clamped into the matrix and not read).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn load_stage(a: *const u16, b: *const u16, s: GemmShape, m0: u32, n0: u32, k0: u32, stage: u32) {
-    let t = thread::thread_idx_x();
-    let base = shared::dynamic_smem_addr() + stage * HGEMM_STAGE_BYTES;
-    let b_base = base + HGEMM_BM * HGEMM_BK * 2;
-    let mut i = 0;
-    while i < 2 {
-        let idx = t + i * HGEMM_THREADS; // 0..512: row idx / 4, chunk idx % 4
-        let (row, chunk) = (idx / 4, idx % 4);
-        let kc = k0 + chunk * 8;
-        let (ar, br) = (m0 + row, n0 + row);
-        let a_ok = ar < s.m && kc < s.k;
-        let b_ok = br < s.n && kc < s.k;
-        let asrc = if a_ok { unsafe { a.add((ar * s.k + kc) as usize) } } else { a };
-        let bsrc = if b_ok { unsafe { b.add((br * s.k + kc) as usize) } } else { b };
-        unsafe {
-            cp_async::copy_16_zfill(base + swizzled_chunk(row, chunk), asrc as *const u8, if a_ok { 16 } else { 0 });
-            cp_async::copy_16_zfill(b_base + swizzled_chunk(row, chunk), bsrc as *const u8, if b_ok { 16 } else { 0 });
-        }
+unsafe fn copy_passes<const BM: u32, const BK: u32>(
+    a: *const u16,
+    b: *const u16,
+    s: GemmShape,
+    plan: CopyPlan,
+    k0: u32,
+    base: shared::SharedAddr,
+    first: u32,
+    count: u32,
+) {
+    let rows_per_pass = rows_per_pass(BK);
+    let a_passes = BM / rows_per_pass;
+    let kc = k0 + plan.col;
+    let k_ok = kc < s.k;
+    let mut i = first;
+    while i < first + count {
+        let (src, rows, row, dst) = if i < a_passes {
+            (a, s.m, plan.a_row + i * rows_per_pass, base + plan.dst + i * rows_per_pass * BK * 2)
+        } else {
+            let j = i - a_passes;
+            (b, s.n, plan.b_row + j * rows_per_pass, base + BM * BK * 2 + plan.dst + j * rows_per_pass * BK * 2)
+        };
+        let ok = row < rows && k_ok;
+        let r = if row < rows { row } else { rows - 1 };
+        let kk = if k_ok { kc } else { 0 };
+        let p = unsafe { src.add(r as usize * s.k as usize + kk as usize) };
+        unsafe { cp_async::copy_16_zfill(dst, p as *const u8, if ok { 16 } else { 0 }) };
         i += 1;
     }
 }
 
+/// A lane's `ldmatrix` row offsets for each 16 of k in a stage (`KS = BK / 16` of them): A's for
+/// its warp's first 16 rows, B's for its first 16 columns. The other fragments sit at fixed
+/// distances (16 rows = `32 BK` bytes), since 16-row steps keep the swizzle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FragPlan<const KS: usize> {
+    /// Byte offset (in a stage) of the lane's `ldmatrix` row for A, per 16 of k.
+    pub a: [u32; KS],
+    /// Byte offset (in a stage) of the lane's `ldmatrix` row for B, per 16 of k.
+    pub b: [u32; KS],
+}
+
+impl<const KS: usize> FragPlan<KS> {
+    /// The plan of `lane` in warp (`wm`, `wn`) of the warp grid, for a block of `BM` A rows.
+    #[inline(always)]
+    pub fn new<const BM: u32, const MI: usize, const NI: usize>(wm: u32, wn: u32, lane: u32) -> Self {
+        let row_bytes = KS as u32 * 32;
+        let mut plan = FragPlan { a: [0; KS], b: [0; KS] };
+        let mut ks = 0;
+        while ks < KS {
+            let k2 = ks as u32 * 2;
+            // A x4: lanes 0-15 give rows 0-15 at the low 8 of k, lanes 16-31 the same rows at the high 8
+            plan.a[ks] = chunk_offset(row_bytes, wm * 16 * MI as u32 + lane % 16, k2 + lane / 16);
+            // B x4 over 16 columns: matrices (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi)
+            let brow = wn * 8 * NI as u32 + lane % 8 + (lane / 16) * 8;
+            plan.b[ks] = BM * row_bytes + chunk_offset(row_bytes, brow, k2 + (lane / 8) % 2);
+            ks += 1;
+        }
+        plan
+    }
+
+    /// As [`CopyPlan::laundered`].
+    #[inline(always)]
+    pub fn laundered(self) -> Self {
+        let mut p = self;
+        let mut ks = 0;
+        while ks < KS {
+            p.a[ks] = hint::launder(p.a[ks]);
+            p.b[ks] = hint::launder(p.b[ks]);
+            ks += 1;
+        }
+        p
+    }
+}
+
+/// Loads a warp's fragments for the 16 of k at `ks` of the stage at `base`.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn hgemm<const F16: bool>(a: *const u16, b: *const u16, c: DevicePtrMut<f32>, s: GemmShape) {
-    let lane = thread::lane_id();
-    let w = thread::warp_id();
-    let (wm, wn) = (w / 4, w % 4); // warp tile: rows wm*64, cols wn*32
-    let (m0, n0) = (thread::block_idx_y() * HGEMM_BM, thread::block_idx_x() * HGEMM_BN);
-    let k_tiles = s.k.div_ceil(HGEMM_BK);
-    let mut acc = [[[0.0f32; 4]; 4]; 4];
+unsafe fn load_fragments<const BK: u32, const KS: usize, const MI: usize, const NI: usize>(
+    base: shared::SharedAddr,
+    plan: &FragPlan<KS>,
+    ks: usize,
+    fa: &mut [[u32; 4]; MI],
+    fb: &mut [[u32; 2]; NI],
+) {
+    let (a, b) = (base + plan.a[ks], base + plan.b[ks]);
+    let mut mi = 0;
+    while mi < MI {
+        fa[mi] = unsafe { matrix::ldmatrix_x4(a + mi as u32 * 32 * BK) };
+        mi += 1;
+    }
+    let mut ni = 0;
+    while ni < NI {
+        let r = unsafe { matrix::ldmatrix_x4(b + ni as u32 / 2 * 32 * BK) };
+        fb[ni] = [r[0], r[1]];
+        fb[ni + 1] = [r[2], r[3]];
+        ni += 2;
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn hgemm<
+    const F16: bool,
+    const BM: u32,
+    const BN: u32,
+    const BK: u32,
+    const KS: usize,
+    const STAGES: u32,
+    const PENDING: u32,
+    const MI: usize,
+    const NI: usize,
+>(
+    a: *const u16,
+    b: *const u16,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    const {
+        assert!((BM / (16 * MI as u32)) * (BN / (8 * NI as u32)) == HGEMM_THREADS / 32);
+        assert!(NI % 2 == 0 && (BK == 32 || BK == 64) && KS as u32 == BK / 16);
+        assert!(STAGES >= 2 && PENDING == STAGES - 2);
+        // whole passes of rows for A and B, spread evenly over the KS steps of a stage
+        assert!(BM % (rows_per_pass(BK)) == 0 && BN % (rows_per_pass(BK)) == 0);
+        assert!(((BM + BN) / (rows_per_pass(BK))) % KS as u32 == 0);
+    }
+    let passes_per_step = (BM + BN) / (rows_per_pass(BK)) / KS as u32;
+    let stage_bytes = (BM + BN) * BK * 2;
+    let (t, lane, w) = (thread::thread_idx_x(), thread::lane_id(), thread::warp_id());
+    let warps_n = BN / (8 * NI as u32);
+    let (tm, tn) = grouped_tile(thread::block_idx_x(), s.m.div_ceil(BM), s.n.div_ceil(BN), HGEMM_GROUP_M);
+    let (m0, n0) = (tm * BM, tn * BN);
+    let k_tiles = s.k.div_ceil(BK);
+    let smem = shared::dynamic_smem_addr();
+    let copies = CopyPlan::new::<BK>(t, m0, n0);
+    let frags = FragPlan::<KS>::new::<BM, MI, NI>(w / warps_n, w % warps_n, lane);
+    let mut acc = [[[0.0f32; 4]; NI]; MI];
 
     let mut st = 0;
-    while st < HGEMM_STAGES - 1 {
+    while st < STAGES - 1 {
         if st < k_tiles {
-            unsafe { load_stage(a, b, s, m0, n0, st * HGEMM_BK, st) };
+            let all = (BM + BN) / (rows_per_pass(BK));
+            unsafe { copy_passes::<BM, BK>(a, b, s, copies, st * BK, smem + st * stage_bytes, 0, all) };
         }
         cp_async::commit_group();
         st += 1;
     }
+    cp_async::wait_group::<PENDING>();
+    sync::sync_threads();
+
+    let mut fa = [[[0u32; 4]; MI]; 2];
+    let mut fb = [[[0u32; 2]; NI]; 2];
+    unsafe { load_fragments::<BK, KS, MI, NI>(smem, &frags, 0, &mut fa[0], &mut fb[0]) };
 
     let mut kt = 0;
     while kt < k_tiles {
-        cp_async::wait_group::<{ HGEMM_STAGES - 2 }>();
-        sync::sync_threads();
-        let next = kt + HGEMM_STAGES - 1;
-        if next < k_tiles {
-            unsafe { load_stage(a, b, s, m0, n0, next * HGEMM_BK, next % HGEMM_STAGES) };
-        }
-        cp_async::commit_group();
-
-        let base = shared::dynamic_smem_addr() + (kt % HGEMM_STAGES) * HGEMM_STAGE_BYTES;
-        let b_base = base + HGEMM_BM * HGEMM_BK * 2;
+        let base = smem + (kt % STAGES) * stage_bytes;
+        // the slot every warp finished reading before the previous stage's barrier
+        let fill = kt + STAGES - 1;
+        let fill_base = smem + (fill % STAGES) * stage_bytes;
+        let (cp, fp) = (copies.laundered(), frags.laundered());
         let mut ks = 0;
-        while ks < HGEMM_BK / 16 {
-            let mut fa = [[0u32; 4]; 4];
-            let mut fb = [[0u32; 2]; 4];
+        while ks < KS {
+            let cur = ks % 2;
+            // a share of the refill copies at every step, so they interleave with the products
+            if fill < k_tiles {
+                let first = ks as u32 * passes_per_step;
+                unsafe { copy_passes::<BM, BK>(a, b, s, cp, fill * BK, fill_base, first, passes_per_step) };
+            }
+            if ks == KS - 1 {
+                // the next stage must have landed (and every warp be done with this one's last
+                // fragments, loaded before this barrier) before its first fragments
+                cp_async::commit_group();
+                cp_async::wait_group::<PENDING>();
+                sync::sync_threads();
+                if kt + 1 < k_tiles {
+                    let next = smem + ((kt + 1) % STAGES) * stage_bytes;
+                    unsafe { load_fragments::<BK, KS, MI, NI>(next, &fp, 0, &mut fa[1 - cur], &mut fb[1 - cur]) };
+                }
+            } else {
+                unsafe { load_fragments::<BK, KS, MI, NI>(base, &fp, ks + 1, &mut fa[1 - cur], &mut fb[1 - cur]) };
+            }
             let mut mi = 0;
-            while mi < 4 {
-                let row = wm * 64 + mi * 16 + lane % 16;
-                let chunk = ks * 2 + lane / 16;
-                fa[mi as usize] = unsafe { matrix::ldmatrix_x4(base + swizzled_chunk(row, chunk)) };
-                mi += 1;
-            }
-            let mut ni = 0;
-            while ni < 4 {
-                let row = wn * 32 + ni * 8 + lane % 8;
-                let chunk = ks * 2 + (lane / 8) % 2;
-                fb[ni as usize] = unsafe { matrix::ldmatrix_x2(b_base + swizzled_chunk(row, chunk)) };
-                ni += 1;
-            }
-            mi = 0;
-            while mi < 4 {
-                ni = 0;
-                while ni < 4 {
-                    let (x, y) = (mi as usize, ni as usize);
-                    acc[x][y] = if F16 {
-                        mma::mma_m16n8k16_f16(fa[x], fb[y], acc[x][y])
+            while mi < MI {
+                let mut ni = 0;
+                while ni < NI {
+                    acc[mi][ni] = if F16 {
+                        mma::mma_m16n8k16_f16(fa[cur][mi], fb[cur][ni], acc[mi][ni])
                     } else {
-                        mma::mma_m16n8k16_bf16(fa[x], fb[y], acc[x][y])
+                        mma::mma_m16n8k16_bf16(fa[cur][mi], fb[cur][ni], acc[mi][ni])
                     };
                     ni += 1;
                 }
@@ -132,19 +327,33 @@ unsafe fn hgemm<const F16: bool>(a: *const u16, b: *const u16, c: DevicePtrMut<f
     }
     cp_async::wait_all();
 
+    let (wm, wn) = (w / warps_n, w % warps_n);
+    let paired = s.n % 2 == 0;
     let mut mi = 0;
-    while mi < 4 {
+    while mi < MI {
         let mut ni = 0;
-        while ni < 4 {
-            let mut i = 0;
-            while i < 4 {
-                let (r, cc) = mma::m16n8_c(lane, i);
-                let row = m0 + wm * 64 + mi * 16 + r;
-                let col = n0 + wn * 32 + ni * 8 + cc;
-                if row < s.m && col < s.n {
-                    unsafe { c.write((row * s.n + col) as usize, acc[mi as usize][ni as usize][i as usize]) };
+        while ni < NI {
+            let mut half = 0;
+            while half < 2 {
+                // registers 2 half, 2 half + 1: row g + 8 half, columns 2t, 2t + 1
+                let (r, cc) = mma::m16n8_c(lane, 2 * half);
+                let row = m0 + wm * 16 * MI as u32 + mi as u32 * 16 + r;
+                let col = n0 + wn * 8 * NI as u32 + ni as u32 * 8 + cc;
+                let v = [acc[mi][ni][2 * half as usize], acc[mi][ni][2 * half as usize + 1]];
+                if row < s.m {
+                    let i = (row * s.n + col) as usize;
+                    if paired && col + 1 < s.n {
+                        unsafe { c.write2(i, v) };
+                    } else {
+                        if col < s.n {
+                            unsafe { c.write(i, v[0]) };
+                        }
+                        if col + 1 < s.n {
+                            unsafe { c.write(i + 1, v[1]) };
+                        }
+                    }
                 }
-                i += 1;
+                half += 1;
             }
             ni += 1;
         }
@@ -152,15 +361,32 @@ unsafe fn hgemm<const F16: bool>(a: *const u16, b: *const u16, c: DevicePtrMut<f
     }
 }
 
-/// `C = A B^T`, bf16 inputs, f32 accumulation and output (see the module docs). Grid
-/// (ceil(n / 128), ceil(m / 128)); block 256; dynamic shared memory [`HGEMM_SMEM_BYTES`].
-#[kernel]
-pub unsafe fn hgemm_mma_bf16(a: DevicePtr<bf16>, b: DevicePtr<bf16>, c: DevicePtrMut<f32>, s: GemmShape) {
-    unsafe { hgemm::<false>(a.as_ptr() as *const u16, b.as_ptr() as *const u16, c, s) }
+macro_rules! hgemm_kernels {
+    ($($(#[$doc:meta])+ $name:ident: $ty:ty, $f16:literal, $tile:ident, $mi:literal, $ni:literal;)*) => {$(
+        $(#[$doc])+
+        #[kernel(max_threads = 256)]
+        pub unsafe fn $name(a: DevicePtr<$ty>, b: DevicePtr<$ty>, c: DevicePtrMut<f32>, s: GemmShape) {
+            const T: HgemmTile = $tile;
+            unsafe {
+                hgemm::<$f16, { T.bm }, { T.bn }, { T.bk }, { (T.bk / 16) as usize }, { T.stages }, { T.stages - 2 }, $mi, $ni>(
+                    a.as_ptr() as *const u16, b.as_ptr() as *const u16, c, s,
+                )
+            }
+        }
+    )*};
 }
 
-/// `C = A B^T`, f16 inputs; otherwise as [`hgemm_mma_bf16`].
-#[kernel]
-pub unsafe fn hgemm_mma_f16(a: DevicePtr<f16>, b: DevicePtr<f16>, c: DevicePtrMut<f32>, s: GemmShape) {
-    unsafe { hgemm::<true>(a.as_ptr() as *const u16, b.as_ptr() as *const u16, c, s) }
+hgemm_kernels! {
+    /// `C = A B^T`, bf16 inputs, f32 accumulation and output, the first rung's tile
+    /// ([`HGEMM_NARROW`]; see the module docs). Grid `HGEMM_NARROW.blocks(s)` (1-D); block 256;
+    /// dynamic shared memory `HGEMM_NARROW.smem_bytes()`.
+    hgemm_mma_bf16: bf16, false, HGEMM_NARROW, 4, 4;
+    /// `C = A B^T`, f16 inputs; otherwise as [`hgemm_mma_bf16`].
+    hgemm_mma_f16: f16, true, HGEMM_NARROW, 4, 4;
+    /// `C = A B^T`, bf16 inputs, with the tuned tile ([`HGEMM_WIDE`]: 128 x 256, warp tile 64 x 64,
+    /// 128 accumulators per lane). Grid `HGEMM_WIDE.blocks(s)` (1-D); block 256; dynamic shared
+    /// memory `HGEMM_WIDE.smem_bytes()` (192 KiB: one block per SM).
+    hgemm_mma_bf16_wide: bf16, false, HGEMM_WIDE, 4, 8;
+    /// `C = A B^T`, f16 inputs; otherwise as [`hgemm_mma_bf16_wide`].
+    hgemm_mma_f16_wide: f16, true, HGEMM_WIDE, 4, 8;
 }

@@ -158,3 +158,48 @@ pub unsafe fn mma_tile_tf32(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMu
     }
     store_c(c, s, m0, n0, lane, acc);
 }
+
+/// Independent `m16n8k16` bf16 products per warp per iteration of [`mma_sync_peak_bf16`].
+pub const PEAK_MMAS_PER_ITER: u32 = 32;
+
+/// The `mma.sync` ceiling: every warp runs `iters` x [`PEAK_MMAS_PER_ITER`] bf16 `m16n8k16`
+/// products on register fragments (a 4 x 8 grid of accumulators, the wide GEMM's warp tile), with
+/// no memory traffic, and lane 0 of each warp writes one sum to `out[global warp]` so the work is
+/// kept. FLOPs: `2 * 16 * 8 * 16 * PEAK_MMAS_PER_ITER * iters` per warp. Any grid; blocks of any
+/// warp count (the benchmark uses 256 threads, as the GEMM).
+#[kernel(max_threads = 256)]
+pub unsafe fn mma_sync_peak_bf16(out: DevicePtrMut<f32>, iters: u32) {
+    let lane = thread::lane_id();
+    // fragments that stay finite: bf16 pairs of small values made from the lane
+    let x = 0x3c00_3c00u32 ^ (lane & 7); // about (1.0, 1.0) bf16, perturbed in the last bits
+    let fa = [[x; 4], [x ^ 1; 4], [x ^ 2; 4], [x ^ 3; 4]];
+    let fb = [x ^ 4; 2];
+    let mut acc = [[[0.0f32; 4]; 8]; 4];
+    let mut it = 0;
+    while it < iters {
+        let mut mi = 0;
+        while mi < 4 {
+            let mut ni = 0;
+            while ni < 8 {
+                acc[mi][ni] = mma::mma_m16n8k16_bf16(fa[mi], fb, acc[mi][ni]);
+                ni += 1;
+            }
+            mi += 1;
+        }
+        it += 1;
+    }
+    let mut sum = 0.0f32;
+    let mut mi = 0;
+    while mi < 4 {
+        let mut ni = 0;
+        while ni < 8 {
+            sum += acc[mi][ni][0] + acc[mi][ni][1] + acc[mi][ni][2] + acc[mi][ni][3];
+            ni += 1;
+        }
+        mi += 1;
+    }
+    if lane == 0 {
+        let warp = thread::block_idx_x() * (thread::block_dim_x() / 32) + thread::warp_id();
+        unsafe { out.write(warp as usize, sum) };
+    }
+}
