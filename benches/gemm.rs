@@ -113,14 +113,17 @@ fn main() {
         for blocks_per_sm in [1u32, 2] {
             let blocks = sms * blocks_per_sm;
             let mut out = dev.zeros::<f32>((blocks * 8) as usize).expect("alloc");
-            let cfg = kiln::cuda::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg =
+                kiln::cuda::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let ms = median_ms(&dev, || {
                 // SAFETY: out holds one float per warp of the grid.
                 unsafe { dev.launch(MmaSyncPeakBf16, cfg, (out.ptr_mut(), iters)) }.expect("mma peak")
             });
             let flops = (blocks * 8) as f64 * (2 * 16 * 8 * 16 * PEAK_MMAS_PER_ITER) as f64 * iters as f64;
             let tf = flops / ms / 1e9;
-            println!("mma.sync bf16 register-only ceiling, {blocks_per_sm} block(s) of 8 warps per SM: {tf:.1} TFLOP/s");
+            println!(
+                "mma.sync bf16 register-only ceiling, {blocks_per_sm} block(s) of 8 warps per SM: {tf:.1} TFLOP/s"
+            );
             json += &format!(
                 "{}{{\"m\":0,\"n\":0,\"k\":0,\"kernel\":\"mma_sync_peak_bf16_{blocks_per_sm}x8warps\",\"ms\":{ms:.4},\"tflops\":{tf:.3},\"cublas_tflops\":0}}",
                 if first { "" } else { "," }
@@ -179,8 +182,7 @@ fn main() {
             use kiln::cuda::gemm::hgemm_with_tile;
             use kiln::gpu::kernels::hgemm_mma::{HGEMM_NARROW, HGEMM_WIDE};
             for (name, tile) in [("hgemm_mma_bf16", HGEMM_NARROW), ("hgemm_mma_bf16_wide", HGEMM_WIDE)] {
-                let (ms, r) =
-                    bracketed(&mut || hgemm_with_tile(&dev, tile, &da, &db, &mut dc, s).expect("kiln hgemm"));
+                let (ms, r) = bracketed(&mut || hgemm_with_tile(&dev, tile, &da, &db, &mut dc, s).expect("kiln hgemm"));
                 record_vs(name, ms, r);
             }
         }

@@ -1,4 +1,5 @@
-//! Shared by the GPU benchmarks: the median time of a closure over CUDA events.
+//! Shared by the GPU benchmarks: the median time of a closure over CUDA events
+//! (`kiln::cuda::timing`, for closures that panic on failure).
 
 use kiln::cuda::Device;
 
@@ -14,27 +15,20 @@ pub fn median_ms(dev: &Device, reps: usize, f: impl FnMut()) -> f64 {
 /// device's, as in a training step, instead of the device idling for it at every sample.
 #[allow(dead_code)]
 pub fn median_ms_batched(dev: &Device, reps: usize, batch: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    f();
-    dev.synchronize().expect("warm-up");
-    let mut ms: Vec<f64> = (0..reps).map(|_| events_ms(dev, batch as u64, &mut f) / batch as f64).collect();
-    ms.sort_by(|a, b| a.total_cmp(b));
-    ms[reps / 2]
+    kiln::cuda::timing::median_ms(dev, reps, batch, || {
+        f();
+        Ok(())
+    })
+    .expect("timing with CUDA events")
 }
 
 /// Milliseconds for `calls` back-to-back calls of `f` between two CUDA events on the device's
 /// stream (waits for the second).
 #[allow(dead_code)]
 pub fn events_ms(dev: &Device, calls: u64, mut f: impl FnMut()) -> f64 {
-    use cudarc::driver::sys::CUevent_flags;
-    let ctx = dev.context();
-    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-    let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-    start.record(dev.stream()).expect("record");
-    for _ in 0..calls {
+    kiln::cuda::timing::events_ms(dev, calls, || {
         f();
-    }
-    end.record(dev.stream()).expect("record");
-    end.synchronize().expect("sync");
-    start.elapsed_ms(&end).expect("elapsed") as f64
+        Ok(())
+    })
+    .expect("timing with CUDA events")
 }

@@ -147,16 +147,33 @@ fn tests() -> Vec<GpuTest> {
             run: tensor_core_tier,
         },
         GpuTest { name: "gpu::megakernel_wrong_count_stalls_not_hangs", available: any, run: megakernel_stall },
-        GpuTest { name: "gpu::megakernel_tc_matches_the_interpreter_sm90", available: mega_tc, run: megakernel_tc_matches },
-        GpuTest { name: "gpu::megakernel_tc_shallow_models_tight_sm90", available: mega_tc, run: megakernel_tc_shallow },
+        GpuTest {
+            name: "gpu::megakernel_tc_matches_the_interpreter_sm90",
+            available: mega_tc,
+            run: megakernel_tc_matches,
+        },
+        GpuTest {
+            name: "gpu::megakernel_tc_shallow_models_tight_sm90",
+            available: mega_tc,
+            run: megakernel_tc_shallow,
+        },
         GpuTest { name: "gpu::megakernel_tc_hundred_steps_sm90", available: mega_tc, run: megakernel_tc_hundred_steps },
-        GpuTest { name: "gpu::megakernel_bits_repeat_across_runs_and_schedules_sm90", available: mega_tc, run: megakernel_tc_bits_repeat },
+        GpuTest {
+            name: "gpu::megakernel_bits_repeat_across_runs_and_schedules_sm90",
+            available: mega_tc,
+            run: megakernel_tc_bits_repeat,
+        },
         GpuTest { name: "gpu::megakernel_tc_random_shapes_sm90", available: mega_tc, run: megakernel_tc_random_shapes },
-        GpuTest { name: "gpu::megakernel_page_fault_stalls_not_hangs_sm90", available: mega_tc, run: megakernel_page_fault_stalls },
+        GpuTest {
+            name: "gpu::megakernel_page_fault_stalls_not_hangs_sm90",
+            available: mega_tc,
+            run: megakernel_page_fault_stalls,
+        },
         GpuTest { name: "gpu::megakernel_trains_the_main_job", available: any, run: megakernel_main_job },
         GpuTest { name: "gpu::sgemm_layouts_read_transposes_in_place", available: any, run: sgemm_layouts_case },
         GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
         GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
+        GpuTest { name: "gpu::gemm_ladder_command_runs_every_kernel", available: any, run: ladder_command },
         GpuTest {
             name: "gpu::gemm_wgmma_bf16_sm90",
             available: |d| d.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>(),
@@ -602,6 +619,32 @@ fn hgemm_case<T: TestInput + kiln::cuda::gemm::HgemmInput>(dev: &Device) -> Outc
     match kiln::cuda::gemm::hgemm(dev, &a, &a, &mut c, GemmShape { m: 8, n: 8, k: 12 }) {
         Err(kiln::Error::Unsupported { op: "hgemm", .. }) => Ok(()),
         other => Err(format!("k = 12 must be refused, got {other:?}")),
+    }
+}
+
+/// `kiln gemm --kernel NAME` (the guide's one command per rung): every kernel of the ladder this
+/// device runs, on an unaligned-but-legal shape, checked in full against f64 and within its bound;
+/// an unknown name is a typed error listing the kernels.
+fn ladder_command(dev: &Device) -> Outcome {
+    let wgmma_here = dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>();
+    let s = GemmShape { m: 200, n: 132, k: 72 }; // n, k multiples of 4 (and k of 8), m odd-sized tiles
+    let mut ran = 0;
+    for name in kiln::cuda::ladder::kernel_names() {
+        if name.starts_with("gemm_wgmma") && !wgmma_here {
+            continue;
+        }
+        let r = kiln::cuda::ladder::run(dev, name, s, 2, 7).map_err(|e| format!("{name}: {e}"))?;
+        if !r.passed() || r.checked != 200 * 132 {
+            return Err(format!("{r}"));
+        }
+        ran += 1;
+    }
+    if ran < 20 {
+        return Err(format!("only {ran} kernels ran"));
+    }
+    match kiln::cuda::ladder::run(dev, "sgemm_nope", s, 1, 7) {
+        Err(kiln::Error::Unsupported { what, .. }) if what.contains("sgemm_smem") => Ok(()),
+        other => Err(format!("an unknown kernel must be refused with the list, got {other:?}")),
     }
 }
 
@@ -1147,10 +1190,15 @@ fn mega_check(what: &str, got: &[f32], want: &[f32], w0: &[f32], bound: MegaBoun
             let off = norm(&mut got.iter().zip(want).map(|(g, w)| *g as f64 - *w as f64));
             let update = norm(&mut want.iter().zip(w0).map(|(w, s)| *w as f64 - *s as f64));
             if !(off <= frac * update) {
-                return Err(format!("{what}: the update is off by {off:e} in norm, over {frac} of its norm {update:e}"));
+                return Err(format!(
+                    "{what}: the update is off by {off:e} in norm, over {frac} of its norm {update:e}"
+                ));
             }
             match (0..got.len()).find(|&i| !((got[i] as f64 - want[i] as f64).abs() <= largest)) {
-                Some(i) => Err(format!("{what}: weight {i} is {} on the GPU, {} on the CPU (largest update {largest:e})", got[i], want[i])),
+                Some(i) => Err(format!(
+                    "{what}: weight {i} is {} on the GPU, {} on the CPU (largest update {largest:e})",
+                    got[i], want[i]
+                )),
                 None => Ok(()),
             }
         }
@@ -1213,7 +1261,6 @@ fn megakernel_vs_interpreter(
     Ok(())
 }
 
-
 /// Shapes that cover every opcode's edge tiles, both losses, momentum and a batch of one.
 fn megakernel_edge_cases() -> Vec<(usize, Vec<usize>, kiln::megakernel::Loss, f32)> {
     use kiln::megakernel::Loss;
@@ -1227,7 +1274,12 @@ fn megakernel_edge_cases() -> Vec<(usize, Vec<usize>, kiln::megakernel::Loss, f3
 
 /// Weights after 1 and 3 steps, within 1e-5, on shapes that cover every opcode's edge tiles.
 fn megakernel_matches(_: &Device) -> Outcome {
-    megakernel_vs_interpreter(kiln::megakernel::DataPath::CudaCores, &megakernel_edge_cases(), 3, MegaBound::Tol(Tol { abs: 1e-5, rel: 1e-5 }))
+    megakernel_vs_interpreter(
+        kiln::megakernel::DataPath::CudaCores,
+        &megakernel_edge_cases(),
+        3,
+        MegaBound::Tol(Tol { abs: 1e-5, rel: 1e-5 }),
+    )
 }
 
 /// Bit for bit: the products are the interpreter's FMA chains, and the loss uses its sum order.
@@ -1243,7 +1295,12 @@ fn megakernel_bits(_: &Device) -> Outcome {
 fn megakernel_hundred_steps(_: &Device) -> Outcome {
     use kiln::megakernel::Loss;
     let cases = [(64usize, vec![32usize, 96, 96, 10], Loss::CrossEntropy, 0.9f32)];
-    megakernel_vs_interpreter(kiln::megakernel::DataPath::CudaCores, &cases, 100, MegaBound::Tol(Tol { abs: 1e-5, rel: 1e-5 }))
+    megakernel_vs_interpreter(
+        kiln::megakernel::DataPath::CudaCores,
+        &cases,
+        100,
+        MegaBound::Tol(Tol { abs: 1e-5, rel: 1e-5 }),
+    )
 }
 
 /// The tensor-core paths against the interpreter's f32 FMA chains on the edge-case models, after
@@ -1289,8 +1346,8 @@ fn megakernel_weights_after(
 ) -> Result<(Vec<Vec<f32>>, u32), String> {
     use kiln::megakernel::{GpuStep, Loss, StepInputs, build};
     let schedule = build(shape, sms, path).map_err(err)?;
-    let mut gpu = GpuStep::new(Device::shared().map_err(err)?, &schedule, &mk_weights(&shape.dims, 5), path)
-        .map_err(err)?;
+    let mut gpu =
+        GpuStep::new(Device::shared().map_err(err)?, &schedule, &mk_weights(&shape.dims, 5), path).map_err(err)?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(17);
     let last = shape.dims[shape.layers()];
     for step in 0..steps {

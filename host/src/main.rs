@@ -121,7 +121,6 @@ struct TrainArgs {
     mega_path: Option<kiln::megakernel::DataPath>,
 }
 
-
 #[derive(Subcommand)]
 enum Command {
     /// Train a classifier MLP (the default command).
@@ -137,6 +136,51 @@ enum Command {
     },
     /// Show the device, its compute capability, the PTX modules and their kernels.
     Info,
+    /// Run one GEMM kernel of the ladder on random inputs: its error against an f64 reference and
+    /// its time (without --kernel: list the kernels).
+    Gemm {
+        /// The kernel, e.g. sgemm_smem, hgemm_mma_bf16_wide, gemm_wgmma_bf16_persistent.
+        #[arg(long)]
+        kernel: Option<String>,
+        /// The product, MxNxK.
+        #[arg(long, default_value = "4096x4096x4096", value_parser = parse_shape)]
+        shape: kiln::gpu::kernels::mma_tile::GemmShape,
+        /// Timed launches (the median is reported).
+        #[arg(long, default_value_t = 10)]
+        reps: usize,
+        /// Seed of the random inputs.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+fn parse_shape(s: &str) -> Result<kiln::gpu::kernels::mma_tile::GemmShape, String> {
+    let v: Vec<u32> =
+        s.split('x').map(|x| x.trim().parse::<u32>()).collect::<Result<_, _>>().map_err(|e| format!("{s}: {e}"))?;
+    match v[..] {
+        [m, n, k] => Ok(kiln::gpu::kernels::mma_tile::GemmShape { m, n, k }),
+        _ => Err(format!("{s}: write the shape as MxNxK, e.g. 4096x4096x4096")),
+    }
+}
+
+fn gemm(
+    kernel: Option<String>,
+    shape: kiln::gpu::kernels::mma_tile::GemmShape,
+    reps: usize,
+    seed: u64,
+) -> kiln::Result<bool> {
+    let Some(name) = kernel else {
+        say!("kernels (--kernel NAME), in ladder order:");
+        for n in kiln::cuda::ladder::kernel_names() {
+            say!("  {n}");
+        }
+        return Ok(true);
+    };
+    let dev = Device::new(0)?;
+    say!("device: {} ({})", dev.name(), dev.arch().name());
+    let r = kiln::cuda::ladder::run(&dev, &name, shape, reps, seed)?;
+    say!("{r}");
+    Ok(r.passed())
 }
 
 fn info() -> kiln::Result<()> {
@@ -243,6 +287,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Train(a)) => train(a),
         Some(Command::Eval { checkpoint, data_dir }) => eval(checkpoint, data_dir).map(|_| true),
         Some(Command::Info) => info().map(|_| true),
+        Some(Command::Gemm { kernel, shape, reps, seed }) => gemm(kernel, shape, reps, seed),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

@@ -799,8 +799,12 @@ impl GpuStep {
                 } else {
                     let slot = r[1] & 0xffff;
                     match (r[1] >> 16) & 0xff {
-                        PAGE_READY => format!("the ready barrier of page {slot} with parity {} (page use {})", r[2], r[3]),
-                        PAGE_FREE => format!("the free barrier of page {slot} with parity {} (page use {})", r[2], r[3]),
+                        PAGE_READY => {
+                            format!("the ready barrier of page {slot} with parity {} (page use {})", r[2], r[3])
+                        }
+                        PAGE_FREE => {
+                            format!("the free barrier of page {slot} with parity {} (page use {})", r[2], r[3])
+                        }
                         RENDEZVOUS => format!("the consumers' rendezvous with parity {} (meeting {})", r[2], r[3]),
                         other => format!("barrier kind {other}, slot {slot}, parity {}", r[2]),
                     }

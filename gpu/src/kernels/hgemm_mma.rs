@@ -2,7 +2,7 @@
 //! B (n x k) in bf16 or f16, row-major, and C (m x n) in f32 — the layout of `Y = X W^T`.
 //!
 //! One generic body, two block tiles ([`HgemmTile`]): the first rung, [`HGEMM_NARROW`] (128 x 128,
-//! k step 32, 3 stages, warp tile 64 x 32), and the tuned one, [`HGEMM_WIDE`] (128 x 256, k step 64,
+//! k step 32, 4 stages, warp tile 64 x 32), and the tuned one, [`HGEMM_WIDE`] (128 x 256, k step 64,
 //! 4 stages, warp tile 64 x 64: twice the products per fragment loaded, half the block barriers
 //! per k).
 //!
@@ -61,8 +61,8 @@ impl HgemmTile {
     }
 }
 
-/// The first rung: 128 x 128, k step 32, 3 stages, warp tile 64 x 32.
-pub const HGEMM_NARROW: HgemmTile = HgemmTile { bm: 128, bn: 128, bk: 32, stages: 3 };
+/// The first rung: 128 x 128, k step 32, 4 stages (64 KiB), warp tile 64 x 32.
+pub const HGEMM_NARROW: HgemmTile = HgemmTile { bm: 128, bn: 128, bk: 32, stages: 4 };
 /// The tuned rung: 128 x 256, k step 64, 4 stages (192 KiB), warp tile 64 x 64.
 pub const HGEMM_WIDE: HgemmTile = HgemmTile { bm: 128, bn: 256, bk: 64, stages: 4 };
 

@@ -24,7 +24,9 @@
 //! (TMA pages, tensor cores, loads overlapping math) is version 2,
 //! [`megakernel_tc`](super::megakernel_tc). Speed against PyTorch is in `benches/results/mlp_step.md`.
 
-use crate::megakernel::{Instruction, MegaBuffers, MegaConfig, NO_COUNTER, SLAB, TILES, loss, opcode, pitch, record_offset};
+use crate::megakernel::{
+    Instruction, MegaBuffers, MegaConfig, NO_COUNTER, SLAB, TILES, loss, opcode, pitch, record_offset,
+};
 use crate::{atomic, fence, kernel, math, shared_array, sync, thread, warp};
 
 /// Threads per block.
@@ -44,7 +46,15 @@ pub(crate) unsafe fn acquire(p: crate::DevicePtrMut<u32>, i: u32) -> u32 {
 /// seen, the value wanted.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-pub(crate) unsafe fn record_stall(b: &MegaBuffers, cfg: &MegaConfig, role: u32, idx: u32, what: u32, seen: u32, want: u32) {
+pub(crate) unsafe fn record_stall(
+    b: &MegaBuffers,
+    cfg: &MegaConfig,
+    role: u32,
+    idx: u32,
+    what: u32,
+    seen: u32,
+    want: u32,
+) {
     unsafe {
         atomic::atomic_cas_u32(b.counters.as_mut_ptr().add(cfg.counters as usize), 0, 1);
         let rec = record_offset(cfg.counters, thread::block_idx_x(), role) as usize;

@@ -109,9 +109,15 @@ mod dev {
         let dim = |k: u32| unsafe { b.dims.read(k as usize) };
         match i.opcode {
             // act[l+1] = act[l] W[l]^T: both K-major over the input features
-            opcode::LINEAR_FWD => {
-                Some(Product { a_map: at(map::ACT_K), a_kmajor: true, b_map: at(map::W_K), b_kmajor: true, m0, n0, k: dim(l) })
-            }
+            opcode::LINEAR_FWD => Some(Product {
+                a_map: at(map::ACT_K),
+                a_kmajor: true,
+                b_map: at(map::W_K),
+                b_kmajor: true,
+                m0,
+                n0,
+                k: dim(l),
+            }),
             // grad[l] = grad[l+1] W[l]: k is the output feature, W's rows
             opcode::LINEAR_BWD_INPUT => Some(Product {
                 a_map: at(map::GRAD_K),
@@ -145,7 +151,16 @@ mod dev {
 
     /// Issues the TMA loads of one operand's page for K block `kt` (rows from `m0`).
     #[inline(always)]
-    unsafe fn load_page(dst: u32, maps: crate::DevicePtr<tma::TensorMap>, m: u32, kmajor: bool, m0: u32, kt: u32, tile: u32, bar: u32) {
+    unsafe fn load_page(
+        dst: u32,
+        maps: crate::DevicePtr<tma::TensorMap>,
+        m: u32,
+        kmajor: bool,
+        m0: u32,
+        kt: u32,
+        tile: u32,
+        bar: u32,
+    ) {
         let map = unsafe { maps.as_ptr().add(m as usize) };
         let k0 = (kt * PAGE_K) as i32;
         if kmajor {
@@ -186,7 +201,9 @@ mod dev {
                 while kt < p.k.div_ceil(PAGE_K) {
                     let slot = page_slot(u);
                     if u >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(u)) } {
-                        unsafe { record_stall(b, cfg, LOADER, idx, PAGE_TAG | PAGE_FREE << 16 | slot, free_parity(u), u) };
+                        unsafe {
+                            record_stall(b, cfg, LOADER, idx, PAGE_TAG | PAGE_FREE << 16 | slot, free_parity(u), u)
+                        };
                         break 'instructions;
                     }
                     unsafe {
@@ -217,7 +234,7 @@ mod dev {
     #[inline(always)]
     unsafe fn rendezvous(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, phase: &mut u32, idx: u32) -> bool {
         unsafe { mbarrier::arrive(sm.rendezvous()) };
-    let ok = unsafe { bounded_wait(b, cfg, sm.rendezvous(), *phase & 1) };
+        let ok = unsafe { bounded_wait(b, cfg, sm.rendezvous(), *phase & 1) };
         let ok = warp::all(u32::MAX, ok);
         if !ok && thread::lane_id() == 0 {
             unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | RENDEZVOUS << 16, *phase & 1, *phase) };
@@ -337,7 +354,9 @@ mod dev {
             let ok = unsafe { bounded_wait(b, cfg, sm.ready(slot), ready_parity(*u)) };
             if !warp::all(u32::MAX, ok) {
                 if lane == 0 {
-                    unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | PAGE_READY << 16 | slot, ready_parity(*u), *u) };
+                    unsafe {
+                        record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | PAGE_READY << 16 | slot, ready_parity(*u), *u)
+                    };
                 }
                 return false;
             }
@@ -399,7 +418,8 @@ mod dev {
         let l = i.layer;
         let (din, dout) = unsafe { (b.dims.read(l as usize), b.dims.read(l as usize + 1)) };
         let (pin, pout) = (pitch(din), pitch(dout));
-        let (w_off, a_in, a_out) = unsafe { (b.w_off.read(l as usize), b.a_off.read(l as usize), b.a_off.read(l as usize + 1)) };
+        let (w_off, a_in, a_out) =
+            unsafe { (b.w_off.read(l as usize), b.a_off.read(l as usize), b.a_off.read(l as usize + 1)) };
         let r0 = i.tile_row * cfg.tile + (w / 2) * 16 * MT as u32;
         let c0 = i.tile_col * cfg.tile + (w % 2) * 8 * NT as u32;
         let hidden = l + 1 < cfg.layers;
@@ -418,7 +438,9 @@ mod dev {
                                 let live = b.act.as_const().read(j as usize) > 0.0;
                                 b.grad.write(j as usize, if live { v } else { 0.0 })
                             }
-                            opcode::LINEAR_BWD_WEIGHT if r < dout && c < din => b.dw.write((w_off + r * pin + c) as usize, v),
+                            opcode::LINEAR_BWD_WEIGHT if r < dout && c < din => {
+                                b.dw.write((w_off + r * pin + c) as usize, v)
+                            }
                             _ => {}
                         }
                     }
@@ -429,7 +451,13 @@ mod dev {
 
     /// The consumers: every instruction of `lo..hi` in order (see the module docs).
     #[inline(always)]
-    unsafe fn consume<const MT: usize, const NT: usize, const SPLIT: bool>(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, lo: u32, hi: u32) {
+    unsafe fn consume<const MT: usize, const NT: usize, const SPLIT: bool>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        sm: Smem,
+        lo: u32,
+        hi: u32,
+    ) {
         let t = thread::thread_idx_x();
         let go = shared::dynamic_smem::<u32>(GO as usize);
         let stats = shared::dynamic_smem::<f32>(STATS as usize);
@@ -456,7 +484,9 @@ mod dev {
                 }
                 let done = match ins.opcode {
                     opcode::LOSS_GRAD => unsafe {
-                        loss_grad(b, cfg, &ins, cfg.tile, stats, CONSUMERS, t, || rendezvous(b, cfg, sm, &mut phase, idx))
+                        loss_grad(b, cfg, &ins, cfg.tile, stats, CONSUMERS, t, || {
+                            rendezvous(b, cfg, sm, &mut phase, idx)
+                        })
                     },
                     opcode::SGD_UPDATE => {
                         unsafe { sgd_update(b, cfg, &ins, cfg.tile, CONSUMERS, t) };
@@ -515,7 +545,6 @@ mod dev {
             (_, true) => unsafe { consume::<2, 4, true>(b, cfg, sm, lo, hi) },
         }
     }
-
 }
 
 /// One training step on the tensor-core data path (see the module docs). Grid: one block per SM;

@@ -351,8 +351,9 @@ pub fn hgemm_with_tile<T: HgemmInput>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let blocks = u32::try_from(tile.blocks(s))
-        .map_err(|_| Error::shape("hgemm", format!("{} tiles exceed the 1-D grid; split the product", tile.blocks(s))))?;
+    let blocks = u32::try_from(tile.blocks(s)).map_err(|_| {
+        Error::shape("hgemm", format!("{} tiles exceed the 1-D grid; split the product", tile.blocks(s)))
+    })?;
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (HGEMM_THREADS, 1, 1),

@@ -4,8 +4,10 @@
 mod buffer;
 mod device;
 pub mod gemm;
+pub mod ladder;
 pub mod ops;
 mod tensor_map;
+pub mod timing;
 
 pub use buffer::DeviceBuffer;
 pub use cudarc::driver::LaunchConfig;

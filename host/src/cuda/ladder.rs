@@ -1,0 +1,247 @@
+//! One rung, one command: run any GEMM kernel of the ladder by name on fresh random inputs, check
+//! it against an f64 reference, and time it (`kiln gemm --kernel NAME --shape MxNxK`; the guide's
+//! chapters each start with one).
+
+use super::gemm::{self, Layout, WgmmaGemm, WgmmaTile};
+use super::{Device, timing};
+use crate::error::{Error, Result};
+use half::{bf16, f16};
+use kiln_gpu::kernels::hgemm_mma::{HGEMM_NARROW, HGEMM_WIDE, HgemmTile};
+use kiln_gpu::kernels::mma_tile::GemmShape;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+/// What `name` runs: an FP32 rung (in its layout), the `mma.sync` GEMM, or a Hopper `wgmma` tile.
+#[derive(Clone, Copy, Debug)]
+enum Entry {
+    F32(&'static gemm::Rung),
+    Mma { tile: HgemmTile, f16: bool },
+    Wgmma(WgmmaTile),
+}
+
+const MMA: &[(&str, HgemmTile, bool)] = &[
+    ("hgemm_mma_bf16", HGEMM_NARROW, false),
+    ("hgemm_mma_f16", HGEMM_NARROW, true),
+    ("hgemm_mma_bf16_wide", HGEMM_WIDE, false),
+    ("hgemm_mma_f16_wide", HGEMM_WIDE, true),
+];
+
+const WGMMA: &[(&str, WgmmaTile)] = &[
+    ("gemm_wgmma_bf16", WgmmaTile::T128x128),
+    ("gemm_wgmma_bf16_wide", WgmmaTile::T128x256),
+    ("gemm_wgmma_bf16_persistent", WgmmaTile::Persistent),
+    ("gemm_wgmma_bf16_persistent_unicast", WgmmaTile::PersistentUnicast),
+    ("gemm_wgmma_bf16_persistent_regstore", WgmmaTile::PersistentRegisterStore),
+];
+
+/// Every kernel name `run` takes, in ladder order.
+pub fn kernel_names() -> Vec<&'static str> {
+    let f32s = gemm::RUNGS.iter().chain(gemm::LAYOUT_RUNGS).map(|r| r.name);
+    f32s.chain(MMA.iter().map(|m| m.0)).chain(WGMMA.iter().map(|w| w.0)).collect()
+}
+
+fn entry(name: &str) -> Result<Entry> {
+    if let Some(r) = gemm::RUNGS.iter().chain(gemm::LAYOUT_RUNGS).find(|r| r.name == name) {
+        return Ok(Entry::F32(r));
+    }
+    if let Some(&(_, tile, f16)) = MMA.iter().find(|m| m.0 == name) {
+        return Ok(Entry::Mma { tile, f16 });
+    }
+    if let Some(&(_, tile)) = WGMMA.iter().find(|w| w.0 == name) {
+        return Ok(Entry::Wgmma(tile));
+    }
+    Err(Error::Unsupported { op: "gemm", what: format!("kernel `{name}`; known: {}", kernel_names().join(", ")) })
+}
+
+/// The outcome of one run.
+#[derive(Clone, Debug)]
+pub struct RungRun {
+    /// The kernel.
+    pub kernel: &'static str,
+    /// The product.
+    pub shape: GemmShape,
+    /// What the kernel computes with which types, e.g. "C = A B^T, bf16 in, f32 out".
+    pub what: String,
+    /// Median milliseconds per launch.
+    pub ms: f64,
+    /// `2 m n k / time`.
+    pub tflops: f64,
+    /// Outputs compared with the f64 reference (all of them, or a random sample of large products).
+    pub checked: usize,
+    /// The largest `|got - want| / sum_p |a_ip b_pj|` over the checked outputs (NaN where an
+    /// output was never written: outputs are poisoned before the launch).
+    pub max_error: f64,
+    /// The bound it must stay under: `k u` with `u` the unit roundoff of f32 accumulation
+    /// (2^-23 after f32 products, 2^-22 after exact 16-bit products, as the GPU tests use).
+    pub bound: f64,
+}
+
+impl RungRun {
+    /// Whether every checked output is within the bound.
+    pub fn passed(&self) -> bool {
+        self.max_error <= self.bound
+    }
+}
+
+impl std::fmt::Display for RungRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let GemmShape { m, n, k } = self.shape;
+        writeln!(f, "{} {m}x{n}x{k}: {}", self.kernel, self.what)?;
+        writeln!(
+            f,
+            "  error: max |got - want| / sum |a b| = {:.3e} over {} outputs, bound k u = {:.3e}: {}",
+            self.max_error,
+            self.checked,
+            self.bound,
+            if self.passed() { "ok" } else { "FAILED" }
+        )?;
+        write!(f, "  time: {:.4} ms (median), {:.1} TFLOP/s", self.ms, self.tflops)
+    }
+}
+
+/// Outputs checked in full up to this many; beyond, a random sample of this size (and the corners).
+pub const FULL_CHECK: usize = 1 << 16;
+
+/// Runs kernel `name` on `s` with random inputs in [-1, 1) from `seed`: once on poisoned output
+/// for the check, then `reps` timed launches (median).
+pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64) -> Result<RungRun> {
+    let kernel = kernel_names().into_iter().find(|n| *n == name).unwrap_or("");
+    let e = entry(name)?;
+    let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+    if m * n == 0 || k == 0 {
+        return Err(Error::shape("gemm", format!("empty product {m}x{n}x{k}")));
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut uniform = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
+    let (a32, b32) = (uniform(m * k), uniform(k * n));
+    let poison = vec![crate::testing::POISON_F32; m * n];
+    let mut c = dev.upload(&poison)?;
+    // a(i, p) and b(p, j) as the kernel reads them, and the timed launch
+    let (got, what, ms, bound, a, b): (Vec<f32>, String, f64, f64, Vec<f64>, Vec<f64>);
+    match e {
+        Entry::F32(r) => {
+            let (da, db) = (dev.upload(&a32)?, dev.upload(&b32)?);
+            r.run(dev, &da, &db, &mut c, s)?;
+            got = dev.download(&c)?;
+            ms = timing::median_ms(dev, reps, 1, || r.run(dev, &da, &db, &mut c, s))?;
+            what = match r.layout {
+                Layout::NN => "C = A B, f32 (A m x k, B k x n)",
+                Layout::NT => "C = A B^T, f32 (A m x k, B stored n x k)",
+                Layout::TN => "C = A^T B, f32 (A stored k x m, B k x n)",
+            }
+            .into();
+            // stored element (i, p) of A and (p, j) of B, in the layout's storage order
+            a = match r.layout {
+                Layout::TN => (0..m * k).map(|x| a32[(x % k) * m + x / k] as f64).collect(),
+                _ => a32.iter().map(|&v| v as f64).collect(),
+            };
+            b = match r.layout {
+                Layout::NT => (0..k * n).map(|x| b32[(x % n) * k + x / n] as f64).collect(),
+                _ => b32.iter().map(|&v| v as f64).collect(),
+            };
+            bound = k as f64 * 2f64.powi(-23);
+        }
+        Entry::Mma { tile, f16 } => {
+            let out = if f16 {
+                tensor_core_run::<f16>(dev, &a32, &b32, &mut c, s, reps, |d, a, b, c| {
+                    gemm::hgemm_with_tile(d, tile, a, b, c, s)
+                })?
+            } else {
+                tensor_core_run::<bf16>(dev, &a32, &b32, &mut c, s, reps, |d, a, b, c| {
+                    gemm::hgemm_with_tile(d, tile, a, b, c, s)
+                })?
+            };
+            (got, ms, a, b) = out;
+            what = format!(
+                "C = A B^T, {} in (A m x k, B n x k), f32 accumulate and out",
+                if f16 { "f16" } else { "bf16" }
+            );
+            bound = k as f64 * 2f64.powi(-22);
+        }
+        Entry::Wgmma(tile) => {
+            let out = tensor_core_run::<bf16>(dev, &a32, &b32, &mut c, s, reps, |d, a, b, c| {
+                WgmmaGemm::with_tile(d, a, b, s, tile)?.run(c)
+            })?;
+            (got, ms, a, b) = out;
+            what = "C = A B^T, bf16 in (A m x k, B n x k), f32 accumulate and out".into();
+            bound = k as f64 * 2f64.powi(-22);
+        }
+    }
+    // the outputs to check: all of a small product, else a sample and the four corners
+    let picks: Vec<(usize, usize)> = if m * n <= FULL_CHECK {
+        (0..m * n).map(|x| (x / n, x % n)).collect()
+    } else {
+        let mut pick = StdRng::seed_from_u64(seed ^ 0x9e37_79b9);
+        let mut v: Vec<(usize, usize)> =
+            (0..FULL_CHECK / 16).map(|_| (pick.random_range(0..m), pick.random_range(0..n))).collect();
+        v.extend([(0, 0), (0, n - 1), (m - 1, 0), (m - 1, n - 1)]);
+        v
+    };
+    let mut max_error = 0.0f64;
+    for &(i, j) in &picks {
+        let (mut want, mut mag) = (0.0f64, 0.0f64);
+        for p in 0..k {
+            let x = a[i * k + p] * b[p * n + j];
+            want += x;
+            mag += x.abs();
+        }
+        let g = got[i * n + j] as f64;
+        let err = if mag > 0.0 { (g - want).abs() / mag } else { (g - want).abs() };
+        max_error = if err.is_nan() {
+            f64::NAN
+        } else if max_error.is_nan() {
+            max_error
+        } else {
+            max_error.max(err)
+        };
+    }
+    let tflops = 2.0 * m as f64 * n as f64 * k as f64 / ms / 1e9;
+    Ok(RungRun { kernel, shape: s, what, ms, tflops, checked: picks.len(), max_error, bound })
+}
+
+type TensorCoreOut = (Vec<f32>, f64, Vec<f64>, Vec<f64>);
+
+/// The 16-bit input types of the tensor-core kernels.
+trait Half16: Copy + cudarc::driver::DeviceRepr + 'static {
+    fn round(x: f32) -> Self;
+    fn wide(self) -> f64;
+}
+impl Half16 for bf16 {
+    fn round(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn wide(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl Half16 for f16 {
+    fn round(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn wide(self) -> f64 {
+        self.to_f64()
+    }
+}
+
+/// Rounds the inputs to `T`, runs `launch` once (checked) and `reps` times (timed); returns the
+/// output, the median milliseconds, and the rounded inputs as A (m x k) and B^T (k x n) in f64.
+fn tensor_core_run<T: Half16>(
+    dev: &Device,
+    a32: &[f32],
+    b32: &[f32],
+    c: &mut super::DeviceBuffer<f32>,
+    s: GemmShape,
+    reps: usize,
+    launch: impl Fn(&Device, &super::DeviceBuffer<T>, &super::DeviceBuffer<T>, &mut super::DeviceBuffer<f32>) -> Result<()>,
+) -> Result<TensorCoreOut> {
+    let (n, k) = (s.n as usize, s.k as usize);
+    let round = |v: &[f32]| -> Vec<T> { v.iter().map(|&x| T::round(x)).collect() };
+    let (ah, bh) = (round(a32), round(b32)); // b as n x k
+    let (da, db) = (dev.upload(&ah)?, dev.upload(&bh)?);
+    launch(dev, &da, &db, c)?;
+    let got = dev.download(c)?;
+    let ms = timing::median_ms(dev, reps, 1, || launch(dev, &da, &db, c))?;
+    let a: Vec<f64> = ah.iter().map(|&x| x.wide()).collect();
+    // B stored n x k; the check reads b(p, j) at p * n + j
+    let b: Vec<f64> = (0..k * n).map(|x| bh[(x % n) * k + x / n].wide()).collect();
+    Ok((got, ms, a, b))
+}
