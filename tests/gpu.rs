@@ -1165,14 +1165,20 @@ enum MegaBound {
 /// of runs and schedules.
 const TC_DEEP: MegaBound = MegaBound::UpdateNorm(5e-2);
 
-/// [`TC_DEEP`] for a model of `layers` layers on `path`: tf32's input rounding (about 2^-11)
-/// compounds down the backward chain, so its bound grows with depth, 1.5 % per layer (seen on the
-/// H200: 5.8 % in norm at the first layer of a 10-layer model).
-fn tc_deep(path: kiln::megakernel::DataPath, layers: usize) -> MegaBound {
-    match path {
-        kiln::megakernel::DataPath::Tf32 => MegaBound::UpdateNorm(f64::max(5e-2, 1.5e-2 * layers as f64)),
-        _ => TC_DEEP,
-    }
+/// [`TC_DEEP`] for a model of `layers` layers and `batch` rows on `path`: tf32's input rounding
+/// (about 2^-11) compounds down the backward chain, so its bound grows with depth, 1.5 % per layer
+/// (seen on the H200: 5.8 % in norm at the first layer of a 10-layer model). And one flipped ReLU
+/// moves a lower layer's update by up to about 1 / batch, so below 20 rows the bound is 1 / batch
+/// (seen on the H200, reproducibly with one seed: 7.8 % in norm at layer 2 of a 5-layer tf32 model,
+/// batch 14, widths [61, 2121, 161, 226, 199, 11]).
+fn tc_deep(path: kiln::megakernel::DataPath, layers: usize, batch: usize) -> MegaBound {
+    let MegaBound::UpdateNorm(base) = TC_DEEP else { unreachable!("TC_DEEP bounds the update norm") };
+    let depth = match path {
+        kiln::megakernel::DataPath::Tf32 => 1.5e-2 * layers as f64,
+        _ => base,
+    };
+    let flip = if layers > 1 { 1.0 / batch as f64 } else { 0.0 };
+    MegaBound::UpdateNorm(base.max(depth).max(flip))
 }
 
 /// Checks `got` against the interpreter's `want` (layer weights that started at `w0`).
@@ -1419,7 +1425,7 @@ fn megakernel_tc_random_shapes(dev: &Device) -> Outcome {
             gpu.step(&inp).map_err(err)?;
             interpret(&schedule, &mut cpu, &inp, step as u64).map_err(err)?;
         }
-        let bound = tc_deep(path, layers);
+        let bound = tc_deep(path, layers, batch);
         for (l, (g, c)) in gpu.weights().map_err(err)?.iter().zip(&cpu.weights).enumerate() {
             let what = format!(
                 "seed {seed} case {case}: {path:?} batch {batch} dims {dims:?} {loss:?} tile {} on {} SMs, layer {l}",
