@@ -120,9 +120,7 @@ pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64) -> Re
     match e {
         Entry::F32(r) => {
             let (da, db) = (dev.upload(&a32)?, dev.upload(&b32)?);
-            r.run(dev, &da, &db, &mut c, s)?;
-            got = dev.download(&c)?;
-            ms = timing::median_ms(dev, reps, 1, || r.run(dev, &da, &db, &mut c, s))?;
+            (got, ms) = check_and_time(dev, &mut c, reps, |c| r.run(dev, &da, &db, c, s))?;
             what = match r.layout {
                 Layout::NN => "C = A B, f32 (A m x k, B k x n)",
                 Layout::NT => "C = A B^T, f32 (A m x k, B stored n x k)",
@@ -140,28 +138,26 @@ pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64) -> Re
             };
             bound = k as f64 * 2f64.powi(-23);
         }
-        Entry::Mma { tile, f16 } => {
-            let out = if f16 {
-                tensor_core_run::<f16>(dev, &a32, &b32, &mut c, s, reps, |d, a, b, c| {
-                    gemm::hgemm_with_tile(d, tile, a, b, c, s)
-                })?
-            } else {
-                tensor_core_run::<bf16>(dev, &a32, &b32, &mut c, s, reps, |d, a, b, c| {
-                    gemm::hgemm_with_tile(d, tile, a, b, c, s)
-                })?
-            };
-            (got, ms, a, b) = out;
-            what = format!(
-                "C = A B^T, {} in (A m x k, B n x k), f32 accumulate and out",
-                if f16 { "f16" } else { "bf16" }
-            );
+        Entry::Mma { tile, f16: true } => {
+            let (da, db, ra, rb) = upload_rounded::<f16>(dev, &a32, &b32, s)?;
+            (got, ms) = check_and_time(dev, &mut c, reps, |c| gemm::hgemm_with_tile(dev, tile, &da, &db, c, s))?;
+            (a, b) = (ra, rb);
+            what = "C = A B^T, f16 in (A m x k, B n x k), f32 accumulate and out".into();
+            bound = k as f64 * 2f64.powi(-22);
+        }
+        Entry::Mma { tile, f16: false } => {
+            let (da, db, ra, rb) = upload_rounded::<bf16>(dev, &a32, &b32, s)?;
+            (got, ms) = check_and_time(dev, &mut c, reps, |c| gemm::hgemm_with_tile(dev, tile, &da, &db, c, s))?;
+            (a, b) = (ra, rb);
+            what = "C = A B^T, bf16 in (A m x k, B n x k), f32 accumulate and out".into();
             bound = k as f64 * 2f64.powi(-22);
         }
         Entry::Wgmma(tile) => {
-            let out = tensor_core_run::<bf16>(dev, &a32, &b32, &mut c, s, reps, |d, a, b, c| {
-                WgmmaGemm::with_tile(d, a, b, s, tile)?.run(c)
-            })?;
-            (got, ms, a, b) = out;
+            let (da, db, ra, rb) = upload_rounded::<bf16>(dev, &a32, &b32, s)?;
+            // tensor maps encoded once, outside the timed launches
+            let g = WgmmaGemm::with_tile(dev, &da, &db, s, tile)?;
+            (got, ms) = check_and_time(dev, &mut c, reps, |c| g.run(c))?;
+            (a, b) = (ra, rb);
             what = "C = A B^T, bf16 in (A m x k, B n x k), f32 accumulate and out".into();
             bound = k as f64 * 2f64.powi(-22);
         }
@@ -198,7 +194,18 @@ pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64) -> Re
     Ok(RungRun { kernel, shape: s, what, ms, tflops, checked: picks.len(), max_error, bound })
 }
 
-type TensorCoreOut = (Vec<f32>, f64, Vec<f64>, Vec<f64>);
+/// Launches once into the poisoned `c` and downloads it, then times `reps` launches (median).
+fn check_and_time(
+    dev: &Device,
+    c: &mut super::DeviceBuffer<f32>,
+    reps: usize,
+    mut launch: impl FnMut(&mut super::DeviceBuffer<f32>) -> Result<()>,
+) -> Result<(Vec<f32>, f64)> {
+    launch(c)?;
+    let got = dev.download(c)?;
+    let ms = timing::median_ms(dev, reps, 1, || launch(c))?;
+    Ok((got, ms))
+}
 
 /// The 16-bit input types of the tensor-core kernels.
 trait Half16: Copy + cudarc::driver::DeviceRepr + 'static {
@@ -222,26 +229,17 @@ impl Half16 for f16 {
     }
 }
 
-/// Rounds the inputs to `T`, runs `launch` once (checked) and `reps` times (timed); returns the
-/// output, the median milliseconds, and the rounded inputs as A (m x k) and B^T (k x n) in f64.
-fn tensor_core_run<T: Half16>(
-    dev: &Device,
-    a32: &[f32],
-    b32: &[f32],
-    c: &mut super::DeviceBuffer<f32>,
-    s: GemmShape,
-    reps: usize,
-    launch: impl Fn(&Device, &super::DeviceBuffer<T>, &super::DeviceBuffer<T>, &mut super::DeviceBuffer<f32>) -> Result<()>,
-) -> Result<TensorCoreOut> {
+type Rounded<T> = (super::DeviceBuffer<T>, super::DeviceBuffer<T>, Vec<f64>, Vec<f64>);
+
+/// Rounds the inputs to `T` and uploads them (A m x k, B n x k); also returns the rounded values
+/// as A (m x k) and B^T (k x n) in f64 for the reference.
+fn upload_rounded<T: Half16>(dev: &Device, a32: &[f32], b32: &[f32], s: GemmShape) -> Result<Rounded<T>> {
     let (n, k) = (s.n as usize, s.k as usize);
     let round = |v: &[f32]| -> Vec<T> { v.iter().map(|&x| T::round(x)).collect() };
-    let (ah, bh) = (round(a32), round(b32)); // b as n x k
+    let (ah, bh) = (round(a32), round(b32));
     let (da, db) = (dev.upload(&ah)?, dev.upload(&bh)?);
-    launch(dev, &da, &db, c)?;
-    let got = dev.download(c)?;
-    let ms = timing::median_ms(dev, reps, 1, || launch(dev, &da, &db, c))?;
     let a: Vec<f64> = ah.iter().map(|&x| x.wide()).collect();
     // B stored n x k; the check reads b(p, j) at p * n + j
     let b: Vec<f64> = (0..k * n).map(|x| bh[(x % n) * k + x / n].wide()).collect();
-    Ok((got, ms, a, b))
+    Ok((da, db, a, b))
 }
