@@ -197,9 +197,17 @@ fn main() {
             }
             // the persistent cluster kernel, plain and with the bias + ReLU epilogue fused
             let g = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::Persistent).expect("wgmma maps");
-            println!("  (persistent grid: {} clusters of 2)", g.persistent_clusters());
+            println!("  (persistent grid: {} clusters of 2, k split {})", g.persistent_clusters(), g.split_k());
             let (ms, r) = bracketed(&mut || g.run(&mut dc).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent", ms, r);
+            if g.split_k() > 1 {
+                // the same kernel without the split, for comparison
+                let one = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::Persistent)
+                    .and_then(|p| p.with_split_k(1))
+                    .expect("wgmma maps");
+                let (ms, r) = bracketed(&mut || one.run(&mut dc).expect("kiln wgmma"));
+                record_vs("gemm_wgmma_bf16_persistent_nosplit", ms, r);
+            }
             let u = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentUnicast).expect("wgmma maps");
             let (ms, r) = bracketed(&mut || u.run(&mut dc).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent_unicast", ms, r);

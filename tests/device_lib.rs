@@ -377,22 +377,52 @@ fn grouped_tile_order_is_a_bijection() {
 }
 
 #[test]
-fn persistent_clusters_cover_every_tile_once() {
+fn persistent_clusters_cover_every_tile_and_split_once() {
     use kiln::gpu::kernels::gemm_wgmma::persistent_tile;
     for (tm, tn) in [(1u32, 1u32), (16, 16), (7, 3), (33, 5)] {
-        for clusters in [1u32, 5, 64, 66, 1000] {
-            let mut seen = vec![0u32; (tm * tn) as usize];
-            for c in 0..clusters.min(tm * tn) {
-                let mut i = 0;
-                while let Some((r, col)) = persistent_tile(c, clusters, i, tm, tn) {
-                    assert!(r < tm && col < tn, "tile ({r}, {col}) outside {tm} x {tn}");
-                    seen[(r * tn + col) as usize] += 1;
-                    i += 1;
+        for splits in [1u32, 2, 5] {
+            for clusters in [1u32, 5, 64, 66, 1000] {
+                let mut seen = vec![0u32; (tm * tn * splits) as usize];
+                for c in 0..clusters.min(tm * tn * splits) {
+                    let mut i = 0;
+                    while let Some((r, col, sp)) = persistent_tile(c, clusters, i, tm, tn, splits) {
+                        assert!(r < tm && col < tn && sp < splits, "unit ({r}, {col}, {sp}) outside");
+                        seen[((r * tn + col) * splits + sp) as usize] += 1;
+                        i += 1;
+                    }
                 }
+                assert!(seen.iter().all(|&s| s == 1), "{tm} x {tn} x {splits} over {clusters} clusters: {seen:?}");
             }
-            assert!(seen.iter().all(|&s| s == 1), "{tm} x {tn} tiles over {clusters} clusters: {seen:?}");
         }
     }
+}
+
+#[test]
+fn split_k_parts_tile_k_and_the_choice_splits_only_long_thin_products() {
+    use kiln::gpu::kernels::gemm_wgmma::{choose_split_k, split_k_fits, split_k_range};
+    for k_tiles in 1u32..300 {
+        for splits in 1u32..=8 {
+            let parts: Vec<(u32, u32)> = (0..splits).map(|sp| split_k_range(k_tiles, splits, sp)).collect();
+            // consecutive, covering 0..k_tiles exactly once
+            let mut next = 0;
+            for &(first, count) in &parts {
+                assert_eq!(first.min(k_tiles), next.min(k_tiles), "{k_tiles} in {splits}: {parts:?}");
+                next = first + count;
+            }
+            assert_eq!(parts.iter().map(|p| p.1).sum::<u32>(), k_tiles);
+            assert_eq!(split_k_fits(k_tiles, splits), parts.iter().all(|p| p.1 > 0), "{k_tiles} in {splits}");
+        }
+        let s = choose_split_k(36, k_tiles, 66);
+        assert!(split_k_fits(k_tiles, s));
+    }
+    let k_tiles = |k: u32| k.div_ceil(64);
+    // 3072 x 768 x 16384 (dW of a 3072 -> 768 layer at 16384 rows): 36 cluster tiles on 66 clusters
+    assert_eq!(choose_split_k(12 * 3, k_tiles(16384), 66), 5);
+    // enough tiles, or short k: no split
+    assert_eq!(choose_split_k(16 * 16, k_tiles(4096), 66), 1);
+    assert_eq!(choose_split_k(64 * 3, k_tiles(3072), 66), 1);
+    assert_eq!(choose_split_k(16 * 4, k_tiles(4096), 66), 1);
+    assert_eq!(choose_split_k(1, 1, 66), 1);
 }
 
 #[test]

@@ -720,14 +720,20 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
     use kiln::nn::Activation;
     let (mut rng, _) = testing::rng();
     let gelu = |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
-    for &(m, n, k, act) in &[
-        (4100u32, 2050u32, 200u32, None),
-        (4100, 2052, 200, None),
-        (4100, 2052, 200, Some(Activation::Relu)),
-        (333, 777, 520, Some(Activation::Gelu)),
-        (333, 780, 520, Some(Activation::Gelu)),
-        (1, 9, 8, Some(Activation::Relu)),
-        (1, 12, 8, Some(Activation::Relu)),
+    // (m, n, k, activation, k split: None = the plan's own choice, which is 1 except where noted)
+    for &(m, n, k, act, split) in &[
+        (4100u32, 2050u32, 200u32, None, None),
+        (4100, 2052, 200, None, None),
+        (4100, 2052, 200, Some(Activation::Relu), None),
+        (333, 777, 520, Some(Activation::Gelu), None),
+        (333, 780, 520, Some(Activation::Gelu), None),
+        (1, 9, 8, Some(Activation::Relu), None),
+        (1, 12, 8, Some(Activation::Relu), None),
+        // split k: uneven parts (16 k tiles in 3: 6, 6, 4), odd n; 33 k tiles in 5; and one
+        // cluster tile with 128 k tiles, which the plan itself splits in 8
+        (200, 301, 1000, Some(Activation::Gelu), Some(3)),
+        (300, 520, 2056, Some(Activation::Relu), Some(5)),
+        (256, 250, 8192, None, None),
     ] {
         let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
         let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
@@ -735,13 +741,23 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
         let (da, db, dbias) =
             (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?, dev.upload(&bias).map_err(err)?);
         let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
-        let plan = WgmmaGemm::with_tile(dev, &da, &db, GemmShape { m, n, k }, WgmmaTile::Persistent).map_err(err)?;
+        let mut plan =
+            WgmmaGemm::with_tile(dev, &da, &db, GemmShape { m, n, k }, WgmmaTile::Persistent).map_err(err)?;
+        if let Some(sp) = split {
+            plan = plan.with_split_k(sp).map_err(err)?;
+        }
+        let want_split = split.unwrap_or(if k == 8192 { 8 } else { 1 });
+        if plan.split_k() != want_split {
+            return Err(format!("persistent {m}x{n}x{k}: split {} where {want_split} was expected", plan.split_k()));
+        }
         plan.run_with(&mut dc, GemmEpilogue { bias: Some(&dbias), act }).map_err(err)?;
         let got = dev.download(&dc).map_err(err)?;
         let mut dc2 = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
         plan.run_with(&mut dc2, GemmEpilogue { bias: Some(&dbias), act }).map_err(err)?;
         if bits(&dev.download(&dc2).map_err(err)?) != bits(&got) {
-            return Err(format!("persistent {m}x{n}x{k} {act:?}: a second output buffer got different bits"));
+            return Err(format!(
+                "persistent {m}x{n}x{k} {act:?} split {want_split}: a second output buffer got different bits"
+            ));
         }
         let (a64, b64): (Vec<f64>, Vec<f64>) =
             (a.iter().map(|x| x.to_f64()).collect(), b.iter().map(|x| x.to_f64()).collect());
@@ -761,11 +777,19 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
                 let g = got[i * n as usize + j] as f64;
                 if (g - want).abs() > tol || g.is_nan() {
                     return Err(format!(
-                        "persistent {m}x{n}x{k} {act:?} at ({i}, {j}): got {g}, expected {want}, tolerance {tol:e}"
+                        "persistent {m}x{n}x{k} {act:?} split {want_split} at ({i}, {j}): got {g}, expected {want}, tolerance {tol:e}"
                     ));
                 }
             }
         }
+    }
+    // A split with an empty part (4 k tiles in 5) is refused.
+    let (a, b) =
+        (dev.upload(&vec![bf16::ONE; 64 * 256]).map_err(err)?, dev.upload(&vec![bf16::ONE; 64 * 256]).map_err(err)?);
+    let plan =
+        WgmmaGemm::with_tile(dev, &a, &b, GemmShape { m: 64, n: 64, k: 256 }, WgmmaTile::Persistent).map_err(err)?;
+    if !matches!(plan.with_split_k(5), Err(kiln::Error::Unsupported { op: "wgmma gemm", .. })) {
+        return Err("a split with an empty part must be refused".into());
     }
     // A tile without the fused epilogue refuses one instead of ignoring it.
     let (a, b) =

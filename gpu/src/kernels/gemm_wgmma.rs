@@ -569,15 +569,92 @@ pub const fn persistent_stage_bytes(m0: u32, n0: u32, s: GemmShape) -> u32 {
     bytes
 }
 
-/// The cluster tile `(tile_m, tile_n)` (in units of [`WP_BM`] x [`WW_BN`]) that a cluster takes on
-/// its `i`-th turn, and whether there is one: cluster `cluster` of `clusters` walks tiles
-/// `cluster, cluster + clusters, ...` of the grouped order over `tiles_m x tiles_n`.
-pub const fn persistent_tile(cluster: u32, clusters: u32, i: u32, tiles_m: u32, tiles_n: u32) -> Option<(u32, u32)> {
-    let t = cluster as u64 + i as u64 * clusters as u64;
-    if t >= tiles_m as u64 * tiles_n as u64 {
+/// The work unit a cluster takes on its `i`-th turn, and whether there is one: the cluster tile
+/// `(tile_m, tile_n)` (in units of [`WP_BM`] x [`WW_BN`]) and the k split `split` (0..`splits`).
+/// Cluster `cluster` of `clusters` walks units `cluster, cluster + clusters, ...`; unit `u` is split
+/// `u % splits` of tile `u / splits` in the grouped order over `tiles_m x tiles_n`.
+pub const fn persistent_tile(
+    cluster: u32,
+    clusters: u32,
+    i: u32,
+    tiles_m: u32,
+    tiles_n: u32,
+    splits: u32,
+) -> Option<(u32, u32, u32)> {
+    let u = cluster as u64 + i as u64 * clusters as u64;
+    if u >= tiles_m as u64 * tiles_n as u64 * splits as u64 {
         return None;
     }
-    Some(grouped_tile(t as u32, tiles_m, tiles_n, WP_GROUP_M))
+    let (tile, split) = ((u / splits as u64) as u32, (u % splits as u64) as u32);
+    let (tm, tn) = grouped_tile(tile, tiles_m, tiles_n, WP_GROUP_M);
+    Some((tm, tn, split))
+}
+
+/// The k tiles of split `split` when `k_tiles` are cut into `splits` parts: `(first, count)`, the
+/// first `splits - 1` parts of `ceil(k_tiles / splits)` tiles and the last one the rest. Every part
+/// is non-empty when `(splits - 1) * ceil(k_tiles / splits) < k_tiles` ([`split_k_fits`]).
+pub const fn split_k_range(k_tiles: u32, splits: u32, split: u32) -> (u32, u32) {
+    let per = k_tiles.div_ceil(splits);
+    let first = split * per;
+    if first >= k_tiles {
+        return (k_tiles, 0);
+    }
+    let end = if first + per < k_tiles { first + per } else { k_tiles };
+    (first, end - first)
+}
+
+/// Whether `splits` parts of `k_tiles` are all non-empty.
+pub const fn split_k_fits(k_tiles: u32, splits: u32) -> bool {
+    splits >= 1 && (splits - 1) * k_tiles.div_ceil(splits) < k_tiles
+}
+
+/// The k split the persistent kernel uses for `tiles` cluster tiles of `k_tiles` k tiles each on
+/// `clusters` resident clusters: the `splits` in 1..=8 (all parts non-empty) that minimizes the
+/// estimated time `waves * (k tiles per part + 8 if split)`, where `waves = ceil(tiles * splits /
+/// clusters)` and the 8 stands for writing a partial tile and reading it back in the reduction
+/// (a 128 x 256 f32 partial is 128 KiB, about the A and B bytes of 4 k tiles, moved twice). Long-k
+/// products with fewer tiles than clusters split; the rest stay at 1.
+pub const fn choose_split_k(tiles: u32, k_tiles: u32, clusters: u32) -> u32 {
+    let mut best = (1u32, u64::MAX);
+    let mut s = 1;
+    while s <= 8 {
+        if split_k_fits(k_tiles, s) {
+            let waves = ((tiles as u64) * s as u64).div_ceil(if clusters > 0 { clusters as u64 } else { 1 });
+            let cost = waves * (k_tiles.div_ceil(s) as u64 + if s > 1 { 8 } else { 0 });
+            if cost < best.1 {
+                best = (s, cost);
+            }
+        }
+        s += 1;
+    }
+    best.0
+}
+
+/// `c = act(sum over s of ws[s * len + i] + bias[i % n])` for `i < len`, the sum in the order
+/// `s = 0, 1, ..`: the fixed-order reduction of the persistent kernel's k splits (so a split
+/// product is as reproducible as an unsplit one, though its bits differ from it). Grid-stride over
+/// `len`; any grid; block 256.
+#[kernel(arch = "sm_90a")]
+pub unsafe fn gemm_split_k_reduce(
+    ws: DevicePtr<f32>,
+    c: DevicePtrMut<f32>,
+    len: u32,
+    n: u32,
+    splits: u32,
+    epi: Epilogue,
+) {
+    let stride = thread::grid_dim_x() * thread::block_dim_x();
+    let mut i = thread::block_idx_x() * thread::block_dim_x() + thread::thread_idx_x();
+    while i < len {
+        let mut v = unsafe { ws.read(i as usize) };
+        let mut sp = 1;
+        while sp < splits {
+            v += unsafe { ws.read(sp as usize * len as usize + i as usize) };
+            sp += 1;
+        }
+        unsafe { c.write(i as usize, epi.apply(v, i % n)) };
+        i += stride;
+    }
 }
 
 /// `C = act(A B^T + bias)`: the wide kernel's 128 x 256 CTA tile made persistent, in clusters of two
@@ -608,11 +685,17 @@ pub const fn persistent_tile(cluster: u32, clusters: u32, i: u32, tiles_m: u32, 
 ///   before the peer's barriers exist) and one before exit (no CTA leaves while its peer may still
 ///   write to it). Every mbarrier wait is bounded and traps on a stall.
 ///
-/// Parameters: `a_map` (A, box 64 x 128), `b_map` (B, box 64 x 128), `c` (m x n f32), the shape,
-/// the epilogue, `multicast` (nonzero: share B across the cluster as above; zero: each CTA loads
-/// both B shares itself and only its own consumers release its stages), `c_map` (C's tensor map for
-/// the staged epilogue, or null for stores from registers). Block 384; dynamic shared memory
-/// [`WP_SMEM_BYTES`]; grid x a multiple of 2.
+/// - Split k: with `splits > 1` a work unit is one k part of a tile ([`persistent_tile`],
+///   [`split_k_range`]); its products go unchanged (no epilogue), from registers, to the partial
+///   `c + split * m * n`, and [`gemm_split_k_reduce`] sums the parts in order and applies the
+///   epilogue. For long-k products with fewer tiles than clusters ([`choose_split_k`]).
+///
+/// Parameters: `a_map` (A, box 64 x 128), `b_map` (B, box 64 x 128), `c` (m x n f32, or with
+/// `splits > 1` the `splits * m * n` partials), the shape, the epilogue, `multicast` (nonzero:
+/// share B across the cluster as above; zero: each CTA loads both B shares itself and only its own
+/// consumers release its stages), `c_map` (C's tensor map for the staged epilogue, or null for
+/// stores from registers; ignored when split), `splits` (at least 1, every part non-empty:
+/// [`split_k_fits`]). Block 384; dynamic shared memory [`WP_SMEM_BYTES`]; grid x a multiple of 2.
 #[kernel(arch = "sm_90a", max_threads = 384, cluster = 2)]
 pub unsafe fn gemm_wgmma_bf16_persistent(
     a_map: DevicePtr<TensorMap>,
@@ -622,6 +705,7 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
     epi: Epilogue,
     multicast: u32,
     c_map: DevicePtr<TensorMap>,
+    splits: u32,
 ) {
     use crate::cluster;
     let multicast = multicast != 0;
@@ -645,10 +729,11 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
             }
             let mut t = 0;
             let mut i = 0;
-            while let Some((tm, tn)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n) {
+            while let Some((tm, tn, sp)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n, splits) {
                 let (m0, n0) = (tm * WP_BM + rank * WG_BM, tn * WW_BN);
-                let mut kt = 0;
-                while kt < k_tiles {
+                let (first, count) = split_k_range(k_tiles, splits, sp);
+                let mut kt = first;
+                while kt < first + count {
                     let st = t % WG_STAGES;
                     if t >= WG_STAGES
                         && !unsafe {
@@ -707,10 +792,11 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
         let mut acc = [0.0f32; 128];
         let mut t = 0;
         let mut i = 0;
-        while let Some((tm, tn)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n) {
+        while let Some((tm, tn, sp)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n, splits) {
             let (m0, n0) = (tm * WP_BM + rank * WG_BM, tn * WW_BN);
+            let (_, count) = split_k_range(k_tiles, splits, sp);
             let mut kt = 0;
-            while kt < k_tiles {
+            while kt < count {
                 ring.mma_m64n256(t, cons, &mut acc, kt > 0);
                 // Tile kt - 1's products are done: its stage can be refilled while kt's run.
                 if kt > 0 {
@@ -719,16 +805,23 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
                 t += 1;
                 kt += 1;
             }
+            // (every part has k tiles: `splits` satisfies split_k_fits)
             wgmma::wait_group::<0>();
             release(t - 1);
-            if staged {
+            if staged && splits == 1 {
                 StagedStore { ct, cons, row0: m0 + cons * 64, n0, c_map, s, epi, staging }.store(&acc);
             } else {
-                store_m64n256(&acc, ct, m0 + cons * 64, n0, c, s, epi);
+                // a split's part goes unchanged to its partial; the reduction applies the epilogue
+                let (dst, e) = if splits > 1 {
+                    (c.offset(sp as usize * s.m as usize * s.n as usize), Epilogue::NONE)
+                } else {
+                    (c, epi)
+                };
+                store_m64n256(&acc, ct, m0 + cons * 64, n0, dst, s, e);
             }
             i += 1;
         }
-        if staged && ct == 0 {
+        if staged && splits == 1 && ct == 0 {
             // the last stores have written C (and stopped reading shared memory) before the exit
             tma::wait_group::<0>();
         }

@@ -424,6 +424,12 @@ pub struct WgmmaGemm<'a> {
     tile: WgmmaTile,
     /// The persistent kernels' grid in clusters (occupancy queried once, here); 0 for other tiles.
     clusters: u32,
+    /// Clusters resident at once on this device (persistent tiles; 0 for others).
+    resident: u32,
+    /// The persistent kernel's k split (1: none).
+    splits: u32,
+    /// The split products' partials (`splits * m * n` f32), allocated on the first split run.
+    workspace: std::cell::RefCell<Option<DeviceBuffer<f32>>>,
     /// The staged epilogue's tensor map of the last C it stored to, by address (encoded on the
     /// first run into a buffer, reused while the output stays the same).
     c_map: std::cell::RefCell<Option<(u64, super::DeviceTensorMap)>>,
@@ -480,17 +486,67 @@ impl<'a> WgmmaGemm<'a> {
             }
         };
         let b_map = dev.tensor_map(b.addr(), &spec(s.n, bn))?;
-        let clusters = if tile.is_persistent() { persistent_clusters(dev, s)? } else { 0 };
-        Ok(WgmmaGemm {
+        let resident = if tile.is_persistent() { resident_clusters(dev)? } else { 0 };
+        let mut g = WgmmaGemm {
             dev,
             a_map,
             b_map,
             s,
             tile,
-            clusters,
+            clusters: 0,
+            resident,
+            splits: 1,
+            workspace: std::cell::RefCell::new(None),
             c_map: std::cell::RefCell::new(None),
             _operands: std::marker::PhantomData,
-        })
+        };
+        if tile.is_persistent() {
+            use kiln_gpu::kernels::gemm_wgmma::{WG_BK, choose_split_k};
+            let splits = choose_split_k(g.cluster_tiles(), s.k.div_ceil(WG_BK), resident);
+            g = g.with_split_k(splits)?;
+        }
+        Ok(g)
+    }
+
+    /// The persistent kernel's cluster tiles (256 x 256) for this shape.
+    fn cluster_tiles(&self) -> u32 {
+        use kiln_gpu::kernels::gemm_wgmma::{WP_BM, WW_BN};
+        self.s.m.div_ceil(WP_BM) * self.s.n.div_ceil(WW_BN)
+    }
+
+    /// The same product with the persistent kernel's k cut into `splits` parts (1: none), each a
+    /// work unit; a fixed-order reduction then sums the parts and applies the epilogue.
+    /// [`WgmmaGemm::new`] picks the split ([`kiln_gpu::kernels::gemm_wgmma::choose_split_k`]); this
+    /// overrides it. Needs a persistent tile and every part non-empty.
+    pub fn with_split_k(mut self, splits: u32) -> Result<Self> {
+        use kiln_gpu::kernels::gemm_wgmma::{WG_BK, split_k_fits};
+        let k_tiles = self.s.k.div_ceil(WG_BK);
+        if !self.tile.is_persistent() && splits != 1 {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!("a k split with the {:?} tile: use a persistent tile", self.tile),
+            });
+        }
+        if !split_k_fits(k_tiles, splits) {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!(
+                    "{splits} k parts of {k_tiles} k tiles of {WG_BK}: some part would be empty; use fewer parts"
+                ),
+            });
+        }
+        self.splits = splits;
+        let units = self.cluster_tiles() as u64 * splits as u64;
+        self.clusters = units.min(self.resident as u64) as u32;
+        if splits > 1 && (self.s.m as u64 * self.s.n as u64 * splits as u64) > isize::MAX as u64 / 4 {
+            return Err(Error::shape("wgmma gemm", "the split partials do not fit memory; use fewer parts"));
+        }
+        Ok(self)
+    }
+
+    /// The persistent kernel's k split (1: none).
+    pub fn split_k(&self) -> u32 {
+        self.splits
     }
 
     /// The address of C's tensor map for the staged epilogue, or 0 where C cannot take TMA stores
@@ -599,34 +655,57 @@ impl<'a> WgmmaGemm<'a> {
             WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore => {
                 type K = GemmWgmmaBf16Persistent;
                 let multicast = (self.tile != WgmmaTile::PersistentUnicast) as u32;
-                let c_map = kiln_gpu::DevicePtr::from_addr(self.staged_c_map(c)?);
                 let cfg = LaunchConfig {
                     grid_dim: (self.clusters * <K as kiln_gpu::Kernel>::CLUSTER, 1, 1),
                     block_dim: (WG_THREADS, 1, 1),
                     shared_mem_bytes: WP_SMEM_BYTES,
                 };
-                // SAFETY: as above; the B map's box is the 128-row share each CTA multicasts; the
-                // bias (when present) holds n floats, checked above; the C map (when not null)
-                // describes c with the 32 x 64 box the staged epilogue stores.
-                unsafe { self.dev.launch(K::default(), cfg, (args.0, args.1, args.2, args.3, fused, multicast, c_map)) }
+                if self.splits == 1 {
+                    let c_map = kiln_gpu::DevicePtr::from_addr(self.staged_c_map(c)?);
+                    // SAFETY: as above; the B map's box is the 128-row share each CTA multicasts; the
+                    // bias (when present) holds n floats, checked above; the C map (when not null)
+                    // describes c with the 32 x 64 box the staged epilogue stores.
+                    return unsafe {
+                        self.dev.launch(K::default(), cfg, (args.0, args.1, args.2, args.3, fused, multicast, c_map, 1))
+                    };
+                }
+                use kiln_gpu::kernels::gemm_wgmma::GemmSplitKReduce;
+                let parts = self.splits as usize * mn;
+                let mut ws = self.workspace.borrow_mut();
+                if ws.as_ref().is_none_or(|w| w.len() != parts) {
+                    *ws = Some(self.dev.alloc_uninit_f32(parts)?);
+                }
+                let ws = ws.as_mut().expect("allocated above");
+                let null = kiln_gpu::DevicePtr::from_addr(0);
+                // SAFETY: as above, with the partials (splits * m * n f32) as the kernel's output and
+                // every k part non-empty (with_split_k); then the reduction reads the partials and
+                // writes the m * n outputs of c.
+                unsafe {
+                    let k_args = (args.0, args.1, ws.ptr_mut(), s, ACT_NONE_EPILOGUE, multicast, null, self.splits);
+                    self.dev.launch(K::default(), cfg, k_args)?;
+                    let blocks = (mn as u32).div_ceil(256).min(132 * 16);
+                    let rcfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                    self.dev.launch(GemmSplitKReduce, rcfg, (ws.ptr(), c.ptr_mut(), mn as u32, s.n, self.splits, fused))
+                }
             }
         }
     }
 }
 
-/// The persistent wgmma kernel's grid for `s`, in clusters: one per cluster tile, at most as many
-/// as fit on the device at once.
-fn persistent_clusters(dev: &Device, s: GemmShape) -> Result<u32> {
-    use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16Persistent, WG_THREADS, WP_BM, WP_SMEM_BYTES, WW_BN};
-    let tiles = s.m.div_ceil(WP_BM) as u64 * s.n.div_ceil(WW_BN) as u64;
-    let resident = dev.max_active_clusters::<GemmWgmmaBf16Persistent>(WG_THREADS, WP_SMEM_BYTES)? as u64;
+/// The epilogue of a split product's parts: none (the reduction applies the real one).
+const ACT_NONE_EPILOGUE: kiln_gpu::kernels::gemm_wgmma::Epilogue = kiln_gpu::kernels::gemm_wgmma::Epilogue::NONE;
+
+/// Clusters of the persistent wgmma kernel resident at once on `dev`.
+fn resident_clusters(dev: &Device) -> Result<u32> {
+    use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16Persistent, WG_THREADS, WP_SMEM_BYTES};
+    let resident = dev.max_active_clusters::<GemmWgmmaBf16Persistent>(WG_THREADS, WP_SMEM_BYTES)?;
     if resident == 0 {
         return Err(Error::Unsupported {
             op: "wgmma gemm",
             what: "no cluster of two 384-thread blocks with 225 KiB of shared memory fits this device".into(),
         });
     }
-    Ok(tiles.min(resident) as u32)
+    Ok(resident)
 }
 
 /// A 16-bit float type of the deterministic typed tier ([`typed_gemm`]).
