@@ -197,16 +197,23 @@ fn main() {
             }
             // the persistent cluster kernel, plain and with the bias + ReLU epilogue fused
             let g = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::Persistent).expect("wgmma maps");
-            println!("  (persistent grid: {} clusters of 2, k split {})", g.persistent_clusters(), g.split_k());
+            println!(
+                "  (persistent grid: {} clusters of 2; suggested k split {})",
+                g.persistent_clusters(),
+                g.suggested_split_k()
+            );
             let (ms, r) = bracketed(&mut || g.run(&mut dc).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent", ms, r);
-            if g.split_k() > 1 {
-                // the same kernel without the split, for comparison
-                let one = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::Persistent)
-                    .and_then(|p| p.with_split_k(1))
+            if g.suggested_split_k() > 1 {
+                // the opt-in k split (not batch-invariant), where the model suggests one
+                let sk = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::Persistent)
+                    .and_then(|p| {
+                        let sp = p.suggested_split_k();
+                        p.with_split_k(sp)
+                    })
                     .expect("wgmma maps");
-                let (ms, r) = bracketed(&mut || one.run(&mut dc).expect("kiln wgmma"));
-                record_vs("gemm_wgmma_bf16_persistent_nosplit", ms, r);
+                let (ms, r) = bracketed(&mut || sk.run(&mut dc).expect("kiln wgmma"));
+                record_vs(&format!("gemm_wgmma_bf16_persistent_splitk{}", sk.split_k()), ms, r);
             }
             let u = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentUnicast).expect("wgmma maps");
             let (ms, r) = bracketed(&mut || u.run(&mut dc).expect("kiln wgmma"));

@@ -730,10 +730,11 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
         (1, 9, 8, Some(Activation::Relu), None),
         (1, 12, 8, Some(Activation::Relu), None),
         // split k: uneven parts (16 k tiles in 3: 6, 6, 4), odd n; 33 k tiles in 5; and one
-        // cluster tile with 128 k tiles, which the plan itself splits in 8
+        // cluster tile with 128 k tiles, for which the plan suggests (not applies) 8 parts
         (200, 301, 1000, Some(Activation::Gelu), Some(3)),
         (300, 520, 2056, Some(Activation::Relu), Some(5)),
         (256, 250, 8192, None, None),
+        (256, 250, 8192, None, Some(8)),
     ] {
         let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
         let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
@@ -746,9 +747,14 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
         if let Some(sp) = split {
             plan = plan.with_split_k(sp).map_err(err)?;
         }
-        let want_split = split.unwrap_or(if k == 8192 { 8 } else { 1 });
+        // splitting is opt-in (it would make the bits depend on m)
+        let want_split = split.unwrap_or(1);
         if plan.split_k() != want_split {
             return Err(format!("persistent {m}x{n}x{k}: split {} where {want_split} was expected", plan.split_k()));
+        }
+        let suggested = if k == 8192 { 8 } else { plan.suggested_split_k() };
+        if plan.suggested_split_k() != suggested {
+            return Err(format!("persistent {m}x{n}x{k}: suggested split {}, expected 8", plan.suggested_split_k()));
         }
         plan.run_with(&mut dc, GemmEpilogue { bias: Some(&dbias), act }).map_err(err)?;
         let got = dev.download(&dc).map_err(err)?;

@@ -501,11 +501,22 @@ impl<'a> WgmmaGemm<'a> {
             _operands: std::marker::PhantomData,
         };
         if tile.is_persistent() {
-            use kiln_gpu::kernels::gemm_wgmma::{WG_BK, choose_split_k};
-            let splits = choose_split_k(g.cluster_tiles(), s.k.div_ceil(WG_BK), resident);
-            g = g.with_split_k(splits)?;
+            g = g.with_split_k(1)?;
         }
         Ok(g)
+    }
+
+    /// The k split [`choose_split_k`](kiln_gpu::kernels::gemm_wgmma::choose_split_k) suggests for
+    /// this product on this device (1 for non-persistent tiles). Not applied by default: a split
+    /// changes the order of each output's reduction, and a split chosen from the shape would make
+    /// row i's bits depend on m, breaking the tensor-core tier's batch invariance. Apply it with
+    /// [`WgmmaGemm::with_split_k`] where speed matters more than that.
+    pub fn suggested_split_k(&self) -> u32 {
+        use kiln_gpu::kernels::gemm_wgmma::{WG_BK, choose_split_k};
+        if !self.tile.is_persistent() {
+            return 1;
+        }
+        choose_split_k(self.cluster_tiles(), self.s.k.div_ceil(WG_BK), self.resident)
     }
 
     /// The persistent kernel's cluster tiles (256 x 256) for this shape.
@@ -514,10 +525,11 @@ impl<'a> WgmmaGemm<'a> {
         self.s.m.div_ceil(WP_BM) * self.s.n.div_ceil(WW_BN)
     }
 
-    /// The same product with the persistent kernel's k cut into `splits` parts (1: none), each a
-    /// work unit; a fixed-order reduction then sums the parts and applies the epilogue.
-    /// [`WgmmaGemm::new`] picks the split ([`kiln_gpu::kernels::gemm_wgmma::choose_split_k`]); this
-    /// overrides it. Needs a persistent tile and every part non-empty.
+    /// The same product with the persistent kernel's k cut into `splits` parts (1: none, the
+    /// default), each a work unit; a fixed-order reduction then sums the parts and applies the
+    /// epilogue. The bits stay reproducible for a given split, but differ from the unsplit
+    /// product's (see [`WgmmaGemm::suggested_split_k`]). Needs a persistent tile and every part
+    /// non-empty.
     pub fn with_split_k(mut self, splits: u32) -> Result<Self> {
         use kiln_gpu::kernels::gemm_wgmma::{WG_BK, split_k_fits};
         let k_tiles = self.s.k.div_ceil(WG_BK);
