@@ -104,6 +104,9 @@ fn main() {
         (16384, 3072, 768),
         (16384, 768, 3072),
         (3072, 768, 16384),
+        // the weight gradient of small layers over many rows: few tiles, long k (the k split)
+        (512, 768, 32768),
+        (256, 256, 65536),
     ];
     if want("tc") {
         // The ceiling the mma.sync rungs climb towards: register-only products, no memory.

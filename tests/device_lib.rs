@@ -416,8 +416,13 @@ fn split_k_parts_tile_k_and_the_choice_splits_only_long_thin_products() {
         assert!(split_k_fits(k_tiles, s));
     }
     let k_tiles = |k: u32| k.div_ceil(64);
-    // 3072 x 768 x 16384 (dW of a 3072 -> 768 layer at 16384 rows): 36 cluster tiles on 66 clusters
-    assert_eq!(choose_split_k(12 * 3, k_tiles(16384), 66), 5);
+    // one cluster tile, 128 k tiles: 8 parts; 6 tiles (512 x 768) with 512 k tiles: 8 parts
+    // (48 units, one wave)
+    assert_eq!(choose_split_k(1, k_tiles(8192), 66), 8);
+    assert_eq!(choose_split_k(2 * 3, k_tiles(32768), 66), 8);
+    // 3072 x 768 x 16384 (dW of a 3072 -> 768 layer at 16384 rows): 36 cluster tiles on 66
+    // clusters, more than half of them busy: no split (measured slower with 5)
+    assert_eq!(choose_split_k(12 * 3, k_tiles(16384), 66), 1);
     // enough tiles, or short k: no split
     assert_eq!(choose_split_k(16 * 16, k_tiles(4096), 66), 1);
     assert_eq!(choose_split_k(64 * 3, k_tiles(3072), 66), 1);

@@ -608,13 +608,19 @@ pub const fn split_k_fits(k_tiles: u32, splits: u32) -> bool {
     splits >= 1 && (splits - 1) * k_tiles.div_ceil(splits) < k_tiles
 }
 
-/// The k split the persistent kernel uses for `tiles` cluster tiles of `k_tiles` k tiles each on
-/// `clusters` resident clusters: the `splits` in 1..=8 (all parts non-empty) that minimizes the
-/// estimated time `waves * (k tiles per part + 8 if split)`, where `waves = ceil(tiles * splits /
-/// clusters)` and the 8 stands for writing a partial tile and reading it back in the reduction
-/// (a 128 x 256 f32 partial is 128 KiB, about the A and B bytes of 4 k tiles, moved twice). Long-k
-/// products with fewer tiles than clusters split; the rest stay at 1.
+/// The k split suggested for `tiles` cluster tiles of `k_tiles` k tiles each on `clusters`
+/// resident clusters: 1 unless the tiles leave at least half the clusters idle; then the `splits`
+/// in 1..=8 (all parts non-empty) that minimizes the estimated time `waves * (k tiles per part + 8
+/// if split)`, where `waves = ceil(tiles * splits / clusters)` and the 8 stands for writing a
+/// partial tile and reading it back in the reduction (a 128 x 256 f32 partial is 128 KiB, about
+/// the A and B bytes of 4 k tiles, moved twice). The half: at 3072 x 768 x 16384 (36 tiles on 66
+/// clusters) a 5-way split measured slower than none on the H200 (0.172 against 0.162 ms): with
+/// 36 clusters busy the product already moves about 3.6 TB/s from L2, so more clusters add traffic,
+/// not speed.
 pub const fn choose_split_k(tiles: u32, k_tiles: u32, clusters: u32) -> u32 {
+    if tiles as u64 * 2 > clusters as u64 {
+        return 1;
+    }
     let mut best = (1u32, u64::MAX);
     let mut s = 1;
     while s <= 8 {
