@@ -401,7 +401,7 @@ fn persistent_clusters_cover_every_tile_and_split_once() {
 fn split_k_parts_tile_k_and_the_choice_splits_only_long_thin_products() {
     use kiln::gpu::kernels::gemm_wgmma::{choose_split_k, split_k_fits, split_k_range};
     for k_tiles in 1u32..300 {
-        for splits in 1u32..=8 {
+        for splits in 1u32..=64 {
             let parts: Vec<(u32, u32)> = (0..splits).map(|sp| split_k_range(k_tiles, splits, sp)).collect();
             // consecutive, covering 0..k_tiles exactly once
             let mut next = 0;
@@ -416,10 +416,10 @@ fn split_k_parts_tile_k_and_the_choice_splits_only_long_thin_products() {
         assert!(split_k_fits(k_tiles, s));
     }
     let k_tiles = |k: u32| k.div_ceil(64);
-    // one cluster tile, 128 k tiles: 8 parts; 6 tiles (512 x 768) with 512 k tiles: 8 parts
-    // (48 units, one wave)
-    assert_eq!(choose_split_k(1, k_tiles(8192), 66), 8);
-    assert_eq!(choose_split_k(2 * 3, k_tiles(32768), 66), 8);
+    // one cluster tile, 1024 k tiles: 64 parts of 16 (one wave); 6 tiles (512 x 768) with 512 k
+    // tiles: 11 parts of 47 (66 units, one wave)
+    assert_eq!(choose_split_k(1, k_tiles(65536), 66), 64);
+    assert_eq!(choose_split_k(2 * 3, k_tiles(32768), 66), 11);
     // 3072 x 768 x 16384 (dW of a 3072 -> 768 layer at 16384 rows): 36 cluster tiles on 66
     // clusters, more than half of them busy: no split (measured slower with 5)
     assert_eq!(choose_split_k(12 * 3, k_tiles(16384), 66), 1);

@@ -633,7 +633,7 @@ fn ladder_command(dev: &Device) -> Outcome {
         if name.starts_with("gemm_wgmma") && !wgmma_here {
             continue;
         }
-        let r = kiln::cuda::ladder::run(dev, name, s, 2, 7).map_err(|e| format!("{name}: {e}"))?;
+        let r = kiln::cuda::ladder::run(dev, name, s, 2, 7, None).map_err(|e| format!("{name}: {e}"))?;
         if !r.passed() || r.checked != 200 * 132 {
             return Err(format!("{r}"));
         }
@@ -642,7 +642,14 @@ fn ladder_command(dev: &Device) -> Outcome {
     if ran < 20 {
         return Err(format!("only {ran} kernels ran"));
     }
-    match kiln::cuda::ladder::run(dev, "sgemm_nope", s, 1, 7) {
+    if wgmma_here {
+        // a k split through the command: k = 72 is 2 k tiles of 64, one per part
+        let r = kiln::cuda::ladder::run(dev, "gemm_wgmma_bf16_persistent", s, 2, 7, Some(2)).map_err(err)?;
+        if !r.passed() || !r.what.contains("2 parts") {
+            return Err(format!("{r}"));
+        }
+    }
+    match kiln::cuda::ladder::run(dev, "sgemm_nope", s, 1, 7, None) {
         Err(kiln::Error::Unsupported { what, .. }) if what.contains("sgemm_smem") => Ok(()),
         other => Err(format!("an unknown kernel must be refused with the list, got {other:?}")),
     }

@@ -151,6 +151,9 @@ enum Command {
         /// Seed of the random inputs.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Cut k into this many parts (persistent wgmma kernels only).
+        #[arg(long)]
+        split_k: Option<u32>,
     },
 }
 
@@ -168,6 +171,7 @@ fn gemm(
     shape: kiln::gpu::kernels::mma_tile::GemmShape,
     reps: usize,
     seed: u64,
+    split_k: Option<u32>,
 ) -> kiln::Result<bool> {
     let Some(name) = kernel else {
         say!("kernels (--kernel NAME), in ladder order:");
@@ -178,7 +182,7 @@ fn gemm(
     };
     let dev = Device::new(0)?;
     say!("device: {} ({})", dev.name(), dev.arch().name());
-    let r = kiln::cuda::ladder::run(&dev, &name, shape, reps, seed)?;
+    let r = kiln::cuda::ladder::run(&dev, &name, shape, reps, seed, split_k)?;
     say!("{r}");
     Ok(r.passed())
 }
@@ -287,7 +291,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Train(a)) => train(a),
         Some(Command::Eval { checkpoint, data_dir }) => eval(checkpoint, data_dir).map(|_| true),
         Some(Command::Info) => info().map(|_| true),
-        Some(Command::Gemm { kernel, shape, reps, seed }) => gemm(kernel, shape, reps, seed),
+        Some(Command::Gemm { kernel, shape, reps, seed, split_k }) => gemm(kernel, shape, reps, seed, split_k),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

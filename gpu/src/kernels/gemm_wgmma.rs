@@ -608,9 +608,12 @@ pub const fn split_k_fits(k_tiles: u32, splits: u32) -> bool {
     splits >= 1 && (splits - 1) * k_tiles.div_ceil(splits) < k_tiles
 }
 
+/// The most k parts [`choose_split_k`] suggests.
+pub const MAX_SPLIT_K: u32 = 64;
+
 /// The k split suggested for `tiles` cluster tiles of `k_tiles` k tiles each on `clusters`
 /// resident clusters: 1 unless the tiles leave at least half the clusters idle; then the `splits`
-/// in 1..=8 (all parts non-empty) that minimizes the estimated time `waves * (k tiles per part + 8
+/// in 1..=[`MAX_SPLIT_K`] (all parts non-empty) that minimizes the estimated time `waves * (k tiles per part + 8
 /// if split)`, where `waves = ceil(tiles * splits / clusters)` and the 8 stands for writing a
 /// partial tile and reading it back in the reduction (a 128 x 256 f32 partial is 128 KiB, about
 /// the A and B bytes of 4 k tiles, moved twice). The half: at 3072 x 768 x 16384 (36 tiles on 66
@@ -623,7 +626,7 @@ pub const fn choose_split_k(tiles: u32, k_tiles: u32, clusters: u32) -> u32 {
     }
     let mut best = (1u32, u64::MAX);
     let mut s = 1;
-    while s <= 8 {
+    while s <= MAX_SPLIT_K {
         if split_k_fits(k_tiles, s) {
             let waves = ((tiles as u64) * s as u64).div_ceil(if clusters > 0 { clusters as u64 } else { 1 });
             let cost = waves * (k_tiles.div_ceil(s) as u64 + if s > 1 { 8 } else { 0 });

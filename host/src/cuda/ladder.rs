@@ -103,9 +103,16 @@ pub const FULL_CHECK: usize = 1 << 16;
 
 /// Runs kernel `name` on `s` with random inputs in [-1, 1) from `seed`: once on poisoned output
 /// for the check, then `reps` timed launches (median).
-pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64) -> Result<RungRun> {
+/// `split_k`: the k parts of a persistent `wgmma` kernel (default 1; refused for other kernels).
+pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64, split_k: Option<u32>) -> Result<RungRun> {
     let kernel = kernel_names().into_iter().find(|n| *n == name).unwrap_or("");
     let e = entry(name)?;
+    if split_k.is_some_and(|sp| sp != 1) && !matches!(e, Entry::Wgmma(t) if t.is_persistent()) {
+        return Err(Error::Unsupported {
+            op: "gemm",
+            what: format!("--split-k with {name}: only the persistent wgmma kernels split k"),
+        });
+    }
     let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
     if m * n == 0 || k == 0 {
         return Err(Error::shape("gemm", format!("empty product {m}x{n}x{k}")));
@@ -155,10 +162,13 @@ pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64) -> Re
         Entry::Wgmma(tile) => {
             let (da, db, ra, rb) = upload_rounded::<bf16>(dev, &a32, &b32, s)?;
             // tensor maps encoded once, outside the timed launches
-            let g = WgmmaGemm::with_tile(dev, &da, &db, s, tile)?;
+            let g = WgmmaGemm::with_tile(dev, &da, &db, s, tile)?.with_split_k(split_k.unwrap_or(1))?;
             (got, ms) = check_and_time(dev, &mut c, reps, |c| g.run(c))?;
             (a, b) = (ra, rb);
-            what = "C = A B^T, bf16 in (A m x k, B n x k), f32 accumulate and out".into();
+            what = format!(
+                "C = A B^T, bf16 in (A m x k, B n x k), f32 accumulate and out{}",
+                if g.split_k() > 1 { format!(", k in {} parts", g.split_k()) } else { String::new() }
+            );
             bound = k as f64 * 2f64.powi(-22);
         }
     }
