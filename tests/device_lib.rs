@@ -534,3 +534,77 @@ fn hgemm_copy_and_fragment_plans_cover_the_tiles() {
     check::<32, 2, 128, 4, 4>(HGEMM_NARROW);
     check::<64, 4, 128, 4, 8>(HGEMM_WIDE);
 }
+
+/// The chooser's table is what the recorded tuning run's times pick (`benches/gemm_tune.rs` wrote
+/// both; recomputed here with the same rule), with a row for every layout, alignment and class;
+/// before any tuning run, it says so.
+#[test]
+fn the_fp32_chooser_table_is_the_tuning_runs_pick() {
+    use kiln::cuda::gemm::{Layout, SizeClass, tuning_candidates, tuning_pick};
+    use kiln::cuda::gemm_tuned::{TUNED, TUNED_ON};
+    for layout in [Layout::NN, Layout::NT, Layout::TN] {
+        for aligned in [true, false] {
+            for class in SizeClass::ALL {
+                let rows: Vec<_> = TUNED.iter().filter(|t| t.0 == layout && t.1 == aligned && t.2 == class).collect();
+                let want = if tuning_candidates(layout, aligned).is_empty() { 0 } else { 1 };
+                assert_eq!(rows.len(), want, "{layout:?} aligned={aligned} {class:?}");
+                if let Some(r) = rows.first() {
+                    assert!(tuning_candidates(layout, aligned).iter().any(|c| c.name == r.3), "{}", r.3);
+                }
+            }
+        }
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/results/gemm_tune.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        assert!(TUNED_ON.contains("no tuning run yet"), "the table claims a tuning run but {path:?} is missing");
+        return;
+    };
+    let run: serde_json::Value = serde_json::from_str(&text).expect("gemm_tune.json parses");
+    let results = run["results"].as_array().expect("results");
+    assert!(TUNED_ON.contains(run["device"].as_str().expect("device")), "{TUNED_ON}");
+    for &(layout, aligned, class, name) in TUNED {
+        let cands = tuning_candidates(layout, aligned);
+        let shapes = class.shapes();
+        let times: Vec<Vec<f64>> = cands
+            .iter()
+            .map(|c| {
+                shapes
+                    .iter()
+                    .map(|&(m, n, k)| {
+                        let (n, k) = if aligned { (n, k) } else { (n - 1, k - 1) };
+                        results
+                            .iter()
+                            .find(|r| {
+                                r["layout"] == format!("{layout:?}")
+                                    && r["aligned"] == aligned
+                                    && r["kernel"] == c.name
+                                    && r["m"] == m
+                                    && r["n"] == n
+                                    && r["k"] == k
+                            })
+                            .and_then(|r| r["ms"].as_f64())
+                            .unwrap_or_else(|| panic!("no time for {} at {m}x{n}x{k} ({layout:?})", c.name))
+                    })
+                    .collect()
+            })
+            .collect();
+        let pick = cands[tuning_pick(&times).expect("candidates")].name;
+        assert_eq!(pick, name, "{layout:?} aligned={aligned} {class:?}");
+    }
+}
+
+#[test]
+fn tuning_pick_prefers_the_best_total_relative_time() {
+    use kiln::cuda::gemm::{SizeClass, tuning_pick};
+    use kiln::gpu::kernels::mma_tile::GemmShape;
+    // candidate 1 is best on two shapes and close on the third
+    assert_eq!(tuning_pick(&[vec![1.0, 2.0, 2.0], vec![1.1, 1.0, 1.0]]), Some(1));
+    assert_eq!(tuning_pick(&[vec![1.0], vec![1.0]]), Some(0));
+    assert_eq!(tuning_pick(&[]), None);
+    for class in SizeClass::ALL {
+        for &(m, n, k) in class.shapes() {
+            assert_eq!(SizeClass::of(GemmShape { m, n, k }), class, "{m}x{n}x{k}");
+            assert_eq!(SizeClass::of(GemmShape { m, n: n - 1, k: k - 1 }), class, "{m}x{n}x{k} unaligned");
+        }
+    }
+}

@@ -175,36 +175,91 @@ pub fn rung(name: &str) -> Result<&'static Rung> {
     })
 }
 
-/// The rung for `s` in `layout`: [`choose`]'s tile choice, read in that layout. `None` for NT and
-/// TN products whose stored rows are not 16-byte multiples (no scalar kernel reads them in place;
-/// transpose one operand and use [`choose`]).
-pub fn choose_layout(s: GemmShape, layout: Layout) -> Option<&'static Rung> {
-    let nn = choose(s);
-    if layout == Layout::NN {
-        return Some(nn);
-    }
-    if !layout.rows_aligned(s) {
-        return None;
-    }
-    let name = format!("{}_{}", nn.name, if layout == Layout::NT { "nt" } else { "tn" });
-    LAYOUT_RUNGS.iter().find(|r| r.name == name)
+/// Size classes of the FP32 chooser: how many 128 x 128 tiles C has, against the H200's 132 SMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SizeClass {
+    /// Fewer than 66 tiles: under half a wave of 128 x 128 tiles.
+    Small,
+    /// 66 to 131 tiles.
+    Medium,
+    /// 132 to 527 tiles: one to four waves.
+    Large,
+    /// 528 tiles and more.
+    Huge,
 }
 
-/// The fastest rung that fits, by shape class, from the H200 measurements in
-/// `benches/results/gemm.md` (2026-11-21): with 16-byte aligned rows, the double-buffered warp
-/// tiling at 128 x 256 once the product has at least 132 tiles of 128 x 128 (2048^3: 91% of cuBLAS,
-/// 4096^3: 90%, 8192^3: 90%), at 64 x 128 below that (1024^3: 84%, where larger tiles leave SMs
-/// idle); unaligned rows fall back to the scalar 2-D tilings.
-pub fn choose(s: GemmShape) -> &'static Rung {
-    let aligned = s.k.is_multiple_of(4) && s.n.is_multiple_of(4);
-    let big = (s.m.div_ceil(128) as u64) * (s.n.div_ceil(128) as u64) >= 132;
-    let name = match (aligned, big) {
-        (true, true) => "sgemm_warptile_128x256x8_8x16_db",
-        (true, false) => "sgemm_warptile_64x128x8_4x8_db",
-        (false, true) => "sgemm_tile2d_128x128x8_8x8",
-        (false, false) => "sgemm_tile2d_64x64x8_4x4",
+impl SizeClass {
+    /// Every class, smallest first.
+    pub const ALL: [SizeClass; 4] = [SizeClass::Small, SizeClass::Medium, SizeClass::Large, SizeClass::Huge];
+
+    /// The class of `s`.
+    pub fn of(s: GemmShape) -> SizeClass {
+        let tiles = s.m.div_ceil(128) as u64 * s.n.div_ceil(128) as u64;
+        match tiles {
+            0..66 => SizeClass::Small,
+            66..132 => SizeClass::Medium,
+            132..528 => SizeClass::Large,
+            _ => SizeClass::Huge,
+        }
+    }
+
+    /// The shapes (m, n, k, all multiples of 4) the tuning run measures for this class: squares,
+    /// and the tall, wide and long-k products of linear layers.
+    pub const fn shapes(self) -> &'static [(u32, u32, u32)] {
+        match self {
+            SizeClass::Small => &[(1024, 1024, 1024), (512, 1024, 4096), (4096, 256, 1024)],
+            SizeClass::Medium => &[(1280, 1280, 1280), (1024, 2048, 2048), (4096, 384, 2048)],
+            SizeClass::Large => &[(2048, 2048, 2048), (4096, 1024, 4096), (1024, 4096, 1024)],
+            SizeClass::Huge => &[(4096, 4096, 4096), (8192, 2048, 2048), (2048, 8192, 1024)],
+        }
+    }
+}
+
+/// The rungs the tuning run compares for a layout and alignment: every NN rung from level 4 up
+/// that takes the alignment (16-byte rows or not), or every layout rung of NT or TN (aligned only).
+pub fn tuning_candidates(layout: Layout, aligned: bool) -> Vec<&'static Rung> {
+    match layout {
+        Layout::NN => RUNGS.iter().filter(|r| r.level >= 4 && r.vec4 == aligned).collect(),
+        _ if !aligned => Vec::new(),
+        _ => LAYOUT_RUNGS.iter().filter(|r| r.layout == layout).collect(),
+    }
+}
+
+/// The tuning run's pick among candidates from their times: for each candidate, the sum over the
+/// class's shapes of its time over the fastest candidate's time on that shape; the smallest sum
+/// wins (ties: the first candidate). `times[c][s]` is candidate `c`'s milliseconds on shape `s`.
+pub fn tuning_pick(times: &[Vec<f64>]) -> Option<usize> {
+    let shapes = times.first()?.len();
+    let best: Vec<f64> = (0..shapes).map(|s| times.iter().map(|t| t[s]).fold(f64::INFINITY, f64::min)).collect();
+    let score = |t: &Vec<f64>| t.iter().zip(&best).map(|(x, b)| x / b).sum::<f64>();
+    (0..times.len()).min_by(|&a, &b| score(&times[a]).total_cmp(&score(&times[b])))
+}
+
+/// The rung for `s` in `layout`, from the tuned table ([`super::gemm_tuned::TUNED`]). `None` for
+/// NT and TN products whose stored rows are not 16-byte multiples (no scalar kernel reads them in
+/// place; transpose one operand and use [`choose`]).
+pub fn choose_layout(s: GemmShape, layout: Layout) -> Option<&'static Rung> {
+    let aligned = match layout {
+        Layout::NN => s.k.is_multiple_of(4) && s.n.is_multiple_of(4),
+        _ => layout.rows_aligned(s),
     };
-    rung(name).expect("the chooser names rungs of the table")
+    if layout != Layout::NN && !aligned {
+        return None;
+    }
+    let class = SizeClass::of(s);
+    let name = super::gemm_tuned::TUNED
+        .iter()
+        .find(|t| t.0 == layout && t.1 == aligned && t.2 == class)
+        .map(|t| t.3)
+        .expect("the tuned table has a row for every layout, alignment and class");
+    Some(rung(name).expect("the tuned table names rungs of the tables"))
+}
+
+/// The NN rung for `s`: the tuned table's pick for its alignment (16-byte rows: `k` and `n`
+/// multiples of 4) and size class ([`SizeClass`]); see [`super::gemm_tuned`] for where the table
+/// comes from.
+pub fn choose(s: GemmShape) -> &'static Rung {
+    choose_layout(s, Layout::NN).expect("every NN shape has a rung")
 }
 
 impl Rung {

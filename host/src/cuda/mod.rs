@@ -4,6 +4,7 @@
 mod buffer;
 mod device;
 pub mod gemm;
+pub mod gemm_tuned;
 pub mod ladder;
 pub mod ops;
 mod tensor_map;
