@@ -377,21 +377,25 @@ fn grouped_tile_order_is_a_bijection() {
 }
 
 #[test]
-fn persistent_clusters_cover_every_tile_and_split_once() {
+fn persistent_clusters_cover_every_unit_once() {
     use kiln::gpu::kernels::gemm_wgmma::persistent_tile;
     for (tm, tn) in [(1u32, 1u32), (16, 16), (7, 3), (33, 5)] {
-        for splits in [1u32, 2, 5] {
+        for (splits, batches) in [(1u32, 1u32), (2, 1), (5, 1), (1, 3)] {
             for clusters in [1u32, 5, 64, 66, 1000] {
-                let mut seen = vec![0u32; (tm * tn * splits) as usize];
-                for c in 0..clusters.min(tm * tn * splits) {
+                let units = tm * tn * splits * batches;
+                let mut seen = vec![0u32; units as usize];
+                for c in 0..clusters.min(units) {
                     let mut i = 0;
-                    while let Some((r, col, sp)) = persistent_tile(c, clusters, i, tm, tn, splits) {
-                        assert!(r < tm && col < tn && sp < splits, "unit ({r}, {col}, {sp}) outside");
-                        seen[((r * tn + col) * splits + sp) as usize] += 1;
+                    while let Some((b, r, col, sp)) = persistent_tile(c, clusters, i, tm, tn, splits, batches) {
+                        assert!(
+                            b < batches && r < tm && col < tn && sp < splits,
+                            "unit ({b}, {r}, {col}, {sp}) outside"
+                        );
+                        seen[(((b * tm + r) * tn + col) * splits + sp) as usize] += 1;
                         i += 1;
                     }
                 }
-                assert!(seen.iter().all(|&s| s == 1), "{tm} x {tn} x {splits} over {clusters} clusters: {seen:?}");
+                assert!(seen.iter().all(|&s| s == 1), "{tm} x {tn} x {splits} x {batches} over {clusters}: {seen:?}");
             }
         }
     }

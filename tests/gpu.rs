@@ -184,6 +184,11 @@ fn tests() -> Vec<GpuTest> {
             available: |d| d.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>(),
             run: wgmma_persistent_epilogue_case,
         },
+        GpuTest {
+            name: "gpu::gemm_wgmma_strided_batches_sm90",
+            available: |d: &Device| d.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>(),
+            run: wgmma_batched_case,
+        },
     ]
 }
 
@@ -811,6 +816,87 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
     match plan.run_with(&mut c, GemmEpilogue { bias: None, act: Some(Activation::Relu) }) {
         Err(kiln::Error::Unsupported { op: "wgmma gemm", .. }) => Ok(()),
         other => Err(format!("an activation on the wide tile must be refused, got {other:?}")),
+    }
+}
+
+/// Strided batches of the persistent kernel: packed, a shared B, and padded strides (the gaps of
+/// C must stay poisoned), at m and n that are not tile multiples. Each product must have exactly the
+/// bits it has alone, and the last one is checked against f64; bad strides are refused.
+fn wgmma_batched_case(dev: &Device) -> Outcome {
+    use kiln::cuda::gemm::{BatchSpec, WgmmaGemm, WgmmaTile};
+    let (mut rng, _) = testing::rng();
+    // (m, n, k, count, a_stride, b_stride, c_stride): 0 for packed
+    for &(m, n, k, count, pad_a, share_b, pad_c) in &[
+        (200usize, 300usize, 72usize, 3u32, 0usize, false, 0usize),
+        (200, 300, 72, 3, 0, true, 0),
+        (130, 260, 136, 4, 3, false, 37),
+        (256, 256, 64, 5, 0, false, 0),
+    ] {
+        let a_stride = (m + pad_a) * k;
+        let b_stride = if share_b { 0 } else { n * k };
+        let c_stride = m * n + pad_c;
+        let count_us = count as usize;
+        let a_len = (count_us - 1) * a_stride + m * k;
+        let b_len = (count_us - 1) * b_stride + n * k;
+        let c_len = (count_us - 1) * c_stride + m * n;
+        let a: Vec<bf16> = testing::uniform(&mut rng, a_len).into_iter().map(bf16::from_f32).collect();
+        let b: Vec<bf16> = testing::uniform(&mut rng, b_len).into_iter().map(bf16::from_f32).collect();
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        let mut dc = dev.upload(&vec![POISON_F32; c_len]).map_err(err)?;
+        let s = GemmShape { m: m as u32, n: n as u32, k: k as u32 };
+        let spec = BatchSpec { count, a_stride, b_stride, c_stride };
+        WgmmaGemm::batched(dev, &da, &db, s, spec).map_err(err)?.run(&mut dc).map_err(err)?;
+        let got = dev.download(&dc).map_err(err)?;
+        let what = format!("batch of {count} {m}x{n}x{k} (strides {a_stride}, {b_stride}, {c_stride})");
+        for i in 0..count_us {
+            // alone: the same kernel on this product's operands
+            let ai = dev.upload(&a[i * a_stride..i * a_stride + m * k]).map_err(err)?;
+            let bi = dev.upload(&b[i * b_stride..i * b_stride + n * k]).map_err(err)?;
+            let mut ci = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
+            WgmmaGemm::with_tile(dev, &ai, &bi, s, WgmmaTile::Persistent).map_err(err)?.run(&mut ci).map_err(err)?;
+            let alone = dev.download(&ci).map_err(err)?;
+            if bits(&alone) != bits(&got[i * c_stride..i * c_stride + m * n]) {
+                return Err(format!("{what}: product {i} differs from the same product alone"));
+            }
+            if i + 1 < count_us
+                && got[i * c_stride + m * n..(i + 1) * c_stride].iter().any(|v| v.to_bits() != POISON_F32.to_bits())
+            {
+                return Err(format!("{what}: a store landed in the gap after product {i}"));
+            }
+        }
+        let last = count_us - 1;
+        for r in 0..m {
+            for col in 0..n {
+                let (mut want, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..k {
+                    let x = a[last * a_stride + r * k + p].to_f64() * b[last * b_stride + col * k + p].to_f64();
+                    want += x;
+                    mag += x.abs();
+                }
+                let g = got[last * c_stride + r * n + col] as f64;
+                if (g - want).abs() > k as f64 * 2f64.powi(-22) * mag + 1e-30 || g.is_nan() {
+                    return Err(format!("{what}: product {last} at ({r}, {col}): got {g}, expected {want}"));
+                }
+            }
+        }
+    }
+    let (a, b) =
+        (dev.upload(&vec![bf16::ONE; 2 * 64 * 72]).map_err(err)?, dev.upload(&vec![bf16::ONE; 64 * 72]).map_err(err)?);
+    let s = GemmShape { m: 64, n: 64, k: 72 };
+    let bad = [
+        BatchSpec { count: 2, a_stride: 64 * 72 + 8, b_stride: 0, c_stride: 64 * 64 }, // not a row multiple
+        BatchSpec { count: 2, a_stride: 64 * 72, b_stride: 0, c_stride: 64 * 63 },     // overlapping C
+        BatchSpec { count: 3, a_stride: 64 * 72, b_stride: 0, c_stride: 64 * 64 },     // A too short
+    ];
+    for spec in bad {
+        if WgmmaGemm::batched(dev, &a, &b, s, spec).is_ok() {
+            return Err(format!("{spec:?} must be refused"));
+        }
+    }
+    let ok = BatchSpec { count: 2, a_stride: 64 * 72, b_stride: 0, c_stride: 64 * 64 };
+    match WgmmaGemm::batched(dev, &a, &b, s, ok).map_err(err)?.with_split_k(2) {
+        Err(kiln::Error::Unsupported { op: "wgmma gemm", .. }) => Ok(()),
+        other => Err(format!("a split of a batch must be refused, got {:?}", other.map(|_| ()))),
     }
 }
 

@@ -387,7 +387,8 @@ fn store_m64n256(acc: &[f32; 128], ct: u32, row0: u32, n0: u32, c: DevicePtrMut<
         let (row, col) = (row0 + r, n0 + col);
         if row < s.m {
             let at = (row * s.n + col) as usize;
-            if s.n % 2 == 0 && col + 1 < s.n {
+            // pairs need an even n and an 8-byte-aligned C (a batch's C may start at any element)
+            if s.n % 2 == 0 && c.addr() % 8 == 0 && col + 1 < s.n {
                 unsafe { c.write2(at, [epi.apply(v[0], col), epi.apply(v[1], col + 1)]) };
             } else {
                 if col < s.n {
@@ -569,10 +570,11 @@ pub const fn persistent_stage_bytes(m0: u32, n0: u32, s: GemmShape) -> u32 {
     bytes
 }
 
-/// The work unit a cluster takes on its `i`-th turn, and whether there is one: the cluster tile
-/// `(tile_m, tile_n)` (in units of [`WP_BM`] x [`WW_BN`]) and the k split `split` (0..`splits`).
-/// Cluster `cluster` of `clusters` walks units `cluster, cluster + clusters, ...`; unit `u` is split
-/// `u % splits` of tile `u / splits` in the grouped order over `tiles_m x tiles_n`.
+/// The work unit a cluster takes on its `i`-th turn, and whether there is one: the batch `b`, the
+/// cluster tile `(tile_m, tile_n)` (in units of [`WP_BM`] x [`WW_BN`]) and the k split `split`
+/// (0..`splits`). Cluster `cluster` of `clusters` walks units `cluster, cluster + clusters, ...`;
+/// unit `u` is batch `u / (tiles * splits)`, then split `u % splits` of tile `(u / splits) % tiles`
+/// in the grouped order over `tiles_m x tiles_n`.
 pub const fn persistent_tile(
     cluster: u32,
     clusters: u32,
@@ -580,14 +582,44 @@ pub const fn persistent_tile(
     tiles_m: u32,
     tiles_n: u32,
     splits: u32,
-) -> Option<(u32, u32, u32)> {
+    batches: u32,
+) -> Option<(u32, u32, u32, u32)> {
     let u = cluster as u64 + i as u64 * clusters as u64;
-    if u >= tiles_m as u64 * tiles_n as u64 * splits as u64 {
+    let tiles = tiles_m as u64 * tiles_n as u64;
+    if u >= tiles * splits as u64 * batches as u64 {
         return None;
     }
-    let (tile, split) = ((u / splits as u64) as u32, (u % splits as u64) as u32);
+    let per_batch = tiles * splits as u64;
+    let (b, r) = (u / per_batch, u % per_batch);
+    let (tile, split) = ((r / splits as u64) as u32, (r % splits as u64) as u32);
     let (tm, tn) = grouped_tile(tile, tiles_m, tiles_n, WP_GROUP_M);
-    Some((tm, tn, split))
+    Some((b as u32, tm, tn, split))
+}
+
+/// Strided batches of the persistent kernel: `count` products, the `b`-th reading A from row
+/// `b * a_rows` and B from row `b * b_rows` of their (stacked) tensor maps and writing C at
+/// element `b * c_stride`. `b_rows = 0` shares one B across the batch. A tile's rows past m (or
+/// columns past n) may read the next batch's rows; they only reach outputs that are not stored.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// Products in the batch (at least 1).
+    pub count: u32,
+    /// Rows of A's map between batches (`a_stride / k`).
+    pub a_rows: u32,
+    /// Rows of B's map between batches (0: one B for all).
+    pub b_rows: u32,
+    /// Padding; keeps `c_stride` 8-byte aligned on both sides.
+    pub pad: u32,
+    /// Elements of C between batches.
+    pub c_stride: u64,
+}
+// SAFETY: repr(C): four u32 and a u64, the same on both sides.
+unsafe impl crate::KernelParam for Batch {}
+
+impl Batch {
+    /// One product.
+    pub const ONE: Batch = Batch { count: 1, a_rows: 0, b_rows: 0, pad: 0, c_stride: 0 };
 }
 
 /// The k tiles of split `split` when `k_tiles` are cut into `splits` parts: `(first, count)`, the
@@ -699,12 +731,16 @@ pub unsafe fn gemm_split_k_reduce(
 ///   `c + split * m * n`, and [`gemm_split_k_reduce`] sums the parts in order and applies the
 ///   epilogue. For long-k products with fewer tiles than clusters ([`choose_split_k`]).
 ///
+/// - Batches: with `batch.count > 1` the units run over the batch ([`Batch`]); each product's C is
+///   stored from registers (a staging box's TMA store could cross into the next product's rows).
+///
 /// Parameters: `a_map` (A, box 64 x 128), `b_map` (B, box 64 x 128), `c` (m x n f32, or with
 /// `splits > 1` the `splits * m * n` partials), the shape, the epilogue, `multicast` (nonzero:
 /// share B across the cluster as above; zero: each CTA loads both B shares itself and only its own
 /// consumers release its stages), `c_map` (C's tensor map for the staged epilogue, or null for
-/// stores from registers; ignored when split), `splits` (at least 1, every part non-empty:
-/// [`split_k_fits`]). Block 384; dynamic shared memory [`WP_SMEM_BYTES`]; grid x a multiple of 2.
+/// stores from registers; ignored when split or batched), `splits` (at least 1, every part
+/// non-empty: [`split_k_fits`]; 1 when batched), `batch` ([`Batch::ONE`] for one product). Block
+/// 384; dynamic shared memory [`WP_SMEM_BYTES`]; grid x a multiple of 2.
 #[kernel(arch = "sm_90a", max_threads = 384, cluster = 2)]
 pub unsafe fn gemm_wgmma_bf16_persistent(
     a_map: DevicePtr<TensorMap>,
@@ -715,6 +751,7 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
     multicast: u32,
     c_map: DevicePtr<TensorMap>,
     splits: u32,
+    batch: Batch,
 ) {
     use crate::cluster;
     let multicast = multicast != 0;
@@ -738,8 +775,10 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
             }
             let mut t = 0;
             let mut i = 0;
-            while let Some((tm, tn, sp)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n, splits) {
+            while let Some((bi, tm, tn, sp)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n, splits, batch.count)
+            {
                 let (m0, n0) = (tm * WP_BM + rank * WG_BM, tn * WW_BN);
+                let (a_row, b_row) = (bi * batch.a_rows + m0, bi * batch.b_rows + n0);
                 let (first, count) = split_k_range(k_tiles, splits, sp);
                 let mut kt = first;
                 while kt < first + count {
@@ -755,17 +794,17 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
                     unsafe {
                         mbarrier::arrive_expect_tx(ring.full(st), persistent_stage_bytes(m0, n0, s));
                         if m0 < s.m {
-                            tma::load_2d(dst, a_map.as_ptr(), (kt * WG_BK) as i32, m0 as i32, ring.full(st));
+                            tma::load_2d(dst, a_map.as_ptr(), (kt * WG_BK) as i32, a_row as i32, ring.full(st));
                         }
                         let mut share = 0;
                         while share < WP_CLUSTER {
                             let (row, dst) = (n0 + share * WP_B_SHARE, dst + WG_TILE_BYTES + share * WP_B_SHARE_BYTES);
-                            let k0 = (kt * WG_BK) as i32;
+                            let (k0, map_row) = ((kt * WG_BK) as i32, (b_row + share * WP_B_SHARE) as i32);
                             if row < s.n {
                                 if !multicast {
-                                    tma::load_2d(dst, b_map.as_ptr(), k0, row as i32, ring.full(st));
+                                    tma::load_2d(dst, b_map.as_ptr(), k0, map_row, ring.full(st));
                                 } else if share == rank {
-                                    tma::load_2d_multicast(dst, b_map.as_ptr(), k0, row as i32, ring.full(st), 0b11);
+                                    tma::load_2d_multicast(dst, b_map.as_ptr(), k0, map_row, ring.full(st), 0b11);
                                 }
                             }
                             share += 1;
@@ -801,7 +840,7 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
         let mut acc = [0.0f32; 128];
         let mut t = 0;
         let mut i = 0;
-        while let Some((tm, tn, sp)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n, splits) {
+        while let Some((bi, tm, tn, sp)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n, splits, batch.count) {
             let (m0, n0) = (tm * WP_BM + rank * WG_BM, tn * WW_BN);
             let (_, count) = split_k_range(k_tiles, splits, sp);
             let mut kt = 0;
@@ -817,20 +856,20 @@ pub unsafe fn gemm_wgmma_bf16_persistent(
             // (every part has k tiles: `splits` satisfies split_k_fits)
             wgmma::wait_group::<0>();
             release(t - 1);
-            if staged && splits == 1 {
+            if staged && splits == 1 && batch.count == 1 {
                 StagedStore { ct, cons, row0: m0 + cons * 64, n0, c_map, s, epi, staging }.store(&acc);
             } else {
                 // a split's part goes unchanged to its partial; the reduction applies the epilogue
                 let (dst, e) = if splits > 1 {
                     (c.offset(sp as usize * s.m as usize * s.n as usize), Epilogue::NONE)
                 } else {
-                    (c, epi)
+                    (c.offset(bi as usize * batch.c_stride as usize), epi)
                 };
                 store_m64n256(&acc, ct, m0 + cons * 64, n0, dst, s, e);
             }
             i += 1;
         }
-        if staged && splits == 1 && ct == 0 {
+        if staged && splits == 1 && batch.count == 1 && ct == 0 {
             // the last stores have written C (and stopped reading shared memory) before the exit
             tma::wait_group::<0>();
         }

@@ -457,6 +457,19 @@ impl WgmmaTile {
     }
 }
 
+/// Strided batches of a [`WgmmaGemm`] ([`WgmmaGemm::batched`]): strides in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchSpec {
+    /// Products in the batch.
+    pub count: u32,
+    /// Elements of A between products (a multiple of k; `m k` when packed, 0 to share one A).
+    pub a_stride: usize,
+    /// Elements of B between products (a multiple of k; `n k` when packed, 0 to share one B).
+    pub b_stride: usize,
+    /// Elements of C between products (at least `m n`).
+    pub c_stride: usize,
+}
+
 /// What a GEMM's epilogue applies to each output: `c = act(a b^T + bias)`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GemmEpilogue<'a> {
@@ -485,6 +498,8 @@ pub struct WgmmaGemm<'a> {
     splits: u32,
     /// The split products' partials (`splits * m * n` f32), allocated on the first split run.
     workspace: std::cell::RefCell<Option<DeviceBuffer<f32>>>,
+    /// Strided batches (persistent tiles; `Batch::ONE` for one product).
+    batch: kiln_gpu::kernels::gemm_wgmma::Batch,
     /// The staged epilogue's tensor map of the last C it stored to, by address (encoded on the
     /// first run into a buffer, reused while the output stays the same).
     c_map: std::cell::RefCell<Option<(u64, super::DeviceTensorMap)>>,
@@ -510,9 +525,80 @@ impl<'a> WgmmaGemm<'a> {
         s: GemmShape,
         tile: WgmmaTile,
     ) -> Result<Self> {
+        let (m, n) = (s.m as usize, s.n as usize);
+        check_operands("wgmma gemm", a.len(), b.len(), m * n, s)?;
+        Self::build(dev, a, b, s, tile, kiln_gpu::kernels::gemm_wgmma::Batch::ONE, s.m, s.n)
+    }
+
+    /// `batch.count` products `c_i = a_i b_i^T` (persistent kernel) with `a_i` at element
+    /// `i * batch.a_stride` of `a`, `b_i` at `i * batch.b_stride` of `b` (0: one B for all) and
+    /// `c_i` at `i * batch.c_stride` of the output; each `a_i` m x k, `b_i` n x k, `c_i` m x n,
+    /// row-major. The input strides must be multiples of k (the operands are read through one
+    /// tensor map each, as stacked rows), the output stride at least m n. Each product has the
+    /// bits it has alone.
+    pub fn batched(
+        dev: &'a Device,
+        a: &'a DeviceBuffer<half::bf16>,
+        b: &'a DeviceBuffer<half::bf16>,
+        s: GemmShape,
+        batch: BatchSpec,
+    ) -> Result<Self> {
+        let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
+        let count = batch.count as usize;
+        let bad = |what: String| Err(Error::shape("wgmma gemm", what));
+        if count == 0 {
+            return bad("a batch of 0 products".into());
+        }
+        if kk == 0 || !batch.a_stride.is_multiple_of(kk) || !batch.b_stride.is_multiple_of(kk) {
+            return bad(format!(
+                "strides {} (a) and {} (b) must be multiples of k = {kk}: each batch starts on a row",
+                batch.a_stride, batch.b_stride
+            ));
+        }
+        if batch.c_stride < m * n {
+            return bad(format!("c stride {} is below m n = {}: the products would overlap", batch.c_stride, m * n));
+        }
+        let need = |stride: usize, one: usize| (count - 1) * stride + one;
+        if a.len() < need(batch.a_stride, m * kk) || b.len() < need(batch.b_stride, n * kk) {
+            return bad(format!(
+                "a holds {} elements and b {}; the batch reads {} and {}",
+                a.len(),
+                b.len(),
+                need(batch.a_stride, m * kk),
+                need(batch.b_stride, n * kk)
+            ));
+        }
+        let rows = |stride: usize, one: usize| -> Result<(u32, u32)> {
+            let step = stride / kk;
+            let total = (count - 1) * step + one;
+            if total > i32::MAX as usize {
+                return Err(Error::Unsupported {
+                    op: "wgmma gemm",
+                    what: format!("{total} stacked rows: tensor-map coordinates are 32-bit; split the batch"),
+                });
+            }
+            Ok((step as u32, total as u32))
+        };
+        let ((a_rows, a_total), (b_rows, b_total)) = (rows(batch.a_stride, m)?, rows(batch.b_stride, n)?);
+        let c_stride = batch.c_stride as u64;
+        let spec = kiln_gpu::kernels::gemm_wgmma::Batch { count: batch.count, a_rows, b_rows, pad: 0, c_stride };
+        Self::build(dev, a, b, s, WgmmaTile::Persistent, spec, a_total, b_total)
+    }
+
+    /// Encodes the maps (A over `a_rows` stacked rows, B over `b_rows`) and sets the plan up.
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        dev: &'a Device,
+        a: &'a DeviceBuffer<half::bf16>,
+        b: &'a DeviceBuffer<half::bf16>,
+        s: GemmShape,
+        tile: WgmmaTile,
+        batch: kiln_gpu::kernels::gemm_wgmma::Batch,
+        a_rows: u32,
+        b_rows: u32,
+    ) -> Result<Self> {
         use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_BM, WG_BN, WG_SWIZZLE, WW_BN};
         let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
-        check_operands("wgmma gemm", a.len(), b.len(), m * n, s)?;
         if m == 0 || n == 0 || kk == 0 {
             return Err(Error::shape("wgmma gemm", format!("empty product {m}x{n}x{kk}")));
         }
@@ -531,7 +617,7 @@ impl<'a> WgmmaGemm<'a> {
             box_cols: WG_BK,
             swizzle: WG_SWIZZLE,
         };
-        let a_map = dev.tensor_map(a.addr(), &spec(s.m, WG_BM))?;
+        let a_map = dev.tensor_map(a.addr(), &spec(a_rows, WG_BM))?;
         let bn = match tile {
             WgmmaTile::T128x128 => WG_BN,
             WgmmaTile::T128x256 => WW_BN,
@@ -540,7 +626,7 @@ impl<'a> WgmmaGemm<'a> {
                 kiln_gpu::kernels::gemm_wgmma::WP_B_SHARE
             }
         };
-        let b_map = dev.tensor_map(b.addr(), &spec(s.n, bn))?;
+        let b_map = dev.tensor_map(b.addr(), &spec(b_rows, bn))?;
         let resident = if tile.is_persistent() { resident_clusters(dev)? } else { 0 };
         let mut g = WgmmaGemm {
             dev,
@@ -552,6 +638,7 @@ impl<'a> WgmmaGemm<'a> {
             resident,
             splits: 1,
             workspace: std::cell::RefCell::new(None),
+            batch,
             c_map: std::cell::RefCell::new(None),
             _operands: std::marker::PhantomData,
         };
@@ -602,8 +689,14 @@ impl<'a> WgmmaGemm<'a> {
                 ),
             });
         }
+        if splits != 1 && self.batch.count > 1 {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: "a k split of a batched product: split the batch's products one by one instead".into(),
+            });
+        }
         self.splits = splits;
-        let units = self.cluster_tiles() as u64 * splits as u64;
+        let units = self.cluster_tiles() as u64 * splits as u64 * self.batch.count as u64;
         self.clusters = units.min(self.resident as u64) as u32;
         if splits > 1 && (self.s.m as u64 * self.s.n as u64 * splits as u64) > isize::MAX as u64 / 4 {
             return Err(Error::shape("wgmma gemm", "the split partials do not fit memory; use fewer parts"));
@@ -621,7 +714,7 @@ impl<'a> WgmmaGemm<'a> {
     fn staged_c_map(&self, c: &DeviceBuffer<f32>) -> Result<u64> {
         use kiln_gpu::kernels::gemm_wgmma::{WP_EPI_COLS, tma_store_fits};
         let staged = matches!(self.tile, WgmmaTile::Persistent | WgmmaTile::PersistentUnicast);
-        if !staged || !tma_store_fits(self.s.n, c.addr()) {
+        if !staged || self.batch.count > 1 || !tma_store_fits(self.s.n, c.addr()) {
             return Ok(0);
         }
         let mut cache = self.c_map.borrow_mut();
@@ -666,8 +759,10 @@ impl<'a> WgmmaGemm<'a> {
         use kiln_gpu::kernels::tensor_ops::unary;
         let s = self.s;
         let mn = s.m as usize * s.n as usize;
-        if c.len() != mn {
-            return Err(Error::shape("wgmma gemm", format!("c needs {mn} elements, has {}", c.len())));
+        let batch = self.batch;
+        let c_need = (batch.count as usize - 1) * batch.c_stride as usize + mn;
+        if (batch.count == 1 && c.len() != mn) || c.len() < c_need {
+            return Err(Error::shape("wgmma gemm", format!("c needs {c_need} elements, has {}", c.len())));
         }
         if let Some(b) = epi.bias
             && b.len() != s.n as usize
@@ -733,7 +828,11 @@ impl<'a> WgmmaGemm<'a> {
                     // bias (when present) holds n floats, checked above; the C map (when not null)
                     // describes c with the 32 x 64 box the staged epilogue stores.
                     return unsafe {
-                        self.dev.launch(K::default(), cfg, (args.0, args.1, args.2, args.3, fused, multicast, c_map, 1))
+                        self.dev.launch(
+                            K::default(),
+                            cfg,
+                            (args.0, args.1, args.2, args.3, fused, multicast, c_map, 1, batch),
+                        )
                     };
                 }
                 use kiln_gpu::kernels::gemm_wgmma::GemmSplitKReduce;
@@ -748,7 +847,8 @@ impl<'a> WgmmaGemm<'a> {
                 // every k part non-empty (with_split_k); then the reduction reads the partials and
                 // writes the m * n outputs of c.
                 unsafe {
-                    let k_args = (args.0, args.1, ws.ptr_mut(), s, ACT_NONE_EPILOGUE, multicast, null, self.splits);
+                    let k_args =
+                        (args.0, args.1, ws.ptr_mut(), s, ACT_NONE_EPILOGUE, multicast, null, self.splits, batch);
                     self.dev.launch(K::default(), cfg, k_args)?;
                     let blocks = (mn as u32).div_ceil(256).min(132 * 16);
                     let rcfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
