@@ -205,9 +205,11 @@ fn main() {
         }
         if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>() {
             use kiln::cuda::gemm::{WgmmaGemm, WgmmaTile};
-            for (name, tile) in
-                [("gemm_wgmma_bf16", WgmmaTile::T128x128), ("gemm_wgmma_bf16_wide", WgmmaTile::T128x256)]
-            {
+            for (name, tile) in [
+                ("hgemm_mma_bf16_tma", WgmmaTile::MmaSyncTma),
+                ("gemm_wgmma_bf16", WgmmaTile::T128x128),
+                ("gemm_wgmma_bf16_wide", WgmmaTile::T128x256),
+            ] {
                 let g = WgmmaGemm::with_tile(&dev, &da, &db, s, tile).expect("wgmma maps");
                 let (ms, r) = bracketed(&mut || g.run(&mut dc).expect("kiln wgmma"));
                 record_vs(name, ms, r);

@@ -635,7 +635,7 @@ fn ladder_command(dev: &Device) -> Outcome {
     let s = GemmShape { m: 200, n: 132, k: 72 }; // n, k multiples of 4 (and k of 8), m odd-sized tiles
     let mut ran = 0;
     for name in kiln::cuda::ladder::kernel_names() {
-        if name.starts_with("gemm_wgmma") && !wgmma_here {
+        if (name.starts_with("gemm_wgmma") || name.ends_with("_tma")) && !wgmma_here {
             continue;
         }
         let r = kiln::cuda::ladder::run(dev, name, s, 2, 7, None).map_err(|e| format!("{name}: {e}"))?;
@@ -691,6 +691,7 @@ fn wgmma_case(dev: &Device) -> Outcome {
         WgmmaTile::Persistent,
         WgmmaTile::PersistentUnicast,
         WgmmaTile::PersistentRegisterStore,
+        WgmmaTile::MmaSyncTma,
     ];
     for (&(m, n, k), tile) in shapes.iter().flat_map(|s| tiles.map(|t| (s, t))) {
         let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();

@@ -70,20 +70,20 @@ pub const fn empty_parity(t: u32) -> u32 {
 /// then B tile), followed by the `full` and `empty` mbarriers of each stage.
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 #[derive(Clone, Copy)]
-struct Ring {
-    base: u32,
-    stage_bytes: u32,
+pub(crate) struct Ring {
+    pub(crate) base: u32,
+    pub(crate) stage_bytes: u32,
 }
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 impl Ring {
-    fn stage(self, st: u32) -> u32 {
+    pub(crate) fn stage(self, st: u32) -> u32 {
         self.base + st * self.stage_bytes
     }
     fn full(self, st: u32) -> u32 {
         self.base + WG_STAGES * self.stage_bytes + st * 8
     }
-    fn empty(self, st: u32) -> u32 {
+    pub(crate) fn empty(self, st: u32) -> u32 {
         self.base + WG_STAGES * self.stage_bytes + (WG_STAGES + st) * 8
     }
 
@@ -91,7 +91,7 @@ impl Ring {
     /// and has thread 0 initialize the barriers (`full`: one arrival plus the bytes; `empty`:
     /// `empty_arrivals`, one per consumer warpgroup that reads the stage); then a block barrier. All
     /// threads call it.
-    fn init(self, empty_arrivals: u32) {
+    pub(crate) fn init(self, empty_arrivals: u32) {
         if self.base % 1024 != 0 {
             thread::trap();
         }
@@ -112,7 +112,14 @@ impl Ring {
     /// The producer (one thread): for each k tile, waits until its stage is empty (from the second
     /// lap on), announces the stage's bytes on `full`, and issues the TMA loads of the A box (rows
     /// `m0..`) and the B box (rows `n0..`). Every wait is bounded and traps on a stall.
-    unsafe fn produce(self, a_map: DevicePtr<TensorMap>, b_map: DevicePtr<TensorMap>, k_tiles: u32, m0: u32, n0: u32) {
+    pub(crate) unsafe fn produce(
+        self,
+        a_map: DevicePtr<TensorMap>,
+        b_map: DevicePtr<TensorMap>,
+        k_tiles: u32,
+        m0: u32,
+        n0: u32,
+    ) {
         unsafe {
             tma::prefetch(a_map.as_ptr());
             tma::prefetch(b_map.as_ptr());
@@ -163,7 +170,7 @@ impl Ring {
     }
 
     /// A consumer's wait for k tile `t`'s stage to be full (bounded; traps on a stall).
-    fn wait_full(self, t: u32) {
+    pub(crate) fn wait_full(self, t: u32) {
         if !unsafe {
             mbarrier::wait_parity_bounded(self.full(t % WG_STAGES), full_parity(t), mbarrier::DEFAULT_WAIT_NS)
         } {

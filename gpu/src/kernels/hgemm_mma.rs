@@ -328,6 +328,21 @@ unsafe fn hgemm<
     cp_async::wait_all();
 
     let (wm, wn) = (w / warps_n, w % warps_n);
+    unsafe { store_acc::<MI, NI>(&acc, c, s, m0 + wm * 16 * MI as u32, n0 + wn * 8 * NI as u32, lane) };
+}
+
+/// Stores a warp's `MI x NI` accumulator tiles whose top-left output is (`row0`, `col0`), masked at
+/// the edges, two adjacent columns per 8-byte store where `n` is even.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn store_acc<const MI: usize, const NI: usize>(
+    acc: &[[[f32; 4]; NI]; MI],
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+    row0: u32,
+    col0: u32,
+    lane: u32,
+) {
     let paired = s.n % 2 == 0;
     let mut mi = 0;
     while mi < MI {
@@ -337,8 +352,8 @@ unsafe fn hgemm<
             while half < 2 {
                 // registers 2 half, 2 half + 1: row g + 8 half, columns 2t, 2t + 1
                 let (r, cc) = mma::m16n8_c(lane, 2 * half);
-                let row = m0 + wm * 16 * MI as u32 + mi as u32 * 16 + r;
-                let col = n0 + wn * 8 * NI as u32 + ni as u32 * 8 + cc;
+                let row = row0 + mi as u32 * 16 + r;
+                let col = col0 + ni as u32 * 8 + cc;
                 let v = [acc[mi][ni][2 * half as usize], acc[mi][ni][2 * half as usize + 1]];
                 if row < s.m {
                     let i = (row * s.n + col) as usize;
@@ -389,4 +404,97 @@ hgemm_kernels! {
     hgemm_mma_bf16_wide: bf16, false, HGEMM_WIDE, 4, 8;
     /// `C = A B^T`, f16 inputs; otherwise as [`hgemm_mma_bf16_wide`].
     hgemm_mma_f16_wide: f16, true, HGEMM_WIDE, 4, 8;
+}
+
+/// Threads of [`hgemm_mma_bf16_tma`]: the 8 consumer warps of the wide tile and one producer warp.
+pub const HGEMM_TMA_THREADS: u32 = 288;
+
+/// `C = A B^T`, bf16 inputs, with the wide tile's products ([`HGEMM_WIDE`]: 128 x 256, warp tile
+/// 64 x 64, `mma.sync` from `ldmatrix` fragments) fed by the Hopper copy engine instead of
+/// `cp.async`: the rung between this chapter and the `wgmma` kernels, changing only the loads.
+///
+/// - Warps 0-7 consume (the 2 x 4 grid of the wide tile); warp 8's lane 0 produces: per k tile it
+///   waits for the stage to be empty, announces 48 KiB on its `full` mbarrier and issues two TMA
+///   loads (A box 64 x 128, B box 64 x 256, 128-byte swizzle, the same layout [`chunk_offset`]
+///   computes). The ring is the `wgmma` kernels' (`gemm_wgmma::Ring`, 4 stages).
+/// - A consumer warp waits on `full` (parity per lap), loads its fragments (double-buffered
+///   across stages, as in the `cp.async` kernel) and, once its last fragment of a stage is loaded,
+///   arrives on `empty` (8 arrivals free a stage). No block barrier in the loop, no copy work on
+///   the consumers.
+/// - Parameters: `a_map` (A, box 64 x 128), `b_map` (B, box 64 x 256), `c` (m x n f32), the shape
+///   (`k % 8 == 0`). Grid `HGEMM_WIDE.blocks(s)` (1-D, grouped order); block
+///   [`HGEMM_TMA_THREADS`]; dynamic shared memory `gemm_wgmma::WW_SMEM_BYTES`.
+/// - No launch bound: with `.maxntid 288` ptxas 12.9 gave it 32 registers and 5 KiB of spills;
+///   without one, 213 registers (288 x 216 fit the SM's 65 536).
+#[kernel(arch = "sm_90a")]
+pub unsafe fn hgemm_mma_bf16_tma(
+    a_map: DevicePtr<crate::tma::TensorMap>,
+    b_map: DevicePtr<crate::tma::TensorMap>,
+    c: DevicePtrMut<f32>,
+    s: GemmShape,
+) {
+    use super::gemm_wgmma::{Ring, WG_STAGES, WW_STAGE_BYTES};
+    const BM: u32 = HGEMM_WIDE.bm;
+    const BN: u32 = HGEMM_WIDE.bn;
+    const BK: u32 = HGEMM_WIDE.bk;
+    const KS: usize = (BK / 16) as usize;
+    const MI: usize = 4;
+    const NI: usize = 8;
+    const CONSUMERS: u32 = 8;
+    const { assert!(WW_STAGE_BYTES == HGEMM_WIDE.stage_bytes() && WG_STAGES == HGEMM_WIDE.stages) };
+    let (lane, w) = (thread::lane_id(), thread::warp_id());
+    let (tm, tn) = grouped_tile(thread::block_idx_x(), s.m.div_ceil(BM), s.n.div_ceil(BN), HGEMM_GROUP_M);
+    let (m0, n0) = (tm * BM, tn * BN);
+    let k_tiles = s.k.div_ceil(BK);
+    let ring = Ring { base: shared::dynamic_smem_addr(), stage_bytes: WW_STAGE_BYTES };
+    ring.init(CONSUMERS);
+    if w == CONSUMERS {
+        if lane == 0 {
+            unsafe { ring.produce(a_map, b_map, k_tiles, m0, n0) };
+        }
+        return;
+    }
+    let warps_n = BN / (8 * NI as u32);
+    let (wm, wn) = (w / warps_n, w % warps_n);
+    let frags = FragPlan::<KS>::new::<BM, MI, NI>(wm, wn, lane);
+    let mut acc = [[[0.0f32; 4]; NI]; MI];
+    let mut fa = [[[0u32; 4]; MI]; 2];
+    let mut fb = [[[0u32; 2]; NI]; 2];
+    ring.wait_full(0);
+    unsafe { load_fragments::<BK, KS, MI, NI>(ring.stage(0), &frags, 0, &mut fa[0], &mut fb[0]) };
+    let mut t = 0;
+    while t < k_tiles {
+        let base = ring.stage(t % WG_STAGES);
+        let fp = frags.laundered();
+        let mut ks = 0;
+        while ks < KS {
+            let cur = ks % 2;
+            if ks == KS - 1 {
+                // every fragment of this stage is loaded: hand it back, then start on the next
+                sync::sync_warp(crate::warp::FULL_MASK);
+                if lane == 0 {
+                    unsafe { crate::mbarrier::arrive(ring.empty(t % WG_STAGES)) };
+                }
+                if t + 1 < k_tiles {
+                    ring.wait_full(t + 1);
+                    let next = ring.stage((t + 1) % WG_STAGES);
+                    unsafe { load_fragments::<BK, KS, MI, NI>(next, &fp, 0, &mut fa[1 - cur], &mut fb[1 - cur]) };
+                }
+            } else {
+                unsafe { load_fragments::<BK, KS, MI, NI>(base, &fp, ks + 1, &mut fa[1 - cur], &mut fb[1 - cur]) };
+            }
+            let mut mi = 0;
+            while mi < MI {
+                let mut ni = 0;
+                while ni < NI {
+                    acc[mi][ni] = mma::mma_m16n8k16_bf16(fa[cur][mi], fb[cur][ni], acc[mi][ni]);
+                    ni += 1;
+                }
+                mi += 1;
+            }
+            ks += 1;
+        }
+        t += 1;
+    }
+    unsafe { store_acc::<MI, NI>(&acc, c, s, m0 + wm * 16 * MI as u32, n0 + wn * 8 * NI as u32, lane) };
 }

@@ -448,6 +448,9 @@ pub enum WgmmaTile {
     /// The persistent kernel (multicast) storing C from registers even where the staged TMA-store
     /// epilogue would fit: the rung before the staged epilogue, kept for the benchmark and tests.
     PersistentRegisterStore,
+    /// Not `wgmma`: the `mma.sync` wide tile's consumers (8 warps of 64 x 64) fed by the same TMA
+    /// ring as [`WgmmaTile::T128x256`] (`hgemm_mma_bf16_tma`): the loads change, the products do not.
+    MmaSyncTma,
 }
 
 impl WgmmaTile {
@@ -620,7 +623,7 @@ impl<'a> WgmmaGemm<'a> {
         let a_map = dev.tensor_map(a.addr(), &spec(a_rows, WG_BM))?;
         let bn = match tile {
             WgmmaTile::T128x128 => WG_BN,
-            WgmmaTile::T128x256 => WW_BN,
+            WgmmaTile::T128x256 | WgmmaTile::MmaSyncTma => WW_BN,
             // each CTA of a cluster loads its share of the 256 rows and multicasts it
             WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore => {
                 kiln_gpu::kernels::gemm_wgmma::WP_B_SHARE
@@ -800,19 +803,28 @@ impl<'a> WgmmaGemm<'a> {
                 // SAFETY: the maps describe the borrowed operands; c is checked above; stores are masked.
                 unsafe { self.dev.launch(GemmWgmmaBf16, cfg, args) }
             }
-            WgmmaTile::T128x256 => {
+            WgmmaTile::T128x256 | WgmmaTile::MmaSyncTma => {
+                use kiln_gpu::kernels::hgemm_mma::{HGEMM_TMA_THREADS, HgemmMmaBf16Tma};
                 let tiles = s.m.div_ceil(WG_BM) as u64 * s.n.div_ceil(WW_BN) as u64;
                 let blocks = u32::try_from(tiles).map_err(|_| {
                     Error::shape("wgmma gemm", format!("{tiles} tiles exceed the 1-D grid; split the product"))
                 })?;
+                let threads = if self.tile == WgmmaTile::MmaSyncTma { HGEMM_TMA_THREADS } else { WG_THREADS };
                 let cfg = LaunchConfig {
                     grid_dim: (blocks, 1, 1),
-                    block_dim: (WG_THREADS, 1, 1),
+                    block_dim: (threads, 1, 1),
                     shared_mem_bytes: WW_SMEM_BYTES,
                 };
                 check_grid("wgmma gemm", &cfg)?;
-                // SAFETY: as above; the wide kernel's B map has the 256-row box it expects.
-                unsafe { self.dev.launch(GemmWgmmaBf16Wide, cfg, args) }
+                // SAFETY: as above; both kernels read the B map with the 256-row box it was made with,
+                // and the same 4-stage ring (WW_SMEM_BYTES).
+                unsafe {
+                    if self.tile == WgmmaTile::MmaSyncTma {
+                        self.dev.launch(HgemmMmaBf16Tma, cfg, args)
+                    } else {
+                        self.dev.launch(GemmWgmmaBf16Wide, cfg, args)
+                    }
+                }
             }
             WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore => {
                 type K = GemmWgmmaBf16Persistent;

@@ -31,6 +31,7 @@ const WGMMA: &[(&str, WgmmaTile)] = &[
     ("gemm_wgmma_bf16_persistent", WgmmaTile::Persistent),
     ("gemm_wgmma_bf16_persistent_unicast", WgmmaTile::PersistentUnicast),
     ("gemm_wgmma_bf16_persistent_regstore", WgmmaTile::PersistentRegisterStore),
+    ("hgemm_mma_bf16_tma", WgmmaTile::MmaSyncTma),
 ];
 
 /// Every kernel name `run` takes, in ladder order.
