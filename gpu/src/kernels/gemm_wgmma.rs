@@ -80,7 +80,7 @@ impl Ring {
     pub(crate) fn stage(self, st: u32) -> u32 {
         self.base + st * self.stage_bytes
     }
-    fn full(self, st: u32) -> u32 {
+    pub(crate) fn full(self, st: u32) -> u32 {
         self.base + WG_STAGES * self.stage_bytes + st * 8
     }
     pub(crate) fn empty(self, st: u32) -> u32 {

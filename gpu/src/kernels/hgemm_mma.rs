@@ -406,53 +406,81 @@ hgemm_kernels! {
     hgemm_mma_f16_wide: f16, true, HGEMM_WIDE, 4, 8;
 }
 
-/// Threads of [`hgemm_mma_bf16_tma`]: the 8 consumer warps of the wide tile and one producer warp.
-pub const HGEMM_TMA_THREADS: u32 = 288;
+/// Threads of [`hgemm_mma_bf16_tma`]: the wide tile's 8 warps.
+pub const HGEMM_TMA_THREADS: u32 = 256;
 
 /// `C = A B^T`, bf16 inputs, with the wide tile's products ([`HGEMM_WIDE`]: 128 x 256, warp tile
 /// 64 x 64, `mma.sync` from `ldmatrix` fragments) fed by the Hopper copy engine instead of
 /// `cp.async`: the rung between this chapter and the `wgmma` kernels, changing only the loads.
 ///
-/// - Warps 0-7 consume (the 2 x 4 grid of the wide tile); warp 8's lane 0 produces: per k tile it
-///   waits for the stage to be empty, announces 48 KiB on its `full` mbarrier and issues two TMA
-///   loads (A box 64 x 128, B box 64 x 256, 128-byte swizzle, the same layout [`chunk_offset`]
-///   computes). The ring is the `wgmma` kernels' (`gemm_wgmma::Ring`, 4 stages).
-/// - A consumer warp waits on `full` (parity per lap), loads its fragments (double-buffered
-///   across stages, as in the `cp.async` kernel) and, once its last fragment of a stage is loaded,
-///   arrives on `empty` (8 arrivals free a stage). No block barrier in the loop, no copy work on
-///   the consumers.
+/// - The `wgmma` kernels' ring (`gemm_wgmma::Ring`: 4 stages of 48 KiB, `full` and `empty`
+///   mbarriers per stage). Thread 0 also produces: at the start of k tile t it waits until the
+///   slot of tile `t + 3` is empty (released by all 8 warps after their last fragment loads of
+///   tile `t - 1`), announces 48 KiB on its `full` barrier and issues two TMA loads (A box 64 x 128,
+///   B box 64 x 256, 128-byte swizzle: the layout [`chunk_offset`] computes).
+/// - Every warp waits on `full` (parity per lap), loads its fragments (double-buffered across
+///   stages, as in the `cp.async` kernel) and, once its last fragment of a stage is loaded, arrives
+///   on `empty`. No block barrier in the loop, and 255 threads do no copy work.
+/// - Registers: a warp's 128 accumulators and double-buffered fragments take about 215. A quarter
+///   of the SM holds 16 384 registers and warps are dealt to the quarters in turn, so a separate
+///   producer warp (9 warps: 3 in one quarter) would cap every thread at 168 (a 9-warp version
+///   failed to launch with 213); a producer warpgroup with `setmaxnreg`, as the `wgmma` kernels
+///   have, did not help either: ptxas still compiled the consumers for 168 and spilled 5 KiB.
+///   Hence one producer thread inside the 8 warps.
 /// - Parameters: `a_map` (A, box 64 x 128), `b_map` (B, box 64 x 256), `c` (m x n f32), the shape
 ///   (`k % 8 == 0`). Grid `HGEMM_WIDE.blocks(s)` (1-D, grouped order); block
 ///   [`HGEMM_TMA_THREADS`]; dynamic shared memory `gemm_wgmma::WW_SMEM_BYTES`.
-/// - No launch bound: with `.maxntid 288` ptxas 12.9 gave it 32 registers and 5 KiB of spills;
-///   without one, 213 registers (288 x 216 fit the SM's 65 536).
-#[kernel(arch = "sm_90a")]
+#[kernel(arch = "sm_90a", max_threads = 256)]
 pub unsafe fn hgemm_mma_bf16_tma(
     a_map: DevicePtr<crate::tma::TensorMap>,
     b_map: DevicePtr<crate::tma::TensorMap>,
     c: DevicePtrMut<f32>,
     s: GemmShape,
 ) {
-    use super::gemm_wgmma::{Ring, WG_STAGES, WW_STAGE_BYTES};
+    use super::gemm_wgmma::{Ring, WG_STAGES, WG_TILE_BYTES, WW_STAGE_BYTES, empty_parity};
+    use crate::{mbarrier, tma};
     const BM: u32 = HGEMM_WIDE.bm;
     const BN: u32 = HGEMM_WIDE.bn;
     const BK: u32 = HGEMM_WIDE.bk;
     const KS: usize = (BK / 16) as usize;
     const MI: usize = 4;
     const NI: usize = 8;
-    const CONSUMERS: u32 = 8;
+    const WARPS: u32 = HGEMM_TMA_THREADS / 32;
     const { assert!(WW_STAGE_BYTES == HGEMM_WIDE.stage_bytes() && WG_STAGES == HGEMM_WIDE.stages) };
-    let (lane, w) = (thread::lane_id(), thread::warp_id());
+    const { assert!(WG_TILE_BYTES == BM * BK * 2) };
+    let (lane, w, tid) = (thread::lane_id(), thread::warp_id(), thread::thread_idx_x());
     let (tm, tn) = grouped_tile(thread::block_idx_x(), s.m.div_ceil(BM), s.n.div_ceil(BN), HGEMM_GROUP_M);
     let (m0, n0) = (tm * BM, tn * BN);
     let k_tiles = s.k.div_ceil(BK);
     let ring = Ring { base: shared::dynamic_smem_addr(), stage_bytes: WW_STAGE_BYTES };
-    ring.init(CONSUMERS);
-    if w == CONSUMERS {
-        if lane == 0 {
-            unsafe { ring.produce(a_map, b_map, k_tiles, m0, n0) };
+    ring.init(WARPS);
+    // Thread 0 fills the slot of k tile `f` once every warp has released its previous lap.
+    let fill = |f: u32| {
+        if tid == 0 && f < k_tiles {
+            let st = f % WG_STAGES;
+            if f >= WG_STAGES
+                && !unsafe { mbarrier::wait_parity_bounded(ring.empty(st), empty_parity(f), mbarrier::DEFAULT_WAIT_NS) }
+            {
+                thread::trap();
+            }
+            unsafe {
+                mbarrier::arrive_expect_tx(ring.full(st), WW_STAGE_BYTES);
+                tma::load_2d(ring.stage(st), a_map.as_ptr(), (f * BK) as i32, m0 as i32, ring.full(st));
+                tma::load_2d(ring.stage(st) + WG_TILE_BYTES, b_map.as_ptr(), (f * BK) as i32, n0 as i32, ring.full(st));
+            }
         }
-        return;
+        sync::sync_warp(crate::warp::FULL_MASK);
+    };
+    if tid == 0 {
+        unsafe {
+            tma::prefetch(a_map.as_ptr());
+            tma::prefetch(b_map.as_ptr());
+        }
+    }
+    let mut f = 0;
+    while f < WG_STAGES - 1 {
+        fill(f);
+        f += 1;
     }
     let warps_n = BN / (8 * NI as u32);
     let (wm, wn) = (w / warps_n, w % warps_n);
@@ -469,11 +497,14 @@ pub unsafe fn hgemm_mma_bf16_tma(
         let mut ks = 0;
         while ks < KS {
             let cur = ks % 2;
+            if ks == 0 {
+                fill(t + WG_STAGES - 1);
+            }
             if ks == KS - 1 {
                 // every fragment of this stage is loaded: hand it back, then start on the next
                 sync::sync_warp(crate::warp::FULL_MASK);
                 if lane == 0 {
-                    unsafe { crate::mbarrier::arrive(ring.empty(t % WG_STAGES)) };
+                    unsafe { mbarrier::arrive(ring.empty(t % WG_STAGES)) };
                 }
                 if t + 1 < k_tiles {
                     ring.wait_full(t + 1);
