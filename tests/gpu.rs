@@ -577,6 +577,23 @@ fn sgemm_ladder(dev: &Device) -> Outcome {
     Ok(())
 }
 
+/// Checks `got` (m x n) against the f64 product `A B^T` of `a` (m x k) and `b` (stored n x k),
+/// every output within `k 2^-22 sum_p |a_ip b_jp|`: exact products of 16-bit inputs accumulated in
+/// f32 over k terms (u = 2^-24, with room for the tensor cores' internal order).
+fn check_abt(what: &str, got: &[f32], a: &[f64], b: &[f64], (m, n, k): (usize, usize, usize)) -> Outcome {
+    for i in 0..m {
+        for j in 0..n {
+            let (want, mag) = a[i * k..(i + 1) * k]
+                .iter()
+                .zip(&b[j * k..(j + 1) * k])
+                .fold((0.0f64, 0.0f64), |(d, g), (x, y)| (d + x * y, g + (x * y).abs()));
+            let tol = k as f64 * 2f64.powi(-22) * mag + 1e-30;
+            compare(&format!("{what} at ({i}, {j})"), &[got[i * n + j]], &[want], Tol { abs: tol, rel: 0.0 })?;
+        }
+    }
+    Ok(())
+}
+
 /// The `mma.sync` GEMM (cp.async pipeline, swizzled ldmatrix, both block tiles) against f64, at
 /// odd m and n (odd n: scalar stores), k past the pipeline's depth, and more tile rows than one
 /// group of the block order.
@@ -595,28 +612,14 @@ fn hgemm_case<T: TestInput + kiln::cuda::gemm::HgemmInput>(dev: &Device) -> Outc
         let a: Vec<T> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(T::from_f32).collect();
         let b: Vec<T> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(T::from_f32).collect();
         let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        let (a64, b64): (Vec<f64>, Vec<f64>) =
+            (a.iter().map(|x| x.as_f64()).collect(), b.iter().map(|x| x.as_f64()).collect());
         for tile in [HGEMM_NARROW, HGEMM_WIDE] {
             let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
             kiln::cuda::gemm::hgemm_with_tile(dev, tile, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
             let got = dev.download(&dc).map_err(err)?;
-            for i in 0..m as usize {
-                for j in 0..n as usize {
-                    let (mut want, mut mag) = (0.0f64, 0.0f64);
-                    for p in 0..k as usize {
-                        let x = a[i * k as usize + p].as_f64() * b[j * k as usize + p].as_f64();
-                        want += x;
-                        mag += x.abs();
-                    }
-                    let tol = k as f64 * 2f64.powi(-22) * mag + 1e-30;
-                    let what = format!(
-                        "hgemm<{}> {}x{} tile {m}x{n}x{k} at ({i}, {j})",
-                        std::any::type_name::<T>(),
-                        tile.bm,
-                        tile.bn
-                    );
-                    compare(&what, &[got[i * n as usize + j]], &[want], Tol { abs: tol, rel: 0.0 })?;
-                }
-            }
+            let what = format!("hgemm<{}> {}x{} tile {m}x{n}x{k}", std::any::type_name::<T>(), tile.bm, tile.bn);
+            check_abt(&what, &got, &a64, &b64, (m as usize, n as usize, k as usize))?;
         }
     }
     let a = dev.upload(&[T::from_f32(0.0); 8 * 12]).map_err(err)?;
@@ -701,23 +704,9 @@ fn wgmma_case(dev: &Device) -> Outcome {
         let plan = kiln::cuda::gemm::WgmmaGemm::with_tile(dev, &da, &db, GemmShape { m, n, k }, tile).map_err(err)?;
         plan.run(&mut dc).map_err(err)?;
         let got = dev.download(&dc).map_err(err)?;
-        for i in 0..m as usize {
-            for j in 0..n as usize {
-                let (mut want, mut mag) = (0.0f64, 0.0f64);
-                for p in 0..k as usize {
-                    let x = a[i * k as usize + p].to_f64() * b[j * k as usize + p].to_f64();
-                    want += x;
-                    mag += x.abs();
-                }
-                let tol = k as f64 * 2f64.powi(-22) * mag + 1e-30;
-                compare(
-                    &format!("wgmma {tile:?} {m}x{n}x{k} at ({i}, {j})"),
-                    &[got[i * n as usize + j]],
-                    &[want],
-                    Tol { abs: tol, rel: 0.0 },
-                )?;
-            }
-        }
+        let (a64, b64): (Vec<f64>, Vec<f64>) =
+            (a.iter().map(|x| x.to_f64()).collect(), b.iter().map(|x| x.to_f64()).collect());
+        check_abt(&format!("wgmma {tile:?} {m}x{n}x{k}"), &got, &a64, &b64, (m as usize, n as usize, k as usize))?;
     }
     Ok(())
 }
@@ -866,20 +855,10 @@ fn wgmma_batched_case(dev: &Device) -> Outcome {
             }
         }
         let last = count_us - 1;
-        for r in 0..m {
-            for col in 0..n {
-                let (mut want, mut mag) = (0.0f64, 0.0f64);
-                for p in 0..k {
-                    let x = a[last * a_stride + r * k + p].to_f64() * b[last * b_stride + col * k + p].to_f64();
-                    want += x;
-                    mag += x.abs();
-                }
-                let g = got[last * c_stride + r * n + col] as f64;
-                if (g - want).abs() > k as f64 * 2f64.powi(-22) * mag + 1e-30 || g.is_nan() {
-                    return Err(format!("{what}: product {last} at ({r}, {col}): got {g}, expected {want}"));
-                }
-            }
-        }
+        let wide = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+        let (a64, b64) = (wide(&a[last * a_stride..][..m * k]), wide(&b[last * b_stride..][..n * k]));
+        let got_last = &got[last * c_stride..][..m * n];
+        check_abt(&format!("{what}: product {last}"), got_last, &a64, &b64, (m, n, k))?;
     }
     let (a, b) =
         (dev.upload(&vec![bf16::ONE; 2 * 64 * 72]).map_err(err)?, dev.upload(&vec![bf16::ONE; 64 * 72]).map_err(err)?);

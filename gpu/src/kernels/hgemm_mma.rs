@@ -308,19 +308,7 @@ unsafe fn hgemm<
             } else {
                 unsafe { load_fragments::<BK, KS, MI, NI>(base, &fp, ks + 1, &mut fa[1 - cur], &mut fb[1 - cur]) };
             }
-            let mut mi = 0;
-            while mi < MI {
-                let mut ni = 0;
-                while ni < NI {
-                    acc[mi][ni] = if F16 {
-                        mma::mma_m16n8k16_f16(fa[cur][mi], fb[cur][ni], acc[mi][ni])
-                    } else {
-                        mma::mma_m16n8k16_bf16(fa[cur][mi], fb[cur][ni], acc[mi][ni])
-                    };
-                    ni += 1;
-                }
-                mi += 1;
-            }
+            warp_mma::<F16, MI, NI>(&mut acc, &fa[cur], &fb[cur]);
             ks += 1;
         }
         kt += 1;
@@ -329,6 +317,29 @@ unsafe fn hgemm<
 
     let (wm, wn) = (w / warps_n, w % warps_n);
     unsafe { store_acc::<MI, NI>(&acc, c, s, m0 + wm * 16 * MI as u32, n0 + wn * 8 * NI as u32, lane) };
+}
+
+/// A warp's products for one 16 of k: `MI x NI` `m16n8k16` (f16 inputs when `F16`, else bf16).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn warp_mma<const F16: bool, const MI: usize, const NI: usize>(
+    acc: &mut [[[f32; 4]; NI]; MI],
+    fa: &[[u32; 4]; MI],
+    fb: &[[u32; 2]; NI],
+) {
+    let mut mi = 0;
+    while mi < MI {
+        let mut ni = 0;
+        while ni < NI {
+            acc[mi][ni] = if F16 {
+                mma::mma_m16n8k16_f16(fa[mi], fb[ni], acc[mi][ni])
+            } else {
+                mma::mma_m16n8k16_bf16(fa[mi], fb[ni], acc[mi][ni])
+            };
+            ni += 1;
+        }
+        mi += 1;
+    }
 }
 
 /// Stores a warp's `MI x NI` accumulator tiles whose top-left output is (`row0`, `col0`), masked at
@@ -514,15 +525,7 @@ pub unsafe fn hgemm_mma_bf16_tma(
             } else {
                 unsafe { load_fragments::<BK, KS, MI, NI>(base, &fp, ks + 1, &mut fa[1 - cur], &mut fb[1 - cur]) };
             }
-            let mut mi = 0;
-            while mi < MI {
-                let mut ni = 0;
-                while ni < NI {
-                    acc[mi][ni] = mma::mma_m16n8k16_bf16(fa[cur][mi], fb[cur][ni], acc[mi][ni]);
-                    ni += 1;
-                }
-                mi += 1;
-            }
+            warp_mma::<false, MI, NI>(&mut acc, &fa[cur], &fb[cur]);
             ks += 1;
         }
         t += 1;
