@@ -416,8 +416,11 @@ fn split_k_parts_tile_k_and_the_choice_splits_only_long_thin_products() {
             assert_eq!(parts.iter().map(|p| p.1).sum::<u32>(), k_tiles);
             assert_eq!(split_k_fits(k_tiles, splits), parts.iter().all(|p| p.1 > 0), "{k_tiles} in {splits}");
         }
-        let s = choose_split_k(36, k_tiles, 66);
-        assert!(split_k_fits(k_tiles, s));
+        for tiles in [1u32, 6, 33] {
+            let s = choose_split_k(tiles, k_tiles, 66);
+            assert!(split_k_fits(k_tiles, s), "{tiles} tiles, {k_tiles} k tiles: {s} parts");
+            assert!(tiles as u64 * s as u64 <= 66 || s == 1, "{tiles} tiles in {s} parts: more than one wave");
+        }
     }
     let k_tiles = |k: u32| k.div_ceil(64);
     // one cluster tile, 1024 k tiles: 64 parts of 16 (one wave); 6 tiles (512 x 768) with 512 k

@@ -821,6 +821,8 @@ fn wgmma_batched_case(dev: &Device) -> Outcome {
         (200, 300, 72, 3, 0, true, 0),
         (130, 260, 136, 4, 3, false, 37),
         (256, 256, 64, 5, 0, false, 0),
+        // m <= 128: the second CTA of each cluster has no rows of A to load
+        (100, 300, 72, 3, 0, false, 0),
     ] {
         let a_stride = (m + pad_a) * k;
         let b_stride = if share_b { 0 } else { n * k };
@@ -860,17 +862,20 @@ fn wgmma_batched_case(dev: &Device) -> Outcome {
         let got_last = &got[last * c_stride..][..m * n];
         check_abt(&format!("{what}: product {last}"), got_last, &a64, &b64, (m, n, k))?;
     }
+    // A holds 3 products, so each refusal below is for its own reason
     let (a, b) =
-        (dev.upload(&vec![bf16::ONE; 2 * 64 * 72]).map_err(err)?, dev.upload(&vec![bf16::ONE; 64 * 72]).map_err(err)?);
+        (dev.upload(&vec![bf16::ONE; 3 * 64 * 72]).map_err(err)?, dev.upload(&vec![bf16::ONE; 64 * 72]).map_err(err)?);
     let s = GemmShape { m: 64, n: 64, k: 72 };
     let bad = [
         BatchSpec { count: 2, a_stride: 64 * 72 + 8, b_stride: 0, c_stride: 64 * 64 }, // not a row multiple
         BatchSpec { count: 2, a_stride: 64 * 72, b_stride: 0, c_stride: 64 * 63 },     // overlapping C
-        BatchSpec { count: 3, a_stride: 64 * 72, b_stride: 0, c_stride: 64 * 64 },     // A too short
+        BatchSpec { count: 4, a_stride: 64 * 72, b_stride: 0, c_stride: 64 * 64 },     // A too short
+        BatchSpec { count: 2, a_stride: 64 * 72, b_stride: 0, c_stride: usize::MAX / 2 }, // C past memory
     ];
     for spec in bad {
-        if WgmmaGemm::batched(dev, &a, &b, s, spec).is_ok() {
-            return Err(format!("{spec:?} must be refused"));
+        match WgmmaGemm::batched(dev, &a, &b, s, spec) {
+            Err(kiln::Error::Shape { .. }) => {}
+            other => return Err(format!("{spec:?} must be refused as a shape error, got {:?}", other.map(|_| ()))),
         }
     }
     let ok = BatchSpec { count: 2, a_stride: 64 * 72, b_stride: 0, c_stride: 64 * 64 };
@@ -1658,6 +1663,7 @@ fn tensor_core_tier(dev: &Device) -> Outcome {
         }
         // both block tiles run the same k16 chain per output
         let wide = kiln::gpu::kernels::hgemm_mma::HGEMM_WIDE;
+        dev.write(&mut dc, &vec![POISON_F32; m * n]).map_err(err)?;
         kiln::cuda::gemm::hgemm_with_tile(dev, wide, &da, &db, &mut dc, s).map_err(err)?;
         if bits(&dev.download(&dc).map_err(err)?) != first {
             return Err(format!("hgemm m={m}: the wide tile's bits differ from the narrow tile's"));

@@ -558,17 +558,30 @@ impl<'a> WgmmaGemm<'a> {
                 batch.a_stride, batch.b_stride
             ));
         }
+        // each product within the kernels' 32-bit indexing, as for one product
+        if [m * kk, n * kk, m * n].iter().any(|&x| x > MAX_OPERAND_ELEMENTS) {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!(
+                    "{m}x{n}x{kk}: an operand over {MAX_OPERAND_ELEMENTS} elements (the kernels index in 32 bits); split the product"
+                ),
+            });
+        }
         if batch.c_stride < m * n {
             return bad(format!("c stride {} is below m n = {}: the products would overlap", batch.c_stride, m * n));
         }
-        let need = |stride: usize, one: usize| (count - 1) * stride + one;
-        if a.len() < need(batch.a_stride, m * kk) || b.len() < need(batch.b_stride, n * kk) {
+        // elements the batch spans from the first product's start (None: past any buffer)
+        let span = |stride: usize, one: usize| (count - 1).checked_mul(stride).and_then(|x| x.checked_add(one));
+        let (a_need, b_need) = (span(batch.a_stride, m * kk), span(batch.b_stride, n * kk));
+        let c_need = span(batch.c_stride, m * n).filter(|&x| x <= isize::MAX as usize / 4);
+        if c_need.is_none() {
+            return bad(format!("{count} products {} elements apart do not fit memory", batch.c_stride));
+        }
+        if a_need.is_none_or(|x| a.len() < x) || b_need.is_none_or(|x| b.len() < x) {
             return bad(format!(
-                "a holds {} elements and b {}; the batch reads {} and {}",
+                "a holds {} elements and b {}; the batch reads {a_need:?} and {b_need:?}",
                 a.len(),
-                b.len(),
-                need(batch.a_stride, m * kk),
-                need(batch.b_stride, n * kk)
+                b.len()
             ));
         }
         let rows = |stride: usize, one: usize| -> Result<(u32, u32)> {
@@ -658,8 +671,8 @@ impl<'a> WgmmaGemm<'a> {
     /// [`WgmmaGemm::with_split_k`] where speed matters more than that.
     pub fn suggested_split_k(&self) -> u32 {
         use kiln_gpu::kernels::gemm_wgmma::{WG_BK, choose_split_k};
-        if !self.tile.is_persistent() {
-            return 1;
+        if !self.tile.is_persistent() || self.batch.count > 1 {
+            return 1; // batches are not split
         }
         choose_split_k(self.cluster_tiles(), self.s.k.div_ceil(WG_BK), self.resident)
     }
@@ -763,6 +776,7 @@ impl<'a> WgmmaGemm<'a> {
         let s = self.s;
         let mn = s.m as usize * s.n as usize;
         let batch = self.batch;
+        // fits: `batched` checked the batch's span
         let c_need = (batch.count as usize - 1) * batch.c_stride as usize + mn;
         if (batch.count == 1 && c.len() != mn) || c.len() < c_need {
             return Err(Error::shape("wgmma gemm", format!("c needs {c_need} elements, has {}", c.len())));

@@ -99,7 +99,8 @@ impl std::fmt::Display for RungRun {
     }
 }
 
-/// Outputs checked in full up to this many; beyond, a random sample of this size (and the corners).
+/// Outputs checked in full up to this many; beyond, a random sample of `FULL_CHECK / 16` of them and
+/// the four corners.
 pub const FULL_CHECK: usize = 1 << 16;
 
 /// Runs kernel `name` on `s` with random inputs in [-1, 1) from `seed`: once on poisoned output
