@@ -25,6 +25,16 @@ fn median_ms(dev: &Arc<Device>, f: impl FnMut()) -> f64 {
     timing::median_ms(dev, REPS, f)
 }
 
+/// The median milliseconds of `kernel`, and the mean of `reference`'s measured just before and just
+/// after it: the H200's clocks drift over a run, so a reference measured minutes earlier favours
+/// whichever side ran first.
+fn bracketed(dev: &Arc<Device>, mut reference: impl FnMut(), kernel: impl FnMut()) -> (f64, f64) {
+    let before = median_ms(dev, &mut reference);
+    let ms = median_ms(dev, kernel);
+    let after = median_ms(dev, &mut reference);
+    (ms, (before + after) / 2.0)
+}
+
 fn main() {
     let dev = match Device::shared() {
         Ok(d) => d,
@@ -87,16 +97,13 @@ fn main() {
             // the double-buffered rungs race cuBLAS closely: compare them with cuBLAS measured just
             // before and after (the mean), as the tensor-core kernels are; the others with the
             // shape's first cuBLAS figure
-            let mut kiln_ms = || median_ms(&dev, || r.run(&dev, &da, &db, &mut dc, s).expect("kiln sgemm"));
+            let kiln = || r.run(&dev, &da, &db, &mut dc, s).expect("kiln sgemm");
             let (ms, ref_tf) = if r.name.contains("_db") {
                 let mut dc_ref = dev.zeros::<f32>((m * n) as usize).expect("alloc");
-                let mut reference = || median_ms(&dev, || cublas_sgemm(&blas, &da, &db, &mut dc_ref, s));
-                let before = reference();
-                let ms = kiln_ms();
-                let after = reference();
-                (ms, fl / ((before + after) / 2.0) / 1e9)
+                let (ms, ref_ms) = bracketed(&dev, || cublas_sgemm(&blas, &da, &db, &mut dc_ref, s), kiln);
+                (ms, fl / ref_ms / 1e9)
             } else {
-                (kiln_ms(), cublas_tf)
+                (median_ms(&dev, kiln), cublas_tf)
             };
             let tf = fl / ms / 1e9;
             println!("  {:<28} {:>8.3} ms {:>7.2} TFLOP/s {:>6.1}% of cuBLAS", r.name, ms, tf, 100.0 * tf / ref_tf);
@@ -187,19 +194,16 @@ fn main() {
         // The tensor-core kernels are each compared with cuBLAS measured just before and just
         // after them (the mean of the two), into its own output buffer.
         let mut dc_ref = dev.zeros::<f32>((m * n) as usize).expect("alloc");
-        let mut bracketed = |f: &mut dyn FnMut()| -> (f64, f64) {
-            let mut reference =
-                || median_ms(&dev, || cublas_bf16_f32out(&blas, &da, &db, &mut dc_ref, s, CUBLAS_COMPUTE_32F));
-            let before = reference();
-            let ms = median_ms(&dev, &mut *f);
-            let after = reference();
-            (ms, (before + after) / 2.0)
+        let mut around_cublas = |f: &mut dyn FnMut()| -> (f64, f64) {
+            let reference = || cublas_bf16_f32out(&blas, &da, &db, &mut dc_ref, s, CUBLAS_COMPUTE_32F);
+            bracketed(&dev, reference, f)
         };
         {
             use kiln::cuda::gemm::hgemm_with_tile;
             use kiln::gpu::kernels::hgemm_mma::{HGEMM_NARROW, HGEMM_WIDE};
             for (name, tile) in [("hgemm_mma_bf16", HGEMM_NARROW), ("hgemm_mma_bf16_wide", HGEMM_WIDE)] {
-                let (ms, r) = bracketed(&mut || hgemm_with_tile(&dev, tile, &da, &db, &mut dc, s).expect("kiln hgemm"));
+                let (ms, r) =
+                    around_cublas(&mut || hgemm_with_tile(&dev, tile, &da, &db, &mut dc, s).expect("kiln hgemm"));
                 record_vs(name, ms, r);
             }
         }
@@ -211,7 +215,7 @@ fn main() {
                 ("gemm_wgmma_bf16_wide", WgmmaTile::T128x256),
             ] {
                 let g = WgmmaGemm::with_tile(&dev, &da, &db, s, tile).expect("wgmma maps");
-                let (ms, r) = bracketed(&mut || g.run(&mut dc).expect("kiln wgmma"));
+                let (ms, r) = around_cublas(&mut || g.run(&mut dc).expect("kiln wgmma"));
                 record_vs(name, ms, r);
             }
             // the persistent cluster kernel, plain and with the bias + ReLU epilogue fused
@@ -221,7 +225,7 @@ fn main() {
                 g.persistent_clusters(),
                 g.suggested_split_k()
             );
-            let (ms, r) = bracketed(&mut || g.run(&mut dc).expect("kiln wgmma"));
+            let (ms, r) = around_cublas(&mut || g.run(&mut dc).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent", ms, r);
             if g.suggested_split_k() > 1 {
                 // the opt-in k split (not batch-invariant), where the model suggests one
@@ -231,19 +235,19 @@ fn main() {
                         p.with_split_k(sp)
                     })
                     .expect("wgmma maps");
-                let (ms, r) = bracketed(&mut || sk.run(&mut dc).expect("kiln wgmma"));
+                let (ms, r) = around_cublas(&mut || sk.run(&mut dc).expect("kiln wgmma"));
                 record_vs(&format!("gemm_wgmma_bf16_persistent_splitk{}", sk.split_k()), ms, r);
             }
             let u = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentUnicast).expect("wgmma maps");
-            let (ms, r) = bracketed(&mut || u.run(&mut dc).expect("kiln wgmma"));
+            let (ms, r) = around_cublas(&mut || u.run(&mut dc).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent_unicast", ms, r);
             // the rung before the staged epilogue: C stored from registers
             let rs = WgmmaGemm::with_tile(&dev, &da, &db, s, WgmmaTile::PersistentRegisterStore).expect("wgmma maps");
-            let (ms, r) = bracketed(&mut || rs.run(&mut dc).expect("kiln wgmma"));
+            let (ms, r) = around_cublas(&mut || rs.run(&mut dc).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent_regstore", ms, r);
             let bias = dev.upload(&vec![0.5f32; n as usize]).expect("upload");
             let epi = kiln::cuda::gemm::GemmEpilogue { bias: Some(&bias), act: Some(kiln::nn::Activation::Relu) };
-            let (ms, r) = bracketed(&mut || g.run_with(&mut dc, epi).expect("kiln wgmma"));
+            let (ms, r) = around_cublas(&mut || g.run_with(&mut dc, epi).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent_bias_relu", ms, r);
         }
     }

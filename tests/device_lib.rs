@@ -289,10 +289,11 @@ fn hgemm_tiles_fit_the_sm_and_the_chooser_fills_the_h200() {
     assert_eq!(HGEMM_NARROW.smem_bytes(), 64 * 1024); // fits sm_80's 163 KiB too
     let s = |m, n| GemmShape { m, n, k: 4096 };
     let h200 = 227 * 1024;
-    assert_eq!(hgemm_tile_for(s(4096, 4096), h200), HGEMM_WIDE); // 512 blocks
-    assert_eq!(hgemm_tile_for(s(4096, 4096), 163 * 1024), HGEMM_NARROW); // an A100 block's limit
-    assert_eq!(hgemm_tile_for(s(1024, 1024), h200), HGEMM_NARROW); // 32 wide blocks, 64 narrow
-    assert_eq!(hgemm_tile_for(s(3072, 768), h200), HGEMM_NARROW); // 72 wide blocks
+    assert_eq!(hgemm_tile_for(s(4096, 4096), h200, 132), HGEMM_WIDE); // 512 blocks
+    assert_eq!(hgemm_tile_for(s(4096, 4096), 163 * 1024, 108), HGEMM_NARROW); // an A100 block's limit
+    assert_eq!(hgemm_tile_for(s(1024, 1024), h200, 132), HGEMM_NARROW); // 32 wide blocks, 64 narrow
+    assert_eq!(hgemm_tile_for(s(3072, 768), h200, 132), HGEMM_NARROW); // 72 wide blocks
+    assert_eq!(hgemm_tile_for(s(3072, 768), h200, 72), HGEMM_WIDE); // ... enough for a 72-SM part
     assert_eq!(HGEMM_WIDE.blocks(s(129, 257)), 4);
 }
 

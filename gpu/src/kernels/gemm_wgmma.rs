@@ -109,9 +109,7 @@ impl Ring {
         sync::sync_threads();
     }
 
-    /// The producer (one thread): for each k tile, waits until its stage is empty (from the second
-    /// lap on), announces the stage's bytes on `full`, and issues the TMA loads of the A box (rows
-    /// `m0..`) and the B box (rows `n0..`). Every wait is bounded and traps on a stall.
+    /// The producer (one thread): prefetches the maps, then [`Ring::fill`]s every k tile in order.
     pub(crate) unsafe fn produce(
         self,
         a_map: DevicePtr<TensorMap>,
@@ -126,19 +124,38 @@ impl Ring {
         }
         let mut t = 0;
         while t < k_tiles {
-            let st = t % WG_STAGES;
-            if t >= WG_STAGES
-                && !unsafe { mbarrier::wait_parity_bounded(self.empty(st), empty_parity(t), mbarrier::DEFAULT_WAIT_NS) }
-            {
-                thread::trap();
-            }
-            let dst = self.stage(st);
-            unsafe {
-                mbarrier::arrive_expect_tx(self.full(st), self.stage_bytes);
-                tma::load_2d(dst, a_map.as_ptr(), (t * WG_BK) as i32, m0 as i32, self.full(st));
-                tma::load_2d(dst + WG_TILE_BYTES, b_map.as_ptr(), (t * WG_BK) as i32, n0 as i32, self.full(st));
-            }
+            unsafe { self.fill(a_map, b_map, t, m0, n0) };
             t += 1;
+        }
+    }
+
+    /// One producer step (one thread): waits until k tile `t`'s stage is empty (from the second lap
+    /// on), announces the stage's bytes on `full`, and issues the TMA loads of the A box (rows
+    /// `m0..`) and the B box (rows `n0..`). The wait is bounded and traps on a stall.
+    ///
+    /// # Safety
+    /// The maps describe the operands with the boxes of this ring's A and B tiles; one thread fills
+    /// each tile once, in order.
+    #[inline(always)]
+    pub(crate) unsafe fn fill(
+        self,
+        a_map: DevicePtr<TensorMap>,
+        b_map: DevicePtr<TensorMap>,
+        t: u32,
+        m0: u32,
+        n0: u32,
+    ) {
+        let st = t % WG_STAGES;
+        if t >= WG_STAGES
+            && !unsafe { mbarrier::wait_parity_bounded(self.empty(st), empty_parity(t), mbarrier::DEFAULT_WAIT_NS) }
+        {
+            thread::trap();
+        }
+        let dst = self.stage(st);
+        unsafe {
+            mbarrier::arrive_expect_tx(self.full(st), self.stage_bytes);
+            tma::load_2d(dst, a_map.as_ptr(), (t * WG_BK) as i32, m0 as i32, self.full(st));
+            tma::load_2d(dst + WG_TILE_BYTES, b_map.as_ptr(), (t * WG_BK) as i32, n0 as i32, self.full(st));
         }
     }
 

@@ -448,7 +448,7 @@ pub unsafe fn hgemm_mma_bf16_tma(
     c: DevicePtrMut<f32>,
     s: GemmShape,
 ) {
-    use super::gemm_wgmma::{Ring, WG_STAGES, WG_TILE_BYTES, WW_STAGE_BYTES, empty_parity};
+    use super::gemm_wgmma::{Ring, WG_STAGES, WG_TILE_BYTES, WW_STAGE_BYTES};
     use crate::{mbarrier, tma};
     const BM: u32 = HGEMM_WIDE.bm;
     const BN: u32 = HGEMM_WIDE.bn;
@@ -468,17 +468,7 @@ pub unsafe fn hgemm_mma_bf16_tma(
     // Thread 0 fills the slot of k tile `f` once every warp has released its previous lap.
     let fill = |f: u32| {
         if tid == 0 && f < k_tiles {
-            let st = f % WG_STAGES;
-            if f >= WG_STAGES
-                && !unsafe { mbarrier::wait_parity_bounded(ring.empty(st), empty_parity(f), mbarrier::DEFAULT_WAIT_NS) }
-            {
-                thread::trap();
-            }
-            unsafe {
-                mbarrier::arrive_expect_tx(ring.full(st), WW_STAGE_BYTES);
-                tma::load_2d(ring.stage(st), a_map.as_ptr(), (f * BK) as i32, m0 as i32, ring.full(st));
-                tma::load_2d(ring.stage(st) + WG_TILE_BYTES, b_map.as_ptr(), (f * BK) as i32, n0 as i32, ring.full(st));
-            }
+            unsafe { ring.fill(a_map, b_map, f, m0, n0) };
         }
         sync::sync_warp(crate::warp::FULL_MASK);
     };

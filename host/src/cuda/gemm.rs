@@ -361,13 +361,13 @@ impl HgemmInput for half::f16 {
     type Wide = kiln_gpu::kernels::hgemm_mma::HgemmMmaF16Wide;
 }
 
-/// The `mma.sync` block tile for `s` on a device whose blocks may use `max_smem` bytes of shared
-/// memory: the wide tile where it fits and makes at least one block per SM of the H200 (132), the
-/// narrow one otherwise (where the wide tile would leave SMs idle, or on an sm_80 part without
-/// 192 KiB per block).
-pub fn hgemm_tile_for(s: GemmShape, max_smem: u32) -> kiln_gpu::kernels::hgemm_mma::HgemmTile {
+/// The `mma.sync` block tile for `s` on a device of `sms` SMs whose blocks may use `max_smem` bytes
+/// of shared memory: the wide tile where it fits and makes at least one block per SM, the narrow
+/// one otherwise (where the wide tile would leave SMs idle, or on an sm_80 part without 192 KiB per
+/// block).
+pub fn hgemm_tile_for(s: GemmShape, max_smem: u32, sms: u32) -> kiln_gpu::kernels::hgemm_mma::HgemmTile {
     use kiln_gpu::kernels::hgemm_mma::{HGEMM_NARROW, HGEMM_WIDE};
-    if HGEMM_WIDE.blocks(s) >= 132 && HGEMM_WIDE.smem_bytes() <= max_smem { HGEMM_WIDE } else { HGEMM_NARROW }
+    if HGEMM_WIDE.blocks(s) >= sms as u64 && HGEMM_WIDE.smem_bytes() <= max_smem { HGEMM_WIDE } else { HGEMM_NARROW }
 }
 
 /// `c = a b^T` on the tensor cores (`mma.sync`, `cp.async` pipeline) with the tile
@@ -381,7 +381,7 @@ pub fn hgemm<T: HgemmInput>(
 ) -> Result<()> {
     use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
     let max_smem = dev.attribute(OPTIN)?.max(0) as u32;
-    hgemm_with_tile(dev, hgemm_tile_for(s, max_smem), a, b, c, s)
+    hgemm_with_tile(dev, hgemm_tile_for(s, max_smem, dev.sm_count()? as u32), a, b, c, s)
 }
 
 /// As [`hgemm`], with the block tile given: [`HGEMM_NARROW`](kiln_gpu::kernels::hgemm_mma::HGEMM_NARROW)

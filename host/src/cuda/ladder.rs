@@ -5,6 +5,7 @@
 use super::gemm::{self, Layout, WgmmaGemm, WgmmaTile};
 use super::{Device, timing};
 use crate::error::{Error, Result};
+use half::prelude::{HalfFloatSliceExt, HalfFloatVecExt};
 use half::{bf16, f16};
 use kiln_gpu::kernels::hgemm_mma::{HGEMM_NARROW, HGEMM_WIDE, HgemmTile};
 use kiln_gpu::kernels::mma_tile::GemmShape;
@@ -147,18 +148,13 @@ pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64, split
             };
             bound = k as f64 * 2f64.powi(-23);
         }
-        Entry::Mma { tile, f16: true } => {
-            let (da, db, ra, rb) = upload_rounded::<f16>(dev, &a32, &b32, s)?;
-            (got, ms) = check_and_time(dev, &mut c, reps, |c| gemm::hgemm_with_tile(dev, tile, &da, &db, c, s))?;
-            (a, b) = (ra, rb);
-            what = "C = A B^T, f16 in (A m x k, B n x k), f32 accumulate and out".into();
-            bound = k as f64 * 2f64.powi(-22);
-        }
-        Entry::Mma { tile, f16: false } => {
-            let (da, db, ra, rb) = upload_rounded::<bf16>(dev, &a32, &b32, s)?;
-            (got, ms) = check_and_time(dev, &mut c, reps, |c| gemm::hgemm_with_tile(dev, tile, &da, &db, c, s))?;
-            (a, b) = (ra, rb);
-            what = "C = A B^T, bf16 in (A m x k, B n x k), f32 accumulate and out".into();
+        Entry::Mma { tile, f16 } => {
+            let run = if f16 { mma_run::<f16> } else { mma_run::<bf16> };
+            (got, ms, a, b) = run(dev, tile, &a32, &b32, &mut c, s, reps)?;
+            what = format!(
+                "C = A B^T, {} in (A m x k, B n x k), f32 accumulate and out",
+                if f16 { "f16" } else { "bf16" }
+            );
             bound = k as f64 * 2f64.powi(-22);
         }
         Entry::Wgmma(tile) => {
@@ -219,39 +215,45 @@ fn check_and_time(
     Ok((got, ms))
 }
 
-/// The 16-bit input types of the tensor-core kernels.
-trait Half16: Copy + cudarc::driver::DeviceRepr + 'static {
-    fn round(x: f32) -> Self;
-    fn wide(self) -> f64;
-}
-impl Half16 for bf16 {
-    fn round(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    fn wide(self) -> f64 {
-        self.to_f64()
-    }
-}
-impl Half16 for f16 {
-    fn round(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    fn wide(self) -> f64 {
-        self.to_f64()
-    }
+/// The output, the median milliseconds, and A and B^T in f64.
+type MmaOut = (Vec<f32>, f64, Vec<f64>, Vec<f64>);
+
+/// The `mma.sync` GEMM with `tile` on the inputs rounded to `T`: the output, the median
+/// milliseconds, and the rounded inputs for the reference.
+#[allow(clippy::too_many_arguments)]
+fn mma_run<T: gemm::HgemmInput>(
+    dev: &Device,
+    tile: HgemmTile,
+    a32: &[f32],
+    b32: &[f32],
+    c: &mut super::DeviceBuffer<f32>,
+    s: GemmShape,
+    reps: usize,
+) -> Result<MmaOut>
+where
+    Vec<T>: HalfFloatVecExt,
+    [T]: HalfFloatSliceExt,
+{
+    let (da, db, a, b) = upload_rounded::<T>(dev, a32, b32, s)?;
+    let (got, ms) = check_and_time(dev, c, reps, |c| gemm::hgemm_with_tile(dev, tile, &da, &db, c, s))?;
+    Ok((got, ms, a, b))
 }
 
 type Rounded<T> = (super::DeviceBuffer<T>, super::DeviceBuffer<T>, Vec<f64>, Vec<f64>);
 
-/// Rounds the inputs to `T` and uploads them (A m x k, B n x k); also returns the rounded values
-/// as A (m x k) and B^T (k x n) in f64 for the reference.
-fn upload_rounded<T: Half16>(dev: &Device, a32: &[f32], b32: &[f32], s: GemmShape) -> Result<Rounded<T>> {
+/// Rounds the inputs to `T` (bf16 or f16) and uploads them (A m x k, B n x k); also returns the
+/// rounded values as A (m x k) and B^T (k x n) in f64 for the reference.
+fn upload_rounded<T>(dev: &Device, a32: &[f32], b32: &[f32], s: GemmShape) -> Result<Rounded<T>>
+where
+    T: cudarc::driver::DeviceRepr,
+    Vec<T>: HalfFloatVecExt,
+    [T]: HalfFloatSliceExt,
+{
     let (n, k) = (s.n as usize, s.k as usize);
-    let round = |v: &[f32]| -> Vec<T> { v.iter().map(|&x| T::round(x)).collect() };
-    let (ah, bh) = (round(a32), round(b32));
+    let (ah, bh) = (Vec::<T>::from_f32_slice(a32), Vec::<T>::from_f32_slice(b32));
     let (da, db) = (dev.upload(&ah)?, dev.upload(&bh)?);
-    let a: Vec<f64> = ah.iter().map(|&x| x.wide()).collect();
     // B stored n x k; the check reads b(p, j) at p * n + j
-    let b: Vec<f64> = (0..k * n).map(|x| bh[(x % n) * k + x / n].wide()).collect();
-    Ok((da, db, a, b))
+    let b_nk = bh.to_f64_vec();
+    let b: Vec<f64> = (0..k * n).map(|x| b_nk[(x % n) * k + x / n]).collect();
+    Ok((da, db, ah.to_f64_vec(), b))
 }
