@@ -250,6 +250,19 @@ fn main() {
             let (ms, r) = around_cublas(&mut || g.run_with(&mut dc, epi).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent_bias_relu", ms, r);
         }
+        // f32 operands as the bf16 matmul precision runs them (a training step's products): each
+        // packed to bf16 rows (rounded; transposed where the layout stores it k-major first), then
+        // multiplied, the plan made per call. The ratio counts the packing against cuBLAS's
+        // product of operands already in bf16.
+        let a32: Vec<f32> = a.iter().map(|v| v.to_f32()).collect();
+        let b32: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+        let (da32, db32) = (dev.upload(&a32).expect("upload"), dev.upload(&b32).expect("upload"));
+        use kiln::cuda::gemm::{Layout, gemm_bf16};
+        for (name, layout) in [("nn", Layout::NN), ("nt", Layout::NT), ("tn", Layout::TN)] {
+            let (ms, r) =
+                around_cublas(&mut || gemm_bf16(&dev, &da32, &db32, &mut dc, s, layout).expect("kiln gemm_bf16"));
+            record_vs(&format!("gemm_bf16_from_f32_{name}"), ms, r);
+        }
     }
     json += "]}\n";
     let out = std::env::var("KILN_BENCH_OUT").unwrap_or_else(|_| "gemm.json".into());

@@ -1,6 +1,6 @@
 //! One MLP training step (forward, softmax cross-entropy, backward, SGD) on the GPU, three ways:
 //! the megakernel (one launch per step; each data path, every tile), kiln's layer-by-layer
-//! autograd path, and (in
+//! autograd path (f32 products, and bf16 products on the tensor cores), and (in
 //! `benches/torch_mlp_step.py`, same run) PyTorch eager and as a CUDA graph. Models: `layers`
 //! bias-free Linear layers of `width` (ReLU between), `width` classes, f32, SGD lr 0.01.
 //! Writes JSON to `$KILN_BENCH_OUT` (default `mlp_step.json`).
@@ -106,13 +106,19 @@ fn main() {
             opt.zero_grad();
         };
         let layered_ms = timing::median_ms_batched(&dev, reps, per, &mut step);
+        // the same path with bf16 products (every Linear's forward and gradients on the tensor cores)
+        let layered_bf16_ms = {
+            let _bf16 = kiln::cuda::matmul_precision_scope(kiln::cuda::MatmulPrecision::Bf16);
+            timing::median_ms_batched(&dev, reps, per, &mut step)
+        };
 
         println!(
-            "b{batch} w{width} d{layers}: megakernel ms/step {}; kiln layer-by-layer {layered_ms:.3} ms/step",
+            "b{batch} w{width} d{layers}: megakernel ms/step {}; kiln layer-by-layer {layered_ms:.3} ms/step, \
+             with bf16 products {layered_bf16_ms:.3}",
             paths_text.join("; ")
         );
         json += &format!(
-            "{}{{\"batch\":{batch},\"width\":{width},\"layers\":{layers},\"megakernel\":{{{}}},\"layered_ms\":{layered_ms:.4}}}",
+            "{}{{\"batch\":{batch},\"width\":{width},\"layers\":{layers},\"megakernel\":{{{}}},\"layered_ms\":{layered_ms:.4},\"layered_bf16_ms\":{layered_bf16_ms:.4}}}",
             if mi > 0 { "," } else { "" },
             paths_json.join(",")
         );

@@ -172,6 +172,9 @@ fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::megakernel_trains_the_main_job", available: any, run: megakernel_main_job },
         GpuTest { name: "gpu::sgemm_layouts_read_transposes_in_place", available: any, run: sgemm_layouts_case },
         GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
+        GpuTest { name: "gpu::gemm_bf16_of_f32_operands_every_layout", available: any, run: gemm_bf16_case },
+        GpuTest { name: "gpu::bf16_matmul_precision_in_autograd", available: any, run: bf16_precision_autograd },
+        GpuTest { name: "gpu::train_main_job_bf16_products", available: any, run: train_main_job_bf16 },
         GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
         GpuTest { name: "gpu::gemm_ladder_command_runs_every_kernel", available: any, run: ladder_command },
         GpuTest {
@@ -590,6 +593,143 @@ fn check_abt(what: &str, got: &[f32], a: &[f64], b: &[f64], (m, n, k): (usize, u
             let tol = k as f64 * 2f64.powi(-22) * mag + 1e-30;
             compare(&format!("{what} at ({i}, {j})"), &[got[i * n + j]], &[want], Tol { abs: tol, rel: 0.0 })?;
         }
+    }
+    Ok(())
+}
+
+/// f32 values rounded to bf16 (nearest-even), as f64.
+fn bf16_round(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| bf16::from_f32(x).to_f64()).collect()
+}
+
+/// Row-major `rows x cols` transposed to `cols x rows`.
+fn transposed(v: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    (0..rows * cols).map(|i| v[(i % rows) * cols + i / rows]).collect()
+}
+
+/// `gemm_bf16`: f32 operands in each stored layout, packed to bf16 (rounded, transposed, k padded to
+/// a multiple of 8) and multiplied on the tensor cores (wgmma on sm_90a, mma.sync elsewhere),
+/// against f64 over the rounded inputs, at odd m, n and k, output poisoned. Row 0 must keep its bits
+/// when m changes (batch invariance) and when the product is launched again.
+fn gemm_bf16_case(dev: &Device) -> Outcome {
+    use kiln::cuda::gemm::{Layout, gemm_bf16};
+    let (mut rng, _) = testing::rng();
+    for &(m, n, k) in &[(1usize, 1usize, 1usize), (7, 127, 129), (129, 7, 1000), (300, 260, 1032), (1000, 130, 17)] {
+        for layout in [Layout::NN, Layout::NT, Layout::TN] {
+            let (av, bv) = (testing::uniform(&mut rng, m * k), testing::uniform(&mut rng, k * n));
+            // the rounded operands as m x k and n x k rows, whatever the stored layout
+            let a_rows = if layout == Layout::TN { transposed(&bf16_round(&av), k, m) } else { bf16_round(&av) };
+            let b_rows = if layout == Layout::NT { bf16_round(&bv) } else { transposed(&bf16_round(&bv), k, n) };
+            let (da, db) = (dev.upload(&av).map_err(err)?, dev.upload(&bv).map_err(err)?);
+            let s = GemmShape { m: m as u32, n: n as u32, k: k as u32 };
+            let mut dc = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
+            gemm_bf16(dev, &da, &db, &mut dc, s, layout).map_err(err)?;
+            let got = dev.download(&dc).map_err(err)?;
+            check_abt(&format!("gemm_bf16 {layout:?} {m}x{n}x{k}"), &got, &a_rows, &b_rows, (m, n, k))?;
+            dev.write(&mut dc, &vec![POISON_F32; m * n]).map_err(err)?;
+            gemm_bf16(dev, &da, &db, &mut dc, s, layout).map_err(err)?;
+            if bits(&dev.download(&dc).map_err(err)?) != bits(&got) {
+                return Err(format!("gemm_bf16 {layout:?} {m}x{n}x{k}: a repeated product changed bits"));
+            }
+            if layout == Layout::NT && m > 1 {
+                // the first row alone: the same bits as inside the m-row product
+                let da1 = dev.upload(&av[..k]).map_err(err)?;
+                let mut dc1 = dev.upload(&vec![POISON_F32; n]).map_err(err)?;
+                gemm_bf16(dev, &da1, &db, &mut dc1, GemmShape { m: 1, ..s }, layout).map_err(err)?;
+                if bits(&dev.download(&dc1).map_err(err)?) != bits(&got[..n]) {
+                    return Err(format!("gemm_bf16 {m}x{n}x{k}: row 0 changed with m"));
+                }
+            }
+        }
+    }
+    // shape mistakes are typed errors
+    let (da, db) = (dev.upload(&[0f32; 6]).map_err(err)?, dev.upload(&[0f32; 6]).map_err(err)?);
+    let mut dc = dev.upload(&[0f32; 4]).map_err(err)?;
+    let bad = GemmShape { m: 2, n: 2, k: 4 };
+    match gemm_bf16(dev, &da, &db, &mut dc, bad, Layout::NT) {
+        Err(kiln::Error::Shape { .. }) => Ok(()),
+        other => Err(format!("a 2x2x4 product of 6-element operands gave {other:?}, not a shape error")),
+    }
+}
+
+/// Autograd on CUDA under `MatmulPrecision::Bf16`: `matmul_t` (a Linear layer: NT forward, NN for
+/// dx, TN for dw) and `matmul` (NN forward, NT and TN gradients), at 2-D and 3-D inputs whose rows
+/// the f32 layout rungs would decline, each output against f64 over the bf16-rounded operands;
+/// after the scope ends, the products are the f32 tier's again (bit-identical to the CPU backend).
+fn bf16_precision_autograd(_: &Device) -> Outcome {
+    use kiln::cuda::{MatmulPrecision, matmul_precision_scope};
+    use kiln::tensor::{DType, Device as TDev, Tensor};
+    let cuda = TDev::Cuda(Device::shared().map_err(err)?);
+    let (mut rng, _) = testing::rng();
+    let t = |v: &[f32], shape: &[usize]| -> Result<Tensor, String> {
+        Tensor::from_vec(v.to_vec(), shape.to_vec()).map_err(err)?.to_device(&cuda).map_err(err)
+    };
+    // C (m x n) = A B^T with A, B given as rows of k, against f64 over the rounded values
+    let check = |what: &str, got: &Tensor, a: &[f64], b: &[f64], mnk| check_abt(what, &got.to_vec_f32(), a, b, mnk);
+    for &(xs, n) in &[(&[37usize, 45][..], 29usize), (&[2, 19, 45], 30), (&[64, 256], 256)] {
+        let k = *xs.last().expect("rank >= 2");
+        let rows = xs.iter().product::<usize>() / k;
+        let (xv, wv) = (testing::uniform(&mut rng, rows * k), testing::uniform(&mut rng, n * k));
+        let gv = testing::uniform(&mut rng, rows * n);
+        let mut y_shape = xs.to_vec();
+        *y_shape.last_mut().expect("rank >= 2") = n;
+        let (xr, wr, gr) = (bf16_round(&xv), bf16_round(&wv), bf16_round(&gv));
+        let what = format!("x {xs:?}, w [{n}, {k}]");
+        {
+            let _bf16 = matmul_precision_scope(MatmulPrecision::Bf16);
+            // y = x w^T, then the gradients of sum(y * g): dx = g w, dw = g^T x
+            let (x, w) = (t(&xv, xs)?.requires_grad(), t(&wv, &[n, k])?.requires_grad());
+            let y = x.matmul_t(&w).map_err(err)?;
+            y.mul(&t(&gv, &y_shape)?).map_err(err)?.sum_all().map_err(err)?.backward().map_err(err)?;
+            check(&format!("matmul_t y, {what}"), &y, &xr, &wr, (rows, n, k))?;
+            let dx = x.grad().ok_or("no dx")?;
+            check(&format!("matmul_t dx, {what}"), &dx, &gr, &transposed(&wr, n, k), (rows, k, n))?;
+            let dw = w.grad().ok_or("no dw")?;
+            check(&format!("matmul_t dw, {what}"), &dw, &transposed(&gr, rows, n), &transposed(&xr, rows, k), (n, k, rows))?;
+            // z = x v with v = w^T stored k x n: dx = g v^T (NT), dv = x^T g (TN)
+            if xs.len() == 2 {
+                let vv: Vec<f32> = (0..k * n).map(|i| wv[(i % n) * k + i / n]).collect();
+                let (x, v) = (t(&xv, xs)?.requires_grad(), t(&vv, &[k, n])?.requires_grad());
+                let z = x.matmul(&v).map_err(err)?;
+                z.mul(&t(&gv, &y_shape)?).map_err(err)?.sum_all().map_err(err)?.backward().map_err(err)?;
+                check(&format!("matmul z, {what}"), &z, &xr, &wr, (rows, n, k))?;
+                let dx = x.grad().ok_or("no dx")?;
+                check(&format!("matmul dx, {what}"), &dx, &gr, &transposed(&wr, n, k), (rows, k, n))?;
+                let dv = v.grad().ok_or("no dv")?;
+                check(&format!("matmul dv, {what}"), &dv, &transposed(&xr, rows, k), &transposed(&gr, rows, n), (k, n, rows))?;
+            }
+        }
+        // out of the scope: the f32 tier, the CPU's ascending-k FMA chains bit for bit
+        let y = t(&xv, xs)?.matmul_t(&t(&wv, &[n, k])?).map_err(err)?;
+        let w_t: Vec<f32> = (0..k * n).map(|i| wv[(i % n) * k + i / n]).collect();
+        let chain = kiln::deterministic::matmul_chain(&xv, &w_t, rows, k, n);
+        if bits(&y.to_vec_f32()) != bits(&chain) || y.dtype() != DType::F32 {
+            return Err(format!("{what}: after the bf16 scope, matmul_t is not the f32 tier's bits"));
+        }
+    }
+    Ok(())
+}
+
+/// The main job trained on the GPU with bf16 products (every Linear's forward and both gradients
+/// on the tensor cores) reaches the accuracy of the f32 run.
+fn train_main_job_bf16(_: &Device) -> Outcome {
+    use kiln::train::{DataSource, DeviceChoice, TrainConfig};
+    let cfg = TrainConfig {
+        data: DataSource::Spirals { per_class: 300, classes: 3, noise: 0.2 },
+        epochs: 20,
+        device: DeviceChoice::Cuda,
+        checkpoint: None,
+        progress: false,
+        matmul_precision: kiln::cuda::MatmulPrecision::Bf16,
+        ..TrainConfig::default()
+    };
+    let report = kiln::train::train(&cfg, |l| eprintln!("{l}")).map_err(err)?;
+    let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
+    if acc < 0.9 {
+        return Err(format!("test accuracy {acc} after 20 epochs with bf16 products (f32 products reach 0.9)"));
+    }
+    if kiln::cuda::matmul_precision() != kiln::cuda::MatmulPrecision::F32 {
+        return Err("the training left its matmul precision set on this thread".into());
     }
     Ok(())
 }

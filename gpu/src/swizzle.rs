@@ -8,7 +8,7 @@
 
 /// The swizzle modes of TMA tensor maps and wgmma descriptors.
 #[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Swizzle {
     /// No swizzling.
     None,

@@ -119,6 +119,10 @@ struct TrainArgs {
     /// tf32 inputs) or cuda-cores (FMA chains, any GPU). Default: tf32x3 where the GPU has TMA.
     #[arg(long)]
     mega_path: Option<kiln::megakernel::DataPath>,
+    /// How f32 matrix products run on the GPU: f32 (FMA chains, bit-identical to the CPU reference)
+    /// or bf16 (operands rounded to bf16, tensor cores with f32 accumulation; much faster).
+    #[arg(long, default_value = "f32")]
+    matmul_precision: kiln::cuda::MatmulPrecision,
 }
 
 #[derive(Subcommand)]
@@ -251,6 +255,7 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         megakernel: a.megakernel,
         mega_path: a.mega_path,
+        matmul_precision: a.matmul_precision,
     };
     let report = kiln::train::train(&cfg, |line| say!("{line}"))?;
     let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);

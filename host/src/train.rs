@@ -93,6 +93,9 @@ pub struct TrainConfig {
     /// The megakernel's data path on the GPU (None: the tensor-core path with 3xTF32 products
     /// where the GPU has TMA, sm_90 and newer; the CUDA-core path elsewhere).
     pub mega_path: Option<crate::megakernel::DataPath>,
+    /// How the layer-by-layer path's f32 matrix products run on the GPU (set for the run on the
+    /// training thread, restored afterwards; the CPU backend's products are always f32).
+    pub matmul_precision: crate::cuda::MatmulPrecision,
 }
 
 impl Default for TrainConfig {
@@ -115,6 +118,7 @@ impl Default for TrainConfig {
             progress: true,
             megakernel: false,
             mega_path: None,
+            matmul_precision: crate::cuda::MatmulPrecision::F32,
         }
     }
 }
@@ -196,6 +200,13 @@ fn pick_device(choice: DeviceChoice, dtype: DType) -> Result<(Device, String)> {
     }
 }
 
+fn precision_words(p: crate::cuda::MatmulPrecision) -> &'static str {
+    match p {
+        crate::cuda::MatmulPrecision::F32 => "f32 FMA chains (the GEMM ladder's FP32 rungs)",
+        crate::cuda::MatmulPrecision::Bf16 => "bf16 operands, f32 accumulation, on the tensor cores",
+    }
+}
+
 /// Checkpoint metadata describing the model, so `eval` can rebuild it.
 fn metadata(cfg: &TrainConfig, data: &Dataset) -> HashMap<String, String> {
     let mut m = HashMap::new();
@@ -220,6 +231,15 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
     }
     let (device, device_name) = pick_device(cfg.device, cfg.dtype)?;
     log(&format!("training on the {device_name}"));
+    // this thread's setting for the run (the training loop runs here), restored on return
+    let _precision = crate::cuda::matmul_precision_scope(cfg.matmul_precision);
+    match &device {
+        Device::Cuda(_) => log(&format!("matrix products: {}", precision_words(cfg.matmul_precision))),
+        Device::Cpu if cfg.matmul_precision != crate::cuda::MatmulPrecision::F32 => {
+            log("matrix products: f32 (the CPU backend has no bf16 products; the precision applies on CUDA)")
+        }
+        Device::Cpu => {}
+    }
     let (train_set, test_set) = load_data(cfg)?;
     if train_set.is_empty() || test_set.is_empty() {
         return Err(Error::shape("train", "the dataset split left no training or no test rows"));

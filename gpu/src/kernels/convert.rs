@@ -1,8 +1,9 @@
-//! Conversions between f32 and the 16-bit float formats on the device, for the deterministic typed
-//! tier: bf16 / f16 products are the f32 tier's FMA chains on the exactly widened inputs, rounded
-//! once (nearest-even) to the storage type.
+//! Conversions between f32 and the 16-bit float formats on the device: for the deterministic typed
+//! tier (bf16 / f16 products are the f32 tier's FMA chains on the exactly widened inputs, rounded
+//! once, nearest-even, to the storage type), and [`pack_bf16`], which turns f32 operands into the
+//! bf16 k-major rows the tensor-core GEMMs read (the bf16 matmul precision of f32 tensors).
 
-use crate::{DevicePtr, DevicePtrMut, convert, kernel, thread};
+use crate::{DevicePtr, DevicePtrMut, convert, kernel, shared_array, sync, thread};
 
 /// Which 16-bit format a conversion kernel reads or writes.
 pub mod format {
@@ -37,5 +38,66 @@ pub unsafe fn narrow_f32_b16(src: DevicePtr<f32>, out: DevicePtrMut<u16>, n: u32
         };
         unsafe { out.write(i as usize, h) };
         i += thread::grid_stride_x();
+    }
+}
+
+/// Side of the square output tile a [`pack_bf16`] block writes.
+pub const PACK_TILE: u32 = 32;
+/// Threads per [`pack_bf16`] block along y: each thread moves `PACK_TILE / PACK_ROWS` elements.
+pub const PACK_ROWS: u32 = 8;
+/// Row multiple of [`pack_bf16`]'s output (`ld`): the tensor-core GEMMs copy and TMA-load rows in
+/// 16-byte pieces, 8 bf16 values.
+pub const PACK_K_MULTIPLE: u32 = 8;
+
+// One tile, its rows padded by one word so that the transposed reads hit 32 different banks.
+shared_array!(fn pack_tile() -> [f32; (PACK_TILE * (PACK_TILE + 1)) as usize], align 16);
+
+/// Packs an f32 matrix into the bf16 operand rows of the tensor-core GEMMs (`C = A B^T` with A and
+/// B both k-major), transposing on the way when asked, and zero-padding each output row to `ld`.
+///
+/// - Parameters: `src` is `rows x cols`, row-major f32. With `transpose == 0` the output is `rows`
+///   rows of `ld >= cols` bf16 values: `dst[r ld + c] = bf16(src[r cols + c])` for `c < cols`, 0
+///   for `cols <= c < ld`. With `transpose == 1` it is `cols` rows of `ld >= rows`:
+///   `dst[c ld + r] = bf16(src[r cols + c])` for `r < rows`, 0 beyond. Rounding: nearest-even.
+///   (A k x m operand stored row-major becomes m rows of k: the `A^T` of `dW = dY^T X`.)
+/// - Tiling: a block writes one `PACK_TILE x PACK_TILE` tile of the output; grid
+///   `(ceil(ld / 32), ceil(out_rows / 32))`, block `(32, 8)`.
+/// - Mapping: thread `(x, y)` moves elements `(y + 8 j, x)` of the tile, `j < 4`. Untransposed, it
+///   reads and writes them directly (consecutive `x` read consecutive f32 and write consecutive
+///   bf16). Transposed, it reads source element `(row0 + y + 8 j, col0 + x)` (coalesced along the
+///   source row) into shared memory, and after a block barrier writes output element
+///   `(y + 8 j, x)` from tile entry `(x, y + 8 j)`.
+#[kernel]
+pub unsafe fn pack_bf16(src: DevicePtr<f32>, dst: DevicePtrMut<u16>, rows: u32, cols: u32, ld: u32, transpose: u32) {
+    let (x, y) = (thread::thread_idx_x(), thread::thread_idx_y());
+    let (col0, row0) = (thread::block_idx_x() * PACK_TILE, thread::block_idx_y() * PACK_TILE);
+    let out_rows = if transpose != 0 { cols } else { rows };
+    let load = |r: u32, c: u32| if r < rows && c < cols { unsafe { src.read(r as usize * cols as usize + c as usize) } } else { 0.0 };
+    let store = |r: u32, c: u32, v: f32| {
+        if r < out_rows && c < ld {
+            unsafe { dst.write(r as usize * ld as usize + c as usize, convert::f32_to_bf16_bits(v)) };
+        }
+    };
+    if transpose == 0 {
+        let mut j = 0;
+        while j < PACK_TILE {
+            store(row0 + y + j, col0 + x, load(row0 + y + j, col0 + x));
+            j += PACK_ROWS;
+        }
+        return;
+    }
+    // Output tile (row0.., col0..) is the transpose of source rows col0.., columns row0...
+    let tile = pack_tile() as *mut f32;
+    let at = |r: u32, c: u32| (r * (PACK_TILE + 1) + c) as usize;
+    let mut j = 0;
+    while j < PACK_TILE {
+        unsafe { *tile.add(at(y + j, x)) = load(col0 + y + j, row0 + x) };
+        j += PACK_ROWS;
+    }
+    sync::sync_threads();
+    let mut j = 0;
+    while j < PACK_TILE {
+        store(row0 + y + j, col0 + x, unsafe { *tile.add(at(x, y + j)) });
+        j += PACK_ROWS;
     }
 }

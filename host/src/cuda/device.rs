@@ -24,6 +24,86 @@ pub struct Device {
     functions: Mutex<HashMap<&'static str, (CudaFunction, u32)>>,
     sync_launches: bool,
     last_kernel: Mutex<&'static str>,
+    /// Tensor maps by (global address, geometry): see [`Device::tensor_map_cached`].
+    pub(super) tensor_map_cache: Mutex<HashMap<(u64, super::TensorMapSpec), Arc<super::DeviceTensorMap>>>,
+    /// [`Device::max_active_clusters`] answers by (kernel, threads, shared memory).
+    clusters: Mutex<HashMap<(&'static str, u32, u32), u32>>,
+}
+
+/// How the matrix products of f32 CUDA tensors are computed (`Tensor::matmul`, `matmul_t` and
+/// their gradients), set per thread like PyTorch's autocast state: [`matmul_precision_scope`] sets
+/// it until the returned guard drops. A training loop's forward and backward run on its thread, so
+/// two trainings (or two tests) on other threads do not see each other's setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MatmulPrecision {
+    /// f32 FMA chains on the CUDA cores (the GEMM ladder's FP32 rungs): kiln's deterministic f32
+    /// tier, bit-identical to the CPU reference's ascending-k chains. The default.
+    #[default]
+    F32,
+    /// Each operand rounded once to bf16 (8 significant bits), products on the tensor cores with
+    /// f32 accumulation: `wgmma` on sm_90a, `mma.sync` elsewhere
+    /// ([`crate::cuda::gemm::gemm_bf16`]). Each product's relative error grows to about `2^-8`
+    /// per operand. Still reproducible run to run and batch-invariant (row i of a product depends
+    /// only on row i of its left operand). Batched products with a batched right operand
+    /// (`(B, M, K) x (B, K, N)`) stay f32.
+    Bf16,
+}
+
+impl MatmulPrecision {
+    /// The command-line name (`f32`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulPrecision::F32 => "f32",
+            MatmulPrecision::Bf16 => "bf16",
+        }
+    }
+}
+
+thread_local! {
+    static MATMUL_PRECISION: std::cell::Cell<MatmulPrecision> = const { std::cell::Cell::new(MatmulPrecision::F32) };
+}
+
+/// This thread's [`MatmulPrecision`] (f32 unless a scope set another).
+pub fn matmul_precision() -> MatmulPrecision {
+    MATMUL_PRECISION.with(|p| p.get())
+}
+
+/// Sets this thread's [`MatmulPrecision`] until the guard drops, then puts the previous one back.
+///
+/// ```no_run
+/// let _bf16 = kiln::cuda::matmul_precision_scope(kiln::cuda::MatmulPrecision::Bf16);
+/// // f32 CUDA products on this thread now run on the tensor cores in bf16
+/// ```
+#[must_use = "the precision holds only while the guard lives"]
+pub fn matmul_precision_scope(p: MatmulPrecision) -> MatmulPrecisionScope {
+    let previous = MATMUL_PRECISION.with(|c| c.replace(p));
+    MatmulPrecisionScope { previous, _not_send: std::marker::PhantomData }
+}
+
+/// The guard of [`matmul_precision_scope`] (stays on its thread).
+pub struct MatmulPrecisionScope {
+    previous: MatmulPrecision,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for MatmulPrecisionScope {
+    fn drop(&mut self) {
+        MATMUL_PRECISION.with(|c| c.set(self.previous));
+    }
+}
+
+impl std::str::FromStr for MatmulPrecision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(MatmulPrecision::F32),
+            "bf16" => Ok(MatmulPrecision::Bf16),
+            other => Err(Error::Unsupported {
+                op: "matmul precision",
+                what: format!("`{other}`: use f32 (exact f32 chains) or bf16 (tensor cores)"),
+            }),
+        }
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -82,6 +162,8 @@ impl Device {
             functions: Mutex::new(HashMap::new()),
             sync_launches,
             last_kernel: Mutex::new("(none)"),
+            tensor_map_cache: Mutex::new(HashMap::new()),
+            clusters: Mutex::new(HashMap::new()),
         })
     }
 
@@ -268,15 +350,23 @@ impl Device {
     /// `dynamic_smem` bytes each) can be resident at once: the size of a persistent grid that never
     /// waits for a second wave. Clusters must fit within one GPC, so this can be less than
     /// `SMs / CLUSTER`.
+    /// Asked once per (kernel, threads, shared memory) and remembered.
     pub fn max_active_clusters<K: Kernel>(&self, block_threads: u32, dynamic_smem: u32) -> Result<u32> {
+        let key = (K::NAME, block_threads, dynamic_smem);
+        if let Some(&n) = self.clusters.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(n);
+        }
         let f = self.function::<K>(dynamic_smem)?;
         let cfg = LaunchConfig {
             grid_dim: (K::CLUSTER, 1, 1),
             block_dim: (block_threads, 1, 1),
             shared_mem_bytes: dynamic_smem,
         };
-        f.occupancy_max_active_clusters(cfg, &self.stream)
-            .map_err(Error::driver(format!("querying how many clusters of `{}` fit", K::NAME)))
+        let n = f
+            .occupancy_max_active_clusters(cfg, &self.stream)
+            .map_err(Error::driver(format!("querying how many clusters of `{}` fit", K::NAME)))?;
+        self.clusters.lock().unwrap_or_else(|p| p.into_inner()).insert(key, n);
+        Ok(n)
     }
 
     /// Waits for all work on the device's stream; an asynchronous kernel failure is reported with the
@@ -307,6 +397,20 @@ impl Device {
                     self.stream.cu_stream(),
                 )
             };
+            r.result().map_err(Error::driver("poisoning a new allocation"))?;
+        }
+        Ok(buf)
+    }
+
+    /// As [`Device::alloc_uninit_f32`], for bf16 (poisoned with the NaN pattern `0xffff`).
+    pub(crate) fn alloc_uninit_bf16(&self, len: usize) -> Result<DeviceBuffer<half::bf16>> {
+        // SAFETY: every bit pattern is a bf16 value; callers' kernels write every element.
+        let s = unsafe { self.stream.alloc::<half::bf16>(len) }
+            .map_err(Error::driver(format!("allocating {len} elements")))?;
+        let buf = DeviceBuffer::from_slice(s);
+        if poison_allocations() && len > 0 {
+            // SAFETY: a live allocation of `len` 2-byte elements on this device's stream.
+            let r = unsafe { cudarc::driver::sys::cuMemsetD16Async(buf.addr(), 0xffff, len, self.stream.cu_stream()) };
             r.result().map_err(Error::driver("poisoning a new allocation"))?;
         }
         Ok(buf)

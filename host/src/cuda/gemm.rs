@@ -342,6 +342,65 @@ pub fn sgemm_layout(
     r.run(dev, a, b, c, s)
 }
 
+/// `c = op(a) op(b)` for f32 operands on the tensor cores, in bf16 with f32 accumulation (the
+/// [`MatmulPrecision::Bf16`](super::MatmulPrecision::Bf16) of f32 tensors): each operand is packed
+/// once by `pack_bf16` into the k-major rows the tensor-core kernels read (rounded nearest-even,
+/// transposed where `layout` stores it the other way, each row zero-padded to a multiple of 8), then
+/// multiplied by the persistent `wgmma` kernel where the device has it (sm_90a) and by `mma.sync`
+/// ([`hgemm`]) elsewhere. Any m, n and k; `a`, `b` and `c` hold `m k`, `k n` and `m n` f32 values
+/// stored as `layout` says. The padding adds zero products, so each output is the tensor-core
+/// kernel's sum over the rounded inputs: reproducible, and row i depends only on row i of `op(a)`.
+pub fn gemm_bf16(
+    dev: &Device,
+    a: &DeviceBuffer<f32>,
+    b: &DeviceBuffer<f32>,
+    c: &mut DeviceBuffer<f32>,
+    s: GemmShape,
+    layout: Layout,
+) -> Result<()> {
+    use kiln_gpu::kernels::convert::{PACK_K_MULTIPLE, PACK_ROWS, PACK_TILE, PackBf16};
+    let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+    check_operands("bf16 gemm", a.len(), b.len(), c.len(), s)?;
+    if m * n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        return dev.zero(c); // an empty sum
+    }
+    let kp = s.k.next_multiple_of(PACK_K_MULTIPLE);
+    let packed = GemmShape { k: kp, ..s };
+    check_operands("bf16 gemm", m * kp as usize, kp as usize * n, m * n, packed)?;
+    // (source rows, source columns, transposed) of each operand, read as op(x) = x or x^T
+    let (a_src, b_src) = match layout {
+        Layout::NN => ((s.m, s.k, false), (s.k, s.n, true)),
+        Layout::NT => ((s.m, s.k, false), (s.n, s.k, false)),
+        Layout::TN => ((s.k, s.m, true), (s.k, s.n, true)),
+    };
+    let pack = |src: &DeviceBuffer<f32>, (rows, cols, t): (u32, u32, bool)| -> Result<DeviceBuffer<half::bf16>> {
+        let out_rows = if t { cols } else { rows };
+        let dst = dev.alloc_uninit_bf16(out_rows as usize * kp as usize)?;
+        let cfg = LaunchConfig {
+            grid_dim: (kp.div_ceil(PACK_TILE), out_rows.div_ceil(PACK_TILE), 1),
+            block_dim: (PACK_TILE, PACK_ROWS, 1),
+            shared_mem_bytes: 0,
+        };
+        check_grid("bf16 gemm", &cfg)?;
+        // SAFETY: src holds rows x cols f32 (check_operands); dst out_rows x kp 16-bit values, and
+        // kp is at least the packed rows' live length (cols, or rows when transposed, is k).
+        unsafe {
+            let out = kiln_gpu::DevicePtrMut::<u16>::from_addr(dst.addr());
+            dev.launch(PackBf16, cfg, (src.ptr(), out, rows, cols, kp, t as u32))?;
+        }
+        Ok(dst)
+    };
+    let (a16, b16) = (pack(a, a_src)?, pack(b, b_src)?);
+    if dev.supports::<kiln_gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>() {
+        WgmmaGemm::new(dev, &a16, &b16, packed)?.run(c)
+    } else {
+        hgemm(dev, &a16, &b16, c, packed)
+    }
+}
+
 /// Input types of the `mma.sync` tensor-core GEMM: one table row each, with the kernel of each
 /// block tile.
 pub trait HgemmInput: cudarc::driver::DeviceRepr + Copy + 'static {
@@ -489,8 +548,8 @@ pub struct GemmEpilogue<'a> {
 /// [`Error::KernelUnavailable`].
 pub struct WgmmaGemm<'a> {
     dev: &'a Device,
-    a_map: super::DeviceTensorMap,
-    b_map: super::DeviceTensorMap,
+    a_map: std::sync::Arc<super::DeviceTensorMap>,
+    b_map: std::sync::Arc<super::DeviceTensorMap>,
     s: GemmShape,
     tile: WgmmaTile,
     /// The persistent kernels' grid in clusters (occupancy queried once, here); 0 for other tiles.
@@ -503,9 +562,8 @@ pub struct WgmmaGemm<'a> {
     workspace: std::cell::RefCell<Option<DeviceBuffer<f32>>>,
     /// Strided batches (persistent tiles; `Batch::ONE` for one product).
     batch: kiln_gpu::kernels::gemm_wgmma::Batch,
-    /// The staged epilogue's tensor map of the last C it stored to, by address (encoded on the
-    /// first run into a buffer, reused while the output stays the same).
-    c_map: std::cell::RefCell<Option<(u64, super::DeviceTensorMap)>>,
+    /// The staged epilogue's tensor map of the last C it stored to (from the device's cache).
+    c_map: std::cell::RefCell<Option<std::sync::Arc<super::DeviceTensorMap>>>,
     _operands: std::marker::PhantomData<&'a DeviceBuffer<half::bf16>>,
 }
 
@@ -633,7 +691,8 @@ impl<'a> WgmmaGemm<'a> {
             box_cols: WG_BK,
             swizzle: WG_SWIZZLE,
         };
-        let a_map = dev.tensor_map(a.addr(), &spec(a_rows, WG_BM))?;
+        // Cached on the device: plans built per call over recycled buffers reuse their maps.
+        let a_map = dev.tensor_map_cached(a.addr(), &spec(a_rows, WG_BM))?;
         let bn = match tile {
             WgmmaTile::T128x128 => WG_BN,
             WgmmaTile::T128x256 | WgmmaTile::MmaSyncTma => WW_BN,
@@ -642,7 +701,7 @@ impl<'a> WgmmaGemm<'a> {
                 kiln_gpu::kernels::gemm_wgmma::WP_B_SHARE
             }
         };
-        let b_map = dev.tensor_map(b.addr(), &spec(b_rows, bn))?;
+        let b_map = dev.tensor_map_cached(b.addr(), &spec(b_rows, bn))?;
         let resident = if tile.is_persistent() { resident_clusters(dev)? } else { 0 };
         let mut g = WgmmaGemm {
             dev,
@@ -733,12 +792,6 @@ impl<'a> WgmmaGemm<'a> {
         if !staged || self.batch.count > 1 || !tma_store_fits(self.s.n, c.addr()) {
             return Ok(0);
         }
-        let mut cache = self.c_map.borrow_mut();
-        if let Some((addr, map)) = cache.as_ref()
-            && *addr == c.addr()
-        {
-            return Ok(map.ptr().addr());
-        }
         let spec = super::TensorMapSpec {
             dtype: super::TmaDtype::F32,
             rows: self.s.m as u64,
@@ -748,9 +801,10 @@ impl<'a> WgmmaGemm<'a> {
             box_cols: WP_EPI_COLS,
             swizzle: kiln_gpu::kernels::gemm_wgmma::WG_SWIZZLE,
         };
-        let map = self.dev.tensor_map(c.addr(), &spec)?;
+        let map = self.dev.tensor_map_cached(c.addr(), &spec)?;
         let addr = map.ptr().addr();
-        *cache = Some((c.addr(), map));
+        // kept with the plan, so that the map outlives this launch whatever the cache does
+        *self.c_map.borrow_mut() = Some(map);
         Ok(addr)
     }
 

@@ -6,7 +6,7 @@ use kiln_gpu::swizzle::Swizzle;
 use kiln_gpu::tma::TensorMap;
 
 /// Element types kiln's TMA maps describe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TmaDtype {
     /// 32-bit float.
     F32,
@@ -34,7 +34,7 @@ impl TmaDtype {
 }
 
 /// A 2-D row-major matrix in global memory and the box a TMA copy moves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorMapSpec {
     /// Element type.
     pub dtype: TmaDtype,
@@ -171,4 +171,28 @@ impl Device {
         self.write(&mut buf, &host)?;
         Ok(DeviceTensorMap { buf, offset })
     }
+
+    /// As [`Device::tensor_map`], remembered: the same address and geometry give the same map, so a
+    /// map made for a buffer serves a later buffer the pool allocator places at the same address
+    /// (a map describes where and what shape, never the contents). Plans built per call (the
+    /// training path's products) then skip the encode and the host-to-device copy. At most
+    /// [`TENSOR_MAP_CACHE`] maps are kept; past that the cache starts over (a dropped map's memory
+    /// is freed in stream order, after the kernels already launched with it).
+    pub fn tensor_map_cached(&self, addr: u64, spec: &TensorMapSpec) -> Result<std::sync::Arc<DeviceTensorMap>> {
+        let key = (addr, *spec);
+        if let Some(m) = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(m.clone());
+        }
+        let map = std::sync::Arc::new(self.tensor_map(addr, spec)?);
+        let mut cache = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= TENSOR_MAP_CACHE {
+            cache.clear();
+        }
+        cache.insert(key, map.clone());
+        Ok(map)
+    }
 }
+
+/// Most tensor maps [`Device::tensor_map_cached`] keeps (128 bytes of device memory each, plus
+/// alignment).
+pub const TENSOR_MAP_CACHE: usize = 1024;

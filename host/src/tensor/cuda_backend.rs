@@ -3,7 +3,7 @@
 //! host, and none falls back to the CPU.
 
 use super::Shape;
-use crate::cuda::{Device as CudaDevice, DeviceBuffer, LaunchConfig};
+use crate::cuda::{Device as CudaDevice, DeviceBuffer, LaunchConfig, MatmulPrecision};
 use crate::error::{Error, Result};
 use kiln_gpu::kernels::reduce::ReduceSumF32;
 use kiln_gpu::kernels::tensor_ops::{
@@ -239,9 +239,11 @@ impl CudaStorage {
         Ok(res)
     }
 
-    /// One product `op(self) op(b)` in `layout` (m x n out, reduction k), read in place by the
-    /// GEMM ladder's layout rungs; `None` when the rows are not 16-byte multiples (the caller
-    /// transposes and multiplies NN instead).
+    /// One product `op(self) op(b)` in `layout` (m x n out, reduction k), read in place: by the
+    /// GEMM ladder's layout rungs at [`MatmulPrecision::F32`], where `None` says the rows are not
+    /// 16-byte multiples (the caller transposes and multiplies NN instead); by
+    /// [`gemm_bf16`](crate::cuda::gemm::gemm_bf16) at [`MatmulPrecision::Bf16`], which takes every
+    /// shape.
     pub fn matmul_layout(
         &self,
         b: &CudaStorage,
@@ -252,11 +254,16 @@ impl CudaStorage {
     ) -> Result<Option<CudaStorage>> {
         let v = u32s("matmul", &[m, n, k])?;
         let s = kiln_gpu::kernels::mma_tile::GemmShape { m: v[0], n: v[1], k: v[2] };
-        if m * n == 0 || k == 0 || !layout.rows_aligned(s) {
+        let bf16 = crate::cuda::matmul_precision() == MatmulPrecision::Bf16;
+        if m * n == 0 || k == 0 || !(bf16 || layout.rows_aligned(s)) {
             return Ok(None);
         }
         let mut c = Self::alloc(&self.dev, m * n)?;
-        crate::cuda::gemm::sgemm_layout(&self.dev, &self.buf, &b.buf, &mut c.buf, s, layout)?;
+        if bf16 {
+            crate::cuda::gemm::gemm_bf16(&self.dev, &self.buf, &b.buf, &mut c.buf, s, layout)?;
+        } else {
+            crate::cuda::gemm::sgemm_layout(&self.dev, &self.buf, &b.buf, &mut c.buf, s, layout)?;
+        }
         Ok(Some(c))
     }
 
@@ -279,7 +286,12 @@ impl CudaStorage {
             // One product (a batch against a shared B is one (batch * m) x k product): the GEMM
             // ladder's chooser picks the kernel.
             let s = kiln_gpu::kernels::mma_tile::GemmShape { m: (batch * m) as u32, n: n as u32, k: kk as u32 };
-            crate::cuda::gemm::sgemm(&self.dev, &self.buf, &b.buf, &mut c.buf, s)?;
+            if crate::cuda::matmul_precision() == MatmulPrecision::Bf16 {
+                let nn = crate::cuda::gemm::Layout::NN;
+                crate::cuda::gemm::gemm_bf16(&self.dev, &self.buf, &b.buf, &mut c.buf, s, nn)?;
+            } else {
+                crate::cuda::gemm::sgemm(&self.dev, &self.buf, &b.buf, &mut c.buf, s)?;
+            }
             return Ok(c);
         }
         let v = u32s("matmul", &[m, n, kk, batch])?;

@@ -718,7 +718,9 @@ impl Tensor {
     /// `self w^T` for a 2-D `w` (N x K): (M, K) -> (M, N), or (B, M, K) -> (B, M, N). A Linear
     /// layer's forward. On CUDA an f32 product reads `w` in place (the GEMM ladder's NT rung, the
     /// same bits as `matmul` of the transposed copy); elsewhere, or where the rows are not 16-byte
-    /// multiples, it multiplies a transposed copy. Its backward is `dx = g w`, `dw = g^T x`.
+    /// multiples, it multiplies a transposed copy. Its backward is `dx = g w`, `dw = g^T x`. Under
+    /// [`MatmulPrecision::Bf16`](crate::cuda::MatmulPrecision) (this thread's setting) the CUDA
+    /// products of the forward and both gradients run on the tensor cores in bf16, any shape.
     pub fn matmul_t(&self, w: &Tensor) -> Result<Tensor> {
         let (a, b) = (self.dims(), w.dims());
         if b.len() != 2 || !matches!(a.len(), 2 | 3) || a[a.len() - 1] != b[1] {
@@ -1116,9 +1118,6 @@ impl Tensor {
     }
 }
 
-/// The gradients of `a b` (b 2-D, a 2-D or 3-D read as rows) on CUDA f32 without transposed copies:
-/// `da = g b^T` (NT) and `db = a^T g` (TN). `None` off CUDA, for other dtypes, or when a row is not
-/// a 16-byte multiple; the caller then transposes.
 /// The data of a (batched) product, for [`Tensor::matmul`] and [`Tensor::matmul_t`]'s fallback.
 #[allow(clippy::too_many_arguments)]
 fn matmul_data(
@@ -1144,8 +1143,9 @@ fn matmul_data(
 }
 
 /// The data of `op(a) op(b)` (`m` x `n`, reduction `k`) in `layout` for f32 CUDA tensors, read in
-/// place by the GEMM ladder's layout rungs; `None` on other devices or dtypes, or when the layout's
-/// rungs do not take the shape (the caller multiplies a transposed copy).
+/// place by the GEMM ladder's layout rungs (or the bf16 tensor-core path, per this thread's
+/// [`MatmulPrecision`](crate::cuda::MatmulPrecision)); `None` on other devices or dtypes, or when
+/// the layout's rungs do not take the shape (the caller multiplies a transposed copy).
 fn layout_data(a: &Tensor, b: &Tensor, (m, k, n): (usize, usize, usize), layout: Layout) -> Result<Option<Storage>> {
     if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return Ok(None);
