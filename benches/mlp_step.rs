@@ -99,28 +99,49 @@ fn main() {
         let mut opt = Sgd::new(model.named_parameters(), LR as f64, 0.0, 0.0, false);
         let xt = Tensor::from_vec(x.clone(), [batch, width]).expect("x").to_device(&td).expect("upload");
         let targets = kiln::tensor::Targets::new(classes.clone());
-        let mut step = || {
-            let loss = model.forward(&xt).expect("forward").cross_entropy(&targets).expect("loss");
-            loss.backward().expect("backward");
-            opt.step().expect("sgd");
+        let mut step = || -> kiln::Result<()> {
+            let loss = model.forward(&xt)?.cross_entropy(&targets)?;
+            loss.backward()?;
+            opt.step()?;
             opt.zero_grad();
+            Ok(())
         };
-        let layered_ms = timing::median_ms_batched(&dev, reps, per, &mut step);
+        let layered_ms = timing::median_ms_batched(&dev, reps, per, || step().expect("training step"));
         // the same path with bf16 products (every Linear's forward and gradients on the tensor cores)
         let layered_bf16_ms = {
             let _bf16 = kiln::cuda::matmul_precision_scope(kiln::cuda::MatmulPrecision::Bf16);
-            timing::median_ms_batched(&dev, reps, per, &mut step)
+            timing::median_ms_batched(&dev, reps, per, || step().expect("training step"))
         };
+        // the step captured once into a CUDA graph (after the eager steps above warmed every
+        // cache), then replayed: one launch per step
+        let mut graphed = |what: &str| match dev.capture(&mut step) {
+            Ok(graph) => timing::median_ms_batched(&dev, reps, per, || {
+                graph.launch().unwrap_or_else(|e| panic!("replaying the {what} step's graph: {e}"))
+            }),
+            Err(e) => {
+                println!("  the layer-by-layer step with {what} products could not be captured: {e}");
+                f64::NAN
+            }
+        };
+        let layered_graph_ms = graphed("f32");
+        let layered_bf16_graph_ms = {
+            let _bf16 = kiln::cuda::matmul_precision_scope(kiln::cuda::MatmulPrecision::Bf16);
+            graphed("bf16")
+        };
+        let js = |ms: f64| if ms.is_finite() { format!("{ms:.4}") } else { "null".into() };
 
         println!(
             "b{batch} w{width} d{layers}: megakernel ms/step {}; kiln layer-by-layer {layered_ms:.3} ms/step, \
-             with bf16 products {layered_bf16_ms:.3}",
+             as a CUDA graph {layered_graph_ms:.3}; with bf16 products {layered_bf16_ms:.3}, as a graph \
+             {layered_bf16_graph_ms:.3}",
             paths_text.join("; ")
         );
         json += &format!(
-            "{}{{\"batch\":{batch},\"width\":{width},\"layers\":{layers},\"megakernel\":{{{}}},\"layered_ms\":{layered_ms:.4},\"layered_bf16_ms\":{layered_bf16_ms:.4}}}",
+            "{}{{\"batch\":{batch},\"width\":{width},\"layers\":{layers},\"megakernel\":{{{}}},\"layered_ms\":{layered_ms:.4},\"layered_bf16_ms\":{layered_bf16_ms:.4},\"layered_graph_ms\":{},\"layered_bf16_graph_ms\":{}}}",
             if mi > 0 { "," } else { "" },
-            paths_json.join(",")
+            paths_json.join(","),
+            js(layered_graph_ms),
+            js(layered_bf16_graph_ms)
         );
     }
     json += "]}\n";

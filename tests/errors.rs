@@ -46,3 +46,27 @@ fn tensor_map_specs_are_validated_with_actionable_errors() {
     }
     assert_eq!(spec().box_bytes(), 8192);
 }
+
+/// The matmul precision: parsed from its command-line names (an unknown one is a typed error that
+/// names the choices), set per thread by a scope that restores the previous setting, nested or not,
+/// and invisible to other threads.
+#[test]
+fn matmul_precision_scopes_nest_and_stay_on_their_thread() {
+    use kiln::cuda::{MatmulPrecision, matmul_precision, matmul_precision_scope};
+    assert_eq!("bf16".parse::<MatmulPrecision>().ok(), Some(MatmulPrecision::Bf16));
+    assert_eq!("f32".parse::<MatmulPrecision>().ok(), Some(MatmulPrecision::F32));
+    let e = "fp8".parse::<MatmulPrecision>().unwrap_err().to_string();
+    assert!(e.contains("f32") && e.contains("bf16") && e.contains("fp8"), "{e}");
+    assert_eq!(matmul_precision(), MatmulPrecision::F32);
+    {
+        let _outer = matmul_precision_scope(MatmulPrecision::Bf16);
+        assert_eq!(matmul_precision(), MatmulPrecision::Bf16);
+        std::thread::spawn(|| assert_eq!(matmul_precision(), MatmulPrecision::F32)).join().unwrap();
+        {
+            let _inner = matmul_precision_scope(MatmulPrecision::F32);
+            assert_eq!(matmul_precision(), MatmulPrecision::F32);
+        }
+        assert_eq!(matmul_precision(), MatmulPrecision::Bf16);
+    }
+    assert_eq!(matmul_precision(), MatmulPrecision::F32);
+}

@@ -175,6 +175,7 @@ fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::gemm_bf16_of_f32_operands_every_layout", available: any, run: gemm_bf16_case },
         GpuTest { name: "gpu::bf16_matmul_precision_in_autograd", available: any, run: bf16_precision_autograd },
         GpuTest { name: "gpu::train_main_job_bf16_products", available: any, run: train_main_job_bf16 },
+        GpuTest { name: "gpu::training_step_captured_in_a_cuda_graph", available: any, run: captured_training_step },
         GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
         GpuTest { name: "gpu::gemm_ladder_command_runs_every_kernel", available: any, run: ladder_command },
         GpuTest {
@@ -685,7 +686,13 @@ fn bf16_precision_autograd(_: &Device) -> Outcome {
             let dx = x.grad().ok_or("no dx")?;
             check(&format!("matmul_t dx, {what}"), &dx, &gr, &transposed(&wr, n, k), (rows, k, n))?;
             let dw = w.grad().ok_or("no dw")?;
-            check(&format!("matmul_t dw, {what}"), &dw, &transposed(&gr, rows, n), &transposed(&xr, rows, k), (n, k, rows))?;
+            check(
+                &format!("matmul_t dw, {what}"),
+                &dw,
+                &transposed(&gr, rows, n),
+                &transposed(&xr, rows, k),
+                (n, k, rows),
+            )?;
             // z = x v with v = w^T stored k x n: dx = g v^T (NT), dv = x^T g (TN)
             if xs.len() == 2 {
                 let vv: Vec<f32> = (0..k * n).map(|i| wv[(i % n) * k + i / n]).collect();
@@ -696,7 +703,13 @@ fn bf16_precision_autograd(_: &Device) -> Outcome {
                 let dx = x.grad().ok_or("no dx")?;
                 check(&format!("matmul dx, {what}"), &dx, &gr, &transposed(&wr, n, k), (rows, k, n))?;
                 let dv = v.grad().ok_or("no dv")?;
-                check(&format!("matmul dv, {what}"), &dv, &transposed(&xr, rows, k), &transposed(&gr, rows, n), (k, n, rows))?;
+                check(
+                    &format!("matmul dv, {what}"),
+                    &dv,
+                    &transposed(&xr, rows, k),
+                    &transposed(&gr, rows, n),
+                    (k, n, rows),
+                )?;
             }
         }
         // out of the scope: the f32 tier, the CPU's ascending-k FMA chains bit for bit
@@ -730,6 +743,78 @@ fn train_main_job_bf16(_: &Device) -> Outcome {
     }
     if kiln::cuda::matmul_precision() != kiln::cuda::MatmulPrecision::F32 {
         return Err("the training left its matmul precision set on this thread".into());
+    }
+    Ok(())
+}
+
+/// kiln's layer-by-layer training step (forward, cross-entropy, backward, SGD with momentum,
+/// zero_grad) captured into a CUDA graph and replayed: after one eager step and four replays the
+/// weights have exactly the bits of five eager steps. A capture that downloads, or (on sm_90a) one
+/// of bf16 products, which would make tensor maps, fails with a typed error and leaves the device
+/// usable.
+fn captured_training_step(dev: &Device) -> Outcome {
+    use kiln::nn::{Module, mlp};
+    use kiln::optim::{Optimizer, Sgd};
+    use kiln::tensor::{DType, Device as TDev, Targets, Tensor};
+    let td = TDev::Cuda(Device::shared().map_err(err)?);
+    let (batch, features, width, classes) = (24usize, 13usize, 40usize, 7usize);
+    let mut rng = Tensor::rng(11);
+    let x = Tensor::randn([batch, features], DType::F32, &mut rng).to_device(&td).map_err(err)?;
+    let targets = Targets::new((0..batch).map(|i| (i * 5) % classes).collect());
+    let build = || -> Result<(kiln::nn::Sequential, Sgd), String> {
+        let model = mlp(features, width, 3, classes, kiln::nn::Activation::Relu, DType::F32, &mut Tensor::rng(5))
+            .map_err(err)?;
+        for p in model.parameters() {
+            p.move_to(&td).map_err(err)?;
+        }
+        let opt = Sgd::new(model.named_parameters(), 0.05, 0.9, 0.0, false);
+        Ok((model, opt))
+    };
+    let step = |model: &kiln::nn::Sequential, opt: &mut Sgd| -> kiln::Result<()> {
+        let loss = model.forward(&x)?.cross_entropy(&targets)?;
+        loss.backward()?;
+        opt.step()?;
+        opt.zero_grad();
+        Ok(())
+    };
+    let weights = |model: &kiln::nn::Sequential| -> Vec<u32> {
+        model.parameters().iter().flat_map(|p| bits(&p.to_vec_f32())).collect()
+    };
+    let (eager, mut eager_opt) = build()?;
+    for _ in 0..5 {
+        step(&eager, &mut eager_opt).map_err(err)?;
+    }
+    let (replayed, mut opt) = build()?;
+    step(&replayed, &mut opt).map_err(err)?; // the warm-up: caches filled, momentum allocated
+    let before = weights(&replayed);
+    let graph = dev.capture(|| step(&replayed, &mut opt)).map_err(err)?;
+    if weights(&replayed) != before {
+        return Err("capturing the step ran it".into());
+    }
+    for _ in 0..4 {
+        graph.launch().map_err(err)?;
+    }
+    dev.synchronize().map_err(err)?;
+    if weights(&replayed) != weights(&eager) {
+        return Err("one eager step and four graph replays differ from five eager steps".into());
+    }
+    // bf16 products need new tensor maps for the graph's buffers: refused with a typed error
+    if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>() {
+        let _bf16 = kiln::cuda::matmul_precision_scope(kiln::cuda::MatmulPrecision::Bf16);
+        step(&eager, &mut eager_opt).map_err(err)?; // eager bf16 steps work
+        match dev.capture(|| step(&eager, &mut eager_opt)) {
+            Err(e) if e.to_string().contains("tensor map") => eager_opt.zero_grad(),
+            other => return Err(format!("capturing a bf16 step gave {other:?}, not the tensor-map error")),
+        }
+    }
+    // a download cannot be captured: a typed error, then the device works as before
+    let probe = dev.upload(&[1.0f32, 2.0]).map_err(err)?;
+    match dev.capture(|| dev.download(&probe).map(|_| ())) {
+        Err(_) => {}
+        Ok(_) => return Err("a capture that downloads succeeded".into()),
+    }
+    if dev.download(&probe).map_err(err)? != [1.0, 2.0] {
+        return Err("the device's stream is unusable after a failed capture".into());
     }
     Ok(())
 }

@@ -149,7 +149,9 @@ impl Device {
         let (major, minor) = ctx.compute_capability().map_err(Error::driver("reading the compute capability"))?;
         let cc = (major as u32, minor as u32);
         let arch = ptx::arch_for(&name, cc.0, cc.1)?;
-        let stream = ctx.default_stream();
+        // A stream of its own, not the legacy default stream: only such a stream can be captured
+        // into a CUDA graph (`Device::capture`).
+        let stream = ctx.new_stream().map_err(Error::driver("creating the device's stream"))?;
         let sync_launches = std::env::var(SYNC_LAUNCHES_ENV).is_ok_and(|v| v == "1");
         keep_pool_memory(&ctx)?;
         Ok(Device {
@@ -346,6 +348,48 @@ impl Device {
         Ok(())
     }
 
+    /// Whether the device's stream is being captured into a graph ([`Device::capture`]).
+    pub fn is_capturing(&self) -> bool {
+        use cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        self.stream.capture_status().is_ok_and(|s| s != CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Records the work `f` enqueues on this device's stream (kernels, copies, stream-ordered
+    /// allocations and frees) into a CUDA graph instead of running it, and instantiates the graph:
+    /// [`CapturedGraph::launch`] then replays all of it with one launch. Nothing runs during the
+    /// capture. Values `f` reads on the host (a learning rate, a shape) are frozen into the graph;
+    /// buffers keep their addresses, so a replay reads whatever they hold at that time.
+    ///
+    /// Run `f` once outside the capture first: the first run loads the module, sets kernel
+    /// attributes and fills the caches (tensor maps, uploaded targets), which a capture cannot do.
+    /// Anything in `f` that waits for the device (a download, a synchronize) or copies from
+    /// pageable host memory fails the capture with the driver's error, and the capture ends
+    /// either way. Memory `f` allocates must also be freed in `f` (a training step's activations
+    /// and gradients are), or the second replay fails. Needs this thread to be the only one
+    /// enqueueing on the device while it captures.
+    pub fn capture(&self, f: impl FnOnce() -> Result<()>) -> Result<CapturedGraph> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        if self.sync_launches {
+            return Err(Error::Unsupported {
+                op: "graph capture",
+                what: format!("with {SYNC_LAUNCHES_ENV}=1 (each launch synchronizes): unset it"),
+            });
+        }
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(Error::driver("beginning a stream capture"))?;
+        let recorded = f();
+        // end the capture whatever happened, so that the stream is usable again
+        let ended = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        recorded?;
+        match ended.map_err(Error::driver(
+            "ending the stream capture (the captured work used an operation a graph cannot hold)",
+        ))? {
+            Some(graph) => Ok(CapturedGraph { graph }),
+            None => Err(Error::Unsupported { op: "graph capture", what: "nothing was captured".into() }),
+        }
+    }
+
     /// How many clusters of kernel `K` (of `K::CLUSTER` blocks of `block_threads` threads with
     /// `dynamic_smem` bytes each) can be resident at once: the size of a persistent grid that never
     /// waits for a second wave. Clusters must fit within one GPC, so this can be less than
@@ -500,4 +544,23 @@ fn keep_pool_memory(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> Result
         .map_err(Error::driver("setting the memory pool's release threshold"))?;
     }
     Ok(())
+}
+
+/// Work captured from a device's stream by [`Device::capture`], replayed with one launch.
+pub struct CapturedGraph {
+    graph: cudarc::driver::CudaGraph,
+}
+
+impl CapturedGraph {
+    /// Enqueues one replay of the captured work on the device's stream (asynchronous, like a
+    /// kernel launch; errors inside it surface at the next synchronization).
+    pub fn launch(&self) -> Result<()> {
+        self.graph.launch().map_err(Error::driver("launching a captured graph"))
+    }
+}
+
+impl std::fmt::Debug for CapturedGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CapturedGraph")
+    }
 }

@@ -358,7 +358,7 @@ pub fn gemm_bf16(
     s: GemmShape,
     layout: Layout,
 ) -> Result<()> {
-    use kiln_gpu::kernels::convert::{PACK_K_MULTIPLE, PACK_ROWS, PACK_TILE, PackBf16};
+    use kiln_gpu::kernels::convert::{PACK_K_MULTIPLE, PACK_ROWS, PACK_TILE_COLS, PACK_TILE_ROWS, PackBf16};
     let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
     check_operands("bf16 gemm", a.len(), b.len(), c.len(), s)?;
     if m * n == 0 {
@@ -380,15 +380,16 @@ pub fn gemm_bf16(
         let out_rows = if t { cols } else { rows };
         let dst = dev.alloc_uninit_bf16(out_rows as usize * kp as usize)?;
         let cfg = LaunchConfig {
-            grid_dim: (kp.div_ceil(PACK_TILE), out_rows.div_ceil(PACK_TILE), 1),
-            block_dim: (PACK_TILE, PACK_ROWS, 1),
+            grid_dim: (kp.div_ceil(PACK_TILE_COLS), out_rows.div_ceil(PACK_TILE_ROWS), 1),
+            block_dim: (32, PACK_ROWS, 1),
             shared_mem_bytes: 0,
         };
         check_grid("bf16 gemm", &cfg)?;
-        // SAFETY: src holds rows x cols f32 (check_operands); dst out_rows x kp 16-bit values, and
-        // kp is at least the packed rows' live length (cols, or rows when transposed, is k).
+        // SAFETY: src holds rows x cols f32 (check_operands); dst out_rows x kp 16-bit values
+        // (written as pairs: kp is even, allocations 256-byte aligned), and kp is at least the
+        // packed rows' live length (cols, or rows when transposed, is k).
         unsafe {
-            let out = kiln_gpu::DevicePtrMut::<u16>::from_addr(dst.addr());
+            let out = kiln_gpu::DevicePtrMut::<u32>::from_addr(dst.addr());
             dev.launch(PackBf16, cfg, (src.ptr(), out, rows, cols, kp, t as u32))?;
         }
         Ok(dst)

@@ -13,6 +13,7 @@ pub mod timing;
 pub use buffer::DeviceBuffer;
 pub use cudarc::driver::LaunchConfig;
 pub use device::{
-    Device, MatmulPrecision, MatmulPrecisionScope, SYNC_LAUNCHES_ENV, matmul_precision, matmul_precision_scope,
+    CapturedGraph, Device, MatmulPrecision, MatmulPrecisionScope, SYNC_LAUNCHES_ENV, matmul_precision,
+    matmul_precision_scope,
 };
 pub use tensor_map::{DeviceTensorMap, TensorMapSpec, TmaDtype};

@@ -158,6 +158,14 @@ impl Device {
     /// Encodes a tensor map for each `(address, spec)` and copies them to device memory as an array
     /// (map `i` at `ptr() + i`), 64-byte aligned.
     pub fn tensor_maps(&self, maps: &[(u64, TensorMapSpec)]) -> Result<DeviceTensorMap> {
+        if self.is_capturing() {
+            return Err(Error::Unsupported {
+                op: "graph capture",
+                what: "making a new tensor map (its upload is a host copy, which a graph cannot replay): capture \
+                       work whose maps already exist, or use f32 products (MatmulPrecision::F32), which need none"
+                    .into(),
+            });
+        }
         let mut words = Vec::with_capacity(16 * maps.len());
         for (addr, spec) in maps {
             words.extend_from_slice(&spec.encode(*addr)?.opaque);
