@@ -360,6 +360,64 @@ fn tcgen05_descriptor_encodings() {
     assert_eq!((smem_desc(0, 0, 0, 5, Layout::Interleave) >> 49) & 7, 5);
 }
 
+/// The Blackwell GEMM's encodings and schedule, checked on the host (no Blackwell GPU here): its
+/// instruction descriptor, its operand descriptors across a stage's four k steps, its shared-memory
+/// and TMEM budgets, and the tile walk and accumulator parities, replayed against a model of the
+/// barriers' phase counts for many grids.
+#[test]
+fn tcgen05_gemm_encodings_and_schedule() {
+    use kiln::gpu::kernels::gemm_tcgen05::*;
+    use kiln::gpu::kernels::gemm_wgmma::{WG_BK, WG_STAGES, WW_STAGE_BYTES};
+    use kiln::gpu::tcgen05::{tmem_addr, valid_alloc_columns, warp_lane_base};
+    assert_eq!(TC_IDESC, 0x0840_0490); // bf16 x bf16 -> f32, 128 x 256, K-major (see above)
+    for kk in 0..WG_BK / TC_UMMA_K {
+        let d = operand_descriptor(0x1_0400, kk);
+        assert_eq!(d & 0x3fff, ((0x1_0400 + 32 * kk) >> 4) as u64, "start address at k step {kk}");
+        assert_eq!((d >> 32) & 0x3fff, 64, "8-row groups 1024 bytes apart");
+        assert_eq!((d >> 46) & 3, 1, "descriptor version 1");
+        assert_eq!(d >> 61, 2, "128-byte swizzle");
+        // the k steps stay inside the first 128-byte swizzle row of the 1024-byte atom
+        assert!(32 * kk + 32 <= 128);
+    }
+    // budgets: 4 stages of 48 KiB, the barriers and the TMEM slot within the 227 KiB a block may
+    // take; all 512 TMEM columns, a legal allocation
+    assert_eq!(WW_STAGE_BYTES, (TC_BM + TC_BN) * WG_BK * 2);
+    assert!(TC_SMEM_BYTES <= 227 * 1024, "{TC_SMEM_BYTES}");
+    assert!(TC_ACC_BARRIERS.is_multiple_of(8) && TC_TMEM_SLOT.is_multiple_of(8));
+    assert!(valid_alloc_columns(TC_TMEM_COLUMNS) && TC_TMEM_COLUMNS == 512);
+    // TMEM addressing: lane in the high half; the epilogue warps 4..8 cover lanes 0..128 once each
+    assert_eq!(tmem_addr(0x20, 96, 256 + 64), (96 << 16) + 0x20 + 320);
+    let lanes: Vec<u32> = (TC_EPI_WARP0..TC_EPI_WARP0 + 4).map(warp_lane_base).collect();
+    assert_eq!(lanes, [0, 32, 64, 96]);
+    assert_eq!(TC_EPI_THREADS, 4 * 32);
+    // the schedule: every tile exactly once over the CTAs; the barrier waits match a model of
+    // each barrier's completed phases
+    for (tiles_m, tiles_n, ctas) in [(1u32, 1u32, 1u32), (3, 2, 4), (9, 5, 7), (33, 17, 148), (64, 32, 132)] {
+        let mut seen = vec![0u32; (tiles_m * tiles_n) as usize];
+        for cta in 0..ctas {
+            let mut acc_full_done = [0u32; 2]; // completions of acc_full[b] so far
+            let mut acc_empty_done = [0u32; 2];
+            let mut j = 0;
+            while let Some((tm, tn)) = tc_tile(cta, ctas, j, tiles_m, tiles_n) {
+                seen[(tm * tiles_n + tn) as usize] += 1;
+                let b = accumulator(j) as usize;
+                if j >= 2 {
+                    // the issuer needs the release of tile j - 2: completion number acc_empty_done[b] - 1
+                    assert_eq!(acc_empty_parity(j), (acc_empty_done[b] - 1) & 1, "acc_empty wait, tile {j}");
+                }
+                acc_full_done[b] += 1; // the issuer's commit after the tile's last k tile
+                // the epilogue waits for that completion (number acc_full_done[b] - 1)
+                assert_eq!(acc_full_parity(j), (acc_full_done[b] - 1) & 1, "acc_full wait, tile {j}");
+                acc_empty_done[b] += 1; // the epilogue's 128 arrivals
+                j += 1;
+            }
+            assert_eq!(j, (tiles_m * tiles_n).saturating_sub(cta).div_ceil(ctas), "turns of CTA {cta}");
+        }
+        assert!(seen.iter().all(|&c| c == 1), "{tiles_m}x{tiles_n} over {ctas} CTAs: a tile taken {seen:?}");
+    }
+    let _ = WG_STAGES;
+}
+
 #[test]
 fn grouped_tile_order_is_a_bijection() {
     use kiln::gpu::kernels::gemm_wgmma::grouped_tile;

@@ -184,6 +184,11 @@ fn tests() -> Vec<GpuTest> {
             run: wgmma_case,
         },
         GpuTest {
+            name: "gpu::gemm_tcgen05_bf16_sm100",
+            available: |d| d.supports::<kiln::gpu::kernels::gemm_tcgen05::GemmTcgen05Bf16>(),
+            run: tcgen05_case,
+        },
+        GpuTest {
             name: "gpu::gemm_wgmma_persistent_epilogue_sm90",
             available: |d| d.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>(),
             run: wgmma_persistent_epilogue_case,
@@ -932,6 +937,34 @@ fn wgmma_case(dev: &Device) -> Outcome {
         let (a64, b64): (Vec<f64>, Vec<f64>) =
             (a.iter().map(|x| x.to_f64()).collect(), b.iter().map(|x| x.to_f64()).collect());
         check_abt(&format!("wgmma {tile:?} {m}x{n}x{k}"), &got, &a64, &b64, (m as usize, n as usize, k as usize))?;
+    }
+    Ok(())
+}
+
+/// The Blackwell GEMM (`gemm_tcgen05_bf16`) against f64 on the wgmma test's shapes (odd edges, more
+/// tiles than SMs at the largest, so each CTA's accumulators alternate and their parities turn),
+/// output poisoned first; k off the TMA grid refused. Skips below compute capability 10.0: it has
+/// never run, as no Blackwell GPU is lent here.
+fn tcgen05_case(dev: &Device) -> Outcome {
+    use kiln::cuda::gemm::gemm_tcgen05;
+    let (mut rng, _) = testing::rng();
+    let (one, bad) = (dev.upload(&vec![bf16::ONE; 64 * 12]).map_err(err)?, GemmShape { m: 64, n: 64, k: 12 });
+    let mut c = dev.upload(&vec![0f32; 64 * 64]).map_err(err)?;
+    if gemm_tcgen05(dev, &one, &one, &mut c, bad).is_ok() {
+        return Err("k = 12 must be refused (TMA needs 16-byte row pitches)".into());
+    }
+    for &(m, n, k) in
+        &[(128u32, 256u32, 64u32), (1, 1, 8), (256, 384, 512), (1000, 130, 264), (129, 257, 72), (4100, 2100, 200)]
+    {
+        let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
+        let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+        gemm_tcgen05(dev, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
+        let got = dev.download(&dc).map_err(err)?;
+        let (a64, b64): (Vec<f64>, Vec<f64>) =
+            (a.iter().map(|x| x.to_f64()).collect(), b.iter().map(|x| x.to_f64()).collect());
+        check_abt(&format!("tcgen05 {m}x{n}x{k}"), &got, &a64, &b64, (m as usize, n as usize, k as usize))?;
     }
     Ok(())
 }

@@ -110,6 +110,18 @@ pub const fn valid_alloc_columns(ncols: u32) -> bool {
     ncols >= 32 && ncols <= 512 && ncols.is_power_of_two()
 }
 
+/// The TMEM address of `lane`, column `col` relative to an allocation at `base`: lanes in bits
+/// 16-31, columns in bits 0-15 (PTX ISA, "Tensor Memory addressing").
+pub const fn tmem_addr(base: u32, lane: u32, col: u32) -> u32 {
+    base + (lane << 16) + col
+}
+
+/// The first TMEM lane warp `warp` of a block may access with `tcgen05.ld`: warp `w` reaches lanes
+/// `32 (w % 4) .. 32 (w % 4) + 32` (one quarter of the 128 lanes per warp of a warpgroup).
+pub const fn warp_lane_base(warp: u32) -> u32 {
+    32 * (warp % 4)
+}
+
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_100a"))]
 mod device {
     use crate::shared::SharedAddr;
@@ -184,6 +196,43 @@ mod device {
         unsafe {
             asm!("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [{b}];", b = in(reg32) bar, options(nostack))
         };
+    }
+
+    /// Loads 32 consecutive 32-bit columns of one TMEM lane per thread and waits for them: lane `l`
+    /// of the warp reads lane `lane0 + l` (the address's lane field is the warp's first lane,
+    /// [`super::warp_lane_base`]), columns `col .. col + 32`, into `v[0..32]`. Warp-wide. The load
+    /// and its wait are one asm block, so no use of `v` can be scheduled before the wait.
+    ///
+    /// PTX: `tcgen05.ld.sync.aligned.32x32b.x32.b32 {v0, ..., v31}, [taddr]; tcgen05.wait::ld.sync.aligned;`
+    ///
+    /// # Safety
+    /// The whole warp calls it, converged, with the same `taddr`, inside this CTA's allocation and
+    /// in the warp's own lane quarter; the accumulator's producing `tcgen05.mma` has completed
+    /// (observed through its commit barrier, then [`fence_after_thread_sync`]).
+    #[inline(always)]
+    pub unsafe fn ld_32x32b_x32(taddr: u32) -> [u32; 32] {
+        let mut v = [0u32; 32];
+        macro_rules! ld {
+            ($($i:literal),+) => {
+                asm!(
+                    concat!(
+                        "tcgen05.ld.sync.aligned.32x32b.x32.b32 {{{0}", $(", {", stringify!($i), "}",)+ "}}, [{t}];\n",
+                        "tcgen05.wait::ld.sync.aligned;"
+                    ),
+                    out(reg32) v[0],
+                    $(out(reg32) v[$i],)+
+                    t = in(reg32) taddr,
+                    options(nostack)
+                )
+            };
+        }
+        unsafe {
+            ld!(
+                1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28,
+                29, 30, 31
+            )
+        };
+        v
     }
 
     /// Orders prior tcgen05 operations before a following thread barrier.

@@ -67,15 +67,16 @@ pub const fn empty_parity(t: u32) -> u32 {
 }
 
 /// The stage ring in dynamic shared memory: `STAGES` stages of `stage_bytes` from `base` (A tile,
-/// then B tile), followed by the `full` and `empty` mbarriers of each stage.
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+/// then B tile), followed by the `full` and `empty` mbarriers of each stage. Shared by the Hopper
+/// kernels and the Blackwell one (`gemm_tcgen05`), whose `empty` arrivals come from `tcgen05.commit`.
+#[cfg(all(target_arch = "nvptx64", any(target_feature = "sm_90a", target_feature = "sm_100a")))]
 #[derive(Clone, Copy)]
 pub(crate) struct Ring {
     pub(crate) base: u32,
     pub(crate) stage_bytes: u32,
 }
 
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+#[cfg(all(target_arch = "nvptx64", any(target_feature = "sm_90a", target_feature = "sm_100a")))]
 impl Ring {
     pub(crate) fn stage(self, st: u32) -> u32 {
         self.base + st * self.stage_bytes
@@ -110,6 +111,7 @@ impl Ring {
     }
 
     /// The producer (one thread): prefetches the maps, then [`Ring::fill`]s every k tile in order.
+    #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
     pub(crate) unsafe fn produce(
         self,
         a_map: DevicePtr<TensorMap>,
@@ -137,11 +139,30 @@ impl Ring {
     /// The maps describe the operands with the boxes of this ring's A and B tiles; one thread fills
     /// each tile once, in order.
     #[inline(always)]
+    #[cfg_attr(not(target_feature = "sm_90a"), allow(dead_code))]
     pub(crate) unsafe fn fill(
         self,
         a_map: DevicePtr<TensorMap>,
         b_map: DevicePtr<TensorMap>,
         t: u32,
+        m0: u32,
+        n0: u32,
+    ) {
+        unsafe { self.fill_at(a_map, b_map, t, t * WG_BK, m0, n0) }
+    }
+
+    /// [`Ring::fill`] for a ring that runs on across tiles (persistent kernels): use `t` of the
+    /// ring loads the k columns from `k0`.
+    ///
+    /// # Safety
+    /// As [`Ring::fill`]; `t` counts every fill of this ring, in order.
+    #[inline(always)]
+    pub(crate) unsafe fn fill_at(
+        self,
+        a_map: DevicePtr<TensorMap>,
+        b_map: DevicePtr<TensorMap>,
+        t: u32,
+        k0: u32,
         m0: u32,
         n0: u32,
     ) {
@@ -154,11 +175,23 @@ impl Ring {
         let dst = self.stage(st);
         unsafe {
             mbarrier::arrive_expect_tx(self.full(st), self.stage_bytes);
-            tma::load_2d(dst, a_map.as_ptr(), (t * WG_BK) as i32, m0 as i32, self.full(st));
-            tma::load_2d(dst + WG_TILE_BYTES, b_map.as_ptr(), (t * WG_BK) as i32, n0 as i32, self.full(st));
+            tma::load_2d(dst, a_map.as_ptr(), k0 as i32, m0 as i32, self.full(st));
+            tma::load_2d(dst + WG_TILE_BYTES, b_map.as_ptr(), k0 as i32, n0 as i32, self.full(st));
         }
     }
 
+    /// A consumer's wait for k tile `t`'s stage to be full (bounded; traps on a stall).
+    pub(crate) fn wait_full(self, t: u32) {
+        if !unsafe {
+            mbarrier::wait_parity_bounded(self.full(t % WG_STAGES), full_parity(t), mbarrier::DEFAULT_WAIT_NS)
+        } {
+            thread::trap();
+        }
+    }
+}
+
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+impl Ring {
     /// Consumer warpgroup `cons`'s products on the stage of k tile `t` (A: its 64 rows, B: 256 rows):
     /// waits for the stage, issues the four `m64n256k16` wgmma (the first overwrites `acc` unless
     /// `accumulate`), commits them and waits until only this group is in flight, so the previous
@@ -184,15 +217,6 @@ impl Ring {
         }
         wgmma::commit_group();
         wgmma::wait_group::<1>();
-    }
-
-    /// A consumer's wait for k tile `t`'s stage to be full (bounded; traps on a stall).
-    pub(crate) fn wait_full(self, t: u32) {
-        if !unsafe {
-            mbarrier::wait_parity_bounded(self.full(t % WG_STAGES), full_parity(t), mbarrier::DEFAULT_WAIT_NS)
-        } {
-            thread::trap();
-        }
     }
 }
 

@@ -8,6 +8,7 @@
 pub mod barrier;
 pub mod convert;
 pub mod elementwise;
+pub mod gemm_tcgen05;
 pub mod gemm_wgmma;
 pub mod hgemm_mma;
 pub mod megakernel_step;

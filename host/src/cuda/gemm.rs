@@ -395,11 +395,57 @@ pub fn gemm_bf16(
         Ok(dst)
     };
     let (a16, b16) = (pack(a, a_src)?, pack(b, b_src)?);
-    if dev.supports::<kiln_gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>() {
+    if dev.supports::<kiln_gpu::kernels::gemm_tcgen05::GemmTcgen05Bf16>() {
+        gemm_tcgen05(dev, &a16, &b16, c, packed)
+    } else if dev.supports::<kiln_gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>() {
         WgmmaGemm::new(dev, &a16, &b16, packed)?.run(c)
     } else {
         hgemm(dev, &a16, &b16, c, packed)
     }
+}
+
+/// `c = a b^T` on Blackwell's tensor cores (`gemm_tcgen05_bf16`: TMA ring, one thread issuing
+/// `tcgen05.mma` into tensor memory, an epilogue warpgroup reading it back; persistent, one block
+/// per SM): `a` m x k, `b` n x k bf16, `c` m x n f32, `k % 8 == 0`. Only on compute capability
+/// 10.x (the sm_100a module); elsewhere [`Error::KernelUnavailable`]. No Blackwell GPU has run it
+/// yet: it is assembled by ptxas for sm_100a and its encodings are host-tested.
+pub fn gemm_tcgen05(
+    dev: &Device,
+    a: &DeviceBuffer<half::bf16>,
+    b: &DeviceBuffer<half::bf16>,
+    c: &mut DeviceBuffer<f32>,
+    s: GemmShape,
+) -> Result<()> {
+    use kiln_gpu::kernels::gemm_tcgen05::{GemmTcgen05Bf16, TC_BM, TC_BN, TC_SMEM_BYTES, TC_THREADS};
+    use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_SWIZZLE};
+    check_operands("tcgen05 gemm", a.len(), b.len(), c.len(), s)?;
+    if s.m == 0 || s.n == 0 || s.k == 0 {
+        return Err(Error::shape("tcgen05 gemm", format!("empty product {}x{}x{}", s.m, s.n, s.k)));
+    }
+    if !s.k.is_multiple_of(8) {
+        return Err(Error::Unsupported {
+            op: "tcgen05 gemm",
+            what: format!("k = {}: TMA needs 16-byte row pitches, so k must be a multiple of 8", s.k),
+        });
+    }
+    check_aligned("tcgen05 gemm", &[c.addr()])?;
+    let spec = |rows: u32, box_rows: u32| super::TensorMapSpec {
+        dtype: super::TmaDtype::Bf16,
+        rows: rows as u64,
+        cols: s.k as u64,
+        row_pitch: s.k as u64,
+        box_rows,
+        box_cols: WG_BK,
+        swizzle: WG_SWIZZLE,
+    };
+    let a_map = dev.tensor_map_cached(a.addr(), &spec(s.m, TC_BM))?;
+    let b_map = dev.tensor_map_cached(b.addr(), &spec(s.n, TC_BN))?;
+    let tiles = s.m.div_ceil(TC_BM) as u64 * s.n.div_ceil(TC_BN) as u64;
+    let blocks = tiles.min(dev.sm_count()? as u64) as u32;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (TC_THREADS, 1, 1), shared_mem_bytes: TC_SMEM_BYTES };
+    // SAFETY: the maps describe the borrowed operands with the kernel's boxes (A 128 rows, B 256);
+    // c holds m n f32 (checked), 16-byte aligned; stores are masked at m and n.
+    unsafe { dev.launch(GemmTcgen05Bf16, cfg, (a_map.ptr(), b_map.ptr(), c.ptr_mut(), s)) }
 }
 
 /// Input types of the `mma.sync` tensor-core GEMM: one table row each, with the kernel of each
