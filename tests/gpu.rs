@@ -871,6 +871,13 @@ fn ladder_command(dev: &Device) -> Outcome {
         if (name.starts_with("gemm_wgmma") || name.ends_with("_tma")) && !wgmma_here {
             continue;
         }
+        if name == kiln::cuda::ladder::TCGEN05 && !dev.supports::<kiln::gpu::kernels::gemm_tcgen05::GemmTcgen05Bf16>() {
+            // below 10.0 the command refuses it with a typed error instead
+            match kiln::cuda::ladder::run(dev, name, s, 2, 7, None) {
+                Err(kiln::Error::KernelUnavailable { .. }) => continue,
+                other => return Err(format!("{name} below compute capability 10.0 gave {other:?}")),
+            }
+        }
         let r = kiln::cuda::ladder::run(dev, name, s, 2, 7, None).map_err(|e| format!("{name}: {e}"))?;
         if !r.passed() || r.checked != 200 * 132 {
             return Err(format!("{r}"));

@@ -11,13 +11,24 @@ use kiln_gpu::kernels::hgemm_mma::{HGEMM_NARROW, HGEMM_WIDE, HgemmTile};
 use kiln_gpu::kernels::mma_tile::GemmShape;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-/// What `name` runs: an FP32 rung (in its layout), the `mma.sync` GEMM, or a Hopper `wgmma` tile.
+/// What `name` runs: an FP32 rung (in its layout), the `mma.sync` GEMM, a Hopper `wgmma` tile, the
+/// Blackwell `tcgen05` kernel, or f32 operands in a layout through the bf16 tensor-core path.
 #[derive(Clone, Copy, Debug)]
 enum Entry {
     F32(&'static gemm::Rung),
     Mma { tile: HgemmTile, f16: bool },
     Wgmma(WgmmaTile),
+    Tcgen05,
+    Bf16Of(Layout),
 }
+
+/// The Blackwell kernel's name (runs only on compute capability 10.x).
+pub const TCGEN05: &str = "gemm_tcgen05_bf16";
+
+/// f32 operands stored in each layout, packed to bf16 and multiplied on the tensor cores
+/// ([`gemm::gemm_bf16`], what `MatmulPrecision::Bf16` runs), the packing included in the time.
+const BF16_OF_F32: &[(&str, Layout)] =
+    &[("gemm_bf16_nn", Layout::NN), ("gemm_bf16_nt", Layout::NT), ("gemm_bf16_tn", Layout::TN)];
 
 const MMA: &[(&str, HgemmTile, bool)] = &[
     ("hgemm_mma_bf16", HGEMM_NARROW, false),
@@ -38,7 +49,8 @@ const WGMMA: &[(&str, WgmmaTile)] = &[
 /// Every kernel name `run` takes, in ladder order.
 pub fn kernel_names() -> Vec<&'static str> {
     let f32s = gemm::RUNGS.iter().chain(gemm::LAYOUT_RUNGS).map(|r| r.name);
-    f32s.chain(MMA.iter().map(|m| m.0)).chain(WGMMA.iter().map(|w| w.0)).collect()
+    let tensor_cores = MMA.iter().map(|m| m.0).chain(WGMMA.iter().map(|w| w.0)).chain([TCGEN05]);
+    f32s.chain(tensor_cores).chain(BF16_OF_F32.iter().map(|b| b.0)).collect()
 }
 
 fn entry(name: &str) -> Result<Entry> {
@@ -50,6 +62,12 @@ fn entry(name: &str) -> Result<Entry> {
     }
     if let Some(&(_, tile)) = WGMMA.iter().find(|w| w.0 == name) {
         return Ok(Entry::Wgmma(tile));
+    }
+    if name == TCGEN05 {
+        return Ok(Entry::Tcgen05);
+    }
+    if let Some(&(_, layout)) = BF16_OF_F32.iter().find(|b| b.0 == name) {
+        return Ok(Entry::Bf16Of(layout));
     }
     Err(Error::Unsupported { op: "gemm", what: format!("kernel `{name}`; known: {}", kernel_names().join(", ")) })
 }
@@ -131,22 +149,27 @@ pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64, split
         Entry::F32(r) => {
             let (da, db) = (dev.upload(&a32)?, dev.upload(&b32)?);
             (got, ms) = check_and_time(dev, &mut c, reps, |c| r.run(dev, &da, &db, c, s))?;
-            what = match r.layout {
-                Layout::NN => "C = A B, f32 (A m x k, B k x n)",
-                Layout::NT => "C = A B^T, f32 (A m x k, B stored n x k)",
-                Layout::TN => "C = A^T B, f32 (A stored k x m, B k x n)",
-            }
-            .into();
-            // stored element (i, p) of A and (p, j) of B, in the layout's storage order
-            a = match r.layout {
-                Layout::TN => (0..m * k).map(|x| a32[(x % k) * m + x / k] as f64).collect(),
-                _ => a32.iter().map(|&v| v as f64).collect(),
-            };
-            b = match r.layout {
-                Layout::NT => (0..k * n).map(|x| b32[(x % n) * k + x / n] as f64).collect(),
-                _ => b32.iter().map(|&v| v as f64).collect(),
-            };
+            what = format!("{}, f32", layout_words(r.layout));
+            (a, b) = as_stored(r.layout, &a32, &b32, s, |v| v as f64);
             bound = k as f64 * 2f64.powi(-23);
+        }
+        Entry::Bf16Of(layout) => {
+            let (da, db) = (dev.upload(&a32)?, dev.upload(&b32)?);
+            (got, ms) = check_and_time(dev, &mut c, reps, |c| gemm::gemm_bf16(dev, &da, &db, c, s, layout))?;
+            what = format!(
+                "{}, f32 operands rounded to bf16 (packed in each call), f32 accumulate and out",
+                layout_words(layout)
+            );
+            // the reference multiplies the rounded operands: the bound is the accumulation's
+            (a, b) = as_stored(layout, &a32, &b32, s, |v| bf16::from_f32(v).to_f64());
+            bound = k as f64 * 2f64.powi(-22);
+        }
+        Entry::Tcgen05 => {
+            let (da, db, ra, rb) = upload_rounded::<bf16>(dev, &a32, &b32, s)?;
+            (got, ms) = check_and_time(dev, &mut c, reps, |c| gemm::gemm_tcgen05(dev, &da, &db, c, s))?;
+            (a, b) = (ra, rb);
+            what = "C = A B^T, bf16 in (A m x k, B n x k), f32 accumulate in tensor memory, f32 out".into();
+            bound = k as f64 * 2f64.powi(-22);
         }
         Entry::Mma { tile, f16 } => {
             let run = if f16 { mma_run::<f16> } else { mma_run::<bf16> };
@@ -200,6 +223,36 @@ pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64, split
     }
     let tflops = 2.0 * m as f64 * n as f64 * k as f64 / ms / 1e9;
     Ok(RungRun { kernel, shape: s, what, ms, tflops, checked: picks.len(), max_error, bound })
+}
+
+/// The product a layout computes, in words.
+fn layout_words(layout: Layout) -> &'static str {
+    match layout {
+        Layout::NN => "C = A B (A m x k, B k x n)",
+        Layout::NT => "C = A B^T (A m x k, B stored n x k)",
+        Layout::TN => "C = A^T B (A stored k x m, B k x n)",
+    }
+}
+
+/// Element (i, p) of A as `a[i k + p]` and (p, j) of B as `b[p n + j]`, read from operands stored
+/// as `layout` says, through `conv`.
+fn as_stored(
+    layout: Layout,
+    a32: &[f32],
+    b32: &[f32],
+    s: GemmShape,
+    conv: impl Fn(f32) -> f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+    let a = match layout {
+        Layout::TN => (0..m * k).map(|x| conv(a32[(x % k) * m + x / k])).collect(),
+        _ => a32.iter().map(|&v| conv(v)).collect(),
+    };
+    let b = match layout {
+        Layout::NT => (0..k * n).map(|x| conv(b32[(x % n) * k + x / n])).collect(),
+        _ => b32.iter().map(|&v| conv(v)).collect(),
+    };
+    (a, b)
 }
 
 /// Launches once into the poisoned `c` and downloads it, then times `reps` launches (median).
