@@ -150,6 +150,21 @@ fn barriers_are_not_duplicated() {
         }
     }
     assert_eq!(body(embedded(Arch::Sm80), "reduce_sum_f32").matches("bar.sync").count(), 1);
+    // The Blackwell GEMM's warp-collective (`.sync.aligned`) tensor-memory instructions are asm, so
+    // nothing marks them convergent: each must appear exactly once, as in the source (an asm copy
+    // in a divergent arm would hang or fault a warp), and its 3 block barriers (ring set-up, TMEM
+    // set-up, teardown) once each.
+    let g = body(embedded(Arch::Sm100a), "gemm_tcgen05_bf16");
+    for (needle, n) in [
+        ("tcgen05.alloc", 1),
+        ("tcgen05.dealloc", 1),
+        ("tcgen05.relinquish_alloc_permit", 1),
+        ("tcgen05.ld.sync.aligned", 1),
+        ("tcgen05.wait::ld", 1),
+        ("bar.sync", 3),
+    ] {
+        assert_eq!(g.matches(needle).count(), n, "gemm_tcgen05_bf16: `{needle}`");
+    }
 }
 
 /// Warp-collective asm must never be `pure`: LLVM may then sink it into a branch only some lanes

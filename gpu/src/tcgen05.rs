@@ -87,7 +87,7 @@ pub enum Layout {
 
 /// The 64-bit shared-memory matrix descriptor `tcgen05.mma` reads A and B through: bits 0-13 start
 /// address >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4,
-/// 46-47 descriptor version (1 on Blackwell), 49-51 base offset, 52 leading-offset mode (0:
+/// 46-48 the fixed value 0b001 (descriptor version 1), 49-51 base offset, 52 leading-offset mode (0:
 /// relative), 61-63 layout.
 pub const fn smem_desc(
     start: u32,

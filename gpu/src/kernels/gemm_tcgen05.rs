@@ -24,6 +24,11 @@
 //! the issuer's `acc_empty` wait (from `j = 2` on) the parity of the release of tile `j - 2`
 //! ([`acc_empty_parity`]). Every wait is bounded and traps on a stall.
 //!
+//! Not done (as CUTLASS does): the producer does not drain the ring's last `empty` commits before
+//! the block exits (the products they track have completed: the epilogue waited for the tile's
+//! `acc_full`, committed after them); and the kernel takes all 512 TMEM columns, so a block of
+//! another kernel holding TMEM on the same SM would make its allocation wait.
+//!
 //! Status: assembled by ptxas for sm_100a in CI; its encodings and schedule are tested on the host.
 //! **It has never run**: no Blackwell GPU is lent to kiln's developers, and its GPU test skips below
 //! compute capability 10.0.
