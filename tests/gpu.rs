@@ -1619,6 +1619,17 @@ fn megakernel_vs_interpreter(
             let w0 = mk_weights(dims, 11);
             let mut gpu = GpuStep::new(dev.clone(), &schedule, &w0, path).map_err(err)?;
             let mut cpu = StepState::new(&shape, w0.clone()).map_err(err)?;
+            // Shadows for multi-step norm bounds: the interpreter again, its weights nudged after
+            // every step by the relative size of the path's rounding (f32's for 3xTF32 and the CUDA
+            // cores, tf32's for tf32), each with its own signs. Over many steps one nudge can flip a
+            // ReLU whose input is within rounding of 0, and the trajectories part: on the H200, with
+            // one seed, a 3-layer 3xTF32 model ended 7.5 % off in norm after 100 steps, and its shadow
+            // 7.48 % (a perturbation of 2^-20 once, at the start, moved nothing). The GPU may be as far
+            // from the interpreter as twice the farthest shadow, or the fixed bound, whichever is larger.
+            let nudge = if path == kiln::megakernel::DataPath::Tf32 { 2f32.powi(-11) } else { 2f32.powi(-20) };
+            let shadows = if matches!(bound, MegaBound::UpdateNorm(_)) && steps > 1 { 3 } else { 0 };
+            let mut shadow: Vec<StepState> =
+                (0..shadows).map(|_| StepState::new(&shape, w0.clone())).collect::<Result<_, _>>().map_err(err)?;
             for step in 0..steps {
                 let x = testing::uniform(&mut rng, batch * dims[0]);
                 let y = testing::uniform(&mut rng, batch * dims[dims.len() - 1]);
@@ -1626,11 +1637,32 @@ fn megakernel_vs_interpreter(
                 let inp = StepInputs { x: &x, y: &y, classes: &classes, loss, lr: 0.05, momentum };
                 gpu.step(&inp).map_err(err)?;
                 interpret(&schedule, &mut cpu, &inp, step as u64).map_err(err)?;
+                for (si, sh) in shadow.iter_mut().enumerate() {
+                    interpret(&schedule, sh, &inp, step as u64).map_err(err)?;
+                    for (l, w) in sh.weights.iter_mut().enumerate() {
+                        for (i, v) in w.iter_mut().enumerate() {
+                            let h = (i as u64 ^ ((step * 8 + l) as u64) << 32 ^ (si as u64) << 56)
+                                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                            *v *= if h >> 63 == 0 { 1.0 + nudge } else { 1.0 - nudge };
+                        }
+                    }
+                }
                 if step != 0 && step + 1 != steps {
                     continue;
                 }
                 for (l, (g, c)) in gpu.weights().map_err(err)?.iter().zip(&cpu.weights).enumerate() {
                     let what = format!("megakernel {path:?} {dims:?} {loss:?} tile {tile} step {step} layer {l}");
+                    let bound = match bound {
+                        MegaBound::UpdateNorm(frac) if shadows > 0 => {
+                            let norm = |a: &[f32], b: &[f32]| {
+                                a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum::<f64>().sqrt()
+                            };
+                            let update = norm(c, &w0[l]);
+                            let parted = shadow.iter().map(|sh| norm(&sh.weights[l], c) / update).fold(0.0, f64::max);
+                            MegaBound::UpdateNorm(frac.max(2.0 * parted))
+                        }
+                        other => other,
+                    };
                     mega_check(&what, g, c, &w0[l], bound)?;
                 }
             }
