@@ -346,8 +346,8 @@ pub fn sgemm_layout(
 /// [`MatmulPrecision::Bf16`](super::MatmulPrecision::Bf16) of f32 tensors): each operand is packed
 /// once by `pack_bf16` into the k-major rows the tensor-core kernels read (rounded nearest-even,
 /// transposed where `layout` stores it the other way, each row zero-padded to a multiple of 8), then
-/// multiplied by the persistent `wgmma` kernel where the device has it (sm_90a) and by `mma.sync`
-/// ([`hgemm`]) elsewhere. Any m, n and k; `a`, `b` and `c` hold `m k`, `k n` and `m n` f32 values
+/// multiplied by [`gemm_tcgen05`] on compute capability 10.x (never run: no Blackwell GPU here),
+/// the persistent `wgmma` kernel on sm_90a, and `mma.sync` ([`hgemm`]) elsewhere. Any m, n and k; `a`, `b` and `c` hold `m k`, `k n` and `m n` f32 values
 /// stored as `layout` says. The padding adds zero products, so each output is the tensor-core
 /// kernel's sum over the rounded inputs: reproducible, and row i depends only on row i of `op(a)`.
 pub fn gemm_bf16(
