@@ -624,13 +624,25 @@ fn transposed(v: &[f64], rows: usize, cols: usize) -> Vec<f64> {
 }
 
 /// `gemm_bf16`: f32 operands in each stored layout, packed to bf16 (rounded, transposed, k padded to
-/// a multiple of 8) and multiplied on the tensor cores (wgmma on sm_90a, mma.sync elsewhere),
-/// against f64 over the rounded inputs, at odd m, n and k, output poisoned. Row 0 must keep its bits
-/// when m changes (batch invariance) and when the product is launched again.
+/// a multiple of 8) and multiplied by every tensor-core kernel the device has (`mma.sync` always,
+/// `wgmma` on sm_90a, `tcgen05` on 10.x, and the default choice), each against f64 over the rounded
+/// inputs, at odd m, n and k and at 2.1 million rows, output poisoned. The default path must repeat
+/// its bits, and row 0 must keep them when m changes (batch invariance).
 fn gemm_bf16_case(dev: &Device) -> Outcome {
-    use kiln::cuda::gemm::{Layout, gemm_bf16};
+    use kiln::cuda::gemm::{Layout, TensorCores, gemm_bf16, gemm_bf16_on};
     let (mut rng, _) = testing::rng();
-    for &(m, n, k) in &[(1usize, 1usize, 1usize), (7, 127, 129), (129, 7, 1000), (300, 260, 1032), (1000, 130, 17)] {
+    // every tensor-core kernel this device has behind the packing, and the default choice
+    let mut cores = vec![TensorCores::Best, TensorCores::MmaSync];
+    if dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>() {
+        cores.push(TensorCores::Wgmma);
+    }
+    if dev.supports::<kiln::gpu::kernels::gemm_tcgen05::GemmTcgen05Bf16>() {
+        cores.push(TensorCores::Tcgen05);
+    }
+    // the last shape has more rows than a grid's y dimension could tile (65535 x 32)
+    let shapes =
+        [(1usize, 1usize, 1usize), (7, 127, 129), (129, 7, 1000), (300, 260, 1032), (1000, 130, 17), (2_100_000, 3, 9)];
+    for &(m, n, k) in &shapes {
         for layout in [Layout::NN, Layout::NT, Layout::TN] {
             let (av, bv) = (testing::uniform(&mut rng, m * k), testing::uniform(&mut rng, k * n));
             // the rounded operands as m x k and n x k rows, whatever the stored layout
@@ -639,20 +651,30 @@ fn gemm_bf16_case(dev: &Device) -> Outcome {
             let (da, db) = (dev.upload(&av).map_err(err)?, dev.upload(&bv).map_err(err)?);
             let s = GemmShape { m: m as u32, n: n as u32, k: k as u32 };
             let mut dc = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
-            gemm_bf16(dev, &da, &db, &mut dc, s, layout).map_err(err)?;
-            let got = dev.download(&dc).map_err(err)?;
-            check_abt(&format!("gemm_bf16 {layout:?} {m}x{n}x{k}"), &got, &a_rows, &b_rows, (m, n, k))?;
-            dev.write(&mut dc, &vec![POISON_F32; m * n]).map_err(err)?;
-            gemm_bf16(dev, &da, &db, &mut dc, s, layout).map_err(err)?;
-            if bits(&dev.download(&dc).map_err(err)?) != bits(&got) {
+            // (the 2.1-million-row product, there for the packing's grid, with the default kernel only)
+            for &tc in cores.iter().filter(|&&tc| m < 1 << 20 || tc == TensorCores::Best) {
+                dev.write(&mut dc, &vec![POISON_F32; m * n]).map_err(err)?;
+                gemm_bf16_on(dev, tc, &da, &db, &mut dc, s, layout).map_err(err)?;
+                let got = dev.download(&dc).map_err(err)?;
+                check_abt(&format!("gemm_bf16 {tc:?} {layout:?} {m}x{n}x{k}"), &got, &a_rows, &b_rows, (m, n, k))?;
+            }
+            // the default path twice: the same bits
+            let mut runs = vec![];
+            for _ in 0..2 {
+                dev.write(&mut dc, &vec![POISON_F32; m * n]).map_err(err)?;
+                gemm_bf16(dev, &da, &db, &mut dc, s, layout).map_err(err)?;
+                runs.push(bits(&dev.download(&dc).map_err(err)?));
+            }
+            if runs[0] != runs[1] {
                 return Err(format!("gemm_bf16 {layout:?} {m}x{n}x{k}: a repeated product changed bits"));
             }
-            if layout == Layout::NT && m > 1 {
+            let again = &runs[1];
+            if layout == Layout::NT && (2..=1000).contains(&m) {
                 // the first row alone: the same bits as inside the m-row product
                 let da1 = dev.upload(&av[..k]).map_err(err)?;
                 let mut dc1 = dev.upload(&vec![POISON_F32; n]).map_err(err)?;
                 gemm_bf16(dev, &da1, &db, &mut dc1, GemmShape { m: 1, ..s }, layout).map_err(err)?;
-                if bits(&dev.download(&dc1).map_err(err)?) != bits(&got[..n]) {
+                if bits(&dev.download(&dc1).map_err(err)?) != again[..n] {
                     return Err(format!("gemm_bf16 {m}x{n}x{k}: row 0 changed with m"));
                 }
             }

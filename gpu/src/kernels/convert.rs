@@ -66,7 +66,8 @@ shared_array!(fn pack_tile() -> [f32; (PACK_TILE_COLS * PACK_PITCH) as usize], a
 ///   `ld` is a multiple of [`PACK_K_MULTIPLE`]; `dst` is 4-byte aligned and written as bf16 pairs.
 ///   (A k x m operand stored row-major becomes m rows of k: the `A^T` of `dW = dY^T X`.)
 /// - Tiling: a block writes a `PACK_TILE_ROWS x PACK_TILE_COLS` (32 x 64) tile of the output; grid
-///   `(ceil(ld / 64), ceil(out_rows / 32))`, block `(32, 8)`.
+///   `(ceil(out_rows / 32), ceil(ld / 64))` (rows along x, which allows 2^31 - 1 blocks: operands of
+///   millions of rows), block `(32, 8)`.
 /// - Mapping: thread `(x, y)` writes the pairs at columns `2x, 2x + 1` of tile rows `y + 8 j`,
 ///   `j < 4`, one 4-byte store each (a warp stores 128 contiguous bytes). Untransposed, it reads the
 ///   two source values of each pair directly. Transposed, the block first reads the 64 x 32 source
@@ -75,7 +76,7 @@ shared_array!(fn pack_tile() -> [f32; (PACK_TILE_COLS * PACK_PITCH) as usize], a
 #[kernel]
 pub unsafe fn pack_bf16(src: DevicePtr<f32>, dst: DevicePtrMut<u32>, rows: u32, cols: u32, ld: u32, transpose: u32) {
     let (x, y) = (thread::thread_idx_x(), thread::thread_idx_y());
-    let (col0, row0) = (thread::block_idx_x() * PACK_TILE_COLS, thread::block_idx_y() * PACK_TILE_ROWS);
+    let (row0, col0) = (thread::block_idx_x() * PACK_TILE_ROWS, thread::block_idx_y() * PACK_TILE_COLS);
     let out_rows = if transpose != 0 { cols } else { rows };
     let load = |r: u32, c: u32| {
         if r < rows && c < cols { unsafe { src.read(r as usize * cols as usize + c as usize) } } else { 0.0 }

@@ -358,6 +358,34 @@ pub fn gemm_bf16(
     s: GemmShape,
     layout: Layout,
 ) -> Result<()> {
+    gemm_bf16_on(dev, TensorCores::Best, a, b, c, s, layout)
+}
+
+/// Which tensor-core kernel [`gemm_bf16_on`] multiplies the packed operands with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorCores {
+    /// The fastest this device has: `tcgen05` on 10.x, the persistent `wgmma` kernel on sm_90a,
+    /// `mma.sync` elsewhere (what [`gemm_bf16`] uses).
+    Best,
+    /// `mma.sync` ([`hgemm`]), on every supported GPU.
+    MmaSync,
+    /// The persistent `wgmma` kernel (sm_90a).
+    Wgmma,
+    /// [`gemm_tcgen05`] (compute capability 10.x).
+    Tcgen05,
+}
+
+/// [`gemm_bf16`] with the tensor-core kernel chosen (a kernel the device lacks is
+/// [`Error::KernelUnavailable`]): so that each path can be tested on one GPU.
+pub fn gemm_bf16_on(
+    dev: &Device,
+    cores: TensorCores,
+    a: &DeviceBuffer<f32>,
+    b: &DeviceBuffer<f32>,
+    c: &mut DeviceBuffer<f32>,
+    s: GemmShape,
+    layout: Layout,
+) -> Result<()> {
     use kiln_gpu::kernels::convert::{PACK_K_MULTIPLE, PACK_ROWS, PACK_TILE_COLS, PACK_TILE_ROWS, PackBf16};
     let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
     check_operands("bf16 gemm", a.len(), b.len(), c.len(), s)?;
@@ -380,7 +408,7 @@ pub fn gemm_bf16(
         let out_rows = if t { cols } else { rows };
         let dst = dev.alloc_uninit_bf16(out_rows as usize * kp as usize)?;
         let cfg = LaunchConfig {
-            grid_dim: (kp.div_ceil(PACK_TILE_COLS), out_rows.div_ceil(PACK_TILE_ROWS), 1),
+            grid_dim: (out_rows.div_ceil(PACK_TILE_ROWS), kp.div_ceil(PACK_TILE_COLS), 1),
             block_dim: (32, PACK_ROWS, 1),
             shared_mem_bytes: 0,
         };
@@ -394,13 +422,19 @@ pub fn gemm_bf16(
         }
         Ok(dst)
     };
+    let cores = match cores {
+        TensorCores::Best if dev.supports::<kiln_gpu::kernels::gemm_tcgen05::GemmTcgen05Bf16>() => TensorCores::Tcgen05,
+        TensorCores::Best if dev.supports::<kiln_gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>() => {
+            TensorCores::Wgmma
+        }
+        TensorCores::Best => TensorCores::MmaSync,
+        chosen => chosen,
+    };
     let (a16, b16) = (pack(a, a_src)?, pack(b, b_src)?);
-    if dev.supports::<kiln_gpu::kernels::gemm_tcgen05::GemmTcgen05Bf16>() {
-        gemm_tcgen05(dev, &a16, &b16, c, packed)
-    } else if dev.supports::<kiln_gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>() {
-        WgmmaGemm::new(dev, &a16, &b16, packed)?.run(c)
-    } else {
-        hgemm(dev, &a16, &b16, c, packed)
+    match cores {
+        TensorCores::Tcgen05 => gemm_tcgen05(dev, &a16, &b16, c, packed),
+        TensorCores::Wgmma => WgmmaGemm::new(dev, &a16, &b16, packed)?.run(c),
+        _ => hgemm(dev, &a16, &b16, c, packed),
     }
 }
 
