@@ -643,7 +643,8 @@ fn gemm_bf16_case(dev: &Device) -> Outcome {
     let shapes =
         [(1usize, 1usize, 1usize), (7, 127, 129), (129, 7, 1000), (300, 260, 1032), (1000, 130, 17), (2_100_000, 3, 9)];
     for &(m, n, k) in &shapes {
-        for layout in [Layout::NN, Layout::NT, Layout::TN] {
+        // (the 2.1-million-row product: A packed as stored (NT) and transposed (TN) is what it tests)
+        for layout in [Layout::NN, Layout::NT, Layout::TN].into_iter().filter(|&l| m < 1 << 20 || l != Layout::NN) {
             let (av, bv) = (testing::uniform(&mut rng, m * k), testing::uniform(&mut rng, k * n));
             // the rounded operands as m x k and n x k rows, whatever the stored layout
             let a_rows = if layout == Layout::TN { transposed(&bf16_round(&av), k, m) } else { bf16_round(&av) };
