@@ -263,3 +263,18 @@ fn the_megakernel_schedule_trains_the_main_job_on_the_cpu_interpreter() {
     let acc = report.epochs.last().unwrap().test_accuracy;
     assert!(acc >= 0.9, "test accuracy {acc}");
 }
+
+/// `--matmul-precision bf16` does not apply to the megakernel (its products follow `--mega-path`):
+/// asking for both is a typed error that says so, not a silently ignored option.
+#[test]
+fn matmul_precision_with_the_megakernel_is_refused() {
+    let cfg = TrainConfig {
+        megakernel: true,
+        matmul_precision: kiln::cuda::MatmulPrecision::Bf16,
+        checkpoint: None,
+        progress: false,
+        ..TrainConfig::default()
+    };
+    let e = train(&cfg, |_| {}).err().expect("refused").to_string();
+    assert!(e.contains("--matmul-precision") && e.contains("--mega-path"), "{e}");
+}

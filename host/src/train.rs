@@ -227,6 +227,14 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         return Err(Error::shape("train", format!("batch {} and epochs {} must be positive", cfg.batch, cfg.epochs)));
     }
     if cfg.megakernel {
+        if cfg.matmul_precision != crate::cuda::MatmulPrecision::F32 {
+            return Err(Error::Unsupported {
+                op: "train",
+                what: "--matmul-precision with --megakernel: the megakernel's products follow --mega-path \
+                       (cuda-cores, tf32 or tf32x3); drop one of the two options"
+                    .into(),
+            });
+        }
         return train_megakernel(cfg, log);
     }
     let (device, device_name) = pick_device(cfg.device, cfg.dtype)?;

@@ -13,7 +13,11 @@ pub const SYNC_LAUNCHES_ENV: &str = "KILN_SYNC_LAUNCHES";
 
 /// One CUDA device: its context, a stream, and its PTX module (loaded on first use).
 ///
-/// Cheap to share: hold it in an `Arc` (see [`Device::shared`]).
+/// Cheap to share: hold it in an `Arc` (see [`Device::shared`]). Everything kiln does on the device
+/// goes through this one stream, in order. It is a stream of its own (non-blocking, so that it can
+/// be captured into a graph), not the legacy default stream: work that other code enqueues on
+/// another stream of the same context (`context().default_stream()`, or a second `Device::new`)
+/// is not ordered with kiln's; synchronize between them.
 pub struct Device {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -26,6 +30,8 @@ pub struct Device {
     last_kernel: Mutex<&'static str>,
     /// Tensor maps by (global address, geometry): see [`Device::tensor_map_cached`].
     pub(super) tensor_map_cache: Mutex<HashMap<(u64, super::TensorMapSpec), Arc<super::DeviceTensorMap>>>,
+    /// The cached tensor maps handed out during the current capture: the graph keeps them alive.
+    pub(super) captured_maps: Mutex<Vec<Arc<super::DeviceTensorMap>>>,
     /// [`Device::max_active_clusters`] answers by (kernel, threads, shared memory).
     clusters: Mutex<HashMap<(&'static str, u32, u32), u32>>,
 }
@@ -80,7 +86,8 @@ pub fn matmul_precision_scope(p: MatmulPrecision) -> MatmulPrecisionScope {
     MatmulPrecisionScope { previous, _not_send: std::marker::PhantomData }
 }
 
-/// The guard of [`matmul_precision_scope`] (stays on its thread).
+/// The guard of [`matmul_precision_scope`] (stays on its thread). Nested scopes must end in the
+/// reverse order they began, as blocks do: each guard restores the setting it found.
 pub struct MatmulPrecisionScope {
     previous: MatmulPrecision,
     _not_send: std::marker::PhantomData<*const ()>,
@@ -165,6 +172,7 @@ impl Device {
             sync_launches,
             last_kernel: Mutex::new("(none)"),
             tensor_map_cache: Mutex::new(HashMap::new()),
+            captured_maps: Mutex::new(Vec::new()),
             clusters: Mutex::new(HashMap::new()),
         })
     }
@@ -232,21 +240,27 @@ impl Device {
         K::TARGET.available_on(self.arch)
     }
 
-    fn function<K: Kernel>(&self, dynamic_smem: u32) -> Result<CudaFunction> {
-        if !self.supports::<K>() {
-            let needs = match K::TARGET {
-                KernelTarget::Any => "every architecture".to_string(),
-                KernelTarget::MinSm(sm) => format!("sm_{sm} and newer"),
-                KernelTarget::Exact(a) => format!("{} only", a.name()),
-            };
-            return Err(Error::KernelUnavailable {
-                kernel: K::NAME,
-                arch: self.arch.name(),
-                needs,
-                major: self.cc.0,
-                minor: self.cc.1,
-            });
+    /// [`Error::KernelUnavailable`] unless kernel `K` is in this device's module.
+    pub fn require<K: Kernel>(&self) -> Result<()> {
+        if self.supports::<K>() {
+            return Ok(());
         }
+        let needs = match K::TARGET {
+            KernelTarget::Any => "every architecture".to_string(),
+            KernelTarget::MinSm(sm) => format!("sm_{sm} and newer"),
+            KernelTarget::Exact(a) => format!("{} only", a.name()),
+        };
+        Err(Error::KernelUnavailable {
+            kernel: K::NAME,
+            arch: self.arch.name(),
+            needs,
+            major: self.cc.0,
+            minor: self.cc.1,
+        })
+    }
+
+    fn function<K: Kernel>(&self, dynamic_smem: u32) -> Result<CudaFunction> {
+        self.require::<K>()?;
         let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
         if !fns.contains_key(K::NAME) {
             let f = self
@@ -358,15 +372,19 @@ impl Device {
     /// allocations and frees) into a CUDA graph instead of running it, and instantiates the graph:
     /// [`CapturedGraph::launch`] then replays all of it with one launch. Nothing runs during the
     /// capture. Values `f` reads on the host (a learning rate, a shape) are frozen into the graph;
-    /// buffers keep their addresses, so a replay reads whatever they hold at that time.
+    /// buffers keep their addresses, so a replay reads and writes whatever lives there at that
+    /// time (which is why launching is `unsafe`). The tensor maps the captured work uses are kept
+    /// alive by the graph.
     ///
     /// Run `f` once outside the capture first: the first run loads the module, sets kernel
     /// attributes and fills the caches (tensor maps, uploaded targets), which a capture cannot do.
-    /// Anything in `f` that waits for the device (a download, a synchronize) or copies from
-    /// pageable host memory fails the capture with the driver's error, and the capture ends
-    /// either way. Memory `f` allocates must also be freed in `f` (a training step's activations
-    /// and gradients are), or the second replay fails. Needs this thread to be the only one
-    /// enqueueing on the device while it captures.
+    /// Anything in `f` that waits for the device (a download, a synchronize), copies from pageable
+    /// host memory or makes a new tensor map fails the capture; the capture ends either way (also
+    /// when `f` panics). After a failed capture, host objects `f` created point at memory of a graph
+    /// that never ran: drop them (a training step's gradients: `zero_grad`). Memory `f` allocates
+    /// must also be freed in `f` (a training step's activations and gradients are), or the second
+    /// replay fails. Needs this thread to be the only one enqueueing on the device while it
+    /// captures: another thread's work would be recorded instead of run.
     pub fn capture(&self, f: impl FnOnce() -> Result<()>) -> Result<CapturedGraph> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         if self.sync_launches {
@@ -375,17 +393,30 @@ impl Device {
                 what: format!("with {SYNC_LAUNCHES_ENV}=1 (each launch synchronizes): unset it"),
             });
         }
+        /// Ends a capture that is still open when dropped (when `f` panics), discarding the graph.
+        struct Open<'a>(&'a Arc<CudaStream>, bool);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    // nothing to report from a drop: the capture is abandoned either way
+                    let _ = self.0.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+                }
+            }
+        }
+        self.captured_maps.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(Error::driver("beginning a stream capture"))?;
+        let mut open = Open(&self.stream, true);
         let recorded = f();
-        // end the capture whatever happened, so that the stream is usable again
+        open.1 = false;
         let ended = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        let maps = std::mem::take(&mut *self.captured_maps.lock().unwrap_or_else(|p| p.into_inner()));
         recorded?;
         match ended.map_err(Error::driver(
             "ending the stream capture (the captured work used an operation a graph cannot hold)",
         ))? {
-            Some(graph) => Ok(CapturedGraph { graph }),
+            Some(graph) => Ok(CapturedGraph { graph, _maps: maps }),
             None => Err(Error::Unsupported { op: "graph capture", what: "nothing was captured".into() }),
         }
     }
@@ -549,12 +580,19 @@ fn keep_pool_memory(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> Result
 /// Work captured from a device's stream by [`Device::capture`], replayed with one launch.
 pub struct CapturedGraph {
     graph: cudarc::driver::CudaGraph,
+    /// The tensor maps its kernels read (the device's cache may drop its own references).
+    _maps: Vec<Arc<super::DeviceTensorMap>>,
 }
 
 impl CapturedGraph {
     /// Enqueues one replay of the captured work on the device's stream (asynchronous, like a
     /// kernel launch; errors inside it surface at the next synchronization).
-    pub fn launch(&self) -> Result<()> {
+    ///
+    /// # Safety
+    /// Every buffer the captured work read or wrote that was allocated before the capture (a
+    /// model's parameters, optimizer state, inputs) must still be alive: the graph holds their
+    /// addresses, not the buffers, and would write to whatever now lives there.
+    pub unsafe fn launch(&self) -> Result<()> {
         self.graph.launch().map_err(Error::driver("launching a captured graph"))
     }
 }

@@ -346,9 +346,9 @@ pub fn sgemm_layout(
 /// [`MatmulPrecision::Bf16`](super::MatmulPrecision::Bf16) of f32 tensors): each operand is packed
 /// once by `pack_bf16` into the k-major rows the tensor-core kernels read (rounded nearest-even,
 /// transposed where `layout` stores it the other way, each row zero-padded to a multiple of 8), then
-/// multiplied by [`gemm_tcgen05`] on compute capability 10.x (never run: no Blackwell GPU here),
-/// the persistent `wgmma` kernel on sm_90a, and `mma.sync` ([`hgemm`]) elsewhere. Any m, n and k; `a`, `b` and `c` hold `m k`, `k n` and `m n` f32 values
-/// stored as `layout` says. The padding adds zero products, so each output is the tensor-core
+/// multiplied by the persistent `wgmma` kernel on sm_90a and by `mma.sync` ([`hgemm`]) elsewhere
+/// ([`TensorCores::Best`]; [`gemm_bf16_on`] chooses). Any m, n and k; `a`, `b` and `c` hold `m k`,
+/// `k n` and `m n` f32 values stored as `layout` says. The padding adds zero products, so each output is the tensor-core
 /// kernel's sum over the rounded inputs: reproducible, and row i depends only on row i of `op(a)`.
 pub fn gemm_bf16(
     dev: &Device,
@@ -361,11 +361,18 @@ pub fn gemm_bf16(
     gemm_bf16_on(dev, TensorCores::Best, a, b, c, s, layout)
 }
 
+/// Whether [`TensorCores::Best`] may pick [`gemm_tcgen05`] on compute capability 10.x. False until
+/// that kernel has passed its GPU test (`gemm_tcgen05_bf16_sm100`) on a Blackwell GPU, which kiln's
+/// developers have not had: until then a Blackwell GPU runs the bf16 path on `mma.sync`, and the
+/// `tcgen05` kernel only when asked for by name ([`TensorCores::Tcgen05`], `kiln gemm --kernel
+/// gemm_tcgen05_bf16`).
+pub const TCGEN05_VERIFIED: bool = false;
+
 /// Which tensor-core kernel [`gemm_bf16_on`] multiplies the packed operands with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TensorCores {
-    /// The fastest this device has: `tcgen05` on 10.x, the persistent `wgmma` kernel on sm_90a,
-    /// `mma.sync` elsewhere (what [`gemm_bf16`] uses).
+    /// The fastest verified kernel this device has: the persistent `wgmma` kernel on sm_90a,
+    /// `tcgen05` on 10.x once [`TCGEN05_VERIFIED`], `mma.sync` otherwise (what [`gemm_bf16`] uses).
     Best,
     /// `mma.sync` ([`hgemm`]), on every supported GPU.
     MmaSync,
@@ -408,7 +415,7 @@ pub fn gemm_bf16_on(
         let out_rows = if t { cols } else { rows };
         let dst = dev.alloc_uninit_bf16(out_rows as usize * kp as usize)?;
         let cfg = LaunchConfig {
-            grid_dim: (out_rows.div_ceil(PACK_TILE_ROWS), kp.div_ceil(PACK_TILE_COLS), 1),
+            grid_dim: (out_rows.div_ceil(PACK_TILE_ROWS), kp.div_ceil(PACK_TILE_COLS).min(65535), 1),
             block_dim: (32, PACK_ROWS, 1),
             shared_mem_bytes: 0,
         };
@@ -422,14 +429,20 @@ pub fn gemm_bf16_on(
         }
         Ok(dst)
     };
+    use kiln_gpu::kernels::{gemm_tcgen05::GemmTcgen05Bf16, gemm_wgmma::GemmWgmmaBf16Persistent};
+    let (tcgen05, wgmma) = (dev.supports::<GemmTcgen05Bf16>(), dev.supports::<GemmWgmmaBf16Persistent>());
     let cores = match cores {
-        TensorCores::Best if dev.supports::<kiln_gpu::kernels::gemm_tcgen05::GemmTcgen05Bf16>() => TensorCores::Tcgen05,
-        TensorCores::Best if dev.supports::<kiln_gpu::kernels::gemm_wgmma::GemmWgmmaBf16Persistent>() => {
-            TensorCores::Wgmma
-        }
+        TensorCores::Best if tcgen05 && TCGEN05_VERIFIED => TensorCores::Tcgen05,
+        TensorCores::Best if wgmma => TensorCores::Wgmma,
         TensorCores::Best => TensorCores::MmaSync,
         chosen => chosen,
     };
+    // a kernel this device lacks is refused before any packing
+    match cores {
+        TensorCores::Tcgen05 => dev.require::<GemmTcgen05Bf16>()?,
+        TensorCores::Wgmma => dev.require::<GemmWgmmaBf16Persistent>()?,
+        _ => {}
+    }
     let (a16, b16) = (pack(a, a_src)?, pack(b, b_src)?);
     match cores {
         TensorCores::Tcgen05 => gemm_tcgen05(dev, &a16, &b16, c, packed),

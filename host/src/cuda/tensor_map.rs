@@ -185,11 +185,17 @@ impl Device {
     /// (a map describes where and what shape, never the contents). Plans built per call (the
     /// training path's products) then skip the encode and the host-to-device copy. At most
     /// [`TENSOR_MAP_CACHE`] maps are kept; past that the cache starts over (a dropped map's memory
-    /// is freed in stream order, after the kernels already launched with it).
+    /// is freed in stream order, after the kernels already launched with it; a captured graph keeps
+    /// its own references to the maps it uses).
     pub fn tensor_map_cached(&self, addr: u64, spec: &TensorMapSpec) -> Result<std::sync::Arc<DeviceTensorMap>> {
         let key = (addr, *spec);
-        if let Some(m) = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-            return Ok(m.clone());
+        let hit = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+        if let Some(m) = hit {
+            if self.is_capturing() {
+                // the graph being captured will read this map at every replay: it keeps a reference
+                self.captured_maps.lock().unwrap_or_else(|p| p.into_inner()).push(m.clone());
+            }
+            return Ok(m);
         }
         let map = std::sync::Arc::new(self.tensor_map(addr, spec)?);
         let mut cache = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner());
