@@ -626,7 +626,7 @@ fn transposed(v: &[f64], rows: usize, cols: usize) -> Vec<f64> {
 /// `gemm_bf16`: f32 operands in each stored layout, packed to bf16 (rounded, transposed, k padded to
 /// a multiple of 8) and multiplied by every tensor-core kernel the device has (`mma.sync` always,
 /// `wgmma` on sm_90a, `tcgen05` on 10.x, and the default choice), each against f64 over the rounded
-/// inputs, at odd m, n and k and at 2.1 million rows, output poisoned. The default path must repeat
+/// inputs, at odd m, n and k, at 2.1 million rows and at k = 4.2 million, output poisoned. The default path must repeat
 /// its bits, and row 0 must keep them when m changes (batch invariance).
 fn gemm_bf16_case(dev: &Device) -> Outcome {
     use kiln::cuda::gemm::{Layout, TensorCores, gemm_bf16, gemm_bf16_on};
@@ -639,12 +639,22 @@ fn gemm_bf16_case(dev: &Device) -> Outcome {
     if dev.supports::<kiln::gpu::kernels::gemm_tcgen05::GemmTcgen05Bf16>() {
         cores.push(TensorCores::Tcgen05);
     }
-    // the last shape has more rows than a grid's y dimension could tile (65535 x 32)
-    let shapes =
-        [(1usize, 1usize, 1usize), (7, 127, 129), (129, 7, 1000), (300, 260, 1032), (1000, 130, 17), (2_100_000, 3, 9)];
+    // the last two: more rows than a grid's y dimension could tile (65535 x 32), and a k longer than
+    // 65535 column tiles of 64 (the packing walks them)
+    let shapes = [
+        (1usize, 1usize, 1usize),
+        (7, 127, 129),
+        (129, 7, 1000),
+        (300, 260, 1032),
+        (1000, 130, 17),
+        (2_100_000, 3, 9),
+        (2, 3, 4_200_001),
+    ];
     for &(m, n, k) in &shapes {
-        // (the 2.1-million-row product: A packed as stored (NT) and transposed (TN) is what it tests)
-        for layout in [Layout::NN, Layout::NT, Layout::TN].into_iter().filter(|&l| m < 1 << 20 || l != Layout::NN) {
+        // (the two huge products test the packing: A packed as stored (NT) and transposed (TN), with
+        // the default kernel only)
+        let huge = m >= 1 << 20 || k >= 1 << 20;
+        for layout in [Layout::NN, Layout::NT, Layout::TN].into_iter().filter(|&l| !huge || l != Layout::NN) {
             let (av, bv) = (testing::uniform(&mut rng, m * k), testing::uniform(&mut rng, k * n));
             // the rounded operands as m x k and n x k rows, whatever the stored layout
             let a_rows = if layout == Layout::TN { transposed(&bf16_round(&av), k, m) } else { bf16_round(&av) };
@@ -652,8 +662,7 @@ fn gemm_bf16_case(dev: &Device) -> Outcome {
             let (da, db) = (dev.upload(&av).map_err(err)?, dev.upload(&bv).map_err(err)?);
             let s = GemmShape { m: m as u32, n: n as u32, k: k as u32 };
             let mut dc = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
-            // (the 2.1-million-row product, there for the packing's grid, with the default kernel only)
-            for &tc in cores.iter().filter(|&&tc| m < 1 << 20 || tc == TensorCores::Best) {
+            for &tc in cores.iter().filter(|&&tc| !huge || tc == TensorCores::Best) {
                 dev.write(&mut dc, &vec![POISON_F32; m * n]).map_err(err)?;
                 gemm_bf16_on(dev, tc, &da, &db, &mut dc, s, layout).map_err(err)?;
                 let got = dev.download(&dc).map_err(err)?;
