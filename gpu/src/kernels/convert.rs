@@ -65,19 +65,29 @@ shared_array!(fn pack_tile() -> [f32; (PACK_TILE_COLS * PACK_PITCH) as usize], a
 ///   `dst[c ld + r] = bf16(src[r cols + c])` for `r < rows`, 0 beyond. Rounding: nearest-even.
 ///   `ld` is a multiple of [`PACK_K_MULTIPLE`]; `dst` is 4-byte aligned and written as bf16 pairs.
 ///   (A k x m operand stored row-major becomes m rows of k: the `A^T` of `dW = dY^T X`.)
-/// - Tiling: a block writes `PACK_TILE_ROWS x PACK_TILE_COLS` (32 x 64) tiles of the output: row
-///   tile `blockIdx.x` (x allows 2^31 - 1 blocks: operands of millions of rows), column tiles
-///   `blockIdx.y, blockIdx.y + gridDim.y, ...` (y stops at 65535, so long rows take several);
-///   grid `(ceil(out_rows / 32), min(ceil(ld / 64), 65535))`, block `(32, 8)`.
+/// - Tiling: a block writes one `PACK_TILE_ROWS x PACK_TILE_COLS` (32 x 64) tile of the output:
+///   column tile `blockIdx.x`, row tile `first_row_tile + blockIdx.y`. Grid
+///   `(ceil(ld / 64), row tiles)`, block `(32, 8)`; the grid's y stops at 65535, so the host
+///   launches operands of more than 2 million rows in slices of 65535 row tiles (`first_row_tile`).
 /// - Mapping: thread `(x, y)` writes the pairs at columns `2x, 2x + 1` of tile rows `y + 8 j`,
 ///   `j < 4`, one 4-byte store each (a warp stores 128 contiguous bytes). Untransposed, it reads the
 ///   two source values of each pair directly. Transposed, the block first reads the 64 x 32 source
 ///   tile (source rows `col0 + y + 8 j`, `j < 8`, column `row0 + x`: coalesced along source rows)
 ///   into shared memory, and after a block barrier takes each pair from two consecutive tile rows.
 #[kernel]
-pub unsafe fn pack_bf16(src: DevicePtr<f32>, dst: DevicePtrMut<u32>, rows: u32, cols: u32, ld: u32, transpose: u32) {
+pub unsafe fn pack_bf16(
+    src: DevicePtr<f32>,
+    dst: DevicePtrMut<u32>,
+    rows: u32,
+    cols: u32,
+    ld: u32,
+    transpose: u32,
+    first_row_tile: u32,
+) {
     let (x, y) = (thread::thread_idx_x(), thread::thread_idx_y());
-    let row0 = thread::block_idx_x() * PACK_TILE_ROWS;
+    let col0 = thread::block_idx_x() * PACK_TILE_COLS;
+    let row0 = (first_row_tile + thread::block_idx_y()) * PACK_TILE_ROWS;
+    let c = col0 + 2 * x;
     let out_rows = if transpose != 0 { cols } else { rows };
     let load = |r: u32, c: u32| {
         if r < rows && c < cols { unsafe { src.read(r as usize * cols as usize + c as usize) } } else { 0.0 }
@@ -88,36 +98,28 @@ pub unsafe fn pack_bf16(src: DevicePtr<f32>, dst: DevicePtrMut<u32>, rows: u32, 
             unsafe { dst.write((r as usize * ld as usize + c as usize) / 2, convert::pack_bf16x2(lo, hi)) };
         }
     };
+    if transpose == 0 {
+        let mut j = 0;
+        while j < PACK_TILE_ROWS {
+            let r = row0 + y + j;
+            store(r, c, load(r, c), load(r, c + 1));
+            j += PACK_ROWS;
+        }
+        return;
+    }
+    // The output tile (row0.., col0..) is the transpose of source rows col0.., columns row0...
     let tile = pack_tile() as *mut f32;
     let at = |r: u32, c: u32| (r * PACK_PITCH + c) as usize;
-    // column tiles y, y + grid_y, ... (the grid's y dimension stops at 65535 tiles of 64)
-    let mut col0 = thread::block_idx_y() * PACK_TILE_COLS;
-    while col0 < ld {
-        let c = col0 + 2 * x;
-        if transpose == 0 {
-            let mut j = 0;
-            while j < PACK_TILE_ROWS {
-                let r = row0 + y + j;
-                store(r, c, load(r, c), load(r, c + 1));
-                j += PACK_ROWS;
-            }
-        } else {
-            // The output tile (row0.., col0..) is the transpose of source rows col0.., columns row0...
-            let mut j = 0;
-            while j < PACK_TILE_COLS {
-                unsafe { *tile.add(at(y + j, x)) = load(col0 + y + j, row0 + x) };
-                j += PACK_ROWS;
-            }
-            sync::sync_threads();
-            let mut j = 0;
-            while j < PACK_TILE_ROWS {
-                let (lo, hi) = unsafe { (*tile.add(at(2 * x, y + j)), *tile.add(at(2 * x + 1, y + j))) };
-                store(row0 + y + j, c, lo, hi);
-                j += PACK_ROWS;
-            }
-            // every thread has read the tile before the next column tile overwrites it
-            sync::sync_threads();
-        }
-        col0 += thread::grid_dim_y() * PACK_TILE_COLS;
+    let mut j = 0;
+    while j < PACK_TILE_COLS {
+        unsafe { *tile.add(at(y + j, x)) = load(col0 + y + j, row0 + x) };
+        j += PACK_ROWS;
+    }
+    sync::sync_threads();
+    let mut j = 0;
+    while j < PACK_TILE_ROWS {
+        let (lo, hi) = unsafe { (*tile.add(at(2 * x, y + j)), *tile.add(at(2 * x + 1, y + j))) };
+        store(row0 + y + j, c, lo, hi);
+        j += PACK_ROWS;
     }
 }

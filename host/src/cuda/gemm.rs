@@ -414,18 +414,24 @@ pub fn gemm_bf16_on(
     let pack = |src: &DeviceBuffer<f32>, (rows, cols, t): (u32, u32, bool)| -> Result<DeviceBuffer<half::bf16>> {
         let out_rows = if t { cols } else { rows };
         let dst = dev.alloc_uninit_bf16(out_rows as usize * kp as usize)?;
-        let cfg = LaunchConfig {
-            grid_dim: (out_rows.div_ceil(PACK_TILE_ROWS), kp.div_ceil(PACK_TILE_COLS).min(65535), 1),
-            block_dim: (32, PACK_ROWS, 1),
-            shared_mem_bytes: 0,
-        };
-        check_grid("bf16 gemm", &cfg)?;
-        // SAFETY: src holds rows x cols f32 (check_operands); dst out_rows x kp 16-bit values
-        // (written as pairs: kp is even, allocations 256-byte aligned), and kp is at least the
-        // packed rows' live length (cols, or rows when transposed, is k).
-        unsafe {
-            let out = kiln_gpu::DevicePtrMut::<u32>::from_addr(dst.addr());
-            dev.launch(PackBf16, cfg, (src.ptr(), out, rows, cols, kp, t as u32))?;
+        // row tiles in slices the grid's y dimension can hold
+        let (row_tiles, mut first) = (out_rows.div_ceil(PACK_TILE_ROWS), 0u32);
+        while first < row_tiles {
+            let slice = (row_tiles - first).min(65535);
+            let cfg = LaunchConfig {
+                grid_dim: (kp.div_ceil(PACK_TILE_COLS), slice, 1),
+                block_dim: (32, PACK_ROWS, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: src holds rows x cols f32 (check_operands); dst out_rows x kp 16-bit values
+            // (written as pairs: kp is even, allocations 256-byte aligned), and kp is at least the
+            // packed rows' live length (cols, or rows when transposed, is k); the kernel masks rows
+            // past out_rows.
+            unsafe {
+                let out = kiln_gpu::DevicePtrMut::<u32>::from_addr(dst.addr());
+                dev.launch(PackBf16, cfg, (src.ptr(), out, rows, cols, kp, t as u32, first))?;
+            }
+            first += slice;
         }
         Ok(dst)
     };
