@@ -36,13 +36,7 @@ fn bracketed(dev: &Arc<Device>, mut reference: impl FnMut(), kernel: impl FnMut(
 }
 
 fn main() {
-    let dev = match Device::shared() {
-        Ok(d) => d,
-        Err(e) => {
-            println!("gemm bench: no GPU ({e}); nothing measured");
-            return;
-        }
-    };
+    let Some(dev) = timing::gpu_or_skip("gemm bench") else { return };
     // SAFETY: only tries to dlopen the library.
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
         println!("gemm bench: libcublas not found (set LD_LIBRARY_PATH); the ratios need cuBLAS in the same run");

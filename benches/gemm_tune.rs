@@ -7,7 +7,6 @@
 //! `KILN_TUNE_DATE` names the date in the table. Without a GPU it prints why and exits 0.
 //! Unaligned shapes are the class's shapes with n and k one less (odd).
 
-use kiln::cuda::Device;
 use kiln::cuda::gemm::{Layout, SizeClass, tuning_candidates, tuning_pick};
 use kiln::gpu::kernels::mma_tile::GemmShape;
 
@@ -17,13 +16,7 @@ mod timing;
 const REPS: usize = 5;
 
 fn main() {
-    let dev = match Device::shared() {
-        Ok(d) => d,
-        Err(e) => {
-            println!("gemm tuning: no GPU ({e}); nothing measured");
-            return;
-        }
-    };
+    let Some(dev) = timing::gpu_or_skip("gemm tuning") else { return };
     let date = std::env::var("KILN_TUNE_DATE").unwrap_or_else(|_| "(date not given)".into());
     println!("tuning the FP32 chooser on {}, median of {REPS}", dev.name());
     let mut rows = Vec::new();

@@ -9,7 +9,6 @@
 //! prints why and exits 0. `KILN_BENCH_MODELS=4096x1024x8,...` (batch x width x layers) and
 //! `KILN_BENCH_PATHS=cuda-cores,tf32,tf32x3` and `KILN_BENCH_TILES=32,64` pick a subset (for a profiler run, for example).
 
-use kiln::cuda::Device;
 use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build, build_with_tile};
 use kiln::nn::{Linear, Module, ReLU, Sequential};
 use kiln::optim::{Optimizer, Sgd};
@@ -24,13 +23,7 @@ const MODELS: &[(usize, usize, usize)] = &[(64, 256, 4), (256, 1024, 4), (4096, 
 const LR: f32 = 0.01;
 
 fn main() {
-    let dev = match Device::shared() {
-        Ok(d) => d,
-        Err(e) => {
-            println!("mlp_step bench: no GPU ({e}); nothing measured");
-            return;
-        }
-    };
+    let Some(dev) = timing::gpu_or_skip("mlp_step bench") else { return };
     let sms = dev.sm_count().expect("SM count");
     println!("device: {}, per training step, f32, median of samples of back-to-back steps", dev.name());
     let mut json = format!("{{\"device\":\"{}\",\"models\":[", dev.name());

@@ -25,13 +25,7 @@ fn median_ms(dev: &Arc<Device>, f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let dev = match Device::shared() {
-        Ok(d) => d,
-        Err(e) => {
-            println!("tensor_ops bench: no GPU ({e}); nothing measured");
-            return;
-        }
-    };
+    let Some(dev) = timing::gpu_or_skip("tensor_ops bench") else { return };
     let _g = no_grad();
     let td = TDev::Cuda(dev.clone());
     let n = ROWS * COLS;

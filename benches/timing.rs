@@ -2,6 +2,20 @@
 //! (`kiln::cuda::timing`, for closures that panic on failure).
 
 use kiln::cuda::Device;
+use std::sync::Arc;
+
+/// The shared device, or `None` after printing why `bench` measures nothing (no GPU: the bench
+/// exits 0, so that `cargo bench` works on machines without one).
+#[allow(dead_code)]
+pub fn gpu_or_skip(bench: &str) -> Option<Arc<Device>> {
+    match Device::shared() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("{bench}: no GPU ({e}); nothing measured");
+            None
+        }
+    }
+}
 
 /// Median milliseconds of `f` over `reps` runs, timed with CUDA events on the device's stream after
 /// two warm-ups.

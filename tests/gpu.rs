@@ -715,45 +715,32 @@ fn bf16_precision_autograd(_: &Device) -> Outcome {
         *y_shape.last_mut().expect("rank >= 2") = n;
         let (xr, wr, gr) = (bf16_round(&xv), bf16_round(&wv), bf16_round(&gv));
         let what = format!("x {xs:?}, w [{n}, {k}]");
+        // w^T, stored k x n
+        let w_t: Vec<f32> = (0..k * n).map(|i| wv[(i % n) * k + i / n]).collect();
         {
             let _bf16 = matmul_precision_scope(MatmulPrecision::Bf16);
-            // y = x w^T, then the gradients of sum(y * g): dx = g w, dw = g^T x
-            let (x, w) = (t(&xv, xs)?.requires_grad(), t(&wv, &[n, k])?.requires_grad());
-            let y = x.matmul_t(&w).map_err(err)?;
-            y.mul(&t(&gv, &y_shape)?).map_err(err)?.sum_all().map_err(err)?.backward().map_err(err)?;
-            check(&format!("matmul_t y, {what}"), &y, &xr, &wr, (rows, n, k))?;
-            let dx = x.grad().ok_or("no dx")?;
-            check(&format!("matmul_t dx, {what}"), &dx, &gr, &transposed(&wr, n, k), (rows, k, n))?;
-            let dw = w.grad().ok_or("no dw")?;
-            check(
-                &format!("matmul_t dw, {what}"),
-                &dw,
-                &transposed(&gr, rows, n),
-                &transposed(&xr, rows, k),
-                (n, k, rows),
-            )?;
-            // z = x v with v = w^T stored k x n: dx = g v^T (NT), dv = x^T g (TN)
-            if xs.len() == 2 {
-                let vv: Vec<f32> = (0..k * n).map(|i| wv[(i % n) * k + i / n]).collect();
-                let (x, v) = (t(&xv, xs)?.requires_grad(), t(&vv, &[k, n])?.requires_grad());
-                let z = x.matmul(&v).map_err(err)?;
-                z.mul(&t(&gv, &y_shape)?).map_err(err)?.sum_all().map_err(err)?.backward().map_err(err)?;
-                check(&format!("matmul z, {what}"), &z, &xr, &wr, (rows, n, k))?;
+            // y = x w^T as `x.matmul_t(w)` (forward NT, dx = g w NN, dw = g^T x TN) and, for 2-D x,
+            // as `x.matmul(w^T)` (forward NN, dx NT, d(w^T) = x^T g TN); the gradients of sum(y * g)
+            for in_place in [true, false].into_iter().filter(|&t| t || xs.len() == 2) {
+                let name = if in_place { "matmul_t" } else { "matmul" };
+                let x = t(&xv, xs)?.requires_grad();
+                let w = if in_place { t(&wv, &[n, k])? } else { t(&w_t, &[k, n])? }.requires_grad();
+                let y = if in_place { x.matmul_t(&w) } else { x.matmul(&w) }.map_err(err)?;
+                y.mul(&t(&gv, &y_shape)?).map_err(err)?.sum_all().map_err(err)?.backward().map_err(err)?;
+                check(&format!("{name} y, {what}"), &y, &xr, &wr, (rows, n, k))?;
                 let dx = x.grad().ok_or("no dx")?;
-                check(&format!("matmul dx, {what}"), &dx, &gr, &transposed(&wr, n, k), (rows, k, n))?;
-                let dv = v.grad().ok_or("no dv")?;
-                check(
-                    &format!("matmul dv, {what}"),
-                    &dv,
-                    &transposed(&xr, rows, k),
-                    &transposed(&gr, rows, n),
-                    (k, n, rows),
-                )?;
+                check(&format!("{name} dx, {what}"), &dx, &gr, &transposed(&wr, n, k), (rows, k, n))?;
+                let dw = w.grad().ok_or("no dw")?;
+                let (g_t, x_t) = (transposed(&gr, rows, n), transposed(&xr, rows, k));
+                if in_place {
+                    check(&format!("{name} dw, {what}"), &dw, &g_t, &x_t, (n, k, rows))?; // dw = g^T x
+                } else {
+                    check(&format!("{name} d(w^T), {what}"), &dw, &x_t, &g_t, (k, n, rows))?; // x^T g
+                }
             }
         }
         // out of the scope: the f32 tier, the CPU's ascending-k FMA chains bit for bit
         let y = t(&xv, xs)?.matmul_t(&t(&wv, &[n, k])?).map_err(err)?;
-        let w_t: Vec<f32> = (0..k * n).map(|i| wv[(i % n) * k + i / n]).collect();
         let chain = kiln::deterministic::matmul_chain(&xv, &w_t, rows, k, n);
         if bits(&y.to_vec_f32()) != bits(&chain) || y.dtype() != DType::F32 {
             return Err(format!("{what}: after the bf16 scope, matmul_t is not the f32 tier's bits"));

@@ -458,35 +458,32 @@ impl Device {
     /// `KILN_POISON=1` (the GPU test bundle sets it) they are filled with a NaN pattern instead, so a
     /// kernel that leaves an element unwritten fails its comparison.
     pub(crate) fn alloc_uninit_f32(&self, len: usize) -> Result<DeviceBuffer<f32>> {
-        // SAFETY: f32 has no invalid bit patterns; callers' kernels write every element.
-        let s =
-            unsafe { self.stream.alloc::<f32>(len) }.map_err(Error::driver(format!("allocating {len} elements")))?;
-        let buf = DeviceBuffer::from_slice(s);
-        if poison_allocations() && len > 0 {
-            // SAFETY: a live allocation of `len` 4-byte elements on this device's stream.
-            let r = unsafe {
-                cudarc::driver::sys::cuMemsetD32Async(
-                    buf.addr(),
-                    crate::testing::POISON_F32.to_bits(),
-                    len,
-                    self.stream.cu_stream(),
-                )
-            };
-            r.result().map_err(Error::driver("poisoning a new allocation"))?;
-        }
-        Ok(buf)
+        // SAFETY: fills `n` 4-byte elements at a live allocation on this device's stream.
+        self.alloc_uninit(len, |at, n, st| unsafe {
+            cudarc::driver::sys::cuMemsetD32Async(at, crate::testing::POISON_F32.to_bits(), n, st)
+        })
     }
 
     /// As [`Device::alloc_uninit_f32`], for bf16 (poisoned with the NaN pattern `0xffff`).
     pub(crate) fn alloc_uninit_bf16(&self, len: usize) -> Result<DeviceBuffer<half::bf16>> {
-        // SAFETY: every bit pattern is a bf16 value; callers' kernels write every element.
-        let s = unsafe { self.stream.alloc::<half::bf16>(len) }
-            .map_err(Error::driver(format!("allocating {len} elements")))?;
+        // SAFETY: fills `n` 2-byte elements at a live allocation on this device's stream.
+        self.alloc_uninit(len, |at, n, st| unsafe { cudarc::driver::sys::cuMemsetD16Async(at, 0xffff, n, st) })
+    }
+
+    /// `len` elements of a type with no invalid bit patterns, unwritten, or filled by `poison`
+    /// (address, elements, stream) under `KILN_POISON=1`.
+    fn alloc_uninit<T: DeviceRepr>(
+        &self,
+        len: usize,
+        poison: impl FnOnce(u64, usize, cudarc::driver::sys::CUstream) -> cudarc::driver::sys::CUresult,
+    ) -> Result<DeviceBuffer<T>> {
+        // SAFETY: callers' types take every bit pattern, and their kernels write every element.
+        let s = unsafe { self.stream.alloc::<T>(len) }.map_err(Error::driver(format!("allocating {len} elements")))?;
         let buf = DeviceBuffer::from_slice(s);
         if poison_allocations() && len > 0 {
-            // SAFETY: a live allocation of `len` 2-byte elements on this device's stream.
-            let r = unsafe { cudarc::driver::sys::cuMemsetD16Async(buf.addr(), 0xffff, len, self.stream.cu_stream()) };
-            r.result().map_err(Error::driver("poisoning a new allocation"))?;
+            poison(buf.addr(), len, self.stream.cu_stream())
+                .result()
+                .map_err(Error::driver("poisoning a new allocation"))?;
         }
         Ok(buf)
     }

@@ -457,6 +457,22 @@ pub fn gemm_bf16_on(
     }
 }
 
+/// The tensor map of a K-major bf16 operand of the TMA-fed kernels (`wgmma`, `tcgen05`, the
+/// TMA-fed `mma.sync`): `rows` rows of `k`, boxes of `box_rows` rows by one 64-wide k tile, 128-byte
+/// swizzle.
+fn operand_spec(rows: u32, k: u32, box_rows: u32) -> super::TensorMapSpec {
+    use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_SWIZZLE};
+    super::TensorMapSpec {
+        dtype: super::TmaDtype::Bf16,
+        rows: rows as u64,
+        cols: k as u64,
+        row_pitch: k as u64,
+        box_rows,
+        box_cols: WG_BK,
+        swizzle: WG_SWIZZLE,
+    }
+}
+
 /// `c = a b^T` on Blackwell's tensor cores (`gemm_tcgen05_bf16`: TMA ring, one thread issuing
 /// `tcgen05.mma` into tensor memory, an epilogue warpgroup reading it back; persistent, one block
 /// per SM): `a` m x k, `b` n x k bf16, `c` m x n f32, `k % 8 == 0`. Only on compute capability
@@ -470,7 +486,6 @@ pub fn gemm_tcgen05(
     s: GemmShape,
 ) -> Result<()> {
     use kiln_gpu::kernels::gemm_tcgen05::{GemmTcgen05Bf16, TC_BM, TC_BN, TC_SMEM_BYTES, TC_THREADS};
-    use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_SWIZZLE};
     check_operands("tcgen05 gemm", a.len(), b.len(), c.len(), s)?;
     if s.m == 0 || s.n == 0 || s.k == 0 {
         return Err(Error::shape("tcgen05 gemm", format!("empty product {}x{}x{}", s.m, s.n, s.k)));
@@ -482,17 +497,8 @@ pub fn gemm_tcgen05(
         });
     }
     check_aligned("tcgen05 gemm", &[c.addr()])?;
-    let spec = |rows: u32, box_rows: u32| super::TensorMapSpec {
-        dtype: super::TmaDtype::Bf16,
-        rows: rows as u64,
-        cols: s.k as u64,
-        row_pitch: s.k as u64,
-        box_rows,
-        box_cols: WG_BK,
-        swizzle: WG_SWIZZLE,
-    };
-    let a_map = dev.tensor_map_cached(a.addr(), &spec(s.m, TC_BM))?;
-    let b_map = dev.tensor_map_cached(b.addr(), &spec(s.n, TC_BN))?;
+    let a_map = dev.tensor_map_cached(a.addr(), &operand_spec(s.m, s.k, TC_BM))?;
+    let b_map = dev.tensor_map_cached(b.addr(), &operand_spec(s.n, s.k, TC_BN))?;
     let tiles = s.m.div_ceil(TC_BM) as u64 * s.n.div_ceil(TC_BN) as u64;
     let blocks = tiles.min(dev.sm_count()? as u64) as u32;
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (TC_THREADS, 1, 1), shared_mem_bytes: TC_SMEM_BYTES };
@@ -771,7 +777,7 @@ impl<'a> WgmmaGemm<'a> {
         a_rows: u32,
         b_rows: u32,
     ) -> Result<Self> {
-        use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_BM, WG_BN, WG_SWIZZLE, WW_BN};
+        use kiln_gpu::kernels::gemm_wgmma::{WG_BM, WG_BN, WW_BN};
         let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
         if m == 0 || n == 0 || kk == 0 {
             return Err(Error::shape("wgmma gemm", format!("empty product {m}x{n}x{kk}")));
@@ -782,17 +788,8 @@ impl<'a> WgmmaGemm<'a> {
                 what: format!("k = {kk}: TMA needs 16-byte row pitches, so k must be a multiple of 8"),
             });
         }
-        let spec = |rows: u32, box_rows: u32| super::TensorMapSpec {
-            dtype: super::TmaDtype::Bf16,
-            rows: rows as u64,
-            cols: s.k as u64,
-            row_pitch: s.k as u64,
-            box_rows,
-            box_cols: WG_BK,
-            swizzle: WG_SWIZZLE,
-        };
         // Cached on the device: plans built per call over recycled buffers reuse their maps.
-        let a_map = dev.tensor_map_cached(a.addr(), &spec(a_rows, WG_BM))?;
+        let a_map = dev.tensor_map_cached(a.addr(), &operand_spec(a_rows, s.k, WG_BM))?;
         let bn = match tile {
             WgmmaTile::T128x128 => WG_BN,
             WgmmaTile::T128x256 | WgmmaTile::MmaSyncTma => WW_BN,
@@ -801,7 +798,7 @@ impl<'a> WgmmaGemm<'a> {
                 kiln_gpu::kernels::gemm_wgmma::WP_B_SHARE
             }
         };
-        let b_map = dev.tensor_map_cached(b.addr(), &spec(b_rows, bn))?;
+        let b_map = dev.tensor_map_cached(b.addr(), &operand_spec(b_rows, s.k, bn))?;
         let resident = if tile.is_persistent() { resident_clusters(dev)? } else { 0 };
         let mut g = WgmmaGemm {
             dev,
