@@ -8,6 +8,9 @@
 //! Run: `cargo bench --bench mlp_step`, or `benches/mlp_step` from a GPU bundle. Without a GPU it
 //! prints why and exits 0. `KILN_BENCH_MODELS=4096x1024x8,...` (batch x width x layers) and
 //! `KILN_BENCH_PATHS=cuda-cores,tf32,tf32x3` and `KILN_BENCH_TILES=32,64` pick a subset (for a profiler run, for example).
+//! `KILN_BENCH_TRACE=1` also runs one traced megakernel step per model, path and tile (after its
+//! timing) and prints where its time went, phase by phase (`kiln::megakernel::StepTrace`);
+//! `KILN_BENCH_TRACE_DIR=dir` also writes each trace's stamps there as CSV.
 
 use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build, build_with_tile};
 use kiln::nn::{Linear, Module, ReLU, Sequential};
@@ -65,6 +68,18 @@ fn main() {
                     mega.run(Loss::CrossEntropy, LR, 0.0).expect("megakernel step")
                 });
                 mega.check().expect("no stalled wait while timing");
+                if std::env::var("KILN_BENCH_TRACE").is_ok_and(|v| v == "1") {
+                    // one more step, with every instruction's timestamps
+                    mega.set_trace(true).expect("trace buffer");
+                    mega.run(Loss::CrossEntropy, LR, 0.0).expect("traced step");
+                    let t = mega.trace().expect("trace");
+                    println!("trace of {batch}x{width}x{layers}, {path:?}, tile {tile}:\n{}", t.summary());
+                    if let Ok(dir) = std::env::var("KILN_BENCH_TRACE_DIR") {
+                        let f = format!("{dir}/trace-{batch}x{width}x{layers}-{path:?}-{tile}.csv");
+                        std::fs::write(&f, t.to_csv()).expect("writing the trace");
+                    }
+                    mega.set_trace(false).expect("trace off");
+                }
                 per_tile.push((tile, ms));
             }
             let Some(&(_, ms)) = per_tile.iter().find(|(t, _)| *t == chosen) else { continue };

@@ -1805,11 +1805,13 @@ fn megakernel_weights_after(
     shape: &kiln::megakernel::MlpShape,
     sms: usize,
     steps: usize,
+    traced: bool,
 ) -> Result<(Vec<Vec<f32>>, u32), String> {
     use kiln::megakernel::{GpuStep, Loss, StepInputs, build};
     let schedule = build(shape, sms, path).map_err(err)?;
     let mut gpu =
         GpuStep::new(Device::shared().map_err(err)?, &schedule, &mk_weights(&shape.dims, 5), path).map_err(err)?;
+    gpu.set_trace(traced).map_err(err)?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(17);
     let last = shape.dims[shape.layers()];
     for step in 0..steps {
@@ -1818,23 +1820,60 @@ fn megakernel_weights_after(
         let inp = StepInputs { x: &x, y: &[], classes: &classes, loss: Loss::CrossEntropy, lr: 0.05, momentum: 0.9 };
         gpu.step(&inp).map_err(err)?;
     }
+    if traced {
+        check_trace(&gpu.trace().map_err(err)?, path, schedule.order.len())?;
+    }
     Ok((gpu.weights().map_err(err)?, schedule.tile))
+}
+
+/// A traced step's stamps are complete and in order: every instruction signalled; each stamp the
+/// data path writes for its kind of instruction is present, and they follow the instruction's life
+/// (`kiln_gpu::megakernel::trace`).
+fn check_trace(t: &kiln::megakernel::StepTrace, path: kiln::megakernel::DataPath, instructions: usize) -> Outcome {
+    use kiln::gpu::megakernel::{opcode, trace as at};
+    if t.records.len() != instructions || t.unfinished() != 0 {
+        return Err(format!("trace of {} instructions, {} unfinished; want {instructions}, 0", t.records.len(), t.unfinished()));
+    }
+    for (k, r) in t.records.iter().enumerate() {
+        let product = !matches!(r.instruction.opcode, opcode::LOSS_GRAD | opcode::SGD_UPDATE);
+        let chain: &[u32] = match path {
+            kiln::megakernel::DataPath::CudaCores => &[at::START, at::FIRST, at::STORED, at::SIGNALED],
+            _ => &[at::START, at::FIRST, at::WORK_DONE, at::STORED, at::SIGNALED],
+        };
+        let loader: &[u32] = match (path, product) {
+            (kiln::megakernel::DataPath::CudaCores, _) | (_, false) => &[],
+            (_, true) => &[at::LOADER_START, at::LOADER_DEPS, at::LOADER_ISSUED],
+        };
+        for seq in [chain, loader] {
+            let got: Vec<Option<u64>> = seq.iter().map(|&w| r.stamps[w as usize]).collect();
+            if got.iter().any(Option::is_none) || got.windows(2).any(|p| p[0] > p[1]) {
+                return Err(format!("{path:?} instruction {k} ({:?}): stamps {seq:?} = {got:?}", r.instruction));
+            }
+        }
+        let written = r.stamps.iter().filter(|s| s.is_some()).count();
+        if written != chain.len() + loader.len() {
+            return Err(format!("{path:?} instruction {k}: {written} stamps written, want {}", chain.len() + loader.len()));
+        }
+    }
+    Ok(())
 }
 
 /// Bit-identical weights across runs, and across schedules: every output tile is one block's
 /// fixed-order product whichever SM runs it, so the schedule for all SMs and one for 3 SMs (each
 /// block then makes thousands of page uses, far past the one parity bit's wrap-around) agree bit
-/// for bit after 5 steps, on both tensor-core precisions and on the CUDA-core path.
+/// for bit after 5 steps, on both tensor-core precisions and on the CUDA-core path; so does a traced
+/// run, whose last step's stamps must be complete and in order.
 fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
     use kiln::megakernel::{DataPath, MlpShape};
     let sms = dev.sm_count().map_err(err)?;
     let shape = MlpShape { batch: 200, dims: vec![300, 257, 257, 7] };
     for path in [DataPath::Tf32x3, DataPath::Tf32, DataPath::CudaCores] {
-        let (a, tile) = megakernel_weights_after(path, &shape, sms, 5)?;
-        let (b, _) = megakernel_weights_after(path, &shape, sms, 5)?;
-        let (c, _) = megakernel_weights_after(path, &shape, 3, 5)?;
-        for (l, ((a, b), c)) in a.iter().zip(&b).zip(&c).enumerate() {
-            for (what, other) in [("a second run", b), ("the 3-SM schedule", c)] {
+        let (a, tile) = megakernel_weights_after(path, &shape, sms, 5, false)?;
+        let (b, _) = megakernel_weights_after(path, &shape, sms, 5, false)?;
+        let (c, _) = megakernel_weights_after(path, &shape, 3, 5, false)?;
+        let (d, _) = megakernel_weights_after(path, &shape, sms, 5, true)?;
+        for (l, (((a, b), c), d)) in a.iter().zip(&b).zip(&c).zip(&d).enumerate() {
+            for (what, other) in [("a second run", b), ("the 3-SM schedule", c), ("a traced run", d)] {
                 if let Some(i) = a.iter().zip(other).position(|(x, y)| x.to_bits() != y.to_bits()) {
                     return Err(format!(
                         "{path:?} tile {tile} layer {l} weight {i}: {} on {sms} SMs, {} in {what}",

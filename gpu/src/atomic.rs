@@ -81,6 +81,24 @@ mod device {
         r
     }
 
+    /// Loads with relaxed semantics at GPU scope: sees another block's atomic updates (no stale L1
+    /// copy), orders nothing. Poll with it, then [`fence_gpu`](crate::fence::fence_gpu) once the
+    /// value is seen: that pair is an acquire, without the L1 invalidation (`CCTL.IVALL`) an
+    /// `ld.acquire` costs on every poll.
+    ///
+    /// PTX: `ld.relaxed.gpu.global.u32 %r, [addr];`
+    ///
+    /// # Safety
+    /// `addr` must be a valid, 4-byte-aligned global address.
+    #[inline(always)]
+    pub unsafe fn load_relaxed_gpu(addr: *const u32) -> u32 {
+        let r: u32;
+        unsafe {
+            asm!("ld.relaxed.gpu.global.u32 {r}, [{a}];", r = out(reg32) r, a = in(reg64) addr, options(nostack))
+        };
+        r
+    }
+
     /// Stores with release semantics at GPU scope: earlier writes are visible before this one.
     ///
     /// PTX: `st.release.gpu.global.u32 [addr], v;`

@@ -207,6 +207,40 @@ pub const fn page_parity(use_index: u32) -> u32 {
     use_index & 1
 }
 
+/// A traced step's timestamps: global-timer nanoseconds (`%globaltimer`, one clock for every SM),
+/// [`WORDS`](trace::WORDS) per instruction at `WORDS * index + stamp`. Stamps the kernel does not
+/// reach stay 0 (the host zeroes the buffer before the step).
+///
+/// A product instruction's life: the loader reaches it ([`LOADER_START`](trace::LOADER_START)),
+/// its dependency counter is met ([`LOADER_DEPS`](trace::LOADER_DEPS)), its last page is issued
+/// ([`LOADER_ISSUED`](trace::LOADER_ISSUED)); the consumers reach it ([`START`](trace::START)),
+/// its first page is ready ([`FIRST`](trace::FIRST)), its last page is multiplied
+/// ([`WORK_DONE`](trace::WORK_DONE)), its outputs are stored ([`STORED`](trace::STORED)) and
+/// published ([`SIGNALED`](trace::SIGNALED)). An element-wise instruction (loss gradient, update)
+/// has no loader stamps; its `FIRST` is when its dependency counters were met and `WORK_DONE`
+/// when its work was done. The CUDA-core kernel writes `START`, `FIRST` (dependencies met),
+/// `STORED` (work done) and `SIGNALED`. Consumer stamps are thread 0's view.
+pub mod trace {
+    /// Timestamps per instruction.
+    pub const WORDS: u32 = 8;
+    /// The loader reached the instruction.
+    pub const LOADER_START: u32 = 0;
+    /// The loader saw the instruction's dependency counter met.
+    pub const LOADER_DEPS: u32 = 1;
+    /// The loader issued the instruction's last page.
+    pub const LOADER_ISSUED: u32 = 2;
+    /// The consumers reached the instruction.
+    pub const START: u32 = 3;
+    /// The first page was ready (products), or the dependencies were met (element-wise).
+    pub const FIRST: u32 = 4;
+    /// The last page was multiplied, or the element-wise work was done.
+    pub const WORK_DONE: u32 = 5;
+    /// The outputs were stored.
+    pub const STORED: u32 = 6;
+    /// The signal counters were incremented.
+    pub const SIGNALED: u32 = 7;
+}
+
 /// Loss codes for [`MegaConfig::loss`].
 pub mod loss {
     /// Mean squared error.
@@ -247,6 +281,9 @@ pub struct MegaBuffers {
     pub classes: crate::DevicePtr<u32>,
     /// The tensor maps of the tensor-core path ([`map`]); unused by the CUDA-core kernel.
     pub maps: crate::DevicePtr<crate::tma::TensorMap>,
+    /// Timestamps of a traced step ([`trace`]: [`trace::WORDS`] per instruction, in the order of
+    /// `instructions`), or address 0 for an untraced step (the kernels then read no timer).
+    pub trace: crate::DevicePtrMut<u64>,
 }
 // SAFETY: repr(C), device pointers only.
 unsafe impl crate::KernelParam for MegaBuffers {}

@@ -86,6 +86,9 @@ impl MlpShape {
     }
 }
 
+mod trace;
+pub use trace::{PhaseTimes, StepTrace, TraceRecord};
+
 fn tiles(n: usize, tile: u32) -> u32 {
     n.div_ceil(tile as usize) as u32
 }
@@ -483,6 +486,10 @@ pub struct GpuStep {
     /// CUDA-core path.
     maps: Option<crate::cuda::DeviceTensorMap>,
     extra_free_arrivals: u32,
+    /// Every instruction with its SM, in the order of `instructions` (what a trace's rows are).
+    listing: Vec<(u32, Instruction)>,
+    /// Timestamps of the next steps, when tracing ([`GpuStep::set_trace`]).
+    trace: Option<crate::cuda::DeviceBuffer<u64>>,
     steps_since_check: u32,
     /// How long a dependency wait may take before the step is abandoned (nanoseconds).
     pub wait_limit_ns: u32,
@@ -561,8 +568,10 @@ impl GpuStep {
         }
         let mut flat = Vec::new();
         let mut offsets = vec![0u32];
-        for list in &schedule.per_sm {
+        let mut listing = Vec::new();
+        for (sm, list) in schedule.per_sm.iter().enumerate() {
             flat.extend(list.iter().map(|i| InstructionWords(*i)));
+            listing.extend(list.iter().map(|i| (sm as u32, *i)));
             offsets.push(flat.len() as u32);
         }
         let d = &shape.dims;
@@ -610,6 +619,8 @@ impl GpuStep {
             grad: dev.zeros::<f32>(atotal)?,
             maps: None,
             extra_free_arrivals: 0,
+            listing,
+            trace: None,
             wait_limit_ns: 1_000_000_000,
             path,
             shape,
@@ -734,6 +745,13 @@ impl GpuStep {
             y: self.y.ptr(),
             classes: self.classes.ptr(),
             maps,
+            trace: match self.trace.as_mut() {
+                Some(t) => {
+                    self.dev.zero(t)?;
+                    t.ptr_mut()
+                }
+                None => kiln_gpu::DevicePtrMut::from_addr(0),
+            },
         };
         let cfg = MegaConfig {
             batch: self.shape.batch as u32,
@@ -815,6 +833,30 @@ impl GpuStep {
         self.dev.zero(&mut self.counter_buf)?;
         let kernel = if self.path == DataPath::CudaCores { "megakernel_step" } else { "megakernel_step_tc" };
         Err(Error::Stalled { kernel, msg: stuck.join("; ") })
+    }
+
+    /// Turns timestamps on or off for the steps that follow: each traced step records when every
+    /// instruction waited, worked and signalled (`kiln_gpu::megakernel::trace`), which
+    /// [`GpuStep::trace`] reads back. The timer reads and stores cost a little; benchmark untraced.
+    pub fn set_trace(&mut self, on: bool) -> Result<()> {
+        self.trace = match on {
+            true => Some(self.dev.zeros::<u64>(self.listing.len() * kiln_gpu::megakernel::trace::WORDS as usize)?),
+            false => None,
+        };
+        Ok(())
+    }
+
+    /// The timestamps of the last traced step (after checking it for stalls).
+    pub fn trace(&mut self) -> Result<StepTrace> {
+        self.check()?;
+        let Some(buf) = self.trace.as_ref() else {
+            return Err(Error::Unsupported {
+                op: "megakernel trace",
+                what: "a step run without tracing: call GpuStep::set_trace(true) before the step".into(),
+            });
+        };
+        let words = self.dev.download(buf)?;
+        Ok(StepTrace::new(&self.listing, &words, self.sms))
     }
 
     /// The current weights, per layer (unpadded rows).

@@ -25,7 +25,7 @@
 //! [`megakernel_tc`](super::megakernel_tc). Speed against PyTorch is in `benches/results/mlp_step.md`.
 
 use crate::megakernel::{
-    Instruction, MegaBuffers, MegaConfig, NO_COUNTER, SLAB, TILES, loss, opcode, pitch, record_offset,
+    Instruction, MegaBuffers, MegaConfig, NO_COUNTER, SLAB, TILES, loss, opcode, pitch, record_offset, trace,
 };
 use crate::{atomic, fence, kernel, math, shared_array, sync, thread, warp};
 
@@ -83,8 +83,10 @@ pub(crate) unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx
     let mut start = thread::globaltimer_ns();
     let mut last = u32::MAX;
     loop {
-        let seen = unsafe { acquire(b.counters, c) };
+        // Poll relaxed, acquire once: an acquire load per poll invalidates the SM's L1 every time.
+        let seen = unsafe { atomic::load_relaxed_gpu(b.counters.as_mut_ptr().add(c as usize)) };
         if seen >= v {
+            fence::fence_gpu();
             return true;
         }
         if seen != last {
@@ -95,6 +97,17 @@ pub(crate) unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx
             unsafe { record_stall(b, cfg, role, idx, c, seen, v) };
             return false;
         }
+    }
+}
+
+/// Records timestamp `what` ([`trace`](crate::megakernel::trace)) of instruction `idx` when the
+/// step is traced (one thread).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn stamp(b: &MegaBuffers, idx: u32, what: u32) {
+    if b.trace.addr() != 0 {
+        let at = crate::megakernel::trace::WORDS * idx + what;
+        unsafe { b.trace.write(at as usize, thread::globaltimer_ns()) };
     }
 }
 
@@ -482,10 +495,13 @@ pub unsafe fn megakernel_step(b: MegaBuffers, cfg: MegaConfig) {
     let mut idx = lo;
     while idx < hi {
         let ins = unsafe { b.instructions.read(idx as usize) };
-        if thread::thread_idx_x() == 0 {
+        let t0 = thread::thread_idx_x() == 0;
+        if t0 {
+            unsafe { stamp(&b, idx, trace::START) };
             let ok = unsafe {
                 wait(&b, &cfg, ins.wait, ins.wait_value, idx, 0) && wait(&b, &cfg, ins.wait2, ins.wait2_value, idx, 0)
             };
+            unsafe { stamp(&b, idx, trace::FIRST) };
             unsafe { (*go)[0] = ok as u32 };
         }
         sync::sync_threads();
@@ -500,8 +516,10 @@ pub unsafe fn megakernel_step(b: MegaBuffers, cfg: MegaConfig) {
             _ => unsafe { run::<4>(&b, &cfg, &ins) },
         }
         sync::sync_threads();
-        if thread::thread_idx_x() == 0 {
+        if t0 {
+            unsafe { stamp(&b, idx, trace::STORED) };
             unsafe { signal(&b, &ins) };
+            unsafe { stamp(&b, idx, trace::SIGNALED) };
         }
         idx += 1;
     }

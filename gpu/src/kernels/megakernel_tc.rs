@@ -50,11 +50,11 @@ mod dev {
 
     /// Consumer threads.
     const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
-    use crate::kernels::megakernel_step::{aborted, loss_grad, record_stall, sgd_update, signal, wait};
+    use crate::kernels::megakernel_step::{aborted, loss_grad, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
         CONSUMER_WARPS, Instruction, MegaBuffers, MegaConfig, PAGE_FREE, PAGE_FREE_ARRIVALS, PAGE_K, PAGE_READY,
         PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES, free_parity, map, opcode,
-        page_bytes, page_slot, pitch, precision, ready_parity, stage_tx_bytes,
+        page_bytes, page_slot, pitch, precision, ready_parity, stage_tx_bytes, trace,
     };
     use crate::swizzle::Swizzle;
     use crate::{convert, fence, matrix, mbarrier, mma, shared, thread, tma, warp};
@@ -192,9 +192,11 @@ mod dev {
         'instructions: while idx < hi {
             let ins = unsafe { b.instructions.read(idx as usize) };
             if let Some(p) = product(b, cfg, &ins) {
+                unsafe { stamp(b, idx, trace::LOADER_START) };
                 if !unsafe { wait(b, cfg, ins.wait, ins.wait_value, idx, LOADER) } {
                     break 'instructions;
                 }
+                unsafe { stamp(b, idx, trace::LOADER_DEPS) };
                 // The producers' generic stores were acquired above; TMA (the async proxy) reads them next.
                 fence::proxy_async_global();
                 let mut kt = 0;
@@ -214,6 +216,7 @@ mod dev {
                     u += 1;
                     kt += 1;
                 }
+                unsafe { stamp(b, idx, trace::LOADER_ISSUED) };
             }
             idx += 1;
         }
@@ -360,6 +363,9 @@ mod dev {
                 }
                 return false;
             }
+            if kt == 0 && thread::thread_idx_x() == 0 {
+                unsafe { stamp(b, idx, trace::FIRST) };
+            }
             let (pa, pb) = (sm.a_page(slot), sm.b_page(slot));
             let mut kk = 0;
             while kk < PAGE_K {
@@ -423,11 +429,30 @@ mod dev {
         let r0 = i.tile_row * cfg.tile + (w / 2) * 16 * MT as u32;
         let c0 = i.tile_col * cfg.tile + (w % 2) * 8 * NT as u32;
         let hidden = l + 1 < cfg.layers;
+        let at = |mi: usize, nj: usize, e: usize| {
+            let (fr, fc) = mma::m16n8_c(lane, e as u32);
+            (r0 + 16 * mi as u32 + fr, c0 + 8 * nj as u32 + fc)
+        };
+        // The input gradient's ReLU mask, every load issued before the first store: as far as the
+        // compiler knows a store to `grad` may change `act`, so loads interleaved with the stores
+        // would each wait out a global-memory latency in turn.
+        let mut live = [[[true; 4]; NT]; MT];
+        if i.opcode == opcode::LINEAR_BWD_INPUT {
+            for (mi, row) in live.iter_mut().enumerate() {
+                for (nj, frag) in row.iter_mut().enumerate() {
+                    for (e, v) in frag.iter_mut().enumerate() {
+                        let (r, c) = at(mi, nj, e);
+                        if r < cfg.batch && c < din {
+                            *v = unsafe { b.act.as_const().read((a_in + r * pin + c) as usize) } > 0.0;
+                        }
+                    }
+                }
+            }
+        }
         for (mi, row) in acc.iter().enumerate() {
             for (nj, frag) in row.iter().enumerate() {
                 for (e, &v) in frag.iter().enumerate() {
-                    let (fr, fc) = mma::m16n8_c(lane, e as u32);
-                    let (r, c) = (r0 + 16 * mi as u32 + fr, c0 + 8 * nj as u32 + fc);
+                    let (r, c) = at(mi, nj, e);
                     unsafe {
                         match i.opcode {
                             opcode::LINEAR_FWD if r < cfg.batch && c < dout => {
@@ -435,8 +460,7 @@ mod dev {
                             }
                             opcode::LINEAR_BWD_INPUT if r < cfg.batch && c < din => {
                                 let j = a_in + r * pin + c;
-                                let live = b.act.as_const().read(j as usize) > 0.0;
-                                b.grad.write(j as usize, if live { v } else { 0.0 })
+                                b.grad.write(j as usize, if live[mi][nj][e] { v } else { 0.0 })
                             }
                             opcode::LINEAR_BWD_WEIGHT if r < dout && c < din => {
                                 b.dw.write((w_off + r * pin + c) as usize, v)
@@ -466,9 +490,15 @@ mod dev {
         let mut idx = lo;
         while idx < hi {
             let ins = unsafe { b.instructions.read(idx as usize) };
+            if t == 0 {
+                unsafe { stamp(b, idx, trace::START) };
+            }
             if let Some(p) = product(b, cfg, &ins) {
                 if !unsafe { tile_mma::<MT, NT, SPLIT>(b, cfg, sm, &p, &mut u, idx, &mut acc) } {
                     return;
+                }
+                if t == 0 {
+                    unsafe { stamp(b, idx, trace::WORK_DONE) };
                 }
                 unsafe { epilogue::<MT, NT>(b, cfg, &ins, &acc) };
             } else {
@@ -477,6 +507,7 @@ mod dev {
                         wait(b, cfg, ins.wait, ins.wait_value, idx, CONSUMER)
                             && wait(b, cfg, ins.wait2, ins.wait2_value, idx, CONSUMER)
                     };
+                    unsafe { stamp(b, idx, trace::FIRST) };
                     unsafe { *go = ok as u32 };
                 }
                 if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } || unsafe { *go } == 0 {
@@ -497,6 +528,12 @@ mod dev {
                 if !done {
                     return;
                 }
+                if t == 0 {
+                    unsafe { stamp(b, idx, trace::WORK_DONE) };
+                }
+            }
+            if t == 0 {
+                unsafe { stamp(b, idx, trace::STORED) };
             }
             // Another block's TMA may read these stores next.
             fence::proxy_async_global();
@@ -505,6 +542,7 @@ mod dev {
             }
             if t == 0 {
                 unsafe { signal(b, &ins) };
+                unsafe { stamp(b, idx, trace::SIGNALED) };
             }
             idx += 1;
         }
@@ -548,9 +586,12 @@ mod dev {
 }
 
 /// One training step on the tensor-core data path (see the module docs). Grid: one block per SM;
-/// block [`TC_THREADS`]; dynamic shared memory [`TC_SMEM_BYTES`]. `cfg.tile` is one of
+/// block [`TC_THREADS`]; dynamic shared memory [`TC_SMEM_BYTES`]. No launch bound: with
+/// `.maxntid 160` ptxas capped the kernel at 128 registers (room for three blocks per SM, where
+/// its shared memory allows one) and spilled once the traced step's stamps were added; unbounded
+/// it takes about 140 and spills nothing. `cfg.tile` is one of
 /// [`TC_TILES`], `cfg.precision` [`precision::TF32`] or [`precision::TF32X3`].
-#[kernel(arch = "sm_90a", max_threads = 160)]
+#[kernel(arch = "sm_90a")]
 pub unsafe fn megakernel_step_tc(b: MegaBuffers, cfg: MegaConfig) {
     unsafe { dev::run(&b, &cfg) }
 }
