@@ -1832,7 +1832,11 @@ fn megakernel_weights_after(
 fn check_trace(t: &kiln::megakernel::StepTrace, path: kiln::megakernel::DataPath, instructions: usize) -> Outcome {
     use kiln::gpu::megakernel::{opcode, trace as at};
     if t.records.len() != instructions || t.unfinished() != 0 {
-        return Err(format!("trace of {} instructions, {} unfinished; want {instructions}, 0", t.records.len(), t.unfinished()));
+        return Err(format!(
+            "trace of {} instructions, {} unfinished; want {instructions}, 0",
+            t.records.len(),
+            t.unfinished()
+        ));
     }
     for (k, r) in t.records.iter().enumerate() {
         let product = !matches!(r.instruction.opcode, opcode::LOSS_GRAD | opcode::SGD_UPDATE);
@@ -1852,7 +1856,10 @@ fn check_trace(t: &kiln::megakernel::StepTrace, path: kiln::megakernel::DataPath
         }
         let written = r.stamps.iter().filter(|s| s.is_some()).count();
         if written != chain.len() + loader.len() {
-            return Err(format!("{path:?} instruction {k}: {written} stamps written, want {}", chain.len() + loader.len()));
+            return Err(format!(
+                "{path:?} instruction {k}: {written} stamps written, want {}",
+                chain.len() + loader.len()
+            ));
         }
     }
     Ok(())

@@ -28,6 +28,8 @@
 //!   block has raised the abort flag. The consumers meet on an mbarrier (all 128 arrive) rather than `bar.sync`,
 //!   so a warp that gave up can never strand the others. A stall writes the waiter's record (the
 //!   loader's and the consumers' are separate): instruction, page slot and barrier kind, parity.
+//! - Traced steps ([`MegaBuffers::trace`] set): the loader and consumer thread 0 stamp each
+//!   instruction with the global timer at the points [`trace`](crate::megakernel::trace) names.
 
 use crate::kernel;
 use crate::megakernel::{CONSUMER_WARPS, MegaBuffers, MegaConfig, PAGE_STAGES, STAGE_BYTES, TC_TILES, page_bytes};

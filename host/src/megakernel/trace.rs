@@ -136,11 +136,16 @@ impl StepTrace {
         let mut out: Vec<PhaseTimes> = keys
             .into_iter()
             .map(|(op, layer)| {
-                let rs: Vec<&TraceRecord> =
-                    self.records.iter().filter(|r| (r.instruction.opcode, r.instruction.layer) == (op, layer)).collect();
+                let rs: Vec<&TraceRecord> = self
+                    .records
+                    .iter()
+                    .filter(|r| (r.instruction.opcode, r.instruction.layer) == (op, layer))
+                    .collect();
                 let product = op != opcode::LOSS_GRAD && op != opcode::SGD_UPDATE;
-                let collect = |f: &dyn Fn(&TraceRecord) -> Option<u64>| rs.iter().filter_map(|r| f(r)).collect::<Vec<_>>();
-                let deps = collect(&|r| r.span(at::LOADER_START, at::LOADER_DEPS).or_else(|| r.span(at::START, at::FIRST)));
+                let collect =
+                    |f: &dyn Fn(&TraceRecord) -> Option<u64>| rs.iter().filter_map(|r| f(r)).collect::<Vec<_>>();
+                let deps =
+                    collect(&|r| r.span(at::LOADER_START, at::LOADER_DEPS).or_else(|| r.span(at::START, at::FIRST)));
                 let first_page = if product { collect(&|r| r.span(at::START, at::FIRST)) } else { vec![] };
                 let work = collect(&work_ns);
                 PhaseTimes {
@@ -233,7 +238,8 @@ mod tests {
     /// Two forward tiles on two SMs and one update: phases, spans and means from known stamps.
     #[test]
     fn phases_from_known_stamps() {
-        let listing = [(0, ins(opcode::LINEAR_FWD, 0)), (1, ins(opcode::LINEAR_FWD, 0)), (0, ins(opcode::SGD_UPDATE, 0))];
+        let listing =
+            [(0, ins(opcode::LINEAR_FWD, 0)), (1, ins(opcode::LINEAR_FWD, 0)), (0, ins(opcode::SGD_UPDATE, 0))];
         let mut w = vec![0u64; 3 * WORDS];
         let base = 1_000_000u64;
         // forward on SM 0: loader 0..100 (deps 100 ns), consumers start 0, first page 500,
