@@ -83,8 +83,8 @@ mod device {
 
     /// Loads with relaxed semantics at GPU scope: sees another block's atomic updates (no stale L1
     /// copy), orders nothing. Poll with it, then [`fence_gpu`](crate::fence::fence_gpu) once the
-    /// value is seen: that pair is an acquire, without the L1 invalidation (`CCTL.IVALL`) an
-    /// `ld.acquire` costs on every poll.
+    /// value is seen: that pair is an acquire, and the polls skip the L1 invalidation
+    /// (`CCTL.IVALL`) that each `ld.acquire` compiles to.
     ///
     /// PTX: `ld.relaxed.gpu.global.u32 %r, [addr];`
     ///

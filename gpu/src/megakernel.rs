@@ -219,7 +219,11 @@ pub const fn page_parity(use_index: u32) -> u32 {
 /// published ([`SIGNALED`](trace::SIGNALED)). An element-wise instruction (loss gradient, update)
 /// has no loader stamps; its `FIRST` is when its dependency counters were met and `WORK_DONE`
 /// when its work was done. The CUDA-core kernel writes `START`, `FIRST` (dependencies met),
-/// `STORED` (work done) and `SIGNALED`. Consumer stamps are thread 0's view.
+/// `STORED` (work done) and `SIGNALED`. A wait that gives up writes no `FIRST`/`LOADER_DEPS`.
+/// Consumer stamps are thread 0's view, taken when it issues the next instruction: `WORK_DONE`
+/// once its warp has issued its last `mma` (a product's results land in the epilogue's first
+/// stores), `STORED` once its warp has issued its stores (the other warps may still be storing;
+/// the rendezvous before `SIGNALED` waits for them).
 pub mod trace {
     /// Timestamps per instruction.
     pub const WORDS: u32 = 8;
@@ -282,7 +286,8 @@ pub struct MegaBuffers {
     /// The tensor maps of the tensor-core path ([`map`]); unused by the CUDA-core kernel.
     pub maps: crate::DevicePtr<crate::tma::TensorMap>,
     /// Timestamps of a traced step ([`trace`]: [`trace::WORDS`] per instruction, in the order of
-    /// `instructions`), or address 0 for an untraced step (the kernels then read no timer).
+    /// `instructions`), or address 0 for an untraced step (the kernels then write no stamps and read
+    /// no timer for them).
     pub trace: crate::DevicePtrMut<u64>,
 }
 // SAFETY: repr(C), device pointers only.

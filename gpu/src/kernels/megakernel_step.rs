@@ -10,7 +10,7 @@
 //!   ascending k, the CPU interpreter's order, so the products match it bit for bit.
 //! - The cross-entropy gradient finds each row's maximum and sum of exponentials once per tile (a
 //!   warp per row) instead of once per element.
-//! - Waits: thread 0 spins with `ld.acquire.gpu` on the counter, bounded by the global timer from the
+//! - Waits: thread 0 polls the counter with `ld.relaxed.gpu` (and a fence once it is met), bounded by the global timer from the
 //!   counter's last change; a stall (or another block's abort) sets the abort flag, writes the block's
 //!   record (instruction index, counter, value seen, value wanted) and returns; every waiting block
 //!   does the same, and the host reports all records as an error instead of hanging. A block barrier
@@ -82,8 +82,11 @@ pub(crate) unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx
     }
     let mut start = thread::globaltimer_ns();
     let mut last = u32::MAX;
+    let mut polls = 0u32;
     loop {
-        // Poll relaxed, acquire once: an acquire load per poll invalidates the SM's L1 every time.
+        // Poll relaxed, acquire once: an acquire load (a load and an L1 invalidation) per poll
+        // would invalidate the SM's L1 every time. The abort flag is asked only every
+        // `GIVE_UP_EVERY` polls, for the same reason (it orders nothing).
         let seen = unsafe { atomic::load_relaxed_gpu(b.counters.as_mut_ptr().add(c as usize)) };
         if seen >= v {
             fence::fence_gpu();
@@ -93,7 +96,10 @@ pub(crate) unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx
             // progress: the limit counts from the last change, so a long but moving wait is fine
             (last, start) = (seen, thread::globaltimer_ns());
         }
-        if unsafe { aborted(b, cfg) } || thread::globaltimer_ns().wrapping_sub(start) > cfg.wait_limit_ns as u64 {
+        polls = polls.wrapping_add(1);
+        if (polls % crate::mbarrier::GIVE_UP_EVERY == 0 && unsafe { aborted(b, cfg) })
+            || thread::globaltimer_ns().wrapping_sub(start) > cfg.wait_limit_ns as u64
+        {
             unsafe { record_stall(b, cfg, role, idx, c, seen, v) };
             return false;
         }
@@ -501,7 +507,9 @@ pub unsafe fn megakernel_step(b: MegaBuffers, cfg: MegaConfig) {
             let ok = unsafe {
                 wait(&b, &cfg, ins.wait, ins.wait_value, idx, 0) && wait(&b, &cfg, ins.wait2, ins.wait2_value, idx, 0)
             };
-            unsafe { stamp(&b, idx, trace::FIRST) };
+            if ok {
+                unsafe { stamp(&b, idx, trace::FIRST) };
+            }
             unsafe { (*go)[0] = ok as u32 };
         }
         sync::sync_threads();

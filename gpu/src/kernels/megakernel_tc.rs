@@ -509,7 +509,9 @@ mod dev {
                         wait(b, cfg, ins.wait, ins.wait_value, idx, CONSUMER)
                             && wait(b, cfg, ins.wait2, ins.wait2_value, idx, CONSUMER)
                     };
-                    unsafe { stamp(b, idx, trace::FIRST) };
+                    if ok {
+                        unsafe { stamp(b, idx, trace::FIRST) };
+                    }
                     unsafe { *go = ok as u32 };
                 }
                 if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } || unsafe { *go } == 0 {

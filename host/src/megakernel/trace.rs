@@ -44,24 +44,26 @@ pub struct PhaseTimes {
     pub start_us: f64,
     /// When its last instruction signalled, from the step's start.
     pub end_us: f64,
-    /// Products: the loader's wait for the instruction's dependency counter. Element-wise
-    /// instructions (and the CUDA-core kernel): the consumers' wait for their counters.
-    pub deps_us: f64,
+    /// Products on the tensor-core path: the loader's wait for the instruction's dependency
+    /// counter. Element-wise instructions (and the CUDA-core kernel): the consumers' wait for
+    /// their counters. `None` where no instruction of the phase has the stamps.
+    pub deps_us: Option<f64>,
     /// Products on the tensor-core path: from the consumers reaching the instruction to its first
     /// page being ready (this includes any dependency wait the loader had not finished).
-    pub first_page_us: f64,
+    pub first_page_us: Option<f64>,
     /// The work: the products' pages (first ready to last multiplied), or the element-wise loop.
     pub work_us: f64,
     /// The longest work of one instruction.
     pub work_max_us: f64,
-    /// The stores after the work (the products' epilogue).
-    pub store_us: f64,
+    /// The stores after the work (the products' epilogue, as thread 0 sees it).
+    pub store_us: Option<f64>,
     /// From the stores to the signal (the block's rendezvous and the counter update).
     pub publish_us: f64,
     /// Products on the tensor-core path: from the loader issuing the last page to the consumers
-    /// finishing it. About one page's load latency when the loads are the bottleneck; a ring's
-    /// worth of pages when the consumers are.
-    pub loader_lead_us: f64,
+    /// finishing it: how far ahead the loader ran. A full ring's worth of pages means the loader
+    /// was held back by the ring, which happens both when the consumers are slow and when the
+    /// loads are; it does not tell the two apart (a profiler's stall reasons do).
+    pub loader_lead_us: Option<f64>,
 }
 
 /// The stamps of one traced step.
@@ -122,7 +124,8 @@ impl StepTrace {
         work as f64 / 1e3 / (self.sms as f64 * self.duration_us()).max(f64::MIN_POSITIVE)
     }
 
-    /// Each phase's times, in the order the phases started.
+    /// Each phase's times, in the order their first instructions were reached by the consumers
+    /// (ties in buffer order).
     pub fn phases(&self) -> Vec<PhaseTimes> {
         let mut keys: Vec<(u32, u32)> = Vec::new();
         for r in &self.records {
@@ -132,7 +135,7 @@ impl StepTrace {
             }
         }
         let us = |ns: u64| ns as f64 / 1e3;
-        let mean = |v: Vec<u64>| if v.is_empty() { 0.0 } else { us(v.iter().sum::<u64>()) / v.len() as f64 };
+        let mean = |v: Vec<u64>| (!v.is_empty()).then(|| us(v.iter().sum::<u64>()) / v.len() as f64);
         let mut out: Vec<PhaseTimes> = keys
             .into_iter()
             .map(|(op, layer)| {
@@ -141,12 +144,15 @@ impl StepTrace {
                     .iter()
                     .filter(|r| (r.instruction.opcode, r.instruction.layer) == (op, layer))
                     .collect();
-                let product = op != opcode::LOSS_GRAD && op != opcode::SGD_UPDATE;
                 let collect =
                     |f: &dyn Fn(&TraceRecord) -> Option<u64>| rs.iter().filter_map(|r| f(r)).collect::<Vec<_>>();
-                let deps =
-                    collect(&|r| r.span(at::LOADER_START, at::LOADER_DEPS).or_else(|| r.span(at::START, at::FIRST)));
-                let first_page = if product { collect(&|r| r.span(at::START, at::FIRST)) } else { vec![] };
+                // instructions with loader stamps (tensor-core products) wait in the loader
+                let loaded = |r: &TraceRecord| r.get(at::LOADER_START).is_some();
+                let deps = collect(&|r| match loaded(r) {
+                    true => r.span(at::LOADER_START, at::LOADER_DEPS),
+                    false => r.span(at::START, at::FIRST),
+                });
+                let first_page = collect(&|r| if loaded(r) { r.span(at::START, at::FIRST) } else { None });
                 let work = collect(&work_ns);
                 PhaseTimes {
                     opcode: op,
@@ -157,9 +163,9 @@ impl StepTrace {
                     deps_us: mean(deps),
                     first_page_us: mean(first_page),
                     work_max_us: us(work.iter().copied().max().unwrap_or(0)),
-                    work_us: mean(work),
+                    work_us: mean(work).unwrap_or(0.0),
                     store_us: mean(collect(&|r| r.span(at::WORK_DONE, at::STORED))),
-                    publish_us: mean(collect(&|r| r.span(at::STORED, at::SIGNALED))),
+                    publish_us: mean(collect(&|r| r.span(at::STORED, at::SIGNALED))).unwrap_or(0.0),
                     loader_lead_us: mean(collect(&|r| r.span(at::LOADER_ISSUED, at::WORK_DONE))),
                 }
             })
@@ -183,20 +189,22 @@ impl StepTrace {
         );
         s += "| phase | tiles | from us | to us | deps wait | first page | work (max) | store | publish | loader lead |\n";
         s += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+        // a blank cell: nothing measured (a stamp the path or instruction kind does not write)
+        let cell = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.2}"));
         for p in self.phases() {
             s += &format!(
-                "| {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} ({:.2}) | {:.2} | {:.2} | {:.2} |\n",
+                "| {} | {} | {:.1} | {:.1} | {} | {} | {:.2} ({:.2}) | {} | {:.2} | {} |\n",
                 phase_name(p.opcode, p.layer),
                 p.count,
                 p.start_us,
                 p.end_us,
-                p.deps_us,
-                p.first_page_us,
+                cell(p.deps_us),
+                cell(p.first_page_us),
                 p.work_us,
                 p.work_max_us,
-                p.store_us,
+                cell(p.store_us),
                 p.publish_us,
-                p.loader_lead_us
+                cell(p.loader_lead_us)
             );
         }
         s
@@ -262,25 +270,34 @@ mod tests {
         assert_eq!(p.len(), 2);
         let f = &p[0];
         assert_eq!((f.opcode, f.count), (opcode::LINEAR_FWD, 2));
-        assert!((f.deps_us - 0.2).abs() < 1e-9, "{f:?}");
-        assert!((f.first_page_us - 0.75).abs() < 1e-9, "{f:?}");
+        let near = |v: Option<f64>, want: f64| v.is_some_and(|v| (v - want).abs() < 1e-9);
+        assert!(near(f.deps_us, 0.2), "{f:?}");
+        assert!(near(f.first_page_us, 0.75), "{f:?}");
         assert!((f.work_us - 2.5).abs() < 1e-9 && (f.work_max_us - 3.0).abs() < 1e-9, "{f:?}");
-        assert!((f.store_us - 0.1).abs() < 1e-9 && (f.publish_us - 0.15).abs() < 1e-9, "{f:?}");
+        assert!(near(f.store_us, 0.1) && (f.publish_us - 0.15).abs() < 1e-9, "{f:?}");
         assert!((f.end_us - 4.31).abs() < 1e-9, "{f:?}");
         let u = &p[1];
         assert_eq!(u.opcode, opcode::SGD_UPDATE);
-        assert!((u.deps_us - 2.3).abs() < 1e-9 && u.first_page_us == 0.0 && (u.work_us - 0.5).abs() < 1e-9, "{u:?}");
+        assert!(near(u.deps_us, 2.3) && u.first_page_us.is_none() && (u.work_us - 0.5).abs() < 1e-9, "{u:?}");
+        assert!(u.loader_lead_us.is_none(), "{u:?}");
         // work: 2.0 + 3.0 + 0.5 us over 2 SMs x 5.6 us
         assert!((t.work_fraction() - 5.5 / 11.2).abs() < 1e-9);
         assert!(t.summary().contains("| forward 0 | 2 |"), "{}", t.summary());
         // loader issued its last page at 400 and 900 ns, the consumers finished it at 2500 and 4010
-        assert!((f.loader_lead_us - (2.1 + 3.11) / 2.0).abs() < 1e-9, "{f:?}");
+        assert!(near(f.loader_lead_us, (2.1 + 3.11) / 2.0), "{f:?}");
+        // nothing measured prints as a blank cell, not as 0
+        assert!(
+            t.summary().contains("| update 0 | 1 | 2.7 | 5.6 | 2.30 |  | 0.50 (0.50) | 0.00 | 0.10 |  |"),
+            "{}",
+            t.summary()
+        );
         let csv = t.to_csv();
         assert_eq!(csv.lines().count(), 4);
         assert!(csv.lines().nth(3).is_some_and(|l| l.ends_with(",,,2700,5000,5500,5500,5600")), "{csv}");
     }
 
-    /// A step given up part-way: the instructions it never reached are counted, not averaged as 0.
+    /// A step given up part-way: the instructions it never reached are counted as unfinished, and
+    /// a phase with no complete span reports nothing measured rather than a zero wait.
     #[test]
     fn unfinished_instructions_are_counted() {
         let listing = [(0, ins(opcode::LINEAR_FWD, 0)), (0, ins(opcode::LINEAR_FWD, 1))];
@@ -290,6 +307,8 @@ mod tests {
         let t = StepTrace::new(&listing, &w, 1);
         assert_eq!(t.unfinished(), 2);
         assert!(t.summary().contains("(2 never signalled)"));
-        assert_eq!(t.phases()[0].work_us, 0.0);
+        let p = t.phases();
+        assert_eq!(p[0].work_us, 0.0);
+        assert!(p[1].deps_us.is_none() && p[1].store_us.is_none(), "{:?}", p[1]);
     }
 }
