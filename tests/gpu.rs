@@ -945,18 +945,34 @@ fn wgmma_case(dev: &Device) -> Outcome {
         WgmmaTile::MmaSyncTma,
     ];
     for (&(m, n, k), tile) in shapes.iter().flat_map(|s| tiles.map(|t| (s, t))) {
-        let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
-        let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
-        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
-        let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
-        let plan = kiln::cuda::gemm::WgmmaGemm::with_tile(dev, &da, &db, GemmShape { m, n, k }, tile).map_err(err)?;
-        plan.run(&mut dc).map_err(err)?;
-        let got = dev.download(&dc).map_err(err)?;
-        let (a64, b64): (Vec<f64>, Vec<f64>) =
-            (a.iter().map(|x| x.to_f64()).collect(), b.iter().map(|x| x.to_f64()).collect());
-        check_abt(&format!("wgmma {tile:?} {m}x{n}x{k}"), &got, &a64, &b64, (m as usize, n as usize, k as usize))?;
+        bf16_abt_case(dev, &mut rng, GemmShape { m, n, k }, &format!("wgmma {tile:?}"), |a, b, c, s| {
+            kiln::cuda::gemm::WgmmaGemm::with_tile(dev, a, b, s, tile)?.run(c)
+        })?;
     }
     Ok(())
+}
+
+type Buf<T> = kiln::cuda::DeviceBuffer<T>;
+
+/// One `C = A B^T` case of a bf16 kernel: fresh random operands, the output poisoned first, `run`
+/// launched, every output checked against f64 ([`check_abt`]).
+fn bf16_abt_case(
+    dev: &Device,
+    rng: &mut rand::rngs::StdRng,
+    s: GemmShape,
+    what: &str,
+    run: impl FnOnce(&Buf<bf16>, &Buf<bf16>, &mut Buf<f32>, GemmShape) -> kiln::Result<()>,
+) -> Outcome {
+    let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+    let a: Vec<bf16> = testing::uniform(rng, m * k).into_iter().map(bf16::from_f32).collect();
+    let b: Vec<bf16> = testing::uniform(rng, n * k).into_iter().map(bf16::from_f32).collect();
+    let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+    let mut dc = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
+    run(&da, &db, &mut dc, s).map_err(err)?;
+    let got = dev.download(&dc).map_err(err)?;
+    let (a64, b64): (Vec<f64>, Vec<f64>) =
+        (a.iter().map(|x| x.to_f64()).collect(), b.iter().map(|x| x.to_f64()).collect());
+    check_abt(&format!("{what} {m}x{n}x{k}"), &got, &a64, &b64, (m, n, k))
 }
 
 /// The Blackwell GEMM (`gemm_tcgen05_bf16`) against f64 on the wgmma test's shapes (odd edges, more
@@ -974,15 +990,7 @@ fn tcgen05_case(dev: &Device) -> Outcome {
     for &(m, n, k) in
         &[(128u32, 256u32, 64u32), (1, 1, 8), (256, 384, 512), (1000, 130, 264), (129, 257, 72), (4100, 2100, 200)]
     {
-        let a: Vec<bf16> = testing::uniform(&mut rng, (m * k) as usize).into_iter().map(bf16::from_f32).collect();
-        let b: Vec<bf16> = testing::uniform(&mut rng, (n * k) as usize).into_iter().map(bf16::from_f32).collect();
-        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
-        let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
-        gemm_tcgen05(dev, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
-        let got = dev.download(&dc).map_err(err)?;
-        let (a64, b64): (Vec<f64>, Vec<f64>) =
-            (a.iter().map(|x| x.to_f64()).collect(), b.iter().map(|x| x.to_f64()).collect());
-        check_abt(&format!("tcgen05 {m}x{n}x{k}"), &got, &a64, &b64, (m as usize, n as usize, k as usize))?;
+        bf16_abt_case(dev, &mut rng, GemmShape { m, n, k }, "tcgen05", |a, b, c, s| gemm_tcgen05(dev, a, b, c, s))?;
     }
     Ok(())
 }

@@ -76,7 +76,7 @@ pub struct StepTrace {
 }
 
 /// A human name of a phase.
-pub fn phase_name(op: u32, layer: u32) -> String {
+fn phase_name(op: u32, layer: u32) -> String {
     let what = match op {
         opcode::LINEAR_FWD => "forward",
         opcode::LOSS_GRAD => "loss gradient",
