@@ -1869,6 +1869,15 @@ fn check_trace(t: &kiln::megakernel::StepTrace, path: kiln::megakernel::DataPath
                 chain.len() + loader.len()
             ));
         }
+        // the cycle counts: on tensor-core products, waits within their spans; elsewhere none
+        let [ready_wait, work, free_wait, issue] = r.cycles;
+        let ok = match loader.is_empty() {
+            true => r.cycles == [0; 4],
+            false => work > 0 && issue > 0 && ready_wait <= work && free_wait <= issue,
+        };
+        if !ok {
+            return Err(format!("{path:?} instruction {k} ({:?}): cycle counts {:?}", r.instruction, r.cycles));
+        }
     }
     Ok(())
 }

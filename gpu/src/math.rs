@@ -16,31 +16,41 @@ const fn pow2(k: i32) -> f32 {
 
 /// e^x (within 2 ulp over the host sweep): Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial
 /// for e^r, then scaling by 2^k.
+///
+/// Branch-free: the argument is clamped to the finite range, every case is computed and the
+/// special results (NaN, overflow, underflow) are selected at the end. On the GPU a branchy
+/// version made each call its own basic block, so a warp could not overlap one `exp`'s dependent
+/// chain with the next one's: a loop over a row ran at one `exp` per ~150 cycles.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    if x > 88.722_84 {
-        return f32::INFINITY;
-    }
-    if x < -103.972_08 {
-        return 0.0;
-    }
-    let kf = x * LOG2E;
+    const HI: f32 = 88.722_84;
+    const LO: f32 = -103.972_08;
+    let xc = if x > HI {
+        HI
+    } else if x < LO {
+        LO
+    } else {
+        x
+    };
+    let kf = xc * LOG2E;
     let k = (if kf >= 0.0 { kf + 0.5 } else { kf - 0.5 }) as i32;
-    let r = (x - k as f32 * LN2_HI) - k as f32 * LN2_LO;
+    let r = (xc - k as f32 * LN2_HI) - k as f32 * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    if k < -126 {
-        // subnormal result: scale in two steps
-        p * pow2(k + 64) * pow2(-64)
-    } else if k > 127 {
-        p * pow2(k - 1) * 2.0
+    // 2^k in two exact factors: subnormal results scale in two steps (2^(k+64) 2^-64), k = 128 as
+    // 2^127 * 2, all others as 2^k * 1 (integer arithmetic, so no branch)
+    let (sub, over) = ((k < -126) as i32, (k > 127) as i32);
+    let y = p * pow2(k + 64 * sub - over) * pow2(over - 64 * sub);
+    if x.is_nan() {
+        x
+    } else if x > HI {
+        f32::INFINITY
+    } else if x < LO {
+        0.0
     } else {
-        p * pow2(k)
+        y
     }
 }
 

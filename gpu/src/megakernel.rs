@@ -225,8 +225,10 @@ pub const fn page_parity(use_index: u32) -> u32 {
 /// stores), `STORED` once its warp has issued its stores (the other warps may still be storing;
 /// the rendezvous before `SIGNALED` waits for them).
 pub mod trace {
-    /// Timestamps per instruction.
-    pub const WORDS: u32 = 8;
+    /// Words per instruction: [`STAMPS`] global-timer stamps, then four cycle counts.
+    pub const WORDS: u32 = 12;
+    /// The global-timer stamps (nanoseconds) come first: words `0..STAMPS`.
+    pub const STAMPS: u32 = 8;
     /// The loader reached the instruction.
     pub const LOADER_START: u32 = 0;
     /// The loader saw the instruction's dependency counter met.
@@ -243,6 +245,15 @@ pub mod trace {
     pub const STORED: u32 = 6;
     /// The signal counters were incremented.
     pub const SIGNALED: u32 = 7;
+    /// Tensor-core products, SM clock cycles: consumer thread 0 waiting for pages after the first.
+    pub const READY_WAIT_CLK: u32 = 8;
+    /// Tensor-core products, cycles: consumer thread 0 from the first page ready to the last
+    /// multiplied (the span of [`FIRST`]..[`WORK_DONE`], on the SM clock).
+    pub const WORK_CLK: u32 = 9;
+    /// Tensor-core products, cycles: the loader waiting for free pages.
+    pub const FREE_WAIT_CLK: u32 = 10;
+    /// Tensor-core products, cycles: the loader from the dependency met to the last page issued.
+    pub const ISSUE_CLK: u32 = 11;
 }
 
 /// Loss codes for [`MegaConfig::loss`].

@@ -111,9 +111,16 @@ pub(crate) unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub(crate) unsafe fn stamp(b: &MegaBuffers, idx: u32, what: u32) {
+    unsafe { record(b, idx, what, thread::globaltimer_ns()) };
+}
+
+/// Writes `value` as trace word `what` of instruction `idx` if the step is traced (one thread).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn record(b: &MegaBuffers, idx: u32, what: u32, value: u64) {
     if b.trace.addr() != 0 {
         let at = crate::megakernel::trace::WORDS * idx + what;
-        unsafe { b.trace.write(at as usize, thread::globaltimer_ns()) };
+        unsafe { b.trace.write(at as usize, value) };
     }
 }
 
@@ -399,12 +406,25 @@ pub(crate) unsafe fn sgd_update(b: &MegaBuffers, cfg: &MegaConfig, i: &Instructi
     }
 }
 
+/// Row elements each lane of [`loss_grad`] loads at once: a warp reads 32 x 16 = 512 columns of a
+/// row per round trip to memory. (32 kept the arrays in local memory.)
+#[cfg(target_arch = "nvptx64")]
+const ROW_CHUNK: usize = 16;
+/// Elements of the loss tile each thread loads before it stores any.
+#[cfg(target_arch = "nvptx64")]
+const GRAD_GROUP: usize = 8;
+
 /// `grad[L] = dLoss / d act[L]` on one tile, by `threads` threads (`t` is this one's index,
 /// `threads / 32` whole warps). Cross-entropy first finds each of the tile's rows' maximum and sum
-/// of `exp(x - max)` over the whole row, one warp per row (lanes stride the row, then a shuffle
-/// tree), into `stats` (`2 * tile` floats of shared memory), then `sync` (a barrier of the
-/// `threads`; false gives up the step, and so does this function); then every thread takes
-/// elements `t, t + threads, ...`.
+/// of `exp(x - max)` over the whole row, one warp per row (lane `l` takes columns `l, l + 32, ...`,
+/// [`ROW_CHUNK`] loads in flight, and adds its terms in ascending column order; then a shuffle
+/// tree: the CPU interpreter's order), into `stats` (`2 * tile` floats of shared memory), then
+/// `sync` (a barrier of the `threads`; false gives up the step, and so does this function); then
+/// every thread takes elements `t, t + threads, ...`, [`GRAD_GROUP`] loads before their stores.
+///
+/// The loads are what this costs: a row of 1024 columns read in rounds of 4 loads per lane took
+/// 16 dependent round trips (two passes of 8); in chunks of 16 it takes three (the first chunk
+/// stays in registers for the second pass, so a row of up to 512 columns is read once).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -426,36 +446,48 @@ pub(crate) unsafe fn loss_grad(
     let ce = cfg.loss != loss::MSE;
     if ce {
         let (lane, warp) = (t % 32, t / 32);
+        const SPAN: u32 = 32 * ROW_CHUNK as u32;
         let mut r = warp;
         while r < tile {
             if m0 + r < cfg.batch {
                 let row = a_out + (m0 + r) * pout;
-                // Four loads in flight per lane (the loop is latency-bound); the sum still adds each
-                // lane's elements in ascending order, the interpreter's.
+                // columns k0 + lane + 32 j of the row (-inf past its end)
+                let chunk = |k0: u32| -> [f32; ROW_CHUNK] {
+                    let mut v = [f32::NEG_INFINITY; ROW_CHUNK];
+                    for (j, v) in v.iter_mut().enumerate() {
+                        let k = k0 + lane + 32 * j as u32;
+                        if k < dout {
+                            *v = f(b.act, row + k);
+                        }
+                    }
+                    v
+                };
+                let first = chunk(0);
                 let mut m = f32::NEG_INFINITY;
-                let mut k = lane;
-                while k + 96 < dout {
-                    let v: [f32; 4] = core::array::from_fn(|j| f(b.act, row + k + 32 * j as u32));
-                    m = m.max(v[0]).max(v[1]).max(v[2]).max(v[3]);
-                    k += 128;
+                for &v in first.iter() {
+                    m = m.max(v);
                 }
-                while k < dout {
-                    m = m.max(f(b.act, row + k));
-                    k += 32;
+                let mut k0 = SPAN;
+                while k0 < dout {
+                    for &v in chunk(k0).iter() {
+                        m = m.max(v);
+                    }
+                    k0 += SPAN;
                 }
                 let m = warp::reduce_max_f32(m);
                 let mut z = 0.0f32;
-                k = lane;
-                while k + 96 < dout {
-                    let v: [f32; 4] = core::array::from_fn(|j| f(b.act, row + k + 32 * j as u32));
-                    for x in v {
-                        z += math::exp(x - m);
-                    }
-                    k += 128;
+                // (a select, not a branch, so that the exps of a chunk overlap)
+                for (j, &v) in first.iter().enumerate() {
+                    let e = math::exp(v - m);
+                    z += if lane + 32 * (j as u32) < dout { e } else { 0.0 };
                 }
-                while k < dout {
-                    z += math::exp(f(b.act, row + k) - m);
-                    k += 32;
+                k0 = SPAN;
+                while k0 < dout {
+                    for (j, &v) in chunk(k0).iter().enumerate() {
+                        let e = math::exp(v - m);
+                        z += if k0 + lane + 32 * (j as u32) < dout { e } else { 0.0 };
+                    }
+                    k0 += SPAN;
                 }
                 let z = warp::reduce_sum_f32(z);
                 if lane == 0 {
@@ -471,23 +503,45 @@ pub(crate) unsafe fn loss_grad(
             return false;
         }
     }
-    let mut e = t;
-    while e < tile * tile {
-        let (r, c) = (e / tile, e % tile);
-        let (tr, tc) = (m0 + r, n0 + c);
-        if tr < cfg.batch && tc < dout {
-            let j = a_out + tr * pout + tc;
-            let v = f(b.act, j);
-            let g = if ce {
-                let (m, z) = unsafe { (*stats.add(r as usize), *stats.add((tile + r) as usize)) };
-                let onehot = if unsafe { b.classes.read(tr as usize) } == tc { 1.0 } else { 0.0 };
-                (math::exp(v - m) / z - onehot) / cfg.batch as f32
-            } else {
-                2.0 * (v - unsafe { b.y.read((tr * dout + tc) as usize) }) / (cfg.batch * dout) as f32
-            };
-            unsafe { b.grad.write(j as usize, g) };
+    let mut e0 = t;
+    while e0 < tile * tile {
+        // element g of the group: its tile row, global row and column, and whether it is live
+        let at = |g: usize| {
+            let e = e0 + (g as u32) * threads;
+            let (r, c) = (e / tile, e % tile);
+            (r, m0 + r, n0 + c, e < tile * tile && m0 + r < cfg.batch && n0 + c < dout)
+        };
+        // every load of the group (the logit and the class or target) before any store
+        let (mut v, mut other) = ([0.0f32; GRAD_GROUP], [0.0f32; GRAD_GROUP]);
+        for g in 0..GRAD_GROUP {
+            let (_, tr, tc, live) = at(g);
+            if live {
+                v[g] = f(b.act, a_out + tr * pout + tc);
+                other[g] = if ce {
+                    (unsafe { b.classes.read(tr as usize) } == tc) as u32 as f32
+                } else {
+                    unsafe { b.y.read((tr * dout + tc) as usize) }
+                };
+            }
         }
-        e += threads;
+        // the gradients, computed for every element of the group (no branch, so they overlap)
+        let grad: [f32; GRAD_GROUP] = core::array::from_fn(|g| {
+            let (r, _, _, _) = at(g);
+            if ce {
+                let r = r.min(tile - 1) as usize;
+                let (m, z) = unsafe { (*stats.add(r), *stats.add(tile as usize + r)) };
+                (math::exp(v[g] - m) / z - other[g]) / cfg.batch as f32
+            } else {
+                2.0 * (v[g] - other[g]) / (cfg.batch * dout) as f32
+            }
+        });
+        for (g, &grad) in grad.iter().enumerate() {
+            let (_, tr, tc, live) = at(g);
+            if live {
+                unsafe { b.grad.write((a_out + tr * pout + tc) as usize, grad) };
+            }
+        }
+        e0 += GRAD_GROUP as u32 * threads;
     }
     true
 }

@@ -52,7 +52,7 @@ mod dev {
 
     /// Consumer threads.
     const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
-    use crate::kernels::megakernel_step::{aborted, loss_grad, record_stall, sgd_update, signal, stamp, wait};
+    use crate::kernels::megakernel_step::{aborted, loss_grad, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
         CONSUMER_WARPS, Instruction, MegaBuffers, MegaConfig, PAGE_FREE, PAGE_FREE_ARRIVALS, PAGE_K, PAGE_READY,
         PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES, free_parity, map, opcode,
@@ -60,6 +60,9 @@ mod dev {
     };
     use crate::swizzle::Swizzle;
     use crate::{convert, fence, matrix, mbarrier, mma, shared, thread, tma, warp};
+
+    /// `mma` k steps (of 8) per page.
+    const KSTEPS: usize = (PAGE_K / 8) as usize;
 
     /// Role of a stall record: the loader's, or the consumers'.
     const LOADER: u32 = 0;
@@ -201,15 +204,18 @@ mod dev {
                 unsafe { stamp(b, idx, trace::LOADER_DEPS) };
                 // The producers' generic stores were acquired above; TMA (the async proxy) reads them next.
                 fence::proxy_async_global();
+                let (c0, mut free_wait) = (thread::clock64(), 0u64);
                 let mut kt = 0;
                 while kt < p.k.div_ceil(PAGE_K) {
                     let slot = page_slot(u);
+                    let w0 = thread::clock64();
                     if u >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(u)) } {
                         unsafe {
                             record_stall(b, cfg, LOADER, idx, PAGE_TAG | PAGE_FREE << 16 | slot, free_parity(u), u)
                         };
                         break 'instructions;
                     }
+                    free_wait += thread::clock64() - w0;
                     unsafe {
                         mbarrier::arrive_expect_tx(sm.ready(slot), stage_tx_bytes(tile));
                         load_page(sm.a_page(slot), b.maps, p.a_map, p.a_kmajor, p.m0, kt, tile, sm.ready(slot));
@@ -218,7 +224,11 @@ mod dev {
                     u += 1;
                     kt += 1;
                 }
-                unsafe { stamp(b, idx, trace::LOADER_ISSUED) };
+                unsafe {
+                    stamp(b, idx, trace::LOADER_ISSUED);
+                    record(b, idx, trace::FREE_WAIT_CLK, free_wait);
+                    record(b, idx, trace::ISSUE_CLK, thread::clock64() - c0);
+                }
             }
             idx += 1;
         }
@@ -268,20 +278,19 @@ mod dev {
     /// - M-major pages: four `ld.shared.b32` per group, at offsets precomputed for `kk = 0`; k step
     ///   `kk` (a multiple of 8) adds `kk * 128` and leaves the swizzle's `k % 8` unchanged.
     #[derive(Clone, Copy)]
-    struct Frags<const G: usize> {
-        kmajor: bool,
+    struct Frags<const G: usize, const KMAJOR: bool> {
         off: [[u32; 4]; G],
     }
 
-    impl<const G: usize> Frags<G> {
+    impl<const G: usize, const KMAJOR: bool> Frags<G, KMAJOR> {
         #[inline(always)]
-        fn new(kmajor: bool, base: u32, kind: FragKind) -> Self {
+        fn new(base: u32, kind: FragKind) -> Self {
             let lane = thread::lane_id();
             let (q, r) = (lane / 8, lane % 8);
             let mut off = [[0u32; 4]; G];
             for (gi, o) in off.iter_mut().enumerate() {
                 let row0 = base + 16 * gi as u32;
-                if kmajor {
+                if KMAJOR {
                     // A: matrices (rows +0, k +0), (+8, +0), (+0, +4), (+8, +4);
                     // B pair: (columns +0, k +0), (+0, +4), (+8, +0), (+8, +4)
                     let (drow, dchunk) = if kind == FragKind::A { (8 * (q % 2), q / 2) } else { (8 * (q / 2), q % 2) };
@@ -301,14 +310,14 @@ mod dev {
                     }
                 }
             }
-            Frags { kmajor, off }
+            Frags { off }
         }
 
         /// The four fragment registers of group `gi` at k step `kk` of the page at `page`.
         #[inline(always)]
         unsafe fn load(&self, page: u32, gi: usize, kk: u32) -> [u32; 4] {
             let o = &self.off[gi];
-            if self.kmajor {
+            if KMAJOR {
                 unsafe { matrix::ldmatrix_x4(page + (o[0] ^ ((kk / 4) << 4))) }
             } else {
                 let at = page + kk * 128;
@@ -338,7 +347,7 @@ mod dev {
     /// column `(w % 2) 8 NT` of the tile). Consumes the product's pages from use `*u` on. False
     /// when the step was given up.
     #[inline(always)]
-    unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool>(
+    unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool, const AK: bool, const BK: bool>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         sm: Smem,
@@ -350,13 +359,22 @@ mod dev {
         let lane = thread::lane_id();
         let w = thread::warp_id();
         let (rm, rn) = ((w / 2) * 16 * MT as u32, (w % 2) * 8 * NT as u32);
-        let a_frag = Frags::<MT>::new(p.a_kmajor, rm, FragKind::A);
-        let b_frag = Frags::<MT>::new(p.b_kmajor, rn, FragKind::BPair);
+        let a_frag = Frags::<MT, AK>::new(rm, FragKind::A);
+        let b_frag = Frags::<MT, BK>::new(rn, FragKind::BPair);
         *acc = [[[0.0f32; 4]; NT]; MT];
+        // thread 0's cycles waiting for pages after the first, and from the first page on
+        let (mut ready_wait, mut first) = (0u64, 0u64);
         let mut kt = 0;
         while kt < p.k.div_ceil(PAGE_K) {
             let slot = page_slot(*u);
+            let w0 = thread::clock64();
             let ok = unsafe { bounded_wait(b, cfg, sm.ready(slot), ready_parity(*u)) };
+            let w1 = thread::clock64();
+            if kt == 0 {
+                first = w1;
+            } else {
+                ready_wait += w1 - w0;
+            }
             if !warp::all(u32::MAX, ok) {
                 if lane == 0 {
                     unsafe {
@@ -368,24 +386,37 @@ mod dev {
             if kt == 0 && thread::thread_idx_x() == 0 {
                 unsafe { stamp(b, idx, trace::FIRST) };
             }
+            // Every fragment of the page into registers first (the loads overlap, and the page
+            // is freed before the math, so the loader can refill it while this warp multiplies).
             let (pa, pb) = (sm.a_page(slot), sm.b_page(slot));
-            let mut kk = 0;
-            while kk < PAGE_K {
+            let mut ra = [[[0u32; 4]; MT]; KSTEPS];
+            let mut rb = [[[0u32; 4]; MT]; KSTEPS];
+            for (ks, (ra, rb)) in ra.iter_mut().zip(rb.iter_mut()).enumerate() {
+                for (g, (fa, fb)) in ra.iter_mut().zip(rb.iter_mut()).enumerate() {
+                    unsafe {
+                        *fa = a_frag.load(pa, g, 8 * ks as u32);
+                        *fb = b_frag.load(pb, g, 8 * ks as u32);
+                    }
+                }
+            }
+            // This warp is done with the page.
+            crate::sync::sync_warp(u32::MAX);
+            if lane == 0 {
+                unsafe { mbarrier::arrive(sm.free(slot)) };
+            }
+            for (ra, rb) in ra.iter().zip(rb.iter()) {
                 let mut fa = [[(0u32, 0u32); 4]; MT];
-                for (i, f) in fa.iter_mut().enumerate() {
-                    let raw = unsafe { a_frag.load(pa, i, kk) };
+                for (f, raw) in fa.iter_mut().zip(ra.iter()) {
                     for e in 0..4 {
                         f[e] = split::<SPLIT>(f32::from_bits(raw[e]));
                     }
                 }
+                // B group g holds tiles 2g and 2g + 1 (registers b0, b1 of each)
                 let mut fb = [[(0u32, 0u32); 2]; NT];
-                let mut j = 0;
-                while j < NT {
-                    let raw = unsafe { b_frag.load(pb, j / 2, kk) };
-                    for e in 0..4 {
-                        fb[j + e / 2][e % 2] = split::<SPLIT>(f32::from_bits(raw[e]));
+                for (j, f) in fb.iter_mut().enumerate() {
+                    for (e, v) in f.iter_mut().enumerate() {
+                        *v = split::<SPLIT>(f32::from_bits(rb[j / 2][2 * (j % 2) + e]));
                     }
-                    j += 2;
                 }
                 for (j, fb) in fb.iter().enumerate() {
                     let bh = [fb[0].0, fb[1].0];
@@ -400,15 +431,15 @@ mod dev {
                         acc[i][j] = mma::mma_m16n8k8_tf32(ah, bh, c);
                     }
                 }
-                kk += 8;
-            }
-            // This warp is done with the page.
-            crate::sync::sync_warp(u32::MAX);
-            if lane == 0 {
-                unsafe { mbarrier::arrive(sm.free(slot)) };
             }
             *u += 1;
             kt += 1;
+        }
+        if thread::thread_idx_x() == 0 {
+            unsafe {
+                record(b, idx, trace::READY_WAIT_CLK, ready_wait);
+                record(b, idx, trace::WORK_CLK, thread::clock64() - first);
+            }
         }
         true
     }
@@ -496,7 +527,18 @@ mod dev {
                 unsafe { stamp(b, idx, trace::START) };
             }
             if let Some(p) = product(b, cfg, &ins) {
-                if !unsafe { tile_mma::<MT, NT, SPLIT>(b, cfg, sm, &p, &mut u, idx, &mut acc) } {
+                // one page loop per operand layout, so that none carries the other layout's loads
+                let ok = unsafe {
+                    match (p.a_kmajor, p.b_kmajor) {
+                        (true, true) => tile_mma::<MT, NT, SPLIT, true, true>(b, cfg, sm, &p, &mut u, idx, &mut acc),
+                        (true, false) => tile_mma::<MT, NT, SPLIT, true, false>(b, cfg, sm, &p, &mut u, idx, &mut acc),
+                        (false, true) => tile_mma::<MT, NT, SPLIT, false, true>(b, cfg, sm, &p, &mut u, idx, &mut acc),
+                        (false, false) => {
+                            tile_mma::<MT, NT, SPLIT, false, false>(b, cfg, sm, &p, &mut u, idx, &mut acc)
+                        }
+                    }
+                };
+                if !ok {
                     return;
                 }
                 if t == 0 {

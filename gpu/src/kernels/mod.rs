@@ -17,5 +17,6 @@ pub mod mma_tile;
 pub mod reduce;
 pub mod sgemm;
 pub mod tensor_ops;
+pub mod tma_stream;
 pub mod tma_tile;
 pub mod tmem;

@@ -7,6 +7,7 @@
 use kiln_gpu::megakernel::{Instruction, opcode, trace as at};
 
 const WORDS: usize = at::WORDS as usize;
+const STAMPS: usize = at::STAMPS as usize;
 
 /// One instruction of a traced step.
 #[derive(Clone, Debug)]
@@ -18,7 +19,11 @@ pub struct TraceRecord {
     /// Its stamps (indexed by `kiln_gpu::megakernel::trace` constants), in nanoseconds from the
     /// step's first stamp; `None` where the kernel wrote none (a stamp that does not apply to the
     /// instruction or the data path, or a step given up before it).
-    pub stamps: [Option<u64>; WORDS],
+    pub stamps: [Option<u64>; STAMPS],
+    /// The SM-clock cycle counts of a tensor-core product (indexed by the `trace` constants from
+    /// `STAMPS` on: `READY_WAIT_CLK`, `WORK_CLK`, `FREE_WAIT_CLK`, `ISSUE_CLK`), as written (0
+    /// where none: the CUDA-core kernel and element-wise instructions write none).
+    pub cycles: [u64; WORDS - STAMPS],
 }
 
 impl TraceRecord {
@@ -28,6 +33,22 @@ impl TraceRecord {
     /// Nanoseconds from stamp `from` to stamp `to`, when both were written.
     fn span(&self, from: u32, to: u32) -> Option<u64> {
         Some(self.get(to)?.saturating_sub(self.get(from)?))
+    }
+    fn clk(&self, what: u32) -> u64 {
+        self.cycles[what as usize - STAMPS]
+    }
+    /// The share of the consumers' work spent waiting for pages after the first (consumer thread
+    /// 0's view), for a tensor-core product that finished its pages.
+    fn page_wait(&self) -> Option<f64> {
+        let work = self.clk(at::WORK_CLK);
+        (self.get(at::LOADER_START).is_some() && self.get(at::WORK_DONE).is_some() && work > 0)
+            .then(|| self.clk(at::READY_WAIT_CLK) as f64 / work as f64)
+    }
+    /// The share of the loader's issuing (dependency met to last page issued) spent waiting for
+    /// free pages, for a tensor-core product whose pages were all issued.
+    fn free_wait(&self) -> Option<f64> {
+        let issue = self.clk(at::ISSUE_CLK);
+        (self.get(at::LOADER_ISSUED).is_some() && issue > 0).then(|| self.clk(at::FREE_WAIT_CLK) as f64 / issue as f64)
     }
 }
 
@@ -62,8 +83,17 @@ pub struct PhaseTimes {
     /// Products on the tensor-core path: from the loader issuing the last page to the consumers
     /// finishing it: how far ahead the loader ran. A full ring's worth of pages means the loader
     /// was held back by the ring, which happens both when the consumers are slow and when the
-    /// loads are; it does not tell the two apart (a profiler's stall reasons do).
+    /// loads are; it does not tell the two apart ([`PhaseTimes::page_wait`] and
+    /// [`PhaseTimes::free_wait`] do).
     pub loader_lead_us: Option<f64>,
+    /// Products on the tensor-core path: the share of the work (first page ready to last
+    /// multiplied) that consumer thread 0 spent waiting for pages (SM clock cycles). Near 0: the
+    /// consumers' math sets the pace; near 1: the pages do.
+    pub page_wait: Option<f64>,
+    /// Products on the tensor-core path: the share of the loader's issuing (dependency met to the
+    /// last page issued) spent waiting for free pages. Near 1 with `page_wait` near 0: the ring is
+    /// full and the consumers are the bottleneck; near 0: issuing the loads is.
+    pub free_wait: Option<f64>,
 }
 
 /// The stamps of one traced step.
@@ -92,16 +122,19 @@ impl StepTrace {
     /// The trace of `listing` (each instruction with its SM, in buffer order) from the raw
     /// timestamps the kernel wrote (`WORDS` per instruction, 0 for none).
     pub fn new(listing: &[(u32, Instruction)], words: &[u64], sms: u32) -> StepTrace {
-        let t0 = words.iter().copied().filter(|&w| w != 0).min().unwrap_or(0);
+        let t0 = words.chunks(WORDS).flat_map(|w| &w[..STAMPS]).copied().filter(|&w| w != 0).min().unwrap_or(0);
         let records = listing
             .iter()
             .enumerate()
             .map(|(k, &(sm, instruction))| {
-                let mut stamps = [None; WORDS];
-                for (s, w) in stamps.iter_mut().zip(&words[k * WORDS..(k + 1) * WORDS]) {
+                let w = &words[k * WORDS..(k + 1) * WORDS];
+                let mut stamps = [None; STAMPS];
+                for (s, w) in stamps.iter_mut().zip(&w[..STAMPS]) {
                     *s = (*w != 0).then(|| w - t0);
                 }
-                TraceRecord { sm, instruction, stamps }
+                let mut cycles = [0; WORDS - STAMPS];
+                cycles.copy_from_slice(&w[STAMPS..]);
+                TraceRecord { sm, instruction, stamps, cycles }
             })
             .collect();
         StepTrace { records, sms }
@@ -136,6 +169,7 @@ impl StepTrace {
         }
         let us = |ns: u64| ns as f64 / 1e3;
         let mean = |v: Vec<u64>| (!v.is_empty()).then(|| us(v.iter().sum::<u64>()) / v.len() as f64);
+        let mean_f = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
         let mut out: Vec<PhaseTimes> = keys
             .into_iter()
             .map(|(op, layer)| {
@@ -167,6 +201,8 @@ impl StepTrace {
                     store_us: mean(collect(&|r| r.span(at::WORK_DONE, at::STORED))),
                     publish_us: mean(collect(&|r| r.span(at::STORED, at::SIGNALED))).unwrap_or(0.0),
                     loader_lead_us: mean(collect(&|r| r.span(at::LOADER_ISSUED, at::WORK_DONE))),
+                    page_wait: mean_f(rs.iter().filter_map(|r| r.page_wait()).collect()),
+                    free_wait: mean_f(rs.iter().filter_map(|r| r.free_wait()).collect()),
                 }
             })
             .collect();
@@ -187,13 +223,15 @@ impl StepTrace {
                 n => format!(" ({n} never signalled)"),
             }
         );
-        s += "| phase | tiles | from us | to us | deps wait | first page | work (max) | store | publish | loader lead |\n";
-        s += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+        s += "| phase | tiles | from us | to us | deps wait | first page | work (max) | store | publish | loader lead \
+              | page wait | loader free wait |\n";
+        s += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
         // a blank cell: nothing measured (a stamp the path or instruction kind does not write)
         let cell = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.2}"));
+        let pct = |v: Option<f64>| v.map_or(String::new(), |v| format!("{:.0} %", 100.0 * v));
         for p in self.phases() {
             s += &format!(
-                "| {} | {} | {:.1} | {:.1} | {} | {} | {:.2} ({:.2}) | {} | {:.2} | {} |\n",
+                "| {} | {} | {:.1} | {:.1} | {} | {} | {:.2} ({:.2}) | {} | {:.2} | {} | {} | {} |\n",
                 phase_name(p.opcode, p.layer),
                 p.count,
                 p.start_us,
@@ -204,23 +242,30 @@ impl StepTrace {
                 p.work_max_us,
                 cell(p.store_us),
                 p.publish_us,
-                cell(p.loader_lead_us)
+                cell(p.loader_lead_us),
+                pct(p.page_wait),
+                pct(p.free_wait)
             );
         }
         s
     }
 
     /// Every record as a CSV row: SM, position in the instruction buffer, opcode, layer, tile row
-    /// and column, then the stamps in nanoseconds (empty where none), for plotting or a closer look.
+    /// and column, then the stamps in nanoseconds (empty where none) and the cycle counts, for
+    /// plotting or a closer look.
     pub fn to_csv(&self) -> String {
         let mut s = String::from(
-            "sm,index,opcode,layer,tile_row,tile_col,loader_start,loader_deps,loader_issued,start,first,work_done,stored,signaled\n",
+            "sm,index,opcode,layer,tile_row,tile_col,loader_start,loader_deps,loader_issued,start,first,work_done,stored,signaled,\
+             ready_wait_clk,work_clk,free_wait_clk,issue_clk\n",
         );
         for (k, r) in self.records.iter().enumerate() {
             let i = &r.instruction;
             s += &format!("{},{k},{},{},{},{}", r.sm, i.opcode, i.layer, i.tile_row, i.tile_col);
             for st in r.stamps {
                 s += &st.map_or(",".into(), |v| format!(",{v}"));
+            }
+            for c in r.cycles {
+                s += &format!(",{c}");
             }
             s.push('\n');
         }
@@ -255,9 +300,18 @@ mod tests {
         for (i, v) in [(0, 0), (1, 100), (2, 400), (3, 0), (4, 500), (5, 2500), (6, 2600), (7, 2700)] {
             w[i] = base + v;
         }
+        // cycles: 1000 of 4000 waiting for pages; the loader waited 300 of 600 for free pages
+        for (i, c) in [(at::READY_WAIT_CLK, 1000), (at::WORK_CLK, 4000), (at::FREE_WAIT_CLK, 300), (at::ISSUE_CLK, 600)]
+        {
+            w[i as usize] = c;
+        }
         // forward on SM 1: deps 300, first page 1000, work 3000 ns
         for (i, v) in [(0, 10), (1, 310), (2, 900), (3, 10), (4, 1010), (5, 4010), (6, 4110), (7, 4310)] {
             w[WORDS + i] = base + v;
+        }
+        // cycles: no page wait, the loader always waiting
+        for (i, c) in [(at::WORK_CLK, 6000), (at::FREE_WAIT_CLK, 900), (at::ISSUE_CLK, 900)] {
+            w[WORDS + i as usize] = c;
         }
         // update on SM 0: start 2700, deps met 5000, work to 5500, stored 5500, signalled 5600
         for (i, v) in [(3, 2700), (4, 5000), (5, 5500), (6, 5500), (7, 5600)] {
@@ -285,15 +339,20 @@ mod tests {
         assert!(t.summary().contains("| forward 0 | 2 |"), "{}", t.summary());
         // loader issued its last page at 400 and 900 ns, the consumers finished it at 2500 and 4010
         assert!(near(f.loader_lead_us, (2.1 + 3.11) / 2.0), "{f:?}");
+        // cycle shares: (0.25 + 0) / 2 waiting for pages, (0.5 + 1) / 2 waiting for free pages
+        assert!(near(f.page_wait, 0.125) && near(f.free_wait, 0.75), "{f:?}");
+        assert!(u.page_wait.is_none() && u.free_wait.is_none(), "{u:?}");
+        assert!(t.summary().contains("| 12 % | 75 % |"), "{}", t.summary());
         // nothing measured prints as a blank cell, not as 0
         assert!(
-            t.summary().contains("| update 0 | 1 | 2.7 | 5.6 | 2.30 |  | 0.50 (0.50) | 0.00 | 0.10 |  |"),
+            t.summary().contains("| update 0 | 1 | 2.7 | 5.6 | 2.30 |  | 0.50 (0.50) | 0.00 | 0.10 |  |  |  |"),
             "{}",
             t.summary()
         );
         let csv = t.to_csv();
         assert_eq!(csv.lines().count(), 4);
-        assert!(csv.lines().nth(3).is_some_and(|l| l.ends_with(",,,2700,5000,5500,5500,5600")), "{csv}");
+        assert!(csv.lines().nth(3).is_some_and(|l| l.ends_with(",,,2700,5000,5500,5500,5600,0,0,0,0")), "{csv}");
+        assert!(csv.lines().nth(1).is_some_and(|l| l.ends_with(",1000,4000,300,600")), "{csv}");
     }
 
     /// A step given up part-way: the instructions it never reached are counted as unfinished, and
