@@ -122,12 +122,42 @@ fn conversions() {
         let b = half::bf16::from_f32(x);
         assert_eq!(bf16_bits_to_f32(b.to_bits()), b.to_f32());
     }
-    // tf32 keeps 10 mantissa bits, rounding half away from zero.
-    assert_eq!(tf32_round_host(1.0 + 2f32.powi(-11)), 1.0 + 2f32.powi(-10));
+    // tf32 keeps 10 mantissa bits, rounding to nearest, ties to even.
+    assert_eq!(tf32_round_host(1.0 + 2f32.powi(-11)), 1.0);
+    assert_eq!(tf32_round_host(1.0 + 3.0 * 2f32.powi(-11)), 1.0 + 2.0 * 2f32.powi(-10));
+    assert_eq!(tf32_round_host(1.0 + 2f32.powi(-11) + 2f32.powi(-20)), 1.0 + 2f32.powi(-10));
     assert_eq!(tf32_round_host(1.0 + 2f32.powi(-12)), 1.0);
-    assert_eq!(tf32_round_host(-(1.0 + 2f32.powi(-11))), -(1.0 + 2f32.powi(-10)));
+    assert_eq!(tf32_round_host(-(1.0 + 3.0 * 2f32.powi(-11))), -(1.0 + 2.0 * 2f32.powi(-10)));
     assert!(tf32_round_host(f32::NAN).is_nan());
     assert_eq!(tf32_round_host(f32::INFINITY), f32::INFINITY);
+}
+
+/// The host's tf32 rounding (sm_90's `cvt.rn.tf32.f32`, see `kiln_gpu::convert::f32_to_tf32`)
+/// against the definition, in f64: of the two tf32 values around x (toward and away from zero),
+/// the nearer, a tie to the one with an even last bit; past the largest tf32 by half an ulp,
+/// infinity. Every 257th bit pattern, and a few ties.
+#[test]
+fn tf32_rounding_matches_its_definition() {
+    for bits in (0..=u32::MAX).step_by(257).chain([0x3f80_1000, 0x3f80_3000, 0x7f7f_f000, 0x7f7f_efff, 0x0000_1000]) {
+        let x = f32::from_bits(bits);
+        let got = tf32_round_host(x);
+        if !x.is_finite() {
+            assert_eq!(got.to_bits(), bits, "{x:e} (non-finite values pass unchanged)");
+            continue;
+        }
+        let toward = bits & !0x1fff;
+        let away = toward + 0x2000;
+        // the value of `away` (2^128 where it is infinity), and the distances to both
+        let away_val = if (away & 0x7f80_0000) == 0x7f80_0000 {
+            2f64.powi(128).copysign(x as f64)
+        } else {
+            f32::from_bits(away) as f64
+        };
+        let (d_toward, d_away) = ((x as f64 - f32::from_bits(toward) as f64).abs(), (away_val - x as f64).abs());
+        let tie_to_away = d_away == d_toward && (toward >> 13) & 1 == 1;
+        let want = if d_away < d_toward || tie_to_away { away } else { toward };
+        assert_eq!(got.to_bits(), want, "{x:e}: got {got:e}, want {:e}", f32::from_bits(want));
+    }
 }
 
 #[test]

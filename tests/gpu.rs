@@ -340,8 +340,8 @@ impl TestInput for f32 {
     fn as_f64(self) -> f64 {
         kiln::gpu::convert::tf32_round_host(self) as f64
     }
-    // The reference uses the host model of cvt.rna.tf32; allow one tf32 ulp per operand in case
-    // the hardware's rounding of a tie differs.
+    // The reference uses the host model of sm_90's tf32 rounding (cvt.rn: ties to even); allow
+    // one tf32 ulp per operand, since sm_80 (cvt.rna) rounds a tie away from zero.
     const INPUT_REL: f64 = 2.0 / 1024.0;
 }
 
@@ -1627,11 +1627,18 @@ fn mega_check(what: &str, got: &[f32], want: &[f32], w0: &[f32], bound: MegaBoun
 /// after 100 steps, and its shadows up to 8.1 %; with another, one step of a 13-layer tf32 model
 /// with layers 2 and 3 wide was 20.9 % off at its first layer. [`Shadows::widen`] lets the GPU be
 /// as far from the interpreter as twice the farthest shadow, or the fixed bound, whichever is
-/// larger.
+/// larger. There are [`SHADOWS`] of them.
 struct Shadows {
     states: Vec<kiln::megakernel::StepState>,
     nudge: f32,
 }
+
+/// Shadows per norm-bounded multi-step check. Three missed a split: with seed
+/// 1795326041554152719 the 3xTF32 hundred-step model ended 6.9 % off at layer 0 (the same with
+/// the kernels of 3e62a2e and with either tf32 rounding, so not a product error), its three
+/// shadows 0.2 % at most; of twelve, five took that same split (6.925 %) and seven did not
+/// (H200, 2026-11-22). Twelve cost about 17 s of CPU on that test.
+const SHADOWS: usize = 12;
 
 impl Shadows {
     fn new(
@@ -1707,7 +1714,7 @@ fn megakernel_vs_interpreter(
             let w0 = mk_weights(dims, 11);
             let mut gpu = GpuStep::new(dev.clone(), &schedule, &w0, path).map_err(err)?;
             let mut cpu = StepState::new(&shape, w0.clone()).map_err(err)?;
-            let count = if matches!(bound, MegaBound::UpdateNorm(_)) && steps > 1 { 3 } else { 0 };
+            let count = if matches!(bound, MegaBound::UpdateNorm(_)) && steps > 1 { SHADOWS } else { 0 };
             let mut shadows = Shadows::new(&shape, &w0, path, count)?;
             for step in 0..steps {
                 let x = testing::uniform(&mut rng, batch * dims[0]);
@@ -1869,11 +1876,14 @@ fn check_trace(t: &kiln::megakernel::StepTrace, path: kiln::megakernel::DataPath
                 chain.len() + loader.len()
             ));
         }
-        // the cycle counts: on tensor-core products, waits within their spans; elsewhere none
+        // the cycle counts: on tensor-core products and loss gradients, waits within their spans;
+        // elsewhere none
         let [ready_wait, work, free_wait, issue] = r.cycles;
-        let ok = match loader.is_empty() {
-            true => r.cycles == [0; 4],
-            false => work > 0 && issue > 0 && ready_wait <= work && free_wait <= issue,
+        let loss_on_tc = r.instruction.opcode == opcode::LOSS_GRAD && path != kiln::megakernel::DataPath::CudaCores;
+        let ok = match (loader.is_empty(), loss_on_tc) {
+            (false, _) => work > 0 && issue > 0 && ready_wait <= work && free_wait <= issue,
+            (true, true) => work > 0 && ready_wait <= work && free_wait == 0 && issue == 0,
+            (true, false) => r.cycles == [0; 4],
         };
         if !ok {
             return Err(format!("{path:?} instruction {k} ({:?}): cycle counts {:?}", r.instruction, r.cycles));

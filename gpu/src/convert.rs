@@ -70,29 +70,63 @@ mod device {
         unsafe { asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) h, options(nomem, nostack, pure)) };
         r
     }
-
-    /// Rounds an f32 to tf32 (10 mantissa bits, nearest with ties away from zero), as the bit pattern
-    /// `mma.sync ... tf32` reads.
-    ///
-    /// PTX: `cvt.rna.tf32.f32 %r, x;`
-    #[inline(always)]
-    pub fn f32_to_tf32(x: f32) -> u32 {
-        let r: u32;
-        // SAFETY: register-only.
-        unsafe { asm!("cvt.rna.tf32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nomem, nostack, pure)) };
-        r
-    }
 }
 
 #[cfg(target_arch = "nvptx64")]
 pub use device::*;
 
-/// The host model of [`f32_to_tf32`]'s rounding: round to 10 mantissa bits, ties away from zero
-/// (NaN and infinities unchanged).
-pub const fn tf32_round_host(x: f32) -> f32 {
-    let bits = x.to_bits();
-    if (bits & 0x7f80_0000) == 0x7f80_0000 {
-        return x;
+/// Rounds an f32 to tf32 (10 mantissa bits, to nearest), as the bit pattern `mma.sync ... tf32`
+/// reads (the 13 low bits zero); NaN and infinities pass unchanged.
+///
+/// - sm_90 and newer: `cvt.rn.tf32.f32` (ties to even), one instruction, then the low bits
+///   cleared so that a 3xTF32 split (`x - head`) sees exactly the value the tensor core does.
+/// - sm_80: `cvt.rna.tf32.f32` (ties away from zero), the only tf32 rounding sm_80 has.
+/// - Host: the sm_90 rounding in integer arithmetic ([`tf32_round_host`]).
+///
+/// Why not `cvt.rna` everywhere: on sm_90 ptxas expands it into a compare that sets a predicate
+/// and an add under it, and a run of them queues on the one predicate register at about 14 cycles
+/// each; the megakernel converts 64 values per page and warp, and with `cvt.rn` its medium
+/// model's step went from 0.358 to 0.274 ms (tf32) and from 0.543 to 0.359 ms (3xTF32), H200,
+/// 2026-11-22, `benches/results/mlp_step.md`.
+///
+/// PTX: `cvt.rn.tf32.f32 %r, x; and.b32 %r, %r, 0xffffe000;` (sm_80: `cvt.rna.tf32.f32 %r, x;`)
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]
+#[inline(always)]
+pub fn f32_to_tf32(x: f32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only.
+    unsafe {
+        core::arch::asm!("cvt.rn.tf32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nomem, nostack, pure))
+    };
+    r & 0xffff_e000
+}
+
+/// See the sm_90 version.
+#[cfg(all(target_arch = "nvptx64", not(target_feature = "sm_90")))]
+#[inline(always)]
+pub fn f32_to_tf32(x: f32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only.
+    unsafe {
+        core::arch::asm!("cvt.rna.tf32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nomem, nostack, pure))
+    };
+    r
+}
+
+/// See the sm_90 version: on the host, the same rounding (nearest, ties to even).
+#[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
+pub const fn f32_to_tf32(x: f32) -> u32 {
+    let b = x.to_bits();
+    if (b & 0x7f80_0000) == 0x7f80_0000 {
+        return b;
     }
-    f32::from_bits(bits.wrapping_add(0x1000) & 0xffff_e000)
+    // add just under half a tf32 ulp, plus one when the kept part is odd, and drop the low bits
+    b.wrapping_add(0x0fff + ((b >> 13) & 1)) & 0xffff_e000
+}
+
+/// [`f32_to_tf32`]'s rounding on the host, as an f32 (the value a tf32 product sees on sm_90).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const fn tf32_round_host(x: f32) -> f32 {
+    f32::from_bits(f32_to_tf32(x))
 }

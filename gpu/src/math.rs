@@ -25,13 +25,7 @@ const fn pow2(k: i32) -> f32 {
 pub fn exp(x: f32) -> f32 {
     const HI: f32 = 88.722_84;
     const LO: f32 = -103.972_08;
-    let xc = if x > HI {
-        HI
-    } else if x < LO {
-        LO
-    } else {
-        x
-    };
+    let xc = x.clamp(LO, HI);
     let kf = xc * LOG2E;
     let k = (if kf >= 0.0 { kf + 0.5 } else { kf - 0.5 }) as i32;
     let r = (xc - k as f32 * LN2_HI) - k as f32 * LN2_LO;

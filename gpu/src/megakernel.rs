@@ -246,9 +246,12 @@ pub mod trace {
     /// The signal counters were incremented.
     pub const SIGNALED: u32 = 7;
     /// Tensor-core products, SM clock cycles: consumer thread 0 waiting for pages after the first.
+    /// The tensor-core kernel's loss gradient: cycles in its rendezvous between the row
+    /// statistics and the gradients.
     pub const READY_WAIT_CLK: u32 = 8;
     /// Tensor-core products, cycles: consumer thread 0 from the first page ready to the last
-    /// multiplied (the span of [`FIRST`]..[`WORK_DONE`], on the SM clock).
+    /// multiplied (the span of [`FIRST`]..[`WORK_DONE`], on the SM clock). The tensor-core
+    /// kernel's loss gradient: cycles of its whole body (statistics, rendezvous, gradients).
     pub const WORK_CLK: u32 = 9;
     /// Tensor-core products, cycles: the loader waiting for free pages.
     pub const FREE_WAIT_CLK: u32 = 10;

@@ -356,7 +356,7 @@ unsafe fn run<const R: usize>(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction
         opcode::LOSS_GRAD => unsafe {
             let t = thread::thread_idx_x();
             let stats = mk_stats() as *mut f32;
-            loss_grad(b, cfg, i, tile, stats, MEGA_THREADS, t, || {
+            loss_grad::<false>(b, cfg, i, tile, stats, MEGA_THREADS, t, || {
                 sync::sync_threads();
                 true
             });
@@ -380,9 +380,10 @@ pub(crate) unsafe fn sgd_update(b: &MegaBuffers, cfg: &MegaConfig, i: &Instructi
         let (o, k) = (m0 + e / tile, n0 + e % tile);
         (e < tile * tile && o < dout && k < din).then_some(w + o * pitch(din) + k)
     };
-    // Two elements per thread per round, all loads issued before any arithmetic (the loop is
-    // bound by global-memory latency, not by its few flops).
-    const U: u32 = 2;
+    // Eight elements per thread per round, all loads issued before any arithmetic: the loop is
+    // bound by global-memory latency, not by its few flops (two per round took 7.5-10.5 us per
+    // 64 x 64 tile of the medium model on the H200, eight 4.0-4.7 us: runs 59 and 62).
+    const U: u32 = 8;
     let mut e = t;
     while e < tile * tile {
         let js: [Option<u32>; U as usize] = core::array::from_fn(|u| at(e + u as u32 * threads));
@@ -422,13 +423,20 @@ const GRAD_GROUP: usize = 8;
 /// `sync` (a barrier of the `threads`; false gives up the step, and so does this function); then
 /// every thread takes elements `t, t + threads, ...`, [`GRAD_GROUP`] loads before their stores.
 ///
-/// The loads are what this costs: a row of 1024 columns read in rounds of 4 loads per lane took
-/// 16 dependent round trips (two passes of 8); in chunks of 16 it takes three (the first chunk
-/// stays in registers for the second pass, so a row of up to 512 columns is read once).
+/// `FAST` (the tensor-core kernel, whose results are not bit-compared with the interpreter):
+/// `exp` on the special-function unit ([`math::exp_fast`]) and reciprocals for the divisions.
+/// Otherwise (the CUDA-core kernel) [`math::exp`] and true divisions, bit-identical to the
+/// interpreter.
+///
+/// What it costs (H200, medium model, tile 64, 4 warps, each with 16 rows of 1024): the
+/// statistics are instruction-bound, not load-bound. With one warp per scheduler, `math::exp`'s
+/// chain of ~40 dependent instructions issued at about one per 5 cycles: 100 us per tile, of
+/// which the rendezvous took under 0.1 % (the trace's cycle counts, run 62), whether a row was
+/// read in 16 dependent rounds of loads (110 us) or 3 (97 us). With `exp_fast`, 43-45 us.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn loss_grad(
+pub(crate) unsafe fn loss_grad<const FAST: bool>(
     b: &MegaBuffers,
     cfg: &MegaConfig,
     i: &Instruction,
@@ -439,6 +447,7 @@ pub(crate) unsafe fn loss_grad(
     sync: impl FnOnce() -> bool,
 ) -> bool {
     let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
+    let exp = |x: f32| if FAST { math::exp_fast(x) } else { math::exp(x) };
     let dout = unsafe { b.dims.read(i.layer as usize + 1) };
     let a_out = unsafe { b.a_off.read(i.layer as usize + 1) };
     let pout = pitch(dout);
@@ -478,13 +487,13 @@ pub(crate) unsafe fn loss_grad(
                 let mut z = 0.0f32;
                 // (a select, not a branch, so that the exps of a chunk overlap)
                 for (j, &v) in first.iter().enumerate() {
-                    let e = math::exp(v - m);
+                    let e = exp(v - m);
                     z += if lane + 32 * (j as u32) < dout { e } else { 0.0 };
                 }
                 k0 = SPAN;
                 while k0 < dout {
                     for (j, &v) in chunk(k0).iter().enumerate() {
-                        let e = math::exp(v - m);
+                        let e = exp(v - m);
                         z += if k0 + lane + 32 * (j as u32) < dout { e } else { 0.0 };
                     }
                     k0 += SPAN;
@@ -530,7 +539,11 @@ pub(crate) unsafe fn loss_grad(
             if ce {
                 let r = r.min(tile - 1) as usize;
                 let (m, z) = unsafe { (*stats.add(r), *stats.add(tile as usize + r)) };
-                (math::exp(v[g] - m) / z - other[g]) / cfg.batch as f32
+                if FAST {
+                    (exp(v[g] - m) * (1.0 / z) - other[g]) * (1.0 / cfg.batch as f32)
+                } else {
+                    (exp(v[g] - m) / z - other[g]) / cfg.batch as f32
+                }
             } else {
                 2.0 * (v[g] - other[g]) / (cfg.batch * dout) as f32
             }

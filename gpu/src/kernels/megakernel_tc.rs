@@ -16,10 +16,11 @@
 //!   [`PAGE_READY_ARRIVALS`](crate::megakernel::PAGE_READY_ARRIVALS)n0..`; an M-major operand is `tile / 32` boxes of 32 x 32). It runs up to the whole ring ahead,
 //!   across instruction boundaries: the next tile's loads overlap this tile's math.
 //! - Consumers, per product: warp `w` owns the `tile/2` square at `(w / 2, w % 2)` of the output
-//!   tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; per page it reads fragments from the
-//!   swizzled pages, multiplies ([`precision::TF32`]: one product; [`precision::TF32X3`]: the
-//!   inputs split into tf32 head and tail, three products, tail terms first), and its lane 0 frees
-//!   the page. Then the epilogue (ReLU, the ReLU derivative) stores the live outputs straight from
+//!   tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; per page it reads all its fragments
+//!   from the swizzled page into registers, its lane 0 frees the page (so the loader refills it
+//!   during the math), then it multiplies ([`precision::TF32`]: one product;
+//!   [`precision::TF32X3`]: the inputs split into tf32 head and tail, three products, tail terms
+//!   first). The page loop is compiled once per operand layout (K-major or M-major A and B). Then the epilogue (ReLU, the ReLU derivative) stores the live outputs straight from
 //!   the accumulators. Loss gradients and SGD updates run on the 128 consumer threads after
 //!   consumer thread 0 has waited for their counters.
 //! - Publishing: every consumer thread fences its stores for the async proxy (another block's TMA
@@ -267,7 +268,8 @@ mod dev {
     }
 
     /// One lane's addressing of a warp's fragments in an operand page, computed once per product:
-    /// `G` groups of 16 rows (m for A, n for B) from row `base` of the page.
+    /// `G` groups of 16 rows (m for A, n for B) from row `base` of the page; `KMAJOR` is the page's
+    /// layout, fixed per instantiation so that a page loop carries only its own loads.
     ///
     /// - K-major pages: one `ldmatrix.x4` per group. Its four 8 x 8 b16 matrices are four 8-row x
     ///   4-f32 blocks, and a lane receives element `lane % 4` of row `lane / 4` of each: exactly the
@@ -561,9 +563,18 @@ mod dev {
                 }
                 let done = match ins.opcode {
                     opcode::LOSS_GRAD => unsafe {
-                        loss_grad(b, cfg, &ins, cfg.tile, stats, CONSUMERS, t, || {
-                            rendezvous(b, cfg, sm, &mut phase, idx)
-                        })
+                        let (c0, mut met) = (thread::clock64(), 0u64);
+                        let done = loss_grad::<true>(b, cfg, &ins, cfg.tile, stats, CONSUMERS, t, || {
+                            let m0 = thread::clock64();
+                            let ok = rendezvous(b, cfg, sm, &mut phase, idx);
+                            met = thread::clock64() - m0;
+                            ok
+                        });
+                        if t == 0 {
+                            record(b, idx, trace::READY_WAIT_CLK, met);
+                            record(b, idx, trace::WORK_CLK, thread::clock64() - c0);
+                        }
+                        done
                     },
                     opcode::SGD_UPDATE => {
                         unsafe { sgd_update(b, cfg, &ins, cfg.tile, CONSUMERS, t) };

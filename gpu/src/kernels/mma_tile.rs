@@ -112,7 +112,7 @@ pub unsafe fn mma_tile_f16(a: DevicePtr<f16>, b: DevicePtr<f16>, c: DevicePtrMut
 /// - Parameters: as [`mma_tile_bf16`] with f32 inputs; `k % 4 == 0`.
 /// - Per k-step of 8, A and B tiles (16 and 8 rows of 32 bytes) are staged with `cp.async`; each lane
 ///   reads its fragment elements at the positions [`mma::m16n8k8_tf32_a`] and
-///   [`mma::m16n8k8_tf32_b`] give, rounding with `cvt.rna.tf32.f32`.
+///   [`mma::m16n8k8_tf32_b`] give, rounding with [`convert::f32_to_tf32`] (`cvt.rn.tf32.f32` on sm_90, `cvt.rna` on sm_80).
 /// - Grid, block and shared memory as [`mma_tile_bf16`].
 #[kernel]
 pub unsafe fn mma_tile_tf32(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMut<f32>, shape: GemmShape) {
