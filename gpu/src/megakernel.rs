@@ -250,7 +250,7 @@ pub mod trace {
     /// statistics and the gradients.
     pub const READY_WAIT_CLK: u32 = 8;
     /// Tensor-core products, cycles: consumer thread 0 from the first page ready to the last
-    /// multiplied (the span of [`FIRST`]..[`WORK_DONE`], on the SM clock). The tensor-core
+    /// page's `mma` issued (about the span of [`FIRST`]..[`WORK_DONE`], on the SM clock). The tensor-core
     /// kernel's loss gradient: cycles of its whole body (statistics, rendezvous, gradients).
     pub const WORK_CLK: u32 = 9;
     /// Tensor-core products, cycles: the loader waiting for free pages.

@@ -13,15 +13,17 @@
 //! - Loader, per product instruction: waits for the instruction's dependency counter (acquire),
 //!   fences the generic and async proxies, then for each K block of [`PAGE_K`]: waits until the
 //!   slot is free, announces [`stage_tx_bytes`] and issues the two TMA loads (A rows `m0..`, B rows
-//!   [`PAGE_READY_ARRIVALS`](crate::megakernel::PAGE_READY_ARRIVALS)n0..`; an M-major operand is `tile / 32` boxes of 32 x 32). It runs up to the whole ring ahead,
+//!   `n0..`; an M-major operand is `tile / 32` boxes of 32 x 32). It runs up to the whole ring
+//!   ahead,
 //!   across instruction boundaries: the next tile's loads overlap this tile's math.
 //! - Consumers, per product: warp `w` owns the `tile/2` square at `(w / 2, w % 2)` of the output
 //!   tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; per page it reads all its fragments
 //!   from the swizzled page into registers, its lane 0 frees the page (so the loader refills it
 //!   during the math), then it multiplies ([`precision::TF32`]: one product;
 //!   [`precision::TF32X3`]: the inputs split into tf32 head and tail, three products, tail terms
-//!   first). The page loop is compiled once per operand layout (K-major or M-major A and B). Then the epilogue (ReLU, the ReLU derivative) stores the live outputs straight from
-//!   the accumulators. Loss gradients and SGD updates run on the 128 consumer threads after
+//!   first). The page loop is compiled once per operand layout (K-major or M-major A and B).
+//!   Then the epilogue (ReLU, the ReLU derivative) stores the live outputs straight from the
+//!   accumulators. Loss gradients and SGD updates run on the 128 consumer threads after
 //!   consumer thread 0 has waited for their counters.
 //! - Publishing: every consumer thread fences its stores for the async proxy (another block's TMA
 //!   reads them next), the consumers meet at a rendezvous barrier, and consumer thread 0 signals.
@@ -646,7 +648,9 @@ mod dev {
 /// block [`TC_THREADS`]; dynamic shared memory [`TC_SMEM_BYTES`]. No launch bound: with
 /// `.maxntid 160` ptxas capped the kernel at 128 registers (room for three blocks per SM, where
 /// its shared memory allows one) and spilled once the traced step's stamps were added; unbounded
-/// it takes about 140 and spills nothing. `cfg.tile` is one of
+/// it took about 140 and spilled nothing; with a page's fragments held in registers (this
+/// session's page loop) it takes about 200 (ptxas report of 2026-11-22: 197, no spills).
+/// `cfg.tile` is one of
 /// [`TC_TILES`], `cfg.precision` [`precision::TF32`] or [`precision::TF32X3`].
 #[kernel(arch = "sm_90a")]
 pub unsafe fn megakernel_step_tc(b: MegaBuffers, cfg: MegaConfig) {

@@ -68,9 +68,9 @@ pub struct StreamConfig {
     pub box_cols: u32,
     /// Box extent in rows.
     pub box_rows: u32,
-    /// Tensor extent in elements (a multiple of `box_cols`).
+    /// Tensor extent in elements (only whole boxes are read).
     pub cols: u32,
-    /// Tensor extent in rows (a multiple of `box_rows`).
+    /// Tensor extent in rows (only whole boxes are read).
     pub rows: u32,
     /// Maps to rotate over (`1..`).
     pub maps: u32,
@@ -118,10 +118,15 @@ mod dev {
             unsafe { mbarrier::wait_parity_or(bar, parity, LIMIT_NS, |_| atomic::load_relaxed_gpu(flag.as_ptr()) != 0) }
         } else {
             let mut tries = 0u32;
-            while !unsafe { mbarrier::try_wait_parity(bar, parity) } && tries < 1 << 30 {
+            loop {
+                if unsafe { mbarrier::try_wait_parity(bar, parity) } {
+                    break true;
+                }
                 tries += 1;
+                if tries >= 1 << 30 {
+                    break false;
+                }
             }
-            tries < 1 << 30
         };
         if !ok {
             thread::trap();

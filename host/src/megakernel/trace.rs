@@ -20,9 +20,11 @@ pub struct TraceRecord {
     /// step's first stamp; `None` where the kernel wrote none (a stamp that does not apply to the
     /// instruction or the data path, or a step given up before it).
     pub stamps: [Option<u64>; STAMPS],
-    /// The SM-clock cycle counts of a tensor-core product (indexed by the `trace` constants from
-    /// `STAMPS` on: `READY_WAIT_CLK`, `WORK_CLK`, `FREE_WAIT_CLK`, `ISSUE_CLK`), as written (0
-    /// where none: the CUDA-core kernel and element-wise instructions write none).
+    /// The SM-clock cycle counts (indexed by the `trace` constants from `STAMPS` on:
+    /// `READY_WAIT_CLK`, `WORK_CLK`, `FREE_WAIT_CLK`, `ISSUE_CLK`), as written, 0 where none. A
+    /// tensor-core product writes all four; a loss gradient on the tensor-core path writes the
+    /// first two with its own meaning (its rendezvous cycles, its whole body's cycles); the
+    /// CUDA-core kernel and the updates write none.
     pub cycles: [u64; WORDS - STAMPS],
 }
 
@@ -251,8 +253,9 @@ impl StepTrace {
     }
 
     /// Every record as a CSV row: SM, position in the instruction buffer, opcode, layer, tile row
-    /// and column, then the stamps in nanoseconds (empty where none) and the cycle counts, for
-    /// plotting or a closer look.
+    /// and column, then the stamps in nanoseconds (empty where none) and the cycle counts (see
+    /// [`TraceRecord::cycles`]: on loss-gradient rows the first two columns are its rendezvous and
+    /// body cycles), for plotting or a closer look.
     pub fn to_csv(&self) -> String {
         let mut s = String::from(
             "sm,index,opcode,layer,tile_row,tile_col,loader_start,loader_deps,loader_issued,start,first,work_done,stored,signaled,\
