@@ -30,8 +30,7 @@ fn main() {
     let sms = dev.sm_count().expect("SM count");
     println!("device: {}, per training step, f32, median of samples of back-to-back steps", dev.name());
     let mut json = format!("{{\"device\":\"{}\",\"models\":[", dev.name());
-    let wanted = |var: &str, name: &str| std::env::var(var).map(|v| v.split(',').any(|w| w == name)).unwrap_or(true);
-    let models = MODELS.iter().filter(|(b, w, l)| wanted("KILN_BENCH_MODELS", &format!("{b}x{w}x{l}")));
+    let models = MODELS.iter().filter(|(b, w, l)| timing::wanted("KILN_BENCH_MODELS", &format!("{b}x{w}x{l}")));
     for (mi, &(batch, width, layers)) in models.enumerate() {
         let (reps, per) = if batch * width >= 1 << 22 { (5, 2) } else { (15, 10) };
         let mut rng = Tensor::rng(7);
@@ -50,10 +49,10 @@ fn main() {
         let mut paths_json = vec![];
         let mut paths_text = vec![];
         let paths = [(DataPath::CudaCores, "cuda-cores"), (DataPath::Tf32, "tf32"), (DataPath::Tf32x3, "tf32x3")];
-        for path in paths.into_iter().filter(|(_, name)| wanted("KILN_BENCH_PATHS", name)).map(|(p, _)| p) {
+        for path in paths.into_iter().filter(|(_, name)| timing::wanted("KILN_BENCH_PATHS", name)).map(|(p, _)| p) {
             let chosen = build(&shape, sms, path).expect("schedule").tile;
             let mut per_tile = vec![];
-            for &tile in path.tiles().iter().filter(|t| wanted("KILN_BENCH_TILES", &t.to_string())) {
+            for &tile in path.tiles().iter().filter(|t| timing::wanted("KILN_BENCH_TILES", &t.to_string())) {
                 let sched = build_with_tile(&shape, sms, tile).expect("schedule");
                 let mut mega = match GpuStep::new(dev.clone(), &sched, &weights, path) {
                     Ok(m) => m,

@@ -17,6 +17,13 @@ pub fn gpu_or_skip(bench: &str) -> Option<Arc<Device>> {
     }
 }
 
+/// Whether `name` is among the comma-separated names in environment variable `var` (every name
+/// when the variable is unset): the benches' subset selectors (`KILN_BENCH_MODELS=...`).
+#[allow(dead_code)]
+pub fn wanted(var: &str, name: &str) -> bool {
+    std::env::var(var).map(|v| v.split(',').any(|w| w == name)).unwrap_or(true)
+}
+
 /// Median milliseconds of `f` over `reps` runs, timed with CUDA events on the device's stream after
 /// two warm-ups.
 #[allow(dead_code)]

@@ -108,13 +108,11 @@ fn main() {
         "| variant | what | GB/s | GB/s per block | us per stage | issue to ready (us) | consumer wait | loader wait |"
     );
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
-    let wanted =
-        |name: &str| std::env::var("KILN_BENCH_VARIANTS").map(|v| v.split(',').any(|w| w == name)).unwrap_or(true);
     let max_rows = variants().iter().map(|v| v.rows).max().unwrap_or(0);
     let tensor = dev.zeros::<u32>(1024 * max_rows as usize).expect("tensor");
     let flag = dev.zeros::<u32>(1).expect("flag");
     let mut json = vec![];
-    for var in variants().into_iter().filter(|v| wanted(v.name)) {
+    for var in variants().into_iter().filter(|v| timing::wanted("KILN_BENCH_VARIANTS", v.name)) {
         let elem = var.dtype.size();
         let cols = 4096 / elem;
         let blocks = if var.blocks == 0 { sms } else { var.blocks };

@@ -207,9 +207,10 @@ pub const fn page_parity(use_index: u32) -> u32 {
     use_index & 1
 }
 
-/// A traced step's timestamps: global-timer nanoseconds (`%globaltimer`, one clock for every SM),
-/// [`WORDS`](trace::WORDS) per instruction at `WORDS * index + stamp`. Stamps the kernel does not
-/// reach stay 0 (the host zeroes the buffer before the step).
+/// A traced step's record: [`WORDS`](trace::WORDS) words per instruction at `WORDS * index + word`,
+/// first [`STAMPS`](trace::STAMPS) global-timer stamps in nanoseconds (`%globaltimer`, one clock
+/// for every SM), then four SM-clock cycle counts ([`READY_WAIT_CLK`](trace::READY_WAIT_CLK) on).
+/// Words the kernel does not reach stay 0 (the host zeroes the buffer before the step).
 ///
 /// A product instruction's life: the loader reaches it ([`LOADER_START`](trace::LOADER_START)),
 /// its dependency counter is met ([`LOADER_DEPS`](trace::LOADER_DEPS)), its last page is issued

@@ -107,11 +107,13 @@ pub(crate) unsafe fn wait(b: &MegaBuffers, cfg: &MegaConfig, c: u32, v: u32, idx
 }
 
 /// Records timestamp `what` ([`trace`](crate::megakernel::trace)) of instruction `idx` when the
-/// step is traced (one thread).
+/// step is traced (one thread); an untraced step reads no timer.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub(crate) unsafe fn stamp(b: &MegaBuffers, idx: u32, what: u32) {
-    unsafe { record(b, idx, what, thread::globaltimer_ns()) };
+    if b.trace.addr() != 0 {
+        unsafe { record(b, idx, what, thread::globaltimer_ns()) };
+    }
 }
 
 /// Writes `value` as trace word `what` of instruction `idx` if the step is traced (one thread).

@@ -14,8 +14,7 @@
 //!   fences the generic and async proxies, then for each K block of [`PAGE_K`]: waits until the
 //!   slot is free, announces [`stage_tx_bytes`] and issues the two TMA loads (A rows `m0..`, B rows
 //!   `n0..`; an M-major operand is `tile / 32` boxes of 32 x 32). It runs up to the whole ring
-//!   ahead,
-//!   across instruction boundaries: the next tile's loads overlap this tile's math.
+//!   ahead, across instruction boundaries: the next tile's loads overlap this tile's math.
 //! - Consumers, per product: warp `w` owns the `tile/2` square at `(w / 2, w % 2)` of the output
 //!   tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; per page it reads all its fragments
 //!   from the swizzled page into registers, its lane 0 frees the page (so the loader refills it

@@ -170,8 +170,8 @@ impl StepTrace {
             }
         }
         let us = |ns: u64| ns as f64 / 1e3;
-        let mean = |v: Vec<u64>| (!v.is_empty()).then(|| us(v.iter().sum::<u64>()) / v.len() as f64);
         let mean_f = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        let mean = |v: Vec<u64>| mean_f(v.into_iter().map(us).collect());
         let mut out: Vec<PhaseTimes> = keys
             .into_iter()
             .map(|(op, layer)| {
