@@ -13,15 +13,39 @@ pub fn cublas_sgemm(
     c: &mut kiln::cuda::DeviceBuffer<f32>,
     s: GemmShape,
 ) {
+    cublas_sgemm_layout(blas, a, b, c, s, kiln::cuda::gemm::Layout::NN)
+}
+
+/// cuBLAS SGEMM, row-major `c (m x n) = op(a) op(b)` with the operands stored as `layout` says:
+/// `a` m x k (NN, NT) or k x m (TN), `b` k x n (NN, TN) or n x k (NT).
+pub fn cublas_sgemm_layout(
+    blas: &CudaBlas,
+    a: &kiln::cuda::DeviceBuffer<f32>,
+    b: &kiln::cuda::DeviceBuffer<f32>,
+    c: &mut kiln::cuda::DeviceBuffer<f32>,
+    s: GemmShape,
+    layout: kiln::cuda::gemm::Layout,
+) {
+    use kiln::cuda::gemm::Layout;
+    // Column-major cuBLAS computes c^T (n x m) = op(b)^T op(a)^T: b's stored rows are its
+    // column-major columns, so a transposed row-major operand is an untransposed cuBLAS one.
+    let (op_b, ldb_) = match layout {
+        Layout::NT => (cublasOperation_t::CUBLAS_OP_T, s.k),
+        _ => (cublasOperation_t::CUBLAS_OP_N, s.n),
+    };
+    let (op_a, lda_) = match layout {
+        Layout::TN => (cublasOperation_t::CUBLAS_OP_T, s.m),
+        _ => (cublasOperation_t::CUBLAS_OP_N, s.k),
+    };
     let cfg = GemmConfig {
-        transa: cublasOperation_t::CUBLAS_OP_N,
-        transb: cublasOperation_t::CUBLAS_OP_N,
+        transa: op_b,
+        transb: op_a,
         m: s.n as i32,
         n: s.m as i32,
         k: s.k as i32,
         alpha: 1.0f32,
-        lda: s.n as i32,
-        ldb: s.k as i32,
+        lda: ldb_ as i32,
+        ldb: lda_ as i32,
         beta: 0.0f32,
         ldc: s.n as i32,
     };

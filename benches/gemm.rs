@@ -19,7 +19,7 @@ mod timing;
 
 #[path = "cublas.rs"]
 mod cublas;
-use cublas::{cublas_bf16_f32out, cublas_sgemm, set_math_mode};
+use cublas::{cublas_bf16_f32out, cublas_sgemm, cublas_sgemm_layout, set_math_mode};
 
 fn median_ms(dev: &Arc<Device>, f: impl FnMut()) -> f64 {
     timing::median_ms(dev, REPS, f)
@@ -94,7 +94,18 @@ fn main() {
             let kiln = || r.run(&dev, &da, &db, &mut dc, s).expect("kiln sgemm");
             let (ms, ref_tf) = if r.name.contains("_db") {
                 let mut dc_ref = dev.zeros::<f32>((m * n) as usize).expect("alloc");
-                let (ms, ref_ms) = bracketed(&dev, || cublas_sgemm(&blas, &da, &db, &mut dc_ref, s), kiln);
+                let reference = || cublas_sgemm_layout(&blas, &da, &db, &mut dc_ref, s, r.layout);
+                let (ms, ref_ms) = bracketed(&dev, reference, kiln);
+                // the reference must compute the same product in the same layout
+                let (got, want) = (dev.download(&dc).expect("download"), dev.download(&dc_ref).expect("download"));
+                let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(f32::MIN_POSITIVE);
+                let worst = got.iter().zip(&want).fold(0.0f32, |m, (g, w)| m.max((g - w).abs()));
+                assert!(
+                    worst <= 1e-4 * scale,
+                    "{} and cuBLAS ({:?}) differ by {worst} (scale {scale})",
+                    r.name,
+                    r.layout
+                );
                 (ms, fl / ref_ms / 1e9)
             } else {
                 (median_ms(&dev, kiln), cublas_tf)

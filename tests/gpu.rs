@@ -1180,7 +1180,7 @@ fn sgemm_layouts_case(dev: &Device) -> Outcome {
     };
     for r in LAYOUT_RUNGS {
         let nn = rung(r.name.trim_end_matches("_nt").trim_end_matches("_tn")).map_err(err)?;
-        for &(m, n, k) in &[(4u32, 4u32, 4u32), (132, 260, 68), (1000, 36, 516), (68, 1028, 12)] {
+        for &(m, n, k) in &[(4u32, 4u32, 4u32), (132, 260, 68), (1000, 36, 516), (68, 1028, 12), (264, 516, 128)] {
             let s = GemmShape { m, n, k };
             let (mu, nu, ku) = (m as usize, n as usize, k as usize);
             let a = testing::uniform(&mut rng, mu * ku); // m x k
