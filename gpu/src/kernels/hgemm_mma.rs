@@ -417,6 +417,10 @@ hgemm_kernels! {
     hgemm_mma_f16_wide: f16, true, HGEMM_WIDE, 4, 8;
 }
 
+/// How many k tiles ahead of the one being multiplied [`hgemm_mma_bf16_tma`]'s producer fills: at
+/// most the ring's stages - 1 (then the producer waits for the slot the warps released last).
+pub const HGEMM_TMA_LOOKAHEAD: u32 = super::gemm_wgmma::WG_STAGES - 1;
+
 /// Threads of [`hgemm_mma_bf16_tma`]: the wide tile's 8 warps.
 pub const HGEMM_TMA_THREADS: u32 = 256;
 
@@ -479,7 +483,7 @@ pub unsafe fn hgemm_mma_bf16_tma(
         }
     }
     let mut f = 0;
-    while f < WG_STAGES - 1 {
+    while f < HGEMM_TMA_LOOKAHEAD {
         fill(f);
         f += 1;
     }
@@ -499,7 +503,7 @@ pub unsafe fn hgemm_mma_bf16_tma(
         while ks < KS {
             let cur = ks % 2;
             if ks == 0 {
-                fill(t + WG_STAGES - 1);
+                fill(t + HGEMM_TMA_LOOKAHEAD);
             }
             if ks == KS - 1 {
                 // every fragment of this stage is loaded: hand it back, then start on the next
