@@ -145,6 +145,8 @@ fn barriers_are_not_duplicated() {
         ("sgemm_warptile_128x256x8_8x16_db_tn", 4),
         ("sgemm_warptile_256x128x8_16x8_db", 4),
         ("sgemm_warptile_64x128x8_4x8_db", 4),
+        ("sgemm_warptile_64x128x8_4x8_db_nt", 4),
+        ("sgemm_warptile_64x128x8_4x8_db_tn", 4),
     ];
     for a in [Arch::Sm90a, Arch::Sm100a] {
         for (k, n) in expected {

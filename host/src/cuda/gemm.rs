@@ -303,9 +303,13 @@ impl Rung {
             // the `_db` rungs also store C in 16-byte vectors
             check_aligned("sgemm", &[a.addr(), b.addr(), c.addr()])?;
         }
+        if kk == 0 {
+            // an empty sum: C is zero, and the tuned rungs' unchecked body must not run
+            return dev.zero_first(c, m * n);
+        }
         let cfg = self.config(s);
         check_grid("sgemm", &cfg)?;
-        // SAFETY: the sizes are checked above; the kernel masks the edges.
+        // SAFETY: the sizes are checked above (k > 0); the kernel masks the edges.
         unsafe { (self.launch)(dev, cfg, (a.ptr(), b.ptr(), c.ptr_mut(), s)) }
     }
 }
