@@ -67,6 +67,17 @@ mod device {
         unsafe { asm!("// kiln.maxntid {n}", n = const N, options(nomem, nostack, preserves_flags)) }
     }
 
+    /// The occupancy marker `#[kernel(max_threads = N, min_blocks = B)]` puts at the top of an
+    /// entry: a PTX comment the PTX builder turns into the entry's `.minnctapersm B` directive, so
+    /// ptxas keeps registers low enough for B blocks of N threads per SM. Emits no instruction.
+    ///
+    /// PTX: `// kiln.minnctapersm B`
+    #[inline(always)]
+    pub fn min_blocks_marker<const B: u32>() {
+        // SAFETY: a comment; not `pure`, so the compiler keeps it.
+        unsafe { asm!("// kiln.minnctapersm {b}", b = const B, options(nomem, nostack, preserves_flags)) }
+    }
+
     /// Aborts the kernel: the launch fails with an illegal-instruction error the host reports.
     ///
     /// PTX: `trap;`

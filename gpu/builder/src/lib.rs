@@ -238,14 +238,22 @@ pub const MAX_THREADS_MARKER: &str = "// kiln.maxntid ";
 /// The marker `#[kernel(cluster = N)]` leaves in an entry's body.
 pub const CLUSTER_MARKER: &str = "// kiln.cluster ";
 
-/// Each entry-body marker and the directive it becomes (Rust has no nvptx attributes for these).
-const DIRECTIVES: [(&str, &str); 2] = [(MAX_THREADS_MARKER, ".maxntid"), (CLUSTER_MARKER, ".reqnctapercluster")];
+/// The marker `#[kernel(max_threads = N, min_blocks = B)]` leaves in an entry's body.
+pub const MIN_BLOCKS_MARKER: &str = "// kiln.minnctapersm ";
+
+/// Each entry-body marker, the directive it becomes, and whether the directive takes three
+/// dimensions (`N, 1, 1`) or one number (Rust has no nvptx attributes for these).
+const DIRECTIVES: [(&str, &str, bool); 3] = [
+    (MAX_THREADS_MARKER, ".maxntid", true),
+    (CLUSTER_MARKER, ".reqnctapercluster", true),
+    (MIN_BLOCKS_MARKER, ".minnctapersm", false),
+];
 
 /// Turns each entry's markers into PTX directives between the entry's parameter list and its body:
 /// the launch bound ([`MAX_THREADS_MARKER`] `N`) into `.maxntid N, 1, 1`, so ptxas budgets registers
 /// for N threads per block, and the cluster size ([`CLUSTER_MARKER`] `N`) into
-/// `.reqnctapercluster N, 1, 1`. Entries without markers are unchanged; applying it twice changes
-/// nothing.
+/// `.reqnctapercluster N, 1, 1`, and the occupancy bound ([`MIN_BLOCKS_MARKER`] `B`) into
+/// `.minnctapersm B`. Entries without markers are unchanged; applying it twice changes nothing.
 pub fn apply_launch_bounds(ptx: &str) -> String {
     let lines: Vec<&str> = ptx.lines().collect();
     let mut out = String::with_capacity(ptx.len() + 256);
@@ -268,13 +276,17 @@ pub fn apply_launch_bounds(ptx: &str) -> String {
             out.push('\n');
         }
         if let (Some(o), Some(c)) = (open, close) {
-            for (marker, directive) in DIRECTIVES {
+            for (marker, directive, dims) in DIRECTIVES {
                 let n = lines[o..c]
                     .iter()
                     .find_map(|b| b.trim().strip_prefix(marker.trim_end()).and_then(|n| n.trim().parse::<u32>().ok()));
                 let already = lines[i..end].iter().any(|l| l.trim_start().starts_with(directive));
                 if let (Some(n), false) = (n, already) {
-                    out.push_str(&format!("{directive} {n}, 1, 1\n"));
+                    if dims {
+                        out.push_str(&format!("{directive} {n}, 1, 1\n"));
+                    } else {
+                        out.push_str(&format!("{directive} {n}\n"));
+                    }
                 }
             }
         }
@@ -430,6 +442,17 @@ mod tests {
         assert_eq!(
             got,
             ".visible .entry a(\n)\n.maxntid 384, 1, 1\n.reqnctapercluster 2, 1, 1\n{\n\t// kiln.maxntid 384\n\t// kiln.cluster 2\n\tret;\n}\n"
+        );
+        assert_eq!(apply_launch_bounds(&got), got, "idempotent");
+    }
+
+    #[test]
+    fn min_blocks_markers_become_minnctapersm() {
+        let ptx = ".visible .entry a(\n)\n{\n\t// kiln.maxntid 256\n\t// kiln.minnctapersm 2\n\tret;\n}\n";
+        let got = apply_launch_bounds(ptx);
+        assert_eq!(
+            got,
+            ".visible .entry a(\n)\n.maxntid 256, 1, 1\n.minnctapersm 2\n{\n\t// kiln.maxntid 256\n\t// kiln.minnctapersm 2\n\tret;\n}\n"
         );
         assert_eq!(apply_launch_bounds(&got), got, "idempotent");
     }

@@ -23,6 +23,8 @@
 //! - `max_threads = N` (with either): the launch bound. ptxas then budgets registers for N threads
 //!   per block (`.maxntid N, 1, 1`, written by the PTX builder from a marker the entry carries); a
 //!   launch with more threads fails.
+//! - `min_blocks = B` (with `max_threads`): ptxas keeps registers low enough for B blocks per SM
+//!   (`.minnctapersm B`, from a marker like the launch bound's).
 //! - `cluster = N` (sm_90 and newer): blocks launch in clusters of N along x (`.reqnctapercluster
 //!   N, 1, 1`, from a marker like the launch bound's); the host descriptor's `CLUSTER` says N.
 //!
@@ -46,6 +48,7 @@ enum Target {
 struct Options {
     target: Target,
     max_threads: Option<u32>,
+    min_blocks: Option<u32>,
     cluster: Option<u32>,
 }
 
@@ -54,6 +57,7 @@ impl Parse for Options {
         let items = Punctuated::<MetaNameValue, Token![,]>::parse_terminated(input)?;
         let mut target = Target::Any;
         let mut max_threads = None;
+        let mut min_blocks = None;
         let mut cluster = None;
         for item in items {
             let key = item.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
@@ -64,6 +68,7 @@ impl Parse for Options {
             match (key.as_str(), lit) {
                 ("sm", Lit::Int(v)) => target = Target::MinSm(v.base10_parse()?),
                 ("max_threads", Lit::Int(v)) => max_threads = Some(v.base10_parse()?),
+                ("min_blocks", Lit::Int(v)) => min_blocks = Some(v.base10_parse::<u32>()?),
                 ("cluster", Lit::Int(v)) => {
                     let n: u32 = v.base10_parse()?;
                     if !matches!(n, 1 | 2 | 4 | 8) {
@@ -84,12 +89,18 @@ impl Parse for Options {
                 _ => {
                     return Err(syn::Error::new_spanned(
                         &item.path,
-                        "unknown #[kernel] option: use `sm = 90` (minimum architecture), `arch = \"sm_90a\"` (exact), `max_threads = 384` (launch bound) or `cluster = 2` (CTAs per cluster)",
+                        "unknown #[kernel] option: use `sm = 90` (minimum architecture), `arch = \"sm_90a\"` (exact), `max_threads = 384` (launch bound), `min_blocks = 2` (blocks per SM, with max_threads) or `cluster = 2` (CTAs per cluster)",
                     ));
                 }
             }
         }
-        Ok(Options { target, max_threads, cluster })
+        if min_blocks.is_some() && max_threads.is_none() {
+            return Err(syn::Error::new(
+                Span::call_site(),
+                "`min_blocks` needs `max_threads` too (PTX's .minnctapersm goes with .maxntid)",
+            ));
+        }
+        Ok(Options { target, max_threads, min_blocks, cluster })
     }
 }
 
@@ -175,6 +186,7 @@ fn expand(options: Options, func: ItemFn) -> syn::Result<TokenStream2> {
     let inputs = &sig.inputs;
     let block = &func.block;
     let bound = options.max_threads.map(|n| quote!(::kiln_gpu::thread::max_threads_marker::<#n>();));
+    let min_blocks = options.min_blocks.map(|b| quote!(::kiln_gpu::thread::min_blocks_marker::<#b>();));
     let cluster_marker = options.cluster.map(|n| quote!(::kiln_gpu::cluster::cluster_marker::<#n>();));
     let cluster = options.cluster.unwrap_or(1);
     let unsafety = &sig.unsafety;
@@ -188,6 +200,7 @@ fn expand(options: Options, func: ItemFn) -> syn::Result<TokenStream2> {
         #[unsafe(no_mangle)]
         #vis #unsafety extern "ptx-kernel" fn #name(#inputs) {
             #bound
+            #min_blocks
             #cluster_marker
             #block
         }

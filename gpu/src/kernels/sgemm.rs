@@ -827,7 +827,9 @@ unsafe fn warptile_db_body<
 /// results per lane as 2 x 2 blocks of 4 x 4 (lanes 4 x 8 in the warp); double-buffered shared
 /// memory fed by register prefetch. Grid (ceil(n / 128), ceil(m / 128)), block 256, dynamic shared
 /// memory `warptile_db_smem(128, 128, 8)` = 16,640 bytes. Needs `k % 4 == 0`, `n % 4 == 0`.
-#[kernel]
+/// Launch bound: two blocks per SM (at most 128 registers; without the bound ptxas took 130, one
+/// block per SM).
+#[kernel(max_threads = 256, min_blocks = 2)]
 pub unsafe fn sgemm_warptile_128x128x8_8x8_db(
     a: DevicePtr<f32>,
     b: DevicePtr<f32>,

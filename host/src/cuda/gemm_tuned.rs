@@ -15,7 +15,7 @@ pub const TUNED: &[(Layout, bool, SizeClass, &str)] = &[
     (Layout::NN, true, SizeClass::Small, "sgemm_warptile_64x128x8_4x8_db"),
     (Layout::NN, true, SizeClass::Medium, "sgemm_warptile_128x128x8_8x8_db"),
     (Layout::NN, true, SizeClass::Large, "sgemm_warptile_256x128x8_16x8_db"),
-    (Layout::NN, true, SizeClass::Huge, "sgemm_warptile_256x128x8_16x8_db"),
+    (Layout::NN, true, SizeClass::Huge, "sgemm_warptile_128x128x8_8x8_db"),
     (Layout::NN, false, SizeClass::Small, "sgemm_tile2d_64x64x8_4x4"),
     (Layout::NN, false, SizeClass::Medium, "sgemm_tile2d_64x64x8_4x4"),
     (Layout::NN, false, SizeClass::Large, "sgemm_tile2d_64x64x8_4x4"),
