@@ -27,13 +27,15 @@ pub fn cublas_sgemm_layout(
     layout: kiln::cuda::gemm::Layout,
 ) {
     use kiln::cuda::gemm::Layout;
-    // Column-major cuBLAS computes c^T (n x m) = op(b)^T op(a)^T: b's stored rows are its
-    // column-major columns, so a transposed row-major operand is an untransposed cuBLAS one.
-    let (op_b, ldb_) = match layout {
+    // Column-major cuBLAS computes c^T (n x m) = b^T a^T. A row-major r x c buffer reads as its
+    // transpose in column-major, so b stored k x n is already b^T (no op) and b stored n x k needs
+    // OP_T; likewise a stored m x k is a^T, and a stored k x m needs OP_T. Leading dimensions are
+    // the stored row lengths.
+    let (op_b, ld_b) = match layout {
         Layout::NT => (cublasOperation_t::CUBLAS_OP_T, s.k),
         _ => (cublasOperation_t::CUBLAS_OP_N, s.n),
     };
-    let (op_a, lda_) = match layout {
+    let (op_a, ld_a) = match layout {
         Layout::TN => (cublasOperation_t::CUBLAS_OP_T, s.m),
         _ => (cublasOperation_t::CUBLAS_OP_N, s.k),
     };
@@ -44,8 +46,8 @@ pub fn cublas_sgemm_layout(
         n: s.m as i32,
         k: s.k as i32,
         alpha: 1.0f32,
-        lda: ldb_ as i32,
-        ldb: lda_ as i32,
+        lda: ld_b as i32,
+        ldb: ld_a as i32,
         beta: 0.0f32,
         ldc: s.n as i32,
     };

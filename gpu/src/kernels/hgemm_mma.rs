@@ -436,9 +436,10 @@ pub const HGEMM_TMA_THREADS: u32 = 256;
 ///
 /// - The `wgmma` kernels' ring (`gemm_wgmma::Ring`: 4 stages of 48 KiB, `full` and `empty`
 ///   mbarriers per stage). Thread 0 also produces: at k step [`HGEMM_TMA_FILL_STEP`] of k tile t
-///   it waits until the slot of tile `t + 3` is empty (released by all 8 warps after their last fragment loads of
-///   tile `t - 1`), announces 48 KiB on its `full` barrier and issues two TMA loads (A box 64 x 128,
-///   B box 64 x 256, 128-byte swizzle: the layout [`chunk_offset`] computes).
+///   it waits until the slot of tile `t + 3` is empty (released by all 8 warps after their last
+///   fragment loads of tile `t - 1`), announces 48 KiB on its `full` barrier and issues two TMA
+///   loads (A box 64 x 128, B box 64 x 256, 128-byte swizzle: the layout [`chunk_offset`]
+///   computes).
 /// - Every warp waits on `full` (parity per lap), loads its fragments (double-buffered across
 ///   stages, as in the `cp.async` kernel) and, once its last fragment of a stage is loaded, arrives
 ///   on `empty`. No block barrier in the loop, and 255 threads do no copy work.

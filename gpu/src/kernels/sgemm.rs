@@ -516,9 +516,8 @@ fn launder_frags<const TM: u32, const TN: u32>((am, bn): ([f32; 16], [f32; 16]))
 /// Layouts: `TA` reads A stored transposed (k x m, row-major: `C = A^T B` of the stored matrix),
 /// `TB` reads B stored transposed (n x k: `C = A B^T`); only the global loads and their shared
 /// stores differ (and the loop, where an instantiation picks `LATE = false`), so every layout
-/// computes the same chains, bit for bit. Alignment: 16-byte rows of
-/// every stored operand (`k % 4` for A or B stored with k innermost, `m % 4` for A^T, `n % 4` for B
-/// and C).
+/// computes the same chains, bit for bit. Alignment: 16-byte rows of every stored operand (`k % 4`
+/// for A or B stored with k innermost, `m % 4` for A^T, `n % 4` for B and C).
 ///
 /// Numerics: every C element is one chain `acc = fma(a[i][p], b[p][j], acc)` over p = 0, 1, ... in
 /// order from +0; the last tile past k is zero-filled (fma(0, 0, acc) steps). Edges in m and n are

@@ -540,18 +540,6 @@ impl Device {
     pub fn zero<T: DeviceRepr + ValidAsZeroBits>(&self, buf: &mut DeviceBuffer<T>) -> Result<()> {
         self.stream.memset_zeros(buf.slice_mut()).map_err(Error::driver("zeroing a buffer"))
     }
-
-    /// Sets the first `len` elements of `buf` to zero bits, on the device (`len <= buf.len()`).
-    pub fn zero_first<T: DeviceRepr + ValidAsZeroBits>(&self, buf: &mut DeviceBuffer<T>, len: usize) -> Result<()> {
-        if len > buf.len() {
-            return Err(Error::Unsupported {
-                op: "zero_first",
-                what: format!("{len} elements of a buffer of {}", buf.len()),
-            });
-        }
-        let mut view = buf.slice_mut().slice_mut(..len);
-        self.stream.memset_zeros(&mut view).map_err(Error::driver("zeroing a buffer"))
-    }
 }
 
 /// Whether new uninitialized allocations are poisoned (`KILN_POISON=1`).

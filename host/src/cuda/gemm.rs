@@ -304,8 +304,9 @@ impl Rung {
             check_aligned("sgemm", &[a.addr(), b.addr(), c.addr()])?;
         }
         if kk == 0 {
-            // an empty sum: C is zero, and the tuned rungs' unchecked body must not run
-            return dev.zero_first(c, m * n);
+            // an empty sum (c holds exactly m n elements), and the tuned rungs' unchecked body
+            // must not run
+            return dev.zero(c);
         }
         let cfg = self.config(s);
         check_grid("sgemm", &cfg)?;
