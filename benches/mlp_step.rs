@@ -12,7 +12,7 @@
 //! timing) and prints where its time went, phase by phase (`kiln::megakernel::StepTrace`);
 //! `KILN_BENCH_TRACE_DIR=dir` also writes each trace's stamps there as CSV.
 
-use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build, build_with_tile};
+use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, Updates, build, build_with_tile};
 use kiln::nn::{Linear, Module, ReLU, Sequential};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::tensor::{DType, Device as TDev, Tensor};
@@ -53,7 +53,12 @@ fn main() {
             let chosen = build(&shape, sms, path).expect("schedule").tile;
             let mut per_tile = vec![];
             for &tile in path.tiles().iter().filter(|t| timing::wanted("KILN_BENCH_TILES", &t.to_string())) {
-                let sched = build_with_tile(&shape, sms, tile).expect("schedule");
+                // KILN_BENCH_UPDATES=separate: weight gradients and updates as separate instructions
+                let updates = match std::env::var("KILN_BENCH_UPDATES").as_deref() {
+                    Ok("separate") => Updates::Separate,
+                    _ => Updates::Fused,
+                };
+                let sched = build_with_tile(&shape, sms, tile, updates).expect("schedule");
                 let mut mega = match GpuStep::new(dev.clone(), &sched, &weights, path) {
                     Ok(m) => m,
                     Err(e) => {

@@ -1726,7 +1726,14 @@ impl Shadows {
     }
 }
 
-/// The megakernel against the CPU interpreter of the same schedule, for every tile of `path`:
+/// Both update placements: the fused weight-gradient-and-update tiles and the separate ones.
+const BOTH_UPDATES: [kiln::megakernel::Updates; 2] =
+    [kiln::megakernel::Updates::Fused, kiln::megakernel::Updates::Separate];
+/// The default placement only (the long runs).
+const FUSED: [kiln::megakernel::Updates; 1] = [kiln::megakernel::Updates::Fused];
+
+/// The megakernel against the CPU interpreter of the same schedule, for every tile of `path` and
+/// every update placement of `updates`:
 /// weights after `steps` steps (checked at the first and the last) within `bound` of the
 /// interpreter's, or for a norm bound over several steps, of the nearest of the interpreter's and
 /// its [`SHADOWS`] shadows' (see [`Shadows`]).
@@ -1735,6 +1742,7 @@ fn megakernel_vs_interpreter(
     cases: &[(usize, Vec<usize>, kiln::megakernel::Loss, f32)],
     steps: usize,
     bound: MegaBound,
+    updates: &[kiln::megakernel::Updates],
 ) -> Outcome {
     use kiln::megakernel::{GpuStep, MlpShape, StepInputs, StepState, build_with_tile, interpret};
     let dev = Device::shared().map_err(err)?;
@@ -1742,9 +1750,9 @@ fn megakernel_vs_interpreter(
     let (mut rng, _) = testing::rng();
     for (batch, dims, loss, momentum) in cases {
         let (batch, loss, momentum) = (*batch, *loss, *momentum);
-        for &tile in path.tiles() {
+        for (&tile, &placement) in path.tiles().iter().flat_map(|t| updates.iter().map(move |u| (t, u))) {
             let shape = MlpShape { batch, dims: dims.clone() };
-            let schedule = build_with_tile(&shape, sms.min(64), tile).map_err(err)?;
+            let schedule = build_with_tile(&shape, sms.min(64), tile, placement).map_err(err)?;
             let w0 = mk_weights(dims, 11);
             let mut gpu = GpuStep::new(dev.clone(), &schedule, &w0, path).map_err(err)?;
             let mut cpu = StepState::new(&shape, w0.clone()).map_err(err)?;
@@ -1789,6 +1797,7 @@ fn megakernel_matches(_: &Device) -> Outcome {
         &megakernel_edge_cases(),
         3,
         MegaBound::Tol(Tol { abs: 1e-5, rel: 1e-5 }),
+        &BOTH_UPDATES,
     )
 }
 
@@ -1797,7 +1806,7 @@ fn megakernel_bits(_: &Device) -> Outcome {
     use kiln::megakernel::Loss;
     let cases =
         [(100usize, vec![37usize, 130, 65, 10], Loss::CrossEntropy, 0.9f32), (33, vec![70, 40, 3], Loss::Mse, 0.0)];
-    megakernel_vs_interpreter(kiln::megakernel::DataPath::CudaCores, &cases, 2, MegaBound::Bits)
+    megakernel_vs_interpreter(kiln::megakernel::DataPath::CudaCores, &cases, 2, MegaBound::Bits, &BOTH_UPDATES)
 }
 
 /// 100 training steps with momentum, still within 1e-5 of the interpreter (bits, if the test above
@@ -1810,6 +1819,7 @@ fn megakernel_hundred_steps(_: &Device) -> Outcome {
         &cases,
         100,
         MegaBound::Tol(Tol { abs: 1e-5, rel: 1e-5 }),
+        &FUSED,
     )
 }
 
@@ -1818,8 +1828,8 @@ fn megakernel_hundred_steps(_: &Device) -> Outcome {
 fn megakernel_tc_matches(_: &Device) -> Outcome {
     use kiln::megakernel::DataPath;
     let cases = megakernel_edge_cases();
-    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 3, TC_DEEP)?;
-    megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, TC_DEEP)
+    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 3, TC_DEEP, &BOTH_UPDATES)?;
+    megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, TC_DEEP, &BOTH_UPDATES)
 }
 
 /// The tensor-core products checked tightly where no ReLU decision can flip above them: a linear
@@ -1833,8 +1843,10 @@ fn megakernel_tc_shallow(_: &Device) -> Outcome {
         (77, vec![129, 64], Loss::CrossEntropy, 0.9),
         (130, vec![100, 257, 10], Loss::CrossEntropy, 0.5),
     ];
-    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 3, MegaBound::Update { frac: 2e-3, outliers: 0.005 })?;
-    megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, MegaBound::Update { frac: 5e-2, outliers: 0.005 })
+    let (x3, x1) =
+        (MegaBound::Update { frac: 2e-3, outliers: 0.005 }, MegaBound::Update { frac: 5e-2, outliers: 0.005 });
+    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 3, x3, &BOTH_UPDATES)?;
+    megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, x1, &BOTH_UPDATES)
 }
 
 /// 100 steps with momentum 0.9 on the 3xTF32 path. Training amplifies the last-bit differences
@@ -1844,7 +1856,7 @@ fn megakernel_tc_shallow(_: &Device) -> Outcome {
 fn megakernel_tc_hundred_steps(_: &Device) -> Outcome {
     use kiln::megakernel::{DataPath, Loss};
     let cases = [(64usize, vec![32usize, 96, 96, 10], Loss::CrossEntropy, 0.9f32)];
-    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 100, TC_DEEP)
+    megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 100, TC_DEEP, &FUSED)
 }
 
 /// Weights after `steps` steps of `path` with the schedule for `sms` SMs (fixed inputs).

@@ -1,8 +1,8 @@
 //! The megakernel's schedule, interpreted on the CPU with SMs interleaved at random, against kiln's
 //! layer-by-layer autograd path: no deadlock for any shape, and the same weights after 1 and 3 steps.
 
-use kiln::gpu::megakernel::{TC_TILES, TILES, choose_tile};
-use kiln::megakernel::{DataPath, Loss, MlpShape, StepInputs, StepState, build, build_with_tile, interpret};
+use kiln::gpu::megakernel::{NO_COUNTER, TC_TILES, TILES, choose_tile, opcode};
+use kiln::megakernel::{DataPath, Loss, MlpShape, StepInputs, StepState, Updates, build, build_with_tile, interpret};
 use kiln::nn::{Linear, Module, ReLU, Sequential};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::tensor::{DType, Tensor};
@@ -31,6 +31,7 @@ fn compare(
     loss: Loss,
     sms: usize,
     tile: u32,
+    updates: Updates,
     steps: usize,
     momentum: f32,
     seed: u64,
@@ -38,7 +39,7 @@ fn compare(
     kiln::deterministic::set_deterministic(true);
     let model = reference_model(&shape.dims, seed);
     let weights: Vec<Vec<f32>> = model.parameters().iter().map(|p| p.to_vec_f32()).collect();
-    let schedule = build_with_tile(shape, sms, tile).map_err(|e| e.to_string())?;
+    let schedule = build_with_tile(shape, sms, tile, updates).map_err(|e| e.to_string())?;
     let mut state = StepState::new(shape, weights).map_err(|e| e.to_string())?;
     let mut opt = Sgd::new(model.named_parameters(), 0.05, momentum as f64, 0.0, false);
     let mut rng = Tensor::rng(seed + 100);
@@ -73,10 +74,15 @@ fn one_and_three_steps_match_autograd() {
     for (loss, momentum) in [(Loss::CrossEntropy, 0.0), (Loss::Mse, 0.9)] {
         let shape = MlpShape { batch: 100, dims: vec![37, 130, 65, 10] };
         for tile in TILES {
-            for steps in [1, 3] {
-                let worst = compare(&shape, loss, 7, tile, steps, momentum, 1).unwrap();
-                eprintln!("{loss:?} momentum {momentum} tile {tile} steps {steps}: worst {worst:e}");
-                assert!(worst < 1e-5, "{loss:?} momentum {momentum} tile {tile} after {steps} steps: {worst}");
+            for updates in [Updates::Fused, Updates::Separate] {
+                for steps in [1, 3] {
+                    let worst = compare(&shape, loss, 7, tile, updates, steps, momentum, 1).unwrap();
+                    eprintln!("{loss:?} momentum {momentum} tile {tile} {updates:?} steps {steps}: worst {worst:e}");
+                    assert!(
+                        worst < 1e-5,
+                        "{loss:?} momentum {momentum} tile {tile} {updates:?} after {steps} steps: {worst}"
+                    );
+                }
             }
         }
     }
@@ -87,12 +93,57 @@ fn instruction_counts() {
     let shape = MlpShape { batch: 130, dims: vec![64, 65, 1] };
     let s = build(&shape, 4, DataPath::CudaCores).unwrap();
     assert_eq!(s.tile, 64, "3 x 2 tiles of 64 cover 4 SMs");
-    // fwd: 3x2 + 3x1; loss: 3x1; bwd weight: (1x2) + (2x1); bwd input layer 1: 3x2; sgd: 2 + 2
-    assert_eq!(s.order.len(), 6 + 3 + 3 + 2 + 2 + 6 + 2 + 2);
+    assert_eq!(s.updates, Updates::Fused);
+    // fwd: 3x2 + 3x1; loss: 3x1; bwd input layer 1: 3x2; bwd weight with the update: (1x2) + (2x1)
+    assert_eq!(s.order.len(), 6 + 3 + 3 + 6 + 2 + 2);
     assert_eq!(s.per_sm.iter().map(|v| v.len()).sum::<usize>(), s.order.len());
+    // separate updates: the weight gradients (1x2) + (2x1), then as many updates
+    let sep = build_with_tile(&shape, 4, 64, Updates::Separate).unwrap();
+    assert_eq!(sep.order.len(), 6 + 3 + 3 + 2 + 2 + 6 + 2 + 2);
+    let count = |s: &kiln::megakernel::Schedule, op: u32| s.order.iter().filter(|i| i.opcode == op).count();
+    assert_eq!(count(&s, opcode::LINEAR_BWD_WEIGHT_SGD), 4);
+    assert_eq!((count(&s, opcode::LINEAR_BWD_WEIGHT), count(&s, opcode::SGD_UPDATE)), (0, 0));
+    assert_eq!((count(&sep, opcode::LINEAR_BWD_WEIGHT), count(&sep, opcode::SGD_UPDATE)), (4, 4));
+    // every fused update of a layer above the first waits for all of that layer's input gradients
+    for i in s.order.iter().filter(|i| i.opcode == opcode::LINEAR_BWD_WEIGHT_SGD) {
+        let guard: Vec<_> =
+            s.order.iter().filter(|j| j.opcode == opcode::LINEAR_BWD_INPUT && j.layer == i.layer).collect();
+        if i.layer > 0 {
+            assert_eq!(i.wait2_value as usize, guard.len(), "{i:?}");
+            assert!(guard.iter().all(|j| j.signal2 == i.wait2), "{i:?}");
+        } else {
+            assert!(guard.is_empty() && i.wait2 == NO_COUNTER, "{i:?}");
+        }
+    }
     assert!(build(&MlpShape { batch: 0, dims: vec![2, 3] }, 4, DataPath::CudaCores).is_err());
     assert!(build(&MlpShape { batch: 4, dims: vec![2] }, 4, DataPath::CudaCores).is_err());
-    assert!(build_with_tile(&shape, 4, 48).unwrap_err().to_string().contains("tile 48"));
+    assert!(build_with_tile(&shape, 4, 48, Updates::Fused).unwrap_err().to_string().contains("tile 48"));
+}
+
+/// A fused update is the weight gradient and the update of the same tile in the same arithmetic:
+/// the interpreter gives the same weights, bit for bit, whichever schedule it runs.
+#[test]
+fn fused_and_separate_updates_agree_bit_for_bit() {
+    let shape = MlpShape { batch: 45, dims: vec![33, 70, 40, 7] };
+    let weights = reference_model(&shape.dims, 5).parameters().iter().map(|p| p.to_vec_f32()).collect::<Vec<_>>();
+    let mut rng = Tensor::rng(9);
+    let x = Tensor::randn([45, 33], DType::F32, &mut rng).to_vec_f32();
+    let y = Tensor::randn([45, 7], DType::F32, &mut rng).to_vec_f32();
+    let classes: Vec<usize> = (0..45).map(|i| i % 7).collect();
+    for (loss, momentum) in [(Loss::CrossEntropy, 0.0), (Loss::Mse, 0.9)] {
+        let inputs = StepInputs { x: &x, y: &y, classes: &classes, loss, lr: 0.05, momentum };
+        let mut out = Vec::new();
+        for updates in [Updates::Fused, Updates::Separate] {
+            let s = build_with_tile(&shape, 5, 32, updates).unwrap();
+            let mut st = StepState::new(&shape, weights.clone()).unwrap();
+            for step in 0..3 {
+                interpret(&s, &mut st, &inputs, step).unwrap();
+            }
+            out.push(st.weights.clone());
+        }
+        assert_eq!(out[0], out[1], "{loss:?}");
+        assert_ne!(out[0], weights, "the steps changed the weights");
+    }
 }
 
 /// The tile the sweep in `benches/results/mlp_step.md` found fastest for each benchmark model, and
@@ -116,7 +167,7 @@ fn a_wrong_wait_is_a_reported_deadlock_not_a_hang() {
     let shape = MlpShape { batch: 64, dims: vec![8, 8, 4] };
     let mut s = build(&shape, 3, DataPath::CudaCores).unwrap();
     // one arrival too many expected: the waiter can never run
-    let victim = s.per_sm[1].iter_mut().find(|i| i.wait != kiln::gpu::megakernel::NO_COUNTER).unwrap();
+    let victim = s.per_sm[1].iter_mut().find(|i| i.wait != NO_COUNTER).unwrap();
     victim.wait_value += 1;
     let model = reference_model(&shape.dims, 3);
     let mut st = StepState::new(&shape, model.parameters().iter().map(|p| p.to_vec_f32()).collect()).unwrap();
@@ -131,10 +182,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
 
     #[test]
-    fn random_shapes_never_deadlock_and_match(batch in 1usize..200, widths in prop::collection::vec(1usize..150, 2..5), sms in 1usize..17, tile in prop::sample::select(TILES.to_vec()), seed in 0u64..1000) {
+    fn random_shapes_never_deadlock_and_match(batch in 1usize..200, widths in prop::collection::vec(1usize..150, 2..5), sms in 1usize..17, tile in prop::sample::select(TILES.to_vec()), fused in any::<bool>(), seed in 0u64..1000) {
         let shape = MlpShape { batch, dims: widths };
-        let worst = compare(&shape, Loss::CrossEntropy, sms, tile, 1, 0.0, seed).map_err(TestCaseError::fail)?;
-        prop_assert!(worst < 1e-5, "{shape:?} on {sms} SMs, tile {tile}: {worst}");
+        let updates = if fused { Updates::Fused } else { Updates::Separate };
+        let worst = compare(&shape, Loss::CrossEntropy, sms, tile, updates, 1, 0.0, seed).map_err(TestCaseError::fail)?;
+        prop_assert!(worst < 1e-5, "{shape:?} on {sms} SMs, tile {tile}, {updates:?}: {worst}");
     }
 }
 
@@ -144,7 +196,7 @@ fn a_one_unit_hidden_layer_matches() {
     let shape = MlpShape { batch: 37, dims: vec![92, 1, 2] };
     for seed in [450, 451, 452] {
         for sms in [1, 3] {
-            let worst = compare(&shape, Loss::CrossEntropy, sms, 64, 1, 0.0, seed).unwrap();
+            let worst = compare(&shape, Loss::CrossEntropy, sms, 64, Updates::Fused, 1, 0.0, seed).unwrap();
             assert!(worst < 1e-5, "seed {seed} on {sms} SMs: {worst}");
         }
     }
@@ -271,12 +323,13 @@ fn one_extra_free_arrival_strands_the_loader_at_the_first_reuse() {
 /// the H200's 227 KiB; row pitches keep every row 16-byte aligned.
 #[test]
 fn tensor_core_layout_constants() {
-    use kiln::gpu::kernels::megakernel_tc::{TC_SMEM_BYTES, TC_THREADS};
+    use kiln::gpu::kernels::megakernel_tc::{TC_THREADS, tc_smem_bytes};
     use kiln::gpu::megakernel::{PAGE_K, STAGE_BYTES, page_bytes, pitch, record_offset};
     assert_eq!(STAGE_BYTES % 1024, 0);
     assert_eq!(page_bytes(64) % 1024, 0, "the B page starts 1024-byte aligned");
     assert!(2 * page_bytes(TC_TILES[1]) <= STAGE_BYTES);
-    assert!(TC_SMEM_BYTES <= 227 * 1024, "{TC_SMEM_BYTES}");
+    // the deepest models (16 layers) and far beyond fit
+    assert!(tc_smem_bytes(256) <= 227 * 1024, "{}", tc_smem_bytes(256));
     assert_eq!(TC_THREADS, 160);
     assert_eq!(PAGE_K * 4, 128, "a K-major page row is one 128-byte swizzle span");
     for d in 1..100u32 {

@@ -13,6 +13,12 @@
 //! | `LINEAR_BWD_INPUT` l | `grad[l]` rows of a row block | `grad[l+1]` (same rows), `W[l]` | `grad[l+1]` of those rows |
 //! | `LINEAR_BWD_WEIGHT` l | `dW[l]` tile | all of `grad[l+1]` and `act[l]` | every row block of `grad[l+1]` |
 //! | `SGD_UPDATE` l | `W[l]` tile | `dW[l]` tile | that `dW[l]` tile, and every `LINEAR_BWD_INPUT` l (which reads the old `W[l]`) |
+//! | `LINEAR_BWD_WEIGHT_SGD` l | `W[l]` tile | all of `grad[l+1]` and `act[l]` | every row block of `grad[l+1]`, and every `LINEAR_BWD_INPUT` l |
+//!
+//! `LINEAR_BWD_WEIGHT_SGD` is the weight gradient and the update of one tile in one instruction:
+//! the product's accumulators go straight into the update, with no `dW` round trip through memory
+//! and no separate update phase at the end of the step. A schedule uses either it or the pair
+//! `LINEAR_BWD_WEIGHT` + `SGD_UPDATE` (the host's `Updates` choice); the results are the same.
 //!
 //! Dependencies are global counters: each instruction adds 1 to its `signal` counter when done;
 //! a waiting instruction spins until its `wait` counter reaches `wait_value`. The host orders all
@@ -157,6 +163,8 @@ pub mod opcode {
     pub const LINEAR_BWD_INPUT: u32 = 4;
     /// `W[l] -= lr dW[l]` (with momentum when enabled) on one tile.
     pub const SGD_UPDATE: u32 = 5;
+    /// `LINEAR_BWD_WEIGHT` and `SGD_UPDATE` of one tile, fused: `W[l] -= lr (grad[l+1]^T act[l])`.
+    pub const LINEAR_BWD_WEIGHT_SGD: u32 = 6;
 }
 
 /// "No counter": an instruction that waits for nothing.
@@ -178,7 +186,7 @@ pub struct Instruction {
     pub wait: u32,
     /// Value the wait counter must reach.
     pub wait_value: u32,
-    /// Second counter to wait on (SGD's write-after-read guard), or [`NO_COUNTER`].
+    /// Second counter to wait on (the update's write-after-read guard), or [`NO_COUNTER`].
     pub wait2: u32,
     /// Value the second counter must reach.
     pub wait2_value: u32,
@@ -260,6 +268,21 @@ pub mod trace {
     pub const ISSUE_CLK: u32 = 11;
 }
 
+/// The tensor-core path's cross-entropy row statistics come in partials: the last layer's forward
+/// epilogue writes, for each row and each group of `tile / 2` columns (one consumer warp's share of
+/// a tile), the group's maximum `m` and `sum exp(x - m)`; the loss gradient combines a row's
+/// partials instead of reading its whole row again. This is the number of partials of a row of
+/// `dout` logits (the groups holding at least one live column).
+pub const fn loss_partials(dout: u32, tile: u32) -> u32 {
+    dout.div_ceil(tile / 2)
+}
+
+/// The words of [`MegaBuffers::row_stats`] for a step: a `(max, sum)` pair per row and partial,
+/// pair `batch_row * partials + partial`.
+pub const fn row_stats_words(batch: u32, dout: u32, tile: u32) -> u32 {
+    2 * batch * loss_partials(dout, tile)
+}
+
 /// Loss codes for [`MegaConfig::loss`].
 pub mod loss {
     /// Mean squared error.
@@ -300,6 +323,9 @@ pub struct MegaBuffers {
     pub classes: crate::DevicePtr<u32>,
     /// The tensor maps of the tensor-core path ([`map`]); unused by the CUDA-core kernel.
     pub maps: crate::DevicePtr<crate::tma::TensorMap>,
+    /// The tensor-core path's cross-entropy row-statistic partials ([`loss_partials`],
+    /// [`row_stats_words`] words); unused by the CUDA-core kernel.
+    pub row_stats: crate::DevicePtrMut<f32>,
     /// Timestamps of a traced step ([`trace`]: [`trace::WORDS`] per instruction, in the order of
     /// `instructions`), or address 0 for an untraced step (the kernels then write no stamps and read
     /// no timer for them).

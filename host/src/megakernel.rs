@@ -86,6 +86,18 @@ impl MlpShape {
     }
 }
 
+/// Where a schedule applies each layer's SGD update.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Updates {
+    /// `LINEAR_BWD_WEIGHT_SGD`: each weight-gradient tile updates its own weights from the product,
+    /// once every input gradient of its layer (which reads the old weights) is done. No `dW` round
+    /// trip, no update phase at the end of the step. The default.
+    #[default]
+    Fused,
+    /// `LINEAR_BWD_WEIGHT` tiles write `dW`; `SGD_UPDATE` tiles, last in every SM's list, apply it.
+    Separate,
+}
+
 mod trace;
 pub use trace::{PhaseTimes, StepTrace, TraceRecord};
 
@@ -94,7 +106,7 @@ fn tiles(n: usize, tile: u32) -> u32 {
 }
 
 /// Counter indices: forward row blocks, gradient row blocks and totals, weight-gradient totals.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Counters {
     row_blocks: u32,
     layers: u32,
@@ -135,6 +147,8 @@ pub struct Schedule {
     pub counters: usize,
     /// Output tile edge (one of [`TILES`]).
     pub tile: u32,
+    /// Where the updates are applied.
+    pub updates: Updates,
 }
 
 fn instr(op: u32, layer: u32, tr: u32, tc: u32) -> Instruction {
@@ -152,15 +166,16 @@ fn instr(op: u32, layer: u32, tr: u32, tc: u32) -> Instruction {
 }
 
 /// Builds the schedule of one training step for `shape` on `sms` multiprocessors, with the tile
-/// [`choose_tile`] picks for it among `path`'s tiles.
+/// [`choose_tile`] picks for it among `path`'s tiles and fused updates.
 pub fn build(shape: &MlpShape, sms: usize, path: DataPath) -> Result<Schedule> {
     let widest = shape.dims.iter().skip(1).copied().max().unwrap_or(1);
     let clamp = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
-    build_with_tile(shape, sms, choose_tile(clamp(shape.batch), clamp(widest), clamp(sms), path.tiles()))
+    let tile = choose_tile(clamp(shape.batch), clamp(widest), clamp(sms), path.tiles());
+    build_with_tile(shape, sms, tile, Updates::default())
 }
 
-/// [`build`] with a given tile edge (one of [`TILES`]).
-pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32) -> Result<Schedule> {
+/// [`build`] with a given tile edge (one of [`TILES`]) and update placement.
+pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32, updates: Updates) -> Result<Schedule> {
     let op = "megakernel schedule";
     if !TILES.contains(&tile) {
         return Err(Error::shape(op, format!("tile {tile}: the kernel is built for tiles {TILES:?}")));
@@ -199,50 +214,76 @@ pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32) -> Result<Schedu
             order.push(i);
         }
     }
-    // The updates go last: each waits for a whole layer's weight gradient (a barrier across the
-    // GPU), and an SM's list runs in order, so an update in the middle would hold back the input
-    // gradients behind it, which are the step's critical path.
-    let mut updates = Vec::new();
-    for l in (0..layers).rev() {
-        // The input gradient first: the layers below wait for it, the weight gradient only for the
-        // update.
-        if l > 0 {
-            for rb in 0..rbs {
-                for cb in 0..w(l) {
-                    let mut i = instr(opcode::LINEAR_BWD_INPUT, l, rb, cb);
-                    (i.wait, i.wait_value) = (c.grad(l + 1, rb), w(l + 1));
-                    (i.signal, i.signal2) = (c.grad(l, rb), c.grad_total(l));
-                    order.push(i);
-                }
-            }
-        }
-        let grad_tiles_above = rbs * w(l + 1);
-        for tr in 0..w(l + 1) {
-            for tc in 0..w(l) {
-                let mut i = instr(opcode::LINEAR_BWD_WEIGHT, l, tr, tc);
-                (i.wait, i.wait_value) = (c.grad_total(l + 1), grad_tiles_above);
-                i.signal = c.dw_total(l);
+    // The input gradients are the step's critical path: each layer's go before the weight work
+    // that could run beside them.
+    let input_gradients = |l: u32, order: &mut Vec<Instruction>| {
+        for rb in 0..rbs {
+            for cb in 0..w(l) {
+                let mut i = instr(opcode::LINEAR_BWD_INPUT, l, rb, cb);
+                (i.wait, i.wait_value) = (c.grad(l + 1, rb), w(l + 1));
+                (i.signal, i.signal2) = (c.grad(l, rb), c.grad_total(l));
                 order.push(i);
             }
         }
-        for tr in 0..w(l + 1) {
-            for tc in 0..w(l) {
-                let mut i = instr(opcode::SGD_UPDATE, l, tr, tc);
-                (i.wait, i.wait_value) = (c.dw_total(l), w(l + 1) * w(l));
+    };
+    // The weight tiles of layer l: all of grad[l+1] first.
+    let weight_tiles = |l: u32, op: u32| {
+        (0..w(l + 1)).flat_map(move |tr| (0..w(l)).map(move |tc| (tr, tc))).map(move |(tr, tc)| {
+            let mut i = instr(op, l, tr, tc);
+            (i.wait, i.wait_value) = (c.grad_total(l + 1), rbs * w(l + 1));
+            i
+        })
+    };
+    // The update of W[l] also waits for every input gradient of layer l, which reads the old W[l]
+    // (a write-after-read hazard a counter on dW alone would miss).
+    let war_guard = |l: u32, i: &mut Instruction| {
+        if l > 0 {
+            (i.wait2, i.wait2_value) = (c.grad_total(l), rbs * w(l));
+        }
+    };
+    match updates {
+        Updates::Separate => {
+            // The updates go last: each waits for a whole layer's weight gradient (a barrier
+            // across the GPU), and an SM's list runs in order, so an update in the middle would
+            // hold back the input gradients behind it.
+            let mut tail = Vec::new();
+            for l in (0..layers).rev() {
                 if l > 0 {
-                    // the input gradient of layer l reads the old W[l]: update only after it
-                    (i.wait2, i.wait2_value) = (c.grad_total(l), rbs * w(l));
+                    input_gradients(l, &mut order);
                 }
-                updates.push(i);
+                for mut i in weight_tiles(l, opcode::LINEAR_BWD_WEIGHT) {
+                    i.signal = c.dw_total(l);
+                    order.push(i);
+                    let mut u = instr(opcode::SGD_UPDATE, l, i.tile_row, i.tile_col);
+                    (u.wait, u.wait_value) = (c.dw_total(l), w(l + 1) * w(l));
+                    war_guard(l, &mut u);
+                    tail.push(u);
+                }
             }
+            order.extend(tail);
+        }
+        Updates::Fused => {
+            // Layer l's fused tiles can start once its input gradients are done, the same moment
+            // as layer l - 1's input gradients, which go first.
+            for l in (0..layers).rev() {
+                if l > 0 {
+                    input_gradients(l, &mut order);
+                }
+                if l + 1 < layers {
+                    order.extend(weight_tiles(l + 1, opcode::LINEAR_BWD_WEIGHT_SGD).map(|mut i| {
+                        war_guard(l + 1, &mut i);
+                        i
+                    }));
+                }
+            }
+            order.extend(weight_tiles(0, opcode::LINEAR_BWD_WEIGHT_SGD));
         }
     }
-    order.extend(updates);
     let mut per_sm = vec![Vec::new(); sms];
     for (k, i) in order.iter().enumerate() {
         per_sm[k % sms].push(*i);
     }
-    Ok(Schedule { shape: shape.clone(), order, per_sm, counters: c.count(), tile })
+    Ok(Schedule { shape: shape.clone(), order, per_sm, counters: c.count(), tile, updates })
 }
 
 /// Parameters and buffers of one step, row-major f32.
@@ -389,6 +430,13 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
                 }
             }
         }
+        opcode::LINEAR_BWD_WEIGHT_SGD => {
+            // the weight gradient of the tile, then its update: what the device computes in one
+            // instruction, in the same arithmetic
+            for op in [opcode::LINEAR_BWD_WEIGHT, opcode::SGD_UPDATE] {
+                execute(s, st, inp, &Instruction { opcode: op, ..*i });
+            }
+        }
         opcode::SGD_UPDATE => {
             let din = d[l];
             for o in tile_range(i.tile_row, d[l + 1], s.tile) {
@@ -482,6 +530,8 @@ pub struct GpuStep {
     grad: crate::cuda::DeviceBuffer<f32>,
     y: crate::cuda::DeviceBuffer<f32>,
     classes: crate::cuda::DeviceBuffer<u32>,
+    /// The tensor-core path's cross-entropy row-statistic partials (`kiln_gpu::megakernel::loss_partials`).
+    row_stats: crate::cuda::DeviceBuffer<f32>,
     /// The tensor maps of the tensor-core path (`map::PER_LAYER` per layer), absent on the
     /// CUDA-core path.
     maps: Option<crate::cuda::DeviceTensorMap>,
@@ -558,6 +608,20 @@ impl GpuStep {
                 ),
             });
         }
+        if path != DataPath::CudaCores {
+            use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+            let need = kiln_gpu::kernels::megakernel_tc::tc_smem_bytes(shape.layers() as u32);
+            let max_smem = dev.attribute(OPTIN)?.max(0) as u32;
+            if need > max_smem {
+                return Err(Error::Unsupported {
+                    op: "megakernel",
+                    what: format!(
+                        "{} layers: the {path:?} kernel's shared memory (its page ring and a 12-byte table entry per layer) would be {need} bytes, over this GPU's {max_smem}: use fewer layers or DataPath::CudaCores",
+                        shape.layers()
+                    ),
+                });
+            }
+        }
         let sms = schedule.per_sm.len();
         let max_sms = dev.sm_count()?;
         if sms > max_sms {
@@ -607,6 +671,10 @@ impl GpuStep {
             counter_buf: dev.zeros::<u32>(schedule.counters + 1 + records)?,
             y: dev.zeros::<f32>(shape.batch * d[shape.layers()])?,
             classes: dev.zeros::<u32>(shape.batch)?,
+            row_stats: dev.zeros::<f32>(
+                kiln_gpu::megakernel::row_stats_words(shape.batch as u32, d[shape.layers()] as u32, schedule.tile)
+                    .max(1) as usize,
+            )?,
             steps_since_check: 0,
             check_every: 1,
             dims: dev.upload(&d.iter().map(|&x| x as u32).collect::<Vec<_>>())?,
@@ -721,7 +789,7 @@ impl GpuStep {
     /// [`GpuStep::check_every`] says so.
     pub fn run(&mut self, loss_kind: Loss, lr: f32, momentum: f32) -> Result<()> {
         use kiln_gpu::kernels::megakernel_step::{MEGA_THREADS, MegakernelStep};
-        use kiln_gpu::kernels::megakernel_tc::{MegakernelStepTc, TC_SMEM_BYTES, TC_THREADS};
+        use kiln_gpu::kernels::megakernel_tc::{MegakernelStepTc, TC_THREADS, tc_smem_bytes};
         use kiln_gpu::megakernel::{MegaBuffers, MegaConfig, loss};
         // Zero the dependency counters only: the abort flag and the records after them stay until
         // a check reads them.
@@ -745,6 +813,7 @@ impl GpuStep {
             y: self.y.ptr(),
             classes: self.classes.ptr(),
             maps,
+            row_stats: self.row_stats.ptr_mut(),
             trace: match self.trace.as_mut() {
                 Some(t) => {
                     self.dev.zero(t)?;
@@ -775,7 +844,7 @@ impl GpuStep {
         unsafe {
             match self.path {
                 DataPath::CudaCores => self.dev.launch(MegakernelStep, launch(MEGA_THREADS, 0), (bufs, cfg))?,
-                _ => self.dev.launch(MegakernelStepTc, launch(TC_THREADS, TC_SMEM_BYTES), (bufs, cfg))?,
+                _ => self.dev.launch(MegakernelStepTc, launch(TC_THREADS, tc_smem_bytes(cfg.layers)), (bufs, cfg))?,
             }
         }
         self.steps_since_check += 1;

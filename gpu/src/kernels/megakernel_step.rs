@@ -348,20 +348,27 @@ unsafe fn run<const R: usize>(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction
                 b.grad.write(j as usize, if f(b.act, j) > 0.0 { v } else { 0.0 })
             });
         }
-        opcode::LINEAR_BWD_WEIGHT => {
+        opcode::LINEAR_BWD_WEIGHT | opcode::LINEAR_BWD_WEIGHT_SGD => {
             // dW[l][o][k] = sum_r grad[l+1][r][o] act[l][r][k]
             let g = Operand { p: grad, base: a_out, sm: 1, sk: pout, lim: dout };
             let x = Operand { p: act, base: a_in, sm: 1, sk: pin, lim: din };
             let acc = unsafe { tile_product::<R>(g, x, m0, n0, cfg.batch) };
             for_each_output(&acc, m0, n0, dout, din, |o, k, v| unsafe { b.dw.write((w + o * pin + k) as usize, v) });
+            if i.opcode == opcode::LINEAR_BWD_WEIGHT_SGD {
+                // the update of the same tile, from the dW the block just wrote (the same
+                // arithmetic as a separate SGD_UPDATE, so the results stay the interpreter's)
+                sync::sync_threads();
+                unsafe { sgd_update(b, cfg, i, tile, MEGA_THREADS, thread::thread_idx_x()) }
+            }
         }
         opcode::LOSS_GRAD => unsafe {
             let t = thread::thread_idx_x();
             let stats = mk_stats() as *mut f32;
-            loss_grad::<false>(b, cfg, i, tile, stats, MEGA_THREADS, t, || {
+            if cfg.loss != loss::MSE {
+                loss_row_stats(b, cfg, i, tile, stats, MEGA_THREADS, t);
                 sync::sync_threads();
-                true
-            });
+            }
+            loss_grad::<false>(b, cfg, i, tile, stats, MEGA_THREADS, t);
         },
         opcode::SGD_UPDATE => unsafe { sgd_update(b, cfg, i, tile, MEGA_THREADS, thread::thread_idx_x()) },
         _ => {}
@@ -417,18 +424,14 @@ const ROW_CHUNK: usize = 16;
 #[cfg(target_arch = "nvptx64")]
 const GRAD_GROUP: usize = 8;
 
-/// `grad[L] = dLoss / d act[L]` on one tile, by `threads` threads (`t` is this one's index,
-/// `threads / 32` whole warps). Cross-entropy first finds each of the tile's rows' maximum and sum
-/// of `exp(x - max)` over the whole row, one warp per row (lane `l` takes columns `l, l + 32, ...`,
-/// [`ROW_CHUNK`] loads in flight, and adds its terms in ascending column order; then a shuffle
-/// tree: the CPU interpreter's order), into `stats` (`2 * tile` floats of shared memory), then
-/// `sync` (a barrier of the `threads`; false gives up the step, and so does this function); then
-/// every thread takes elements `t, t + threads, ...`, [`GRAD_GROUP`] loads before their stores.
-///
-/// `FAST` (the tensor-core kernel, whose results are not bit-compared with the interpreter):
-/// `exp` on the special-function unit ([`math::exp_fast`]) and reciprocals for the divisions.
-/// Otherwise (the CUDA-core kernel) [`math::exp`] and true divisions, bit-identical to the
-/// interpreter.
+/// The cross-entropy statistics of a loss tile's rows: each row's maximum and sum of
+/// `exp(x - max)` over the whole row, into `stats` (`2 * tile` floats of shared memory: the
+/// maxima, then the sums), by `threads` threads (`t` is this one's index, `threads / 32` whole
+/// warps). One warp per row: lane `l` takes columns `l, l + 32, ...`, [`ROW_CHUNK`] loads in
+/// flight, and adds its terms in ascending column order; then a shuffle tree: the CPU
+/// interpreter's order, with [`math::exp`], so the CUDA-core kernel matches it bit for bit. (The
+/// tensor-core kernel combines partials from its forward instead, see
+/// [`loss_partials`](crate::megakernel::loss_partials).)
 ///
 /// What it costs (H200, medium model, tile 64, 4 warps, each with 16 rows of 1024): the
 /// statistics are instruction-bound, not load-bound. With one warp per scheduler, `math::exp`'s
@@ -437,8 +440,7 @@ const GRAD_GROUP: usize = 8;
 /// read in 16 dependent rounds of loads (110 us) or 3 (97 us). With `exp_fast`, 43-45 us.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn loss_grad<const FAST: bool>(
+pub(crate) unsafe fn loss_row_stats(
     b: &MegaBuffers,
     cfg: &MegaConfig,
     i: &Instruction,
@@ -446,8 +448,88 @@ pub(crate) unsafe fn loss_grad<const FAST: bool>(
     stats: *mut f32,
     threads: u32,
     t: u32,
-    sync: impl FnOnce() -> bool,
-) -> bool {
+) {
+    let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
+    let dout = unsafe { b.dims.read(i.layer as usize + 1) };
+    let a_out = unsafe { b.a_off.read(i.layer as usize + 1) };
+    let pout = pitch(dout);
+    let m0 = i.tile_row * tile;
+    let (lane, warp) = (t % 32, t / 32);
+    const SPAN: u32 = 32 * ROW_CHUNK as u32;
+    let mut r = warp;
+    while r < tile {
+        if m0 + r < cfg.batch {
+            let row = a_out + (m0 + r) * pout;
+            // columns k0 + lane + 32 j of the row (-inf past its end)
+            let chunk = |k0: u32| -> [f32; ROW_CHUNK] {
+                let mut v = [f32::NEG_INFINITY; ROW_CHUNK];
+                for (j, v) in v.iter_mut().enumerate() {
+                    let k = k0 + lane + 32 * j as u32;
+                    if k < dout {
+                        *v = f(b.act, row + k);
+                    }
+                }
+                v
+            };
+            let first = chunk(0);
+            let mut m = f32::NEG_INFINITY;
+            for &v in first.iter() {
+                m = m.max(v);
+            }
+            let mut k0 = SPAN;
+            while k0 < dout {
+                for &v in chunk(k0).iter() {
+                    m = m.max(v);
+                }
+                k0 += SPAN;
+            }
+            let m = warp::reduce_max_f32(m);
+            let mut z = 0.0f32;
+            // (a select, not a branch, so that the exps of a chunk overlap)
+            for (j, &v) in first.iter().enumerate() {
+                let e = math::exp(v - m);
+                z += if lane + 32 * (j as u32) < dout { e } else { 0.0 };
+            }
+            k0 = SPAN;
+            while k0 < dout {
+                for (j, &v) in chunk(k0).iter().enumerate() {
+                    let e = math::exp(v - m);
+                    z += if k0 + lane + 32 * (j as u32) < dout { e } else { 0.0 };
+                }
+                k0 += SPAN;
+            }
+            let z = warp::reduce_sum_f32(z);
+            if lane == 0 {
+                unsafe {
+                    *stats.add(r as usize) = m;
+                    *stats.add((tile + r) as usize) = z;
+                }
+            }
+        }
+        r += threads / 32;
+    }
+}
+
+/// `grad[L] = dLoss / d act[L]` on one tile, by `threads` threads (`t` is this one's index): every
+/// thread takes elements `t, t + threads, ...`, [`GRAD_GROUP`] loads before their stores.
+/// Cross-entropy reads its rows' statistics from `stats` (filled by the caller, behind a barrier:
+/// [`loss_row_stats`] or the tensor-core kernel's partials).
+///
+/// `FAST` (the tensor-core kernel, whose results are not bit-compared with the interpreter):
+/// `exp` on the special-function unit ([`math::exp_fast`]) and a reciprocal for the division.
+/// Otherwise (the CUDA-core kernel) [`math::exp`] and true divisions, bit-identical to the
+/// interpreter.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn loss_grad<const FAST: bool>(
+    b: &MegaBuffers,
+    cfg: &MegaConfig,
+    i: &Instruction,
+    tile: u32,
+    stats: *const f32,
+    threads: u32,
+    t: u32,
+) {
     let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
     let exp = |x: f32| if FAST { math::exp_fast(x) } else { math::exp(x) };
     let dout = unsafe { b.dims.read(i.layer as usize + 1) };
@@ -455,65 +537,6 @@ pub(crate) unsafe fn loss_grad<const FAST: bool>(
     let pout = pitch(dout);
     let (m0, n0) = (i.tile_row * tile, i.tile_col * tile);
     let ce = cfg.loss != loss::MSE;
-    if ce {
-        let (lane, warp) = (t % 32, t / 32);
-        const SPAN: u32 = 32 * ROW_CHUNK as u32;
-        let mut r = warp;
-        while r < tile {
-            if m0 + r < cfg.batch {
-                let row = a_out + (m0 + r) * pout;
-                // columns k0 + lane + 32 j of the row (-inf past its end)
-                let chunk = |k0: u32| -> [f32; ROW_CHUNK] {
-                    let mut v = [f32::NEG_INFINITY; ROW_CHUNK];
-                    for (j, v) in v.iter_mut().enumerate() {
-                        let k = k0 + lane + 32 * j as u32;
-                        if k < dout {
-                            *v = f(b.act, row + k);
-                        }
-                    }
-                    v
-                };
-                let first = chunk(0);
-                let mut m = f32::NEG_INFINITY;
-                for &v in first.iter() {
-                    m = m.max(v);
-                }
-                let mut k0 = SPAN;
-                while k0 < dout {
-                    for &v in chunk(k0).iter() {
-                        m = m.max(v);
-                    }
-                    k0 += SPAN;
-                }
-                let m = warp::reduce_max_f32(m);
-                let mut z = 0.0f32;
-                // (a select, not a branch, so that the exps of a chunk overlap)
-                for (j, &v) in first.iter().enumerate() {
-                    let e = exp(v - m);
-                    z += if lane + 32 * (j as u32) < dout { e } else { 0.0 };
-                }
-                k0 = SPAN;
-                while k0 < dout {
-                    for (j, &v) in chunk(k0).iter().enumerate() {
-                        let e = exp(v - m);
-                        z += if k0 + lane + 32 * (j as u32) < dout { e } else { 0.0 };
-                    }
-                    k0 += SPAN;
-                }
-                let z = warp::reduce_sum_f32(z);
-                if lane == 0 {
-                    unsafe {
-                        *stats.add(r as usize) = m;
-                        *stats.add((tile + r) as usize) = z;
-                    }
-                }
-            }
-            r += threads / 32;
-        }
-        if !sync() {
-            return false;
-        }
-    }
     let mut e0 = t;
     while e0 < tile * tile {
         // element g of the group: its tile row, global row and column, and whether it is live
@@ -558,7 +581,6 @@ pub(crate) unsafe fn loss_grad<const FAST: bool>(
         }
         e0 += GRAD_GROUP as u32 * threads;
     }
-    true
 }
 
 /// One training step (see the module docs). Grid: one block per SM; block [`MEGA_THREADS`].

@@ -45,23 +45,28 @@ const BARRIERS: u32 = STAGE_BYTES * PAGE_STAGES;
 /// The loss gradient's row statistics (`2 * MAX_TILE` f32), then the "go" word.
 const STATS: u32 = BARRIERS + 8 * (2 * PAGE_STAGES + 2);
 const GO: u32 = STATS + 8 * MAX_TILE;
-/// Dynamic shared memory of one block.
-pub const TC_SMEM_BYTES: u32 = GO + 16;
+/// The layer table: `dims`, then `w_off`, then `a_off` (`layers + 1` words each), copied from
+/// global memory once per launch.
+const LAYER_TABLE: u32 = GO + 16;
+/// Dynamic shared memory of one block for a model of `layers` layers.
+pub const fn tc_smem_bytes(layers: u32) -> u32 {
+    LAYER_TABLE + 4 * 3 * (layers + 1)
+}
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod dev {
-    use super::{BARRIERS, GO, STATS};
+    use super::{BARRIERS, GO, LAYER_TABLE, STATS};
 
     /// Consumer threads.
     const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
     use crate::kernels::megakernel_step::{aborted, loss_grad, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
-        CONSUMER_WARPS, Instruction, MegaBuffers, MegaConfig, PAGE_FREE, PAGE_FREE_ARRIVALS, PAGE_K, PAGE_READY,
-        PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES, free_parity, map, opcode,
-        page_bytes, page_slot, pitch, precision, ready_parity, stage_tx_bytes, trace,
+        CONSUMER_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_FREE_ARRIVALS, PAGE_K,
+        PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES, free_parity, loss,
+        loss_partials, map, opcode, page_bytes, page_slot, pitch, precision, ready_parity, stage_tx_bytes, trace,
     };
     use crate::swizzle::Swizzle;
-    use crate::{convert, fence, matrix, mbarrier, mma, shared, thread, tma, warp};
+    use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp};
 
     /// `mma` k steps (of 8) per page.
     const KSTEPS: usize = (PAGE_K / 8) as usize;
@@ -94,6 +99,45 @@ mod dev {
         }
     }
 
+    /// The step's per-layer sizes and offsets (`MegaBuffers::dims`, `w_off`, `a_off`), read from
+    /// this block's shared-memory copy. The global arrays sit behind an L1 that every acquire and
+    /// GPU-scope fence of the step invalidates, so each read there was an L2 round trip on the
+    /// path from one instruction to the next.
+    #[derive(Clone, Copy)]
+    struct Layers {
+        table: *const u32,
+        layers: u32,
+    }
+
+    impl Layers {
+        fn new(cfg: &MegaConfig) -> Layers {
+            Layers { table: shared::dynamic_smem::<u32>(LAYER_TABLE as usize), layers: cfg.layers }
+        }
+        /// Copies the table from global memory: all block threads call it, then meet at a barrier.
+        unsafe fn fill(self, b: &MegaBuffers) {
+            let n = self.layers + 1;
+            let mut j = thread::thread_idx_x();
+            while j < n {
+                unsafe {
+                    let t = self.table as *mut u32;
+                    *t.add(j as usize) = b.dims.read(j as usize);
+                    *t.add((n + j) as usize) = if j < self.layers { b.w_off.read(j as usize) } else { 0 };
+                    *t.add((2 * n + j) as usize) = b.a_off.read(j as usize);
+                }
+                j += thread::block_dim_x();
+            }
+        }
+        fn dim(self, l: u32) -> u32 {
+            unsafe { *self.table.add(l as usize) }
+        }
+        fn w_off(self, l: u32) -> u32 {
+            unsafe { *self.table.add((self.layers + 1 + l) as usize) }
+        }
+        fn a_off(self, l: u32) -> u32 {
+            unsafe { *self.table.add((2 * (self.layers + 1) + l) as usize) }
+        }
+    }
+
     /// The product an instruction computes, `C[m][n] = sum_k A(m, k) B(n, k)` over `k < k`, each
     /// operand one of the step's tensor maps, K-major or M-major.
     #[derive(Clone, Copy)]
@@ -109,11 +153,11 @@ mod dev {
 
     /// The product of a `LINEAR_*` instruction (see the table in [`crate::megakernel`]), or `None`.
     #[inline(always)]
-    fn product(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction) -> Option<Product> {
+    fn product(cfg: &MegaConfig, lt: Layers, i: &Instruction) -> Option<Product> {
         let l = i.layer;
         let at = |kind: u32| map::PER_LAYER * l + kind;
         let (m0, n0) = (i.tile_row * cfg.tile, i.tile_col * cfg.tile);
-        let dim = |k: u32| unsafe { b.dims.read(k as usize) };
+        let dim = |k: u32| lt.dim(k);
         match i.opcode {
             // act[l+1] = act[l] W[l]^T: both K-major over the input features
             opcode::LINEAR_FWD => Some(Product {
@@ -135,8 +179,8 @@ mod dev {
                 n0,
                 k: dim(l + 1),
             }),
-            // dW[l] = grad[l+1]^T act[l]: k is the batch row
-            opcode::LINEAR_BWD_WEIGHT => Some(Product {
+            // dW[l] = grad[l+1]^T act[l]: k is the batch row (the fused update's product too)
+            opcode::LINEAR_BWD_WEIGHT | opcode::LINEAR_BWD_WEIGHT_SGD => Some(Product {
                 a_map: at(map::GRAD_M),
                 a_kmajor: false,
                 b_map: at(map::ACT_M),
@@ -188,19 +232,34 @@ mod dev {
         unsafe { mbarrier::wait_parity_or(bar, parity, cfg.wait_limit_ns as u64, |_| aborted(b, cfg)) }
     }
 
+    /// Instruction `idx` of the block's list `..hi` (a default one past the end), read one
+    /// instruction ahead by the loader and the consumers so that the global load's latency hides
+    /// behind the current instruction's work.
+    #[inline(always)]
+    unsafe fn prefetch(b: &MegaBuffers, idx: u32, hi: u32) -> Instruction {
+        if idx < hi { unsafe { b.instructions.read(idx as usize) } } else { Instruction::default() }
+    }
+
     /// The loader (one thread): fills pages for every product of `lo..hi`, in order. Returns early
     /// after recording a stall; then it waits (briefly) for the loads it issued, so that no copy lands
     /// in the shared memory of a block that has exited.
     #[inline(always)]
-    unsafe fn load_pages(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, lo: u32, hi: u32) {
+    unsafe fn load_pages(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, lt: Layers, lo: u32, hi: u32) {
         let tile = cfg.tile;
         let mut u = 0u32;
         let mut idx = lo;
+        let mut next = unsafe { prefetch(b, lo, hi) };
         'instructions: while idx < hi {
-            let ins = unsafe { b.instructions.read(idx as usize) };
-            if let Some(p) = product(b, cfg, &ins) {
+            let ins = next;
+            next = unsafe { prefetch(b, idx + 1, hi) };
+            if let Some(p) = product(cfg, lt, &ins) {
                 unsafe { stamp(b, idx, trace::LOADER_START) };
-                if !unsafe { wait(b, cfg, ins.wait, ins.wait_value, idx, LOADER) } {
+                // (the fused update's second wait, its write-after-read guard, is met here too:
+                // the consumers write W only after pages this loader issued after it)
+                if !unsafe {
+                    wait(b, cfg, ins.wait, ins.wait_value, idx, LOADER)
+                        && wait(b, cfg, ins.wait2, ins.wait2_value, idx, LOADER)
+                } {
                     break 'instructions;
                 }
                 unsafe { stamp(b, idx, trace::LOADER_DEPS) };
@@ -447,21 +506,135 @@ mod dev {
         true
     }
 
+    /// The last forward's share of the cross-entropy row statistics: for each of this warp's rows,
+    /// over its `8 NT = tile / 2` columns (partial `2 tile_col + w % 2` of the row, see
+    /// [`loss_partials`]), the maximum logit `m` and `sum exp(x - m)`, into `b.row_stats`. A quad of
+    /// lanes holds a row's columns: each lane reduces its own, then two shuffles. Partials of
+    /// groups past the last column are not written (nobody reads them).
+    #[inline(always)]
+    unsafe fn write_loss_partials<const MT: usize, const NT: usize>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        i: &Instruction,
+        dout: u32,
+        acc: &[[[f32; 4]; NT]; MT],
+    ) {
+        let (lane, w) = (thread::lane_id(), thread::warp_id());
+        let np = loss_partials(dout, cfg.tile);
+        let p = 2 * i.tile_col + w % 2;
+        let r0 = i.tile_row * cfg.tile + (w / 2) * 16 * MT as u32;
+        let c0 = i.tile_col * cfg.tile + (w % 2) * 8 * NT as u32;
+        for (mi, row) in acc.iter().enumerate() {
+            // half h: registers 2h, 2h + 1 of each n8 tile, row (lane / 4) + 8h
+            for h in 0..2usize {
+                let col = |nj: usize, e: usize| mma::m16n8_c(lane, (2 * h + e) as u32).1 + c0 + 8 * nj as u32;
+                let mut m = f32::NEG_INFINITY;
+                for (nj, frag) in row.iter().enumerate() {
+                    for e in 0..2 {
+                        if col(nj, e) < dout {
+                            m = m.max(frag[2 * h + e]);
+                        }
+                    }
+                }
+                m = m.max(warp::shfl_xor_f32(u32::MAX, m, 1));
+                m = m.max(warp::shfl_xor_f32(u32::MAX, m, 2));
+                let mut z = 0.0f32;
+                for (nj, frag) in row.iter().enumerate() {
+                    for e in 0..2 {
+                        let t = math::exp_fast(frag[2 * h + e] - m);
+                        z += if col(nj, e) < dout { t } else { 0.0 };
+                    }
+                }
+                z += warp::shfl_xor_f32(u32::MAX, z, 1);
+                z += warp::shfl_xor_f32(u32::MAX, z, 2);
+                let r = r0 + 16 * mi as u32 + lane / 4 + 8 * h as u32;
+                if lane % 4 == 0 && r < cfg.batch && p < np {
+                    let at = (2 * (r * np + p)) as usize;
+                    unsafe {
+                        b.row_stats.write(at, m);
+                        b.row_stats.write(at + 1, z);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `(m, z)` pairs (a maximum and a sum of `exp(x - m)`) combined: `(M, z_a e^(m_a - M) + z_b
+    /// e^(m_b - M))` with `M` the larger maximum; a pair with no terms (`m = -inf`) adds nothing.
+    #[inline(always)]
+    fn combine(a: (f32, f32), b: (f32, f32)) -> (f32, f32) {
+        let m = a.0.max(b.0);
+        let part = |x: (f32, f32)| if x.0 == f32::NEG_INFINITY { 0.0 } else { x.1 * math::exp_fast(x.0 - m) };
+        (m, part(a) + part(b))
+    }
+
+    /// The cross-entropy statistics of a loss tile's rows from the last forward's partials
+    /// ([`write_loss_partials`]): `T = 128 / tile` neighbouring consumer threads per row, thread
+    /// `t` taking partials `t % T, t % T + T, ...` of row `t / T`, [`PARTIAL_LOADS`] of them loaded
+    /// at a time; then the `T` lanes combine by shuffles and the first writes the row's maximum to
+    /// `stats[r]` and its sum to `stats[tile + r]`.
+    #[inline(always)]
+    unsafe fn loss_stats_from_partials(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        lt: Layers,
+        i: &Instruction,
+        stats: *mut f32,
+    ) {
+        const PARTIAL_LOADS: u32 = 8;
+        let t = thread::thread_idx_x();
+        let per_row = CONSUMERS / cfg.tile;
+        let (r, sub) = (t / per_row, t % per_row);
+        let row = i.tile_row * cfg.tile + r;
+        let dout = lt.dim(cfg.layers);
+        let np = if row < cfg.batch { loss_partials(dout, cfg.tile) } else { 0 };
+        let mut acc = (f32::NEG_INFINITY, 0.0f32);
+        let mut p0 = sub;
+        while p0 < np {
+            let part: [(f32, f32); PARTIAL_LOADS as usize] = core::array::from_fn(|j| {
+                let p = p0 + per_row * j as u32;
+                if p < np {
+                    let at = (2 * (row * np + p)) as usize;
+                    unsafe { (b.row_stats.as_const().read(at), b.row_stats.as_const().read(at + 1)) }
+                } else {
+                    (f32::NEG_INFINITY, 0.0)
+                }
+            });
+            for q in part.iter() {
+                acc = combine(acc, *q);
+            }
+            p0 += per_row * PARTIAL_LOADS;
+        }
+        let mut x = 1;
+        while x < per_row {
+            acc = combine(acc, (warp::shfl_xor_f32(u32::MAX, acc.0, x), warp::shfl_xor_f32(u32::MAX, acc.1, x)));
+            x *= 2;
+        }
+        if sub == 0 {
+            unsafe {
+                *stats.add(r as usize) = acc.0;
+                *stats.add((cfg.tile + r) as usize) = acc.1;
+            }
+        }
+    }
+
     /// Stores this warp's accumulators of instruction `i` (live outputs only): the forward's ReLU on
-    /// hidden layers, the input gradient's ReLU derivative, the weight gradient as is.
+    /// hidden layers, the input gradient's ReLU derivative, the weight gradient as is, or the fused
+    /// update's new weights (and velocities). The last layer's forward under cross-entropy also
+    /// writes its rows' partial statistics ([`write_loss_partials`]).
     #[inline(always)]
     unsafe fn epilogue<const MT: usize, const NT: usize>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
+        lt: Layers,
         i: &Instruction,
         acc: &[[[f32; 4]; NT]; MT],
     ) {
         let (lane, w) = (thread::lane_id(), thread::warp_id());
         let l = i.layer;
-        let (din, dout) = unsafe { (b.dims.read(l as usize), b.dims.read(l as usize + 1)) };
+        let (din, dout) = (lt.dim(l), lt.dim(l + 1));
         let (pin, pout) = (pitch(din), pitch(dout));
-        let (w_off, a_in, a_out) =
-            unsafe { (b.w_off.read(l as usize), b.a_off.read(l as usize), b.a_off.read(l as usize + 1)) };
+        let (w_off, a_in, a_out) = (lt.w_off(l), lt.a_off(l), lt.a_off(l + 1));
         let r0 = i.tile_row * cfg.tile + (w / 2) * 16 * MT as u32;
         let c0 = i.tile_col * cfg.tile + (w % 2) * 8 * NT as u32;
         let hidden = l + 1 < cfg.layers;
@@ -473,6 +646,29 @@ mod dev {
         // compiler knows a store to `grad` may change `act`, so loads interleaved with the stores
         // would each wait out a global-memory latency in turn.
         let mut live = [[[true; 4]; NT]; MT];
+        // The fused update's old weights and velocities, loaded before any store for the same reason.
+        let mut old = [[[0.0f32; 4]; NT]; MT];
+        let mut vel = [[[0.0f32; 4]; NT]; MT];
+        let momentum = cfg.momentum != 0.0;
+        if i.opcode == opcode::LINEAR_BWD_WEIGHT_SGD {
+            for mi in 0..MT {
+                for nj in 0..NT {
+                    for e in 0..4 {
+                        let (r, c) = at(mi, nj, e);
+                        if r < dout && c < din {
+                            let j = (w_off + r * pin + c) as usize;
+                            old[mi][nj][e] = unsafe { b.weights.as_const().read(j) };
+                            if momentum {
+                                vel[mi][nj][e] = unsafe { b.velocity.as_const().read(j) };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if i.opcode == opcode::LINEAR_FWD && !hidden && cfg.loss != loss::MSE {
+            unsafe { write_loss_partials::<MT, NT>(b, cfg, i, dout, acc) };
+        }
         if i.opcode == opcode::LINEAR_BWD_INPUT {
             for (mi, row) in live.iter_mut().enumerate() {
                 for (nj, frag) in row.iter_mut().enumerate() {
@@ -501,6 +697,18 @@ mod dev {
                             opcode::LINEAR_BWD_WEIGHT if r < dout && c < din => {
                                 b.dw.write((w_off + r * pin + c) as usize, v)
                             }
+                            opcode::LINEAR_BWD_WEIGHT_SGD if r < dout && c < din => {
+                                // SGD_UPDATE's arithmetic, on the accumulator instead of dW
+                                let j = (w_off + r * pin + c) as usize;
+                                let step = if momentum {
+                                    let s = cfg.momentum * vel[mi][nj][e] + v;
+                                    b.velocity.write(j, s);
+                                    s
+                                } else {
+                                    v
+                                };
+                                b.weights.write(j, old[mi][nj][e] - cfg.lr * step)
+                            }
                             _ => {}
                         }
                     }
@@ -515,6 +723,7 @@ mod dev {
         b: &MegaBuffers,
         cfg: &MegaConfig,
         sm: Smem,
+        lt: Layers,
         lo: u32,
         hi: u32,
     ) {
@@ -524,12 +733,16 @@ mod dev {
         let (mut u, mut phase) = (0u32, 0u32);
         let mut acc = [[[0.0f32; 4]; NT]; MT];
         let mut idx = lo;
+        let mut next = unsafe { prefetch(b, lo, hi) };
         while idx < hi {
-            let ins = unsafe { b.instructions.read(idx as usize) };
+            let ins = next;
+            next = unsafe { prefetch(b, idx + 1, hi) };
             if t == 0 {
                 unsafe { stamp(b, idx, trace::START) };
             }
-            if let Some(p) = product(b, cfg, &ins) {
+            let product = product(cfg, lt, &ins);
+            let is_product = product.is_some();
+            if let Some(p) = product {
                 // one page loop per operand layout, so that none carries the other layout's loads
                 let ok = unsafe {
                     match (p.a_kmajor, p.b_kmajor) {
@@ -547,7 +760,7 @@ mod dev {
                 if t == 0 {
                     unsafe { stamp(b, idx, trace::WORK_DONE) };
                 }
-                unsafe { epilogue::<MT, NT>(b, cfg, &ins, &acc) };
+                unsafe { epilogue::<MT, NT>(b, cfg, lt, &ins, &acc) };
             } else {
                 if t == 0 {
                     let ok = unsafe {
@@ -565,12 +778,16 @@ mod dev {
                 let done = match ins.opcode {
                     opcode::LOSS_GRAD => unsafe {
                         let (c0, mut met) = (thread::clock64(), 0u64);
-                        let done = loss_grad::<true>(b, cfg, &ins, cfg.tile, stats, CONSUMERS, t, || {
+                        let mut done = true;
+                        if cfg.loss != loss::MSE {
+                            loss_stats_from_partials(b, cfg, lt, &ins, stats);
                             let m0 = thread::clock64();
-                            let ok = rendezvous(b, cfg, sm, &mut phase, idx);
+                            done = rendezvous(b, cfg, sm, &mut phase, idx);
                             met = thread::clock64() - m0;
-                            ok
-                        });
+                        }
+                        if done {
+                            loss_grad::<true>(b, cfg, &ins, cfg.tile, stats, CONSUMERS, t);
+                        }
                         if t == 0 {
                             record(b, idx, trace::READY_WAIT_CLK, met);
                             record(b, idx, trace::WORK_CLK, thread::clock64() - c0);
@@ -593,13 +810,21 @@ mod dev {
             if t == 0 {
                 unsafe { stamp(b, idx, trace::STORED) };
             }
-            // Another block's TMA may read these stores next.
-            fence::proxy_async_global();
-            if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } {
-                return;
+            // A product nobody waits for (a fused update: its weights are read next by the next
+            // launch) publishes nothing; the others fence for the async proxy (another block's TMA
+            // may read these stores next), meet, and signal. Element-wise instructions always meet
+            // (they share the "go" word and the statistics in shared memory).
+            let signals = ins.signal != NO_COUNTER || ins.signal2 != NO_COUNTER;
+            if signals || !is_product {
+                fence::proxy_async_global();
+                if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } {
+                    return;
+                }
             }
             if t == 0 {
-                unsafe { signal(b, &ins) };
+                if signals {
+                    unsafe { signal(b, &ins) };
+                }
                 unsafe { stamp(b, idx, trace::SIGNALED) };
             }
             idx += 1;
@@ -625,26 +850,28 @@ mod dev {
             unsafe { mbarrier::init(sm.rendezvous(), CONSUMERS) };
             fence::mbarrier_init_release_cluster();
         }
+        let lt = Layers::new(cfg);
+        unsafe { lt.fill(b) };
         crate::sync::sync_threads();
         let block = thread::block_idx_x();
         let (lo, hi) = unsafe { (b.sm_offsets.read(block as usize), b.sm_offsets.read(block as usize + 1)) };
         if thread::warp_id() == CONSUMER_WARPS {
             if thread::lane_id() == 0 {
-                unsafe { load_pages(b, cfg, sm, lo, hi) };
+                unsafe { load_pages(b, cfg, sm, lt, lo, hi) };
             }
             return;
         }
         match (cfg.tile, cfg.precision == precision::TF32X3) {
-            (32, false) => unsafe { consume::<1, 2, false>(b, cfg, sm, lo, hi) },
-            (32, true) => unsafe { consume::<1, 2, true>(b, cfg, sm, lo, hi) },
-            (_, false) => unsafe { consume::<2, 4, false>(b, cfg, sm, lo, hi) },
-            (_, true) => unsafe { consume::<2, 4, true>(b, cfg, sm, lo, hi) },
+            (32, false) => unsafe { consume::<1, 2, false>(b, cfg, sm, lt, lo, hi) },
+            (32, true) => unsafe { consume::<1, 2, true>(b, cfg, sm, lt, lo, hi) },
+            (_, false) => unsafe { consume::<2, 4, false>(b, cfg, sm, lt, lo, hi) },
+            (_, true) => unsafe { consume::<2, 4, true>(b, cfg, sm, lt, lo, hi) },
         }
     }
 }
 
 /// One training step on the tensor-core data path (see the module docs). Grid: one block per SM;
-/// block [`TC_THREADS`]; dynamic shared memory [`TC_SMEM_BYTES`]. No launch bound: with
+/// block [`TC_THREADS`]; dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. No launch bound: with
 /// `.maxntid 160` ptxas capped the kernel at 128 registers (room for three blocks per SM, where
 /// its shared memory allows one) and spilled once the traced step's stamps were added; unbounded
 /// it took about 140 and spilled nothing; with a page's fragments held in registers (this

@@ -115,6 +115,7 @@ fn phase_name(op: u32, layer: u32) -> String {
         opcode::LINEAR_BWD_INPUT => "input gradient",
         opcode::LINEAR_BWD_WEIGHT => "weight gradient",
         opcode::SGD_UPDATE => "update",
+        opcode::LINEAR_BWD_WEIGHT_SGD => "weight gradient + update",
         _ => "opcode ?",
     };
     format!("{what} {layer}")
