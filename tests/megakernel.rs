@@ -241,12 +241,12 @@ impl Barrier {
 }
 
 /// The page ring's protocol run on the host with the kernel's constants and parity functions: a
-/// loader, `CONSUMER_WARPS` consumers and TMA completions interleaved at random over `uses` page
+/// loader, the `GROUP_WARPS` consumer warps of each page's group and TMA completions interleaved at random over `uses` page
 /// uses. Returns the use at which everything stopped (`uses` when all consumed) and checks that
 /// every consumer read the bytes of the use it waited for.
 fn run_page_ring(uses: u32, free_arrivals: u32, seed: u64) -> (u32, Option<(u32, u32)>) {
     use kiln::gpu::megakernel::{
-        CONSUMER_WARPS, PAGE_READY_ARRIVALS, PAGE_STAGES, free_parity, page_slot, ready_parity, stage_tx_bytes,
+        GROUP_WARPS, PAGE_READY_ARRIVALS, PAGE_STAGES, free_parity, page_slot, ready_parity, stage_tx_bytes,
     };
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -257,7 +257,7 @@ fn run_page_ring(uses: u32, free_arrivals: u32, seed: u64) -> (u32, Option<(u32,
     let tx = stage_tx_bytes(64);
     let mut loader = 0u32;
     let mut in_flight: Vec<u32> = Vec::new();
-    let mut consumers = vec![0u32; CONSUMER_WARPS as usize];
+    let mut consumers = vec![0u32; GROUP_WARPS as usize];
     loop {
         // what can move: the loader (its free wait met), a copy landing, a consumer (its ready wait met)
         let mut moves = Vec::new();
@@ -329,8 +329,8 @@ fn tensor_core_layout_constants() {
     assert_eq!(page_bytes(64) % 1024, 0, "the B page starts 1024-byte aligned");
     assert!(2 * page_bytes(TC_TILES[1]) <= STAGE_BYTES);
     // the deepest models (16 layers) and far beyond fit
-    assert!(tc_smem_bytes(256) <= 227 * 1024, "{}", tc_smem_bytes(256));
-    assert_eq!(TC_THREADS, 160);
+    assert!(tc_smem_bytes(128) <= 227 * 1024, "{}", tc_smem_bytes(128));
+    assert_eq!(TC_THREADS, 384);
     assert_eq!(PAGE_K * 4, 128, "a K-major page row is one 128-byte swizzle span");
     for d in 1..100u32 {
         assert!(pitch(d) >= d && pitch(d) % 4 == 0 && pitch(d) < d + 4);

@@ -35,7 +35,7 @@ pub const TILES: [u32; 3] = [16, 32, 64];
 pub const SLAB: u32 = 2048;
 
 /// The tile edges of the tensor-core data path ([`precision::TF32`], [`precision::TF32X3`]): a block's
-/// four consumer warps each own a `tile/2` square, at least one 16 x 16 `mma` pair.
+/// consumer warps each own a `tile/2` square (per page group), at least one 16 x 16 `mma` pair.
 pub const TC_TILES: [u32; 2] = [32, 64];
 
 /// The tiles a data path ([`precision`] code) is built for.
@@ -201,12 +201,23 @@ pub struct Instruction {
 // SAFETY: repr(C), u32 fields only.
 unsafe impl crate::KernelParam for Instruction {}
 
-/// Consumer warps per block: each signals a page free once it is done with it.
-pub const CONSUMER_WARPS: u32 = 4;
-/// Arrivals that free a shared-memory page: one per consumer warp. The device initializes each
-/// page's "free" barrier with this count and every consumer warp arrives exactly once per use, so
-/// host tests and the kernel read the same number.
-pub const PAGE_FREE_ARRIVALS: u32 = CONSUMER_WARPS;
+/// Consumer warps per block, in [`PAGE_GROUPS`] groups of [`GROUP_WARPS`].
+pub const CONSUMER_WARPS: u32 = 8;
+/// The groups a product's pages are dealt to: group `g` multiplies the pages `kt` with
+/// [`page_group`]`(kt) == g` into its own accumulators (each group's warps cover the whole tile),
+/// and the groups add their sums at the end. Two groups put two consumer warps on each scheduler,
+/// so that one's waits (fragment loads, conversions, `mma` results) hide behind the other's work.
+pub const PAGE_GROUPS: u32 = 2;
+/// Warps per group: each owns a `tile / 2` square of the output tile.
+pub const GROUP_WARPS: u32 = CONSUMER_WARPS / PAGE_GROUPS;
+/// The group that multiplies K page `kt` of a product.
+pub const fn page_group(kt: u32) -> u32 {
+    kt % PAGE_GROUPS
+}
+/// Arrivals that free a shared-memory page: one per warp of the group that multiplies it. The
+/// device initializes each page's "free" barrier with this count and each of those warps arrives
+/// exactly once per use, so host tests and the kernel read the same number.
+pub const PAGE_FREE_ARRIVALS: u32 = GROUP_WARPS;
 /// Arrivals that make a page ready: the loader's one `arrive.expect_tx` (the bytes complete it).
 pub const PAGE_READY_ARRIVALS: u32 = 1;
 

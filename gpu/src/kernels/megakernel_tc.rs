@@ -2,12 +2,13 @@
 //! and stall records as [`megakernel_step`](super::megakernel_step); the products run on tensor
 //! cores from shared-memory pages that a loader warp fills with TMA while the consumers compute.
 //!
-//! - Block: [`CONSUMER_WARPS`] consumer warps (threads `0..128`) and one loader warp (its lane 0
-//!   works, the others leave at once). Both walk the block's instruction list in order.
+//! - Block: [`CONSUMER_WARPS`] consumer warps (threads `0..256`, two warpgroups) and a loader
+//!   warpgroup (lane 0 of its first warp works, the others leave at once; the consumers take its
+//!   registers with `setmaxnreg`). Both walk the block's instruction list in order.
 //! - Pages: a ring of [`PAGE_STAGES`] stages in dynamic shared memory, each an A page and a B page
 //!   of `tile x PAGE_K` f32 (128-byte swizzled), with a *ready* barrier (count
 //!   [`PAGE_READY_ARRIVALS`]: the loader's `arrive.expect_tx`, completed by the bytes) and a *free*
-//!   barrier (count [`PAGE_FREE_ARRIVALS`]: one arrival per consumer warp). Use `u` of the ring (the
+//!   barrier (count [`PAGE_FREE_ARRIVALS`]: one arrival per warp of the page's group). Use `u` of the ring (the
 //!   block's page uses counted in order over all its products) is slot [`page_slot`]`(u)`; consumers
 //!   wait for [`ready_parity`]`(u)`, the loader (from the second lap) for [`free_parity`]`(u)`.
 //! - Loader, per product instruction: waits for the instruction's dependency counter (acquire),
@@ -15,15 +16,18 @@
 //!   slot is free, announces [`stage_tx_bytes`] and issues the two TMA loads (A rows `m0..`, B rows
 //!   `n0..`; an M-major operand is `tile / 32` boxes of 32 x 32). It runs up to the whole ring
 //!   ahead, across instruction boundaries: the next tile's loads overlap this tile's math.
-//! - Consumers, per product: warp `w` owns the `tile/2` square at `(w / 2, w % 2)` of the output
-//!   tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; per page it reads all its fragments
-//!   from the swizzled page into registers, its lane 0 frees the page (so the loader refills it
-//!   during the math), then it multiplies ([`precision::TF32`]: one product;
+//! - Consumers, per product: two groups of [`GROUP_WARPS`] warps ([`PAGE_GROUPS`]); group `g`
+//!   multiplies the pages `kt` with [`page_group`]`(kt) == g`, so two warps share each scheduler and
+//!   hide each other's latencies. Warp `q` of a group owns the `tile/2` square at `(q / 2, q % 2)`
+//!   of the output tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; per page it reads all
+//!   its fragments from the swizzled page into registers, its lane 0 frees the page (so the loader
+//!   refills it during the math), then it multiplies ([`precision::TF32`]: one product;
 //!   [`precision::TF32X3`]: the inputs split into tf32 head and tail, three products, tail terms
 //!   first). The page loop is compiled once per operand layout (K-major or M-major A and B).
-//!   Then the epilogue (ReLU, the ReLU derivative) stores the live outputs straight from the
-//!   accumulators. Loss gradients and SGD updates run on the 128 consumer threads after
-//!   consumer thread 0 has waited for their counters.
+//!   Group 1 then leaves its sums in shared memory (two buffers, alternating per product), the
+//!   consumers meet, and group 0 adds them and runs the epilogue (ReLU, the ReLU derivative, the
+//!   fused update) straight from the accumulators. Loss gradients and SGD updates run on all 256
+//!   consumer threads after consumer thread 0 has waited for their counters.
 //! - Publishing: every consumer thread fences its stores for the async proxy (another block's TMA
 //!   reads them next), the consumers meet at a rendezvous barrier, and consumer thread 0 signals.
 //! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
@@ -34,14 +38,28 @@
 //!   instruction with the global timer at the points [`trace`](crate::megakernel::trace) names.
 
 use crate::kernel;
-use crate::megakernel::{CONSUMER_WARPS, MegaBuffers, MegaConfig, PAGE_STAGES, STAGE_BYTES, TC_TILES, page_bytes};
+use crate::megakernel::{
+    CONSUMER_WARPS, GROUP_WARPS, MegaBuffers, MegaConfig, PAGE_GROUPS, PAGE_STAGES, STAGE_BYTES, TC_TILES, page_bytes,
+};
 
-/// Threads per block: the consumer warps and the loader warp.
-pub const TC_THREADS: u32 = 32 * (CONSUMER_WARPS + 1);
+/// Warps of the loader's warpgroup: its first lane loads, the rest of it leaves at once. (A
+/// whole warpgroup, so that it can hand its registers to the consumers with `setmaxnreg`.)
+const LOADER_WARPS: u32 = 4;
+/// Threads per block: the consumer warps and the loader's warpgroup.
+pub const TC_THREADS: u32 = 32 * (CONSUMER_WARPS + LOADER_WARPS);
+/// Per-thread registers the loader's warpgroup keeps (`setmaxnreg.dec`) and the consumers take
+/// (`setmaxnreg.inc`): 128 x 56 + 256 x 224 = 64 512 of the SM's 65 536. (Without it, 12 warps
+/// get 168 each: three warps share a scheduler's 16 384.)
+const LOADER_REGS: u32 = 56;
+const CONSUMER_REGS: u32 = 224;
 /// Largest tile.
 const MAX_TILE: u32 = TC_TILES[TC_TILES.len() - 1];
-/// Barriers after the stages: ready and free per stage, then the consumers' rendezvous.
-const BARRIERS: u32 = STAGE_BYTES * PAGE_STAGES;
+/// After the stages, two buffers for group 1's partial sums of the largest tile (one f32 per
+/// output), used by alternate products.
+const SUMS: u32 = STAGE_BYTES * PAGE_STAGES;
+const SUMS_BYTES: u32 = 4 * MAX_TILE * MAX_TILE;
+/// Barriers: ready and free per stage, then the consumers' rendezvous.
+const BARRIERS: u32 = SUMS + 2 * SUMS_BYTES;
 /// The loss gradient's row statistics (`2 * MAX_TILE` f32), then the "go" word.
 const STATS: u32 = BARRIERS + 8 * (2 * PAGE_STAGES + 2);
 const GO: u32 = STATS + 8 * MAX_TILE;
@@ -55,18 +73,19 @@ pub const fn tc_smem_bytes(layers: u32) -> u32 {
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod dev {
-    use super::{BARRIERS, GO, LAYER_TABLE, STATS};
+    use super::{BARRIERS, CONSUMER_REGS, GO, LAYER_TABLE, LOADER_REGS, STATS, SUMS, SUMS_BYTES};
 
     /// Consumer threads.
     const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
     use crate::kernels::megakernel_step::{aborted, loss_grad, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
-        CONSUMER_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_FREE_ARRIVALS, PAGE_K,
-        PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES, free_parity, loss,
-        loss_partials, map, opcode, page_bytes, page_slot, pitch, precision, ready_parity, stage_tx_bytes, trace,
+        CONSUMER_WARPS, GROUP_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_FREE_ARRIVALS,
+        PAGE_GROUPS, PAGE_K, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES,
+        free_parity, loss, loss_partials, map, opcode, page_bytes, page_group, page_slot, pitch, precision,
+        ready_parity, stage_tx_bytes, trace,
     };
     use crate::swizzle::Swizzle;
-    use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp};
+    use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
 
     /// `mma` k steps (of 8) per page.
     const KSTEPS: usize = (PAGE_K / 8) as usize;
@@ -96,6 +115,10 @@ mod dev {
         }
         fn rendezvous(self) -> u32 {
             self.base + BARRIERS + 8 * (2 * PAGE_STAGES)
+        }
+        /// Group 1's sums for the `n`-th product of the block (buffer `n % 2`).
+        fn sums(self, n: u32) -> u32 {
+            self.base + SUMS + (n % 2) * SUMS_BYTES
         }
     }
 
@@ -419,7 +442,7 @@ mod dev {
         acc: &mut [[[f32; 4]; NT]; MT],
     ) -> bool {
         let lane = thread::lane_id();
-        let w = thread::warp_id();
+        let (group, w) = (thread::warp_id() / GROUP_WARPS, thread::warp_id() % GROUP_WARPS);
         let (rm, rn) = ((w / 2) * 16 * MT as u32, (w % 2) * 8 * NT as u32);
         let a_frag = Frags::<MT, AK>::new(rm, FragKind::A);
         let b_frag = Frags::<MT, BK>::new(rn, FragKind::BPair);
@@ -428,11 +451,17 @@ mod dev {
         let (mut ready_wait, mut first) = (0u64, 0u64);
         let mut kt = 0;
         while kt < p.k.div_ceil(PAGE_K) {
+            if page_group(kt) != group {
+                // the other group's page
+                *u += 1;
+                kt += 1;
+                continue;
+            }
             let slot = page_slot(*u);
             let w0 = thread::clock64();
             let ok = unsafe { bounded_wait(b, cfg, sm.ready(slot), ready_parity(*u)) };
             let w1 = thread::clock64();
-            if kt == 0 {
+            if kt < PAGE_GROUPS {
                 first = w1;
             } else {
                 ready_wait += w1 - w0;
@@ -448,25 +477,26 @@ mod dev {
             if kt == 0 && thread::thread_idx_x() == 0 {
                 unsafe { stamp(b, idx, trace::FIRST) };
             }
-            // Every fragment of the page into registers first (the loads overlap, and the page
-            // is freed before the math, so the loader can refill it while this warp multiplies).
+            // One k step's fragments at a time (the other group's warps on the same scheduler
+            // hide the latency); the page is freed right after the last step's loads, so the
+            // loader refills it during that step's math.
             let (pa, pb) = (sm.a_page(slot), sm.b_page(slot));
-            let mut ra = [[[0u32; 4]; MT]; KSTEPS];
-            let mut rb = [[[0u32; 4]; MT]; KSTEPS];
-            for (ks, (ra, rb)) in ra.iter_mut().zip(rb.iter_mut()).enumerate() {
-                for (g, (fa, fb)) in ra.iter_mut().zip(rb.iter_mut()).enumerate() {
+            for ks in 0..KSTEPS {
+                let mut ra = [[0u32; 4]; MT];
+                let mut rb = [[0u32; 4]; MT];
+                for g in 0..MT {
                     unsafe {
-                        *fa = a_frag.load(pa, g, 8 * ks as u32);
-                        *fb = b_frag.load(pb, g, 8 * ks as u32);
+                        ra[g] = a_frag.load(pa, g, 8 * ks as u32);
+                        rb[g] = b_frag.load(pb, g, 8 * ks as u32);
                     }
                 }
-            }
-            // This warp is done with the page.
-            crate::sync::sync_warp(u32::MAX);
-            if lane == 0 {
-                unsafe { mbarrier::arrive(sm.free(slot)) };
-            }
-            for (ra, rb) in ra.iter().zip(rb.iter()) {
+                if ks + 1 == KSTEPS {
+                    // This warp is done with the page.
+                    crate::sync::sync_warp(u32::MAX);
+                    if lane == 0 {
+                        unsafe { mbarrier::arrive(sm.free(slot)) };
+                    }
+                }
                 let mut fa = [[(0u32, 0u32); 4]; MT];
                 for (f, raw) in fa.iter_mut().zip(ra.iter()) {
                     for e in 0..4 {
@@ -730,7 +760,8 @@ mod dev {
         let t = thread::thread_idx_x();
         let go = shared::dynamic_smem::<u32>(GO as usize);
         let stats = shared::dynamic_smem::<f32>(STATS as usize);
-        let (mut u, mut phase) = (0u32, 0u32);
+        let (mut u, mut phase, mut products) = (0u32, 0u32, 0u32);
+        let group = thread::warp_id() / GROUP_WARPS;
         let mut acc = [[[0.0f32; 4]; NT]; MT];
         let mut idx = lo;
         let mut next = unsafe { prefetch(b, lo, hi) };
@@ -757,10 +788,40 @@ mod dev {
                 if !ok {
                     return;
                 }
-                if t == 0 {
-                    unsafe { stamp(b, idx, trace::WORK_DONE) };
+                // Group 1's sums through shared memory to group 0. The buffers alternate, so group 1
+                // may write the next product's while group 0 still reads these (it cannot get two
+                // products ahead: it meets group 0 here every product).
+                let sums = sm.sums(products);
+                products += 1;
+                let j = t % (32 * GROUP_WARPS);
+                let at = |n: usize| sums + 4 * (n as u32 * 32 * GROUP_WARPS + j);
+                if group == 1 {
+                    for i in 0..MT {
+                        for jn in 0..NT {
+                            for e in 0..4 {
+                                let n = (i * NT + jn) * 4 + e;
+                                unsafe { shared::st_shared_b32(at(n), acc[i][jn][e].to_bits()) };
+                            }
+                        }
+                    }
                 }
-                unsafe { epilogue::<MT, NT>(b, cfg, lt, &ins, &acc) };
+                if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } {
+                    return;
+                }
+                if group == 0 {
+                    for i in 0..MT {
+                        for jn in 0..NT {
+                            for e in 0..4 {
+                                let n = (i * NT + jn) * 4 + e;
+                                acc[i][jn][e] += f32::from_bits(unsafe { shared::ld_shared_b32(at(n)) });
+                            }
+                        }
+                    }
+                    if t == 0 {
+                        unsafe { stamp(b, idx, trace::WORK_DONE) };
+                    }
+                    unsafe { epilogue::<MT, NT>(b, cfg, lt, &ins, &acc) };
+                }
             } else {
                 if t == 0 {
                     let ok = unsafe {
@@ -855,12 +916,14 @@ mod dev {
         crate::sync::sync_threads();
         let block = thread::block_idx_x();
         let (lo, hi) = unsafe { (b.sm_offsets.read(block as usize), b.sm_offsets.read(block as usize + 1)) };
-        if thread::warp_id() == CONSUMER_WARPS {
-            if thread::lane_id() == 0 {
+        if thread::warp_id() >= CONSUMER_WARPS {
+            unsafe { wgmma::setmaxnreg_dec::<LOADER_REGS>() };
+            if thread::warp_id() == CONSUMER_WARPS && thread::lane_id() == 0 {
                 unsafe { load_pages(b, cfg, sm, lt, lo, hi) };
             }
             return;
         }
+        unsafe { wgmma::setmaxnreg_inc::<CONSUMER_REGS>() };
         match (cfg.tile, cfg.precision == precision::TF32X3) {
             (32, false) => unsafe { consume::<1, 2, false>(b, cfg, sm, lt, lo, hi) },
             (32, true) => unsafe { consume::<1, 2, true>(b, cfg, sm, lt, lo, hi) },
@@ -871,17 +934,19 @@ mod dev {
 }
 
 /// One training step on the tensor-core data path (see the module docs). Grid: one block per SM;
-/// block [`TC_THREADS`]; dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. No launch bound: with
-/// `.maxntid 160` ptxas capped the kernel at 128 registers (room for three blocks per SM, where
-/// its shared memory allows one) and spilled once the traced step's stamps were added; unbounded
-/// it took about 140 and spilled nothing; with a page's fragments held in registers (this
-/// session's page loop) it takes about 200 (ptxas report of 2026-11-22: 197, no spills).
-/// `cfg.tile` is one of
-/// [`TC_TILES`], `cfg.precision` [`precision::TF32`] or [`precision::TF32X3`].
-#[kernel(arch = "sm_90a")]
+/// block [`TC_THREADS`] (the launch bound: 168 registers each at the start, then `setmaxnreg`
+/// moves them: [`CONSUMER_REGS`] per consumer thread, [`LOADER_REGS`] per loader-warpgroup thread);
+/// dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. `cfg.tile` is one of [`TC_TILES`],
+/// `cfg.precision` [`precision::TF32`] or [`precision::TF32X3`].
+#[kernel(arch = "sm_90a", max_threads = 384)]
 pub unsafe fn megakernel_step_tc(b: MegaBuffers, cfg: MegaConfig) {
     unsafe { dev::run(&b, &cfg) }
 }
 
+// The launch bound above is the block.
+const _: () = assert!(TC_THREADS == 384 && LOADER_WARPS == 4 && (CONSUMER_WARPS * 32) % 128 == 0);
+const _: () = assert!(LOADER_REGS * 32 * LOADER_WARPS + CONSUMER_REGS * 32 * CONSUMER_WARPS <= 65536);
+// The sums go through exactly two groups (one writes, one adds).
+const _: () = assert!(PAGE_GROUPS == 2 && GROUP_WARPS == 4);
 // The page layout must hold the largest tile's two pages.
 const _: () = assert!(2 * page_bytes(MAX_TILE) <= STAGE_BYTES);
