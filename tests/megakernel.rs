@@ -26,6 +26,7 @@ fn reference_model(dims: &[usize], seed: u64) -> Sequential {
 /// chains as the interpreter's and the activations agree bit for bit: with the default blocked
 /// product, a pre-activation within one rounding of 0 could take the other side of a ReLU and
 /// change a gradient by far more than rounding (proptest found one: batch 37, widths [92, 1, 2]).
+#[allow(clippy::too_many_arguments)]
 fn compare(
     shape: &MlpShape,
     loss: Loss,

@@ -944,7 +944,7 @@ pub unsafe fn megakernel_step_tc(b: MegaBuffers, cfg: MegaConfig) {
 }
 
 // The launch bound above is the block.
-const _: () = assert!(TC_THREADS == 384 && LOADER_WARPS == 4 && (CONSUMER_WARPS * 32) % 128 == 0);
+const _: () = assert!(TC_THREADS == 384 && LOADER_WARPS == 4 && (CONSUMER_WARPS * 32).is_multiple_of(128));
 const _: () = assert!(LOADER_REGS * 32 * LOADER_WARPS + CONSUMER_REGS * 32 * CONSUMER_WARPS <= 65536);
 // The sums go through exactly two groups (one writes, one adds).
 const _: () = assert!(PAGE_GROUPS == 2 && GROUP_WARPS == 4);
