@@ -132,8 +132,8 @@ fn barriers_are_not_duplicated() {
         ("hgemm_mma_bf16", 2),
         ("hgemm_mma_bf16_wide", 2),
         // 3 in the instruction loop; per tile size (3): the tile product's 2 in each of the three
-        // product opcodes, and the loss gradient's 1
-        ("megakernel_step", 3 + 3 * (3 * 2 + 1)),
+        // product arms, the loss gradient's 1 and the fused update's 1 (between dW and the update)
+        ("megakernel_step", 3 + 3 * (3 * 2 + 1 + 1)),
         ("layer_norm_rows_f32", 5),
         ("matmul_f32", 2),
         // one before the k loop and one per k-tile (double-buffered), in each of the two bodies
