@@ -19,9 +19,10 @@
 //! - Consumers, per product: two groups of [`GROUP_WARPS`] warps ([`PAGE_GROUPS`]); group `g`
 //!   multiplies the pages `kt` with [`page_group`]`(kt) == g`, so two warps share each scheduler and
 //!   hide each other's latencies. Warp `q` of a group owns the `tile/2` square at `(q / 2, q % 2)`
-//!   of the output tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; per page it reads all
-//!   its fragments from the swizzled page into registers, its lane 0 frees the page (so the loader
-//!   refills it during the math), then it multiplies ([`precision::TF32`]: one product;
+//!   of the output tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; per k step of a page it
+//!   reads that step's fragments from the swizzled page, and after the last step's reads its lane
+//!   0 frees the page (so the loader refills it during that step's math); it multiplies
+//!   ([`precision::TF32`]: one product;
 //!   [`precision::TF32X3`]: the inputs split into tf32 head and tail, three products, tail terms
 //!   first). The page loop is compiled once per operand layout (K-major or M-major A and B).
 //!   Group 1 then leaves its sums in shared memory (two buffers, alternating per product), the
@@ -47,9 +48,10 @@ use crate::megakernel::{
 const LOADER_WARPS: u32 = 4;
 /// Threads per block: the consumer warps and the loader's warpgroup.
 pub const TC_THREADS: u32 = 32 * (CONSUMER_WARPS + LOADER_WARPS);
-/// Per-thread registers the loader's warpgroup keeps (`setmaxnreg.dec`) and the consumers take
-/// (`setmaxnreg.inc`): 128 x 56 + 256 x 224 = 64 512 of the SM's 65 536. (Without it, 12 warps
-/// get 168 each: three warps share a scheduler's 16 384.)
+/// Per-thread registers the loader's warpgroup keeps (`setmaxnreg.dec`) and the consumers may take
+/// (`setmaxnreg.inc`): 128 x 56 + 256 x 224 = 64 512 of the SM's 65 536. This sets the budget at
+/// run time only: ptxas still compiles the whole kernel for the launch bound's 168 registers (three
+/// of the 12 warps share a scheduler's 16 384) and reports 240 bytes of spills (2026-11-22).
 const LOADER_REGS: u32 = 56;
 const CONSUMER_REGS: u32 = 224;
 /// Largest tile.
@@ -428,9 +430,10 @@ mod dev {
     }
 
     /// This warp's share of one product: `MT x NT` `m16n8` accumulators, `16 MT` rows by `8 NT`
-    /// columns (`tile = 32 MT`, `NT = 2 MT`; warp `w`'s square starts at row `(w / 2) 16 MT`,
-    /// column `(w % 2) 8 NT` of the tile). Consumes the product's pages from use `*u` on. False
-    /// when the step was given up.
+    /// columns (`tile = 32 MT`, `NT = 2 MT`; warp `q = w % 4` of its group starts at row
+    /// `(q / 2) 16 MT`, column `(q % 2) 8 NT` of the tile), summed over its group's pages
+    /// ([`page_group`]). Steps through the product's pages from use `*u` on. False when the step
+    /// was given up.
     #[inline(always)]
     unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool, const AK: bool, const BK: bool>(
         b: &MegaBuffers,
@@ -934,9 +937,8 @@ mod dev {
 }
 
 /// One training step on the tensor-core data path (see the module docs). Grid: one block per SM;
-/// block [`TC_THREADS`] (the launch bound: 168 registers each at the start, then `setmaxnreg`
-/// moves them: [`CONSUMER_REGS`] per consumer thread, [`LOADER_REGS`] per loader-warpgroup thread);
-/// dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. `cfg.tile` is one of [`TC_TILES`],
+/// block [`TC_THREADS`] (the launch bound: 168 registers each, as compiled; `setmaxnreg` then moves
+/// the run-time budget, see [`CONSUMER_REGS`]); dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. `cfg.tile` is one of [`TC_TILES`],
 /// `cfg.precision` [`precision::TF32`] or [`precision::TF32X3`].
 #[kernel(arch = "sm_90a", max_threads = 384)]
 pub unsafe fn megakernel_step_tc(b: MegaBuffers, cfg: MegaConfig) {
