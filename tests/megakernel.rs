@@ -331,7 +331,7 @@ fn tensor_core_layout_constants() {
     assert!(2 * page_bytes(TC_TILES[1]) <= STAGE_BYTES);
     // the deepest models (16 layers) and far beyond fit
     assert!(tc_smem_bytes(128) <= 227 * 1024, "{}", tc_smem_bytes(128));
-    assert_eq!(TC_THREADS, 384);
+    assert_eq!(TC_THREADS, 288, "eight consumer warps and one loader warp");
     assert_eq!(PAGE_K * 4, 128, "a K-major page row is one 128-byte swizzle span");
     for d in 1..100u32 {
         assert!(pitch(d) >= d && pitch(d) % 4 == 0 && pitch(d) < d + 4);

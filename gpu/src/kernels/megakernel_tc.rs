@@ -43,17 +43,11 @@ use crate::megakernel::{
     CONSUMER_WARPS, GROUP_WARPS, MegaBuffers, MegaConfig, PAGE_GROUPS, PAGE_STAGES, STAGE_BYTES, TC_TILES, page_bytes,
 };
 
-/// Warps of the loader's warpgroup: its first lane loads, the rest of it leaves at once. (A
-/// whole warpgroup, so that it can hand its registers to the consumers with `setmaxnreg`.)
-const LOADER_WARPS: u32 = 4;
-/// Threads per block: the consumer warps and the loader's warpgroup.
+/// Warps of the loader: one, whose lane 0 issues every load (the other lanes leave at once).
+const LOADER_WARPS: u32 = 1;
+/// Threads per block: the consumer warps and the loader warp. Nine warps let ptxas give each
+/// thread up to 224 registers (`65536 / 288`, rounded down to a multiple of 8).
 pub const TC_THREADS: u32 = 32 * (CONSUMER_WARPS + LOADER_WARPS);
-/// Per-thread registers the loader's warpgroup keeps (`setmaxnreg.dec`) and the consumers may take
-/// (`setmaxnreg.inc`): 128 x 56 + 256 x 224 = 64 512 of the SM's 65 536. This sets the budget at
-/// run time only: ptxas still compiles the whole kernel for the launch bound's 168 registers (three
-/// of the 12 warps share a scheduler's 16 384) and reports 240 bytes of spills (2026-11-22).
-const LOADER_REGS: u32 = 56;
-const CONSUMER_REGS: u32 = 224;
 /// Largest tile.
 const MAX_TILE: u32 = TC_TILES[TC_TILES.len() - 1];
 /// After the stages, two buffers for group 1's partial sums of the largest tile (one f32 per
@@ -75,7 +69,7 @@ pub const fn tc_smem_bytes(layers: u32) -> u32 {
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod dev {
-    use super::{BARRIERS, CONSUMER_REGS, GO, LAYER_TABLE, LOADER_REGS, STATS, SUMS, SUMS_BYTES};
+    use super::{BARRIERS, GO, LAYER_TABLE, STATS, SUMS, SUMS_BYTES};
 
     /// Consumer threads.
     const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
@@ -87,7 +81,7 @@ mod dev {
         ready_parity, stage_tx_bytes, trace,
     };
     use crate::swizzle::Swizzle;
-    use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
+    use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp};
 
     /// `mma` k steps (of 8) per page.
     const KSTEPS: usize = (PAGE_K / 8) as usize;
@@ -432,8 +426,9 @@ mod dev {
     /// This warp's share of one product: `MT x NT` `m16n8` accumulators, `16 MT` rows by `8 NT`
     /// columns (`tile = 32 MT`, `NT = 2 MT`; warp `q = w % 4` of its group starts at row
     /// `(q / 2) 16 MT`, column `(q % 2) 8 NT` of the tile), summed over its group's pages
-    /// ([`page_group`]). Steps through the product's pages from use `*u` on. False when the step
-    /// was given up.
+    /// ([`page_group`]). Steps through the product's pages from use `*u` on; `on_first` runs once
+    /// the group's first page has arrived (the producers' stores are then visible, see
+    /// [`Prefetched`]). False when the step was given up.
     #[inline(always)]
     unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool, const AK: bool, const BK: bool>(
         b: &MegaBuffers,
@@ -443,6 +438,7 @@ mod dev {
         u: &mut u32,
         idx: u32,
         acc: &mut [[[f32; 4]; NT]; MT],
+        on_first: &mut impl FnMut(),
     ) -> bool {
         let lane = thread::lane_id();
         let (group, w) = (thread::warp_id() / GROUP_WARPS, thread::warp_id() % GROUP_WARPS);
@@ -476,6 +472,9 @@ mod dev {
                     };
                 }
                 return false;
+            }
+            if kt < PAGE_GROUPS {
+                on_first();
             }
             if kt == 0 && thread::thread_idx_x() == 0 {
                 unsafe { stamp(b, idx, trace::FIRST) };
@@ -539,54 +538,151 @@ mod dev {
         true
     }
 
-    /// The last forward's share of the cross-entropy row statistics: for each of this warp's rows,
-    /// over its `8 NT = tile / 2` columns (partial `2 tile_col + w % 2` of the row, see
-    /// [`loss_partials`]), the maximum logit `m` and `sum exp(x - m)`, into `b.row_stats`. A quad of
-    /// lanes holds a row's columns: each lane reduces its own, then two shuffles. Partials of
-    /// groups past the last column are not written (nobody reads them).
+    /// One page group's half of a warp's accumulators: `[s][nj][c]` is the group's 8-row slab `s`
+    /// (of `MT`), `n8` tile `nj`, column `c` of the lane's pair. Group `g` owns the warp square's
+    /// rows `8 MT g .. 8 MT (g + 1)`: with `MT = 2` the whole `m16` tile `g`, with one the rows `+8g`
+    /// of the only one (registers `2g, 2g + 1`). A lane's element `[s][nj][c]` is row `8 MT g + 8 s
+    /// + lane / 4`, column `8 nj + 2 (lane % 4) + c` of the square.
+    type Half<const MT: usize, const NT: usize> = [[[f32; 2]; NT]; MT];
+
+    /// Group `g`'s half of `acc` (see [`Half`]).
+    #[inline(always)]
+    fn half<const MT: usize, const NT: usize>(acc: &[[[f32; 4]; NT]; MT], g: u32) -> Half<MT, NT> {
+        core::array::from_fn(|s| {
+            core::array::from_fn(|nj| {
+                core::array::from_fn(|c| {
+                    // MT = 2: tile g, register pair s; MT = 1: tile 0, register pair g
+                    let (x, y) = if MT == 2 { (acc[0][nj][2 * s + c], acc[1 % MT][nj][2 * s + c]) } else {
+                        (acc[0][nj][c], acc[0][nj][2 + c])
+                    };
+                    if g == 0 { x } else { y }
+                })
+            })
+        })
+    }
+
+    /// Where this lane's elements of a group's [`Half`] of instruction `i` sit in the output:
+    /// `(row, column)` of `[s][nj][c]` is `(r + 8 s, c0 + 8 nj + c)`.
+    #[derive(Clone, Copy)]
+    struct HalfAt {
+        r: u32,
+        c0: u32,
+    }
+
+    impl HalfAt {
+        #[inline(always)]
+        fn new<const MT: usize, const NT: usize>(cfg: &MegaConfig, i: &Instruction) -> HalfAt {
+            let (lane, w, g) = (thread::lane_id(), thread::warp_id() % GROUP_WARPS, thread::warp_id() / GROUP_WARPS);
+            let r = i.tile_row * cfg.tile + (w / 2) * 16 * MT as u32 + 8 * MT as u32 * g + lane / 4;
+            let c0 = i.tile_col * cfg.tile + (w % 2) * 8 * NT as u32 + 2 * (lane % 4);
+            HalfAt { r, c0 }
+        }
+        #[inline(always)]
+        fn at(self, s: usize, nj: usize, c: usize) -> (u32, u32) {
+            (self.r + 8 * s as u32, self.c0 + 8 * nj as u32 + c as u32)
+        }
+    }
+
+    /// Global values an epilogue needs, loaded while the product's pages stream in rather than
+    /// after its last `mma` (a global load costs an L2 round trip, behind an L1 that the step's
+    /// acquires invalidate), for the group's [`Half`] only:
+    /// - the input gradient's ReLU mask, `act[l]`, after the first page: that page's arrival
+    ///   orders these loads after the loader's acquire of the instruction's dependencies
+    ///   (`act[l]` was written this step, by the forward);
+    /// - the fused update's old weights, at the instruction's start: only this tile writes them
+    ///   during the step. (Its velocities are loaded in the epilogue: a second array held through
+    ///   the page loop costs more spills than it saves.)
+    struct Prefetched<const MT: usize, const NT: usize> {
+        /// `act[l]` (input gradients) or the old weights (fused updates)
+        x: Half<MT, NT>,
+    }
+
+    impl<const MT: usize, const NT: usize> Prefetched<MT, NT> {
+        #[inline(always)]
+        fn new() -> Self {
+            Prefetched { x: [[[0.0f32; 2]; NT]; MT] }
+        }
+
+        /// The fused update's old weights (and velocities, with momentum).
+        #[inline(always)]
+        unsafe fn load_weights(&mut self, b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) {
+            let l = i.layer;
+            let (din, dout, w_off) = (lt.dim(l), lt.dim(l + 1), lt.w_off(l));
+            let h = HalfAt::new::<MT, NT>(cfg, i);
+            for s in 0..MT {
+                for nj in 0..NT {
+                    for c in 0..2 {
+                        let (r, col) = h.at(s, nj, c);
+                        if r < dout && col < din {
+                            let j = (w_off + r * pitch(din) + col) as usize;
+                            self.x[s][nj][c] = unsafe { b.weights.as_const().read(j) };
+                        }
+                    }
+                }
+            }
+        }
+
+        /// The input gradient's `act[l]`.
+        #[inline(always)]
+        unsafe fn load_act(&mut self, b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) {
+            let (din, a_in) = (lt.dim(i.layer), lt.a_off(i.layer));
+            let h = HalfAt::new::<MT, NT>(cfg, i);
+            for s in 0..MT {
+                for nj in 0..NT {
+                    for c in 0..2 {
+                        let (r, col) = h.at(s, nj, c);
+                        if r < cfg.batch && col < din {
+                            self.x[s][nj][c] = unsafe { b.act.as_const().read((a_in + r * pitch(din) + col) as usize) };
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The last forward's share of the cross-entropy row statistics: for each row of the group's
+    /// [`Half`], over the warp's `8 NT = tile / 2` columns (partial `2 tile_col + w % 2` of the row,
+    /// see [`loss_partials`]), the maximum logit `m` and `sum exp(x - m)`, into `b.row_stats`. A
+    /// quad of lanes holds a row's columns: each lane reduces its own, then two shuffles. Partials
+    /// of groups past the last column are not written (nobody reads them).
     #[inline(always)]
     unsafe fn write_loss_partials<const MT: usize, const NT: usize>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         i: &Instruction,
         dout: u32,
-        acc: &[[[f32; 4]; NT]; MT],
+        mine: &Half<MT, NT>,
     ) {
-        let (lane, w) = (thread::lane_id(), thread::warp_id());
+        let (lane, w) = (thread::lane_id(), thread::warp_id() % GROUP_WARPS);
         let np = loss_partials(dout, cfg.tile);
         let p = 2 * i.tile_col + w % 2;
-        let r0 = i.tile_row * cfg.tile + (w / 2) * 16 * MT as u32;
-        let c0 = i.tile_col * cfg.tile + (w % 2) * 8 * NT as u32;
-        for (mi, row) in acc.iter().enumerate() {
-            // half h: registers 2h, 2h + 1 of each n8 tile, row (lane / 4) + 8h
-            for h in 0..2usize {
-                let col = |nj: usize, e: usize| mma::m16n8_c(lane, (2 * h + e) as u32).1 + c0 + 8 * nj as u32;
-                let mut m = f32::NEG_INFINITY;
-                for (nj, frag) in row.iter().enumerate() {
-                    for e in 0..2 {
-                        if col(nj, e) < dout {
-                            m = m.max(frag[2 * h + e]);
-                        }
+        let h = HalfAt::new::<MT, NT>(cfg, i);
+        for (s, slab) in mine.iter().enumerate() {
+            let mut m = f32::NEG_INFINITY;
+            for (nj, pair) in slab.iter().enumerate() {
+                for (c, &x) in pair.iter().enumerate() {
+                    if h.at(s, nj, c).1 < dout {
+                        m = m.max(x);
                     }
                 }
-                m = m.max(warp::shfl_xor_f32(u32::MAX, m, 1));
-                m = m.max(warp::shfl_xor_f32(u32::MAX, m, 2));
-                let mut z = 0.0f32;
-                for (nj, frag) in row.iter().enumerate() {
-                    for e in 0..2 {
-                        let t = math::exp_fast(frag[2 * h + e] - m);
-                        z += if col(nj, e) < dout { t } else { 0.0 };
-                    }
+            }
+            m = m.max(warp::shfl_xor_f32(u32::MAX, m, 1));
+            m = m.max(warp::shfl_xor_f32(u32::MAX, m, 2));
+            let mut z = 0.0f32;
+            for (nj, pair) in slab.iter().enumerate() {
+                for (c, &x) in pair.iter().enumerate() {
+                    let t = math::exp_fast(x - m);
+                    z += if h.at(s, nj, c).1 < dout { t } else { 0.0 };
                 }
-                z += warp::shfl_xor_f32(u32::MAX, z, 1);
-                z += warp::shfl_xor_f32(u32::MAX, z, 2);
-                let r = r0 + 16 * mi as u32 + lane / 4 + 8 * h as u32;
-                if lane % 4 == 0 && r < cfg.batch && p < np {
-                    let at = (2 * (r * np + p)) as usize;
-                    unsafe {
-                        b.row_stats.write(at, m);
-                        b.row_stats.write(at + 1, z);
-                    }
+            }
+            z += warp::shfl_xor_f32(u32::MAX, z, 1);
+            z += warp::shfl_xor_f32(u32::MAX, z, 2);
+            let r = h.at(s, 0, 0).0;
+            if lane % 4 == 0 && r < cfg.batch && p < np {
+                let at = (2 * (r * np + p)) as usize;
+                unsafe {
+                    b.row_stats.write(at, m);
+                    b.row_stats.write(at + 1, z);
                 }
             }
         }
@@ -651,102 +747,93 @@ mod dev {
         }
     }
 
-    /// Stores this warp's accumulators of instruction `i` (live outputs only): the forward's ReLU on
-    /// hidden layers, the input gradient's ReLU derivative, the weight gradient as is, or the fused
-    /// update's new weights (and velocities). The last layer's forward under cross-entropy also
-    /// writes its rows' partial statistics ([`write_loss_partials`]).
+    /// `f(row, column, value, [s][nj][c])` for every element of a group's [`Half`].
+    #[inline(always)]
+    fn for_each_in_half<const MT: usize, const NT: usize>(
+        mine: &Half<MT, NT>,
+        h: HalfAt,
+        mut f: impl FnMut(u32, u32, f32, (usize, usize, usize)),
+    ) {
+        for (s, slab) in mine.iter().enumerate() {
+            for (nj, pair) in slab.iter().enumerate() {
+                for (c, &v) in pair.iter().enumerate() {
+                    let (r, col) = h.at(s, nj, c);
+                    f(r, col, v, (s, nj, c));
+                }
+            }
+        }
+    }
+
+    /// Stores the group's [`Half`] of instruction `i` (live outputs only): the forward's ReLU on
+    /// hidden layers, the input gradient's ReLU derivative, the weight gradient as is, or the
+    /// fused update's new weights (and velocities), the last two with the values in `pre`. The
+    /// last layer's forward under cross-entropy also writes its rows' partial statistics
+    /// ([`write_loss_partials`]). One loop per opcode, each small enough to unroll fully (so the
+    /// arrays stay in registers).
     #[inline(always)]
     unsafe fn epilogue<const MT: usize, const NT: usize>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         lt: Layers,
         i: &Instruction,
-        acc: &[[[f32; 4]; NT]; MT],
+        mine: &Half<MT, NT>,
+        pre: &Prefetched<MT, NT>,
     ) {
-        let (lane, w) = (thread::lane_id(), thread::warp_id());
         let l = i.layer;
         let (din, dout) = (lt.dim(l), lt.dim(l + 1));
         let (pin, pout) = (pitch(din), pitch(dout));
         let (w_off, a_in, a_out) = (lt.w_off(l), lt.a_off(l), lt.a_off(l + 1));
-        let r0 = i.tile_row * cfg.tile + (w / 2) * 16 * MT as u32;
-        let c0 = i.tile_col * cfg.tile + (w % 2) * 8 * NT as u32;
         let hidden = l + 1 < cfg.layers;
-        let at = |mi: usize, nj: usize, e: usize| {
-            let (fr, fc) = mma::m16n8_c(lane, e as u32);
-            (r0 + 16 * mi as u32 + fr, c0 + 8 * nj as u32 + fc)
-        };
-        // The input gradient's ReLU mask, every load issued before the first store: as far as the
-        // compiler knows a store to `grad` may change `act`, so loads interleaved with the stores
-        // would each wait out a global-memory latency in turn.
-        let mut live = [[[true; 4]; NT]; MT];
-        // The fused update's old weights and velocities, loaded before any store for the same reason.
-        let mut old = [[[0.0f32; 4]; NT]; MT];
-        let mut vel = [[[0.0f32; 4]; NT]; MT];
-        let momentum = cfg.momentum != 0.0;
-        if i.opcode == opcode::LINEAR_BWD_WEIGHT_SGD {
-            for mi in 0..MT {
-                for nj in 0..NT {
-                    for e in 0..4 {
-                        let (r, c) = at(mi, nj, e);
+        let h = HalfAt::new::<MT, NT>(cfg, i);
+        match i.opcode {
+            opcode::LINEAR_FWD => {
+                if !hidden && cfg.loss != loss::MSE {
+                    unsafe { write_loss_partials::<MT, NT>(b, cfg, i, dout, mine) };
+                }
+                for_each_in_half(mine, h, |r: u32, c: u32, v: f32, _| {
+                    if r < cfg.batch && c < dout {
+                        unsafe { b.act.write((a_out + r * pout + c) as usize, if hidden { v.max(0.0) } else { v }) };
+                    }
+                });
+            }
+            opcode::LINEAR_BWD_INPUT => for_each_in_half(mine, h, |r: u32, c: u32, v: f32, (s, nj, k)| {
+                if r < cfg.batch && c < din {
+                    let live = pre.x[s][nj][k] > 0.0;
+                    unsafe { b.grad.write((a_in + r * pin + c) as usize, if live { v } else { 0.0 }) };
+                }
+            }),
+            opcode::LINEAR_BWD_WEIGHT => for_each_in_half(mine, h, |r: u32, c: u32, v: f32, _| {
+                if r < dout && c < din {
+                    unsafe { b.dw.write((w_off + r * pin + c) as usize, v) };
+                }
+            }),
+            opcode::LINEAR_BWD_WEIGHT_SGD => {
+                // SGD_UPDATE's arithmetic, on the accumulator instead of dW; the velocities are
+                // all loaded before the first store (as far as the compiler knows, a store to
+                // `weights` may change `velocity`, so interleaved loads would each wait in turn)
+                let mut vel = [[[0.0f32; 2]; NT]; MT];
+                if cfg.momentum != 0.0 {
+                    for_each_in_half(mine, h, |r: u32, c: u32, _, (s, nj, k)| {
                         if r < dout && c < din {
-                            let j = (w_off + r * pin + c) as usize;
-                            old[mi][nj][e] = unsafe { b.weights.as_const().read(j) };
-                            if momentum {
-                                vel[mi][nj][e] = unsafe { b.velocity.as_const().read(j) };
-                            }
+                            vel[s][nj][k] = unsafe { b.velocity.as_const().read((w_off + r * pin + c) as usize) };
                         }
-                    }
+                    });
                 }
-            }
-        }
-        if i.opcode == opcode::LINEAR_FWD && !hidden && cfg.loss != loss::MSE {
-            unsafe { write_loss_partials::<MT, NT>(b, cfg, i, dout, acc) };
-        }
-        if i.opcode == opcode::LINEAR_BWD_INPUT {
-            for (mi, row) in live.iter_mut().enumerate() {
-                for (nj, frag) in row.iter_mut().enumerate() {
-                    for (e, v) in frag.iter_mut().enumerate() {
-                        let (r, c) = at(mi, nj, e);
-                        if r < cfg.batch && c < din {
-                            *v = unsafe { b.act.as_const().read((a_in + r * pin + c) as usize) } > 0.0;
-                        }
+                for_each_in_half(mine, h, |r: u32, c: u32, v: f32, (s, nj, k)| {
+                    if r < dout && c < din {
+                        let j = (w_off + r * pin + c) as usize;
+                        let step = if cfg.momentum != 0.0 {
+                            let st = cfg.momentum * vel[s][nj][k] + v;
+                            unsafe { b.velocity.write(j, st) };
+                            st
+                        } else {
+                            v
+                        };
+                        unsafe { b.weights.write(j, pre.x[s][nj][k] - cfg.lr * step) };
                     }
-                }
+                })
             }
-        }
-        for (mi, row) in acc.iter().enumerate() {
-            for (nj, frag) in row.iter().enumerate() {
-                for (e, &v) in frag.iter().enumerate() {
-                    let (r, c) = at(mi, nj, e);
-                    unsafe {
-                        match i.opcode {
-                            opcode::LINEAR_FWD if r < cfg.batch && c < dout => {
-                                b.act.write((a_out + r * pout + c) as usize, if hidden { v.max(0.0) } else { v })
-                            }
-                            opcode::LINEAR_BWD_INPUT if r < cfg.batch && c < din => {
-                                let j = a_in + r * pin + c;
-                                b.grad.write(j as usize, if live[mi][nj][e] { v } else { 0.0 })
-                            }
-                            opcode::LINEAR_BWD_WEIGHT if r < dout && c < din => {
-                                b.dw.write((w_off + r * pin + c) as usize, v)
-                            }
-                            opcode::LINEAR_BWD_WEIGHT_SGD if r < dout && c < din => {
-                                // SGD_UPDATE's arithmetic, on the accumulator instead of dW
-                                let j = (w_off + r * pin + c) as usize;
-                                let step = if momentum {
-                                    let s = cfg.momentum * vel[mi][nj][e] + v;
-                                    b.velocity.write(j, s);
-                                    s
-                                } else {
-                                    v
-                                };
-                                b.weights.write(j, old[mi][nj][e] - cfg.lr * step)
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-            }
+            _ => {}
         }
     }
 
@@ -777,54 +864,58 @@ mod dev {
             let product = product(cfg, lt, &ins);
             let is_product = product.is_some();
             if let Some(p) = product {
+                let mut pre = Prefetched::<MT, NT>::new();
+                if ins.opcode == opcode::LINEAR_BWD_WEIGHT_SGD {
+                    unsafe { pre.load_weights(b, cfg, lt, &ins) };
+                }
+                let mut on_first = || {
+                    if ins.opcode == opcode::LINEAR_BWD_INPUT {
+                        unsafe { pre.load_act(b, cfg, lt, &ins) };
+                    }
+                };
+                let f = &mut on_first;
                 // one page loop per operand layout, so that none carries the other layout's loads
                 let ok = unsafe {
                     match (p.a_kmajor, p.b_kmajor) {
-                        (true, true) => tile_mma::<MT, NT, SPLIT, true, true>(b, cfg, sm, &p, &mut u, idx, &mut acc),
-                        (true, false) => tile_mma::<MT, NT, SPLIT, true, false>(b, cfg, sm, &p, &mut u, idx, &mut acc),
-                        (false, true) => tile_mma::<MT, NT, SPLIT, false, true>(b, cfg, sm, &p, &mut u, idx, &mut acc),
+                        (true, true) => tile_mma::<MT, NT, SPLIT, true, true>(b, cfg, sm, &p, &mut u, idx, &mut acc, f),
+                        (true, false) => {
+                            tile_mma::<MT, NT, SPLIT, true, false>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
+                        }
+                        (false, true) => {
+                            tile_mma::<MT, NT, SPLIT, false, true>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
+                        }
                         (false, false) => {
-                            tile_mma::<MT, NT, SPLIT, false, false>(b, cfg, sm, &p, &mut u, idx, &mut acc)
+                            tile_mma::<MT, NT, SPLIT, false, false>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
                         }
                     }
                 };
                 if !ok {
                     return;
                 }
-                // Group 1's sums through shared memory to group 0. The buffers alternate, so group 1
-                // may write the next product's while group 0 still reads these (it cannot get two
-                // products ahead: it meets group 0 here every product).
+                // Each group finishes its [`Half`] of the warp's square: it leaves the other
+                // half's sums in its region of a shared-memory buffer, the groups meet, and each
+                // adds the other's sums to its own half. The buffers alternate per product, so a
+                // group may write the next product's while the other still reads these (it cannot
+                // get two products ahead: the groups meet here every product).
                 let sums = sm.sums(products);
                 products += 1;
                 let j = t % (32 * GROUP_WARPS);
-                let at = |n: usize| sums + 4 * (n as u32 * 32 * GROUP_WARPS + j);
-                if group == 1 {
-                    for i in 0..MT {
-                        for jn in 0..NT {
-                            for e in 0..4 {
-                                let n = (i * NT + jn) * 4 + e;
-                                unsafe { shared::st_shared_b32(at(n), acc[i][jn][e].to_bits()) };
-                            }
-                        }
-                    }
+                let at = |g: u32, n: usize| sums + 4 * ((g * 2 * (MT * NT) as u32 + n as u32) * 32 * GROUP_WARPS + j);
+                let theirs = half::<MT, NT>(&acc, 1 - group);
+                let mut mine = half::<MT, NT>(&acc, group);
+                for (n, &v) in theirs.as_flattened().as_flattened().iter().enumerate() {
+                    unsafe { shared::st_shared_b32(at(group, n), v.to_bits()) };
                 }
                 if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } {
                     return;
                 }
-                if group == 0 {
-                    for i in 0..MT {
-                        for jn in 0..NT {
-                            for e in 0..4 {
-                                let n = (i * NT + jn) * 4 + e;
-                                acc[i][jn][e] += f32::from_bits(unsafe { shared::ld_shared_b32(at(n)) });
-                            }
-                        }
-                    }
-                    if t == 0 {
-                        unsafe { stamp(b, idx, trace::WORK_DONE) };
-                    }
-                    unsafe { epilogue::<MT, NT>(b, cfg, lt, &ins, &acc) };
+                for (n, v) in mine.as_flattened_mut().as_flattened_mut().iter_mut().enumerate() {
+                    *v += f32::from_bits(unsafe { shared::ld_shared_b32(at(1 - group, n)) });
                 }
+                if t == 0 {
+                    unsafe { stamp(b, idx, trace::WORK_DONE) };
+                }
+                unsafe { epilogue::<MT, NT>(b, cfg, lt, &ins, &mine, &pre) };
             } else {
                 if t == 0 {
                     let ok = unsafe {
@@ -920,13 +1011,11 @@ mod dev {
         let block = thread::block_idx_x();
         let (lo, hi) = unsafe { (b.sm_offsets.read(block as usize), b.sm_offsets.read(block as usize + 1)) };
         if thread::warp_id() >= CONSUMER_WARPS {
-            unsafe { wgmma::setmaxnreg_dec::<LOADER_REGS>() };
-            if thread::warp_id() == CONSUMER_WARPS && thread::lane_id() == 0 {
+            if thread::lane_id() == 0 {
                 unsafe { load_pages(b, cfg, sm, lt, lo, hi) };
             }
             return;
         }
-        unsafe { wgmma::setmaxnreg_inc::<CONSUMER_REGS>() };
         match (cfg.tile, cfg.precision == precision::TF32X3) {
             (32, false) => unsafe { consume::<1, 2, false>(b, cfg, sm, lt, lo, hi) },
             (32, true) => unsafe { consume::<1, 2, true>(b, cfg, sm, lt, lo, hi) },
@@ -940,14 +1029,13 @@ mod dev {
 /// block [`TC_THREADS`] (the launch bound: 168 registers each, as compiled; `setmaxnreg` then moves
 /// the run-time budget, see [`CONSUMER_REGS`]); dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. `cfg.tile` is one of [`TC_TILES`],
 /// `cfg.precision` [`precision::TF32`] or [`precision::TF32X3`].
-#[kernel(arch = "sm_90a", max_threads = 384)]
+#[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_tc(b: MegaBuffers, cfg: MegaConfig) {
     unsafe { dev::run(&b, &cfg) }
 }
 
 // The launch bound above is the block.
-const _: () = assert!(TC_THREADS == 384 && LOADER_WARPS == 4 && (CONSUMER_WARPS * 32).is_multiple_of(128));
-const _: () = assert!(LOADER_REGS * 32 * LOADER_WARPS + CONSUMER_REGS * 32 * CONSUMER_WARPS <= 65536);
+const _: () = assert!(TC_THREADS == 288 && (CONSUMER_WARPS * 32).is_multiple_of(128));
 // The sums go through exactly two groups (one writes, one adds).
 const _: () = assert!(PAGE_GROUPS == 2 && GROUP_WARPS == 4);
 // The page layout must hold the largest tile's two pages.
