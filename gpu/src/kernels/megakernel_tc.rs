@@ -428,7 +428,8 @@ mod dev {
     /// `(q / 2) 16 MT`, column `(q % 2) 8 NT` of the tile), summed over its group's pages
     /// ([`page_group`]). Steps through the product's pages from use `*u` on; `on_first` runs once
     /// the group's first page has arrived (the producers' stores are then visible, see
-    /// [`Prefetched`]). False when the step was given up.
+    /// [`Prefetched`]), and not at all in a group that has no page. False when the step was given
+    /// up.
     #[inline(always)]
     unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool, const AK: bool, const BK: bool>(
         b: &MegaBuffers,
@@ -911,6 +912,11 @@ mod dev {
                 }
                 for (n, v) in mine.as_flattened_mut().as_flattened_mut().iter_mut().enumerate() {
                     *v += f32::from_bits(unsafe { shared::ld_shared_b32(at(1 - group, n)) });
+                }
+                if p.k.div_ceil(PAGE_K) <= group && ins.opcode == opcode::LINEAR_BWD_INPUT {
+                    // A group with no page of its own (k of one page) never ran `on_first`; the
+                    // rendezvous just met orders its loads after the other group's first page.
+                    unsafe { pre.load_act(b, cfg, lt, &ins) };
                 }
                 if t == 0 {
                     unsafe { stamp(b, idx, trace::WORK_DONE) };
