@@ -2,9 +2,11 @@
 //! and stall records as [`megakernel_step`](super::megakernel_step); the products run on tensor
 //! cores from shared-memory pages that a loader warp fills with TMA while the consumers compute.
 //!
-//! - Block: [`CONSUMER_WARPS`] consumer warps (threads `0..256`, two warpgroups) and a loader
-//!   warpgroup (lane 0 of its first warp works, the others leave at once; the consumers take its
-//!   registers with `setmaxnreg`). Both walk the block's instruction list in order.
+//! - Block: [`CONSUMER_WARPS`] consumer warps (threads `0..256`, two warpgroups) and one loader
+//!   warp (its lane 0 works, the others leave at once). Both walk the block's instruction list in
+//!   order. (Nine warps put three on one scheduler, so ptxas budgets 168 registers a thread: the
+//!   same as with a loader warpgroup handing its registers over with `setmaxnreg`, which this
+//!   kernel used until run 98 and which bought nothing as compiled.)
 //! - Pages: a ring of [`PAGE_STAGES`] stages in dynamic shared memory, each an A page and a B page
 //!   of `tile x PAGE_K` f32 (128-byte swizzled), with a *ready* barrier (count
 //!   [`PAGE_READY_ARRIVALS`]: the loader's `arrive.expect_tx`, completed by the bytes) and a *free*
@@ -25,10 +27,13 @@
 //!   ([`precision::TF32`]: one product;
 //!   [`precision::TF32X3`]: the inputs split into tf32 head and tail, three products, tail terms
 //!   first). The page loop is compiled once per operand layout (K-major or M-major A and B).
-//!   Group 1 then leaves its sums in shared memory (two buffers, alternating per product), the
-//!   consumers meet, and group 0 adds them and runs the epilogue (ReLU, the ReLU derivative, the
-//!   fused update) straight from the accumulators. Loss gradients and SGD updates run on all 256
-//!   consumer threads after consumer thread 0 has waited for their counters.
+//!   Each group then finishes half of every warp square (its `Half`): it leaves the other half's
+//!   sums in shared memory (two buffers, alternating per product), the consumers meet, and each
+//!   group adds the other's sums to its half and runs the epilogue on it (ReLU, the ReLU
+//!   derivative, the fused update) straight from the accumulators, so all eight warps store. The
+//!   global values an epilogue reads (the ReLU mask, the old weights) are loaded while the pages
+//!   stream in (`Prefetched`). Loss gradients and SGD updates run on all 256 consumer threads
+//!   after consumer thread 0 has waited for their counters.
 //! - Publishing: every consumer thread fences its stores for the async proxy (another block's TMA
 //!   reads them next), the consumers meet at a rendezvous barrier, and consumer thread 0 signals.
 //! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
@@ -1032,8 +1037,8 @@ mod dev {
 }
 
 /// One training step on the tensor-core data path (see the module docs). Grid: one block per SM;
-/// block [`TC_THREADS`] (the launch bound: 168 registers each, as compiled; `setmaxnreg` then moves
-/// the run-time budget, see [`CONSUMER_REGS`]); dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. `cfg.tile` is one of [`TC_TILES`],
+/// block [`TC_THREADS`] (the launch bound; ptxas budgets 168 registers each, three of the nine
+/// warps sharing a scheduler); dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. `cfg.tile` is one of [`TC_TILES`],
 /// `cfg.precision` [`precision::TF32`] or [`precision::TF32X3`].
 #[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_tc(b: MegaBuffers, cfg: MegaConfig) {
