@@ -50,13 +50,15 @@ use crate::megakernel::{
 
 /// Warps of the loader: one, whose lane 0 issues every load (the other lanes leave at once).
 const LOADER_WARPS: u32 = 1;
-/// Threads per block: the consumer warps and the loader warp. Nine warps let ptxas give each
-/// thread up to 224 registers (`65536 / 288`, rounded down to a multiple of 8).
+/// Threads per block: the consumer warps and the loader warp. (ptxas budgets 168 registers a
+/// thread for it: each scheduler's quarter of the register file, 16 384, shared by up to three of
+/// the nine warps.)
 pub const TC_THREADS: u32 = 32 * (CONSUMER_WARPS + LOADER_WARPS);
 /// Largest tile.
 const MAX_TILE: u32 = TC_TILES[TC_TILES.len() - 1];
-/// After the stages, two buffers for group 1's partial sums of the largest tile (one f32 per
-/// output), used by alternate products.
+/// After the stages, two buffers (used by alternate products) for the sums the page groups hand
+/// each other: in each, a region per group holding the other group's half of the largest tile (one
+/// f32 per output).
 const SUMS: u32 = STAGE_BYTES * PAGE_STAGES;
 const SUMS_BYTES: u32 = 4 * MAX_TILE * MAX_TILE;
 /// Barriers: ready and free per stage, then the consumers' rendezvous.
@@ -609,7 +611,7 @@ mod dev {
             Prefetched { x: [[[0.0f32; 2]; NT]; MT] }
         }
 
-        /// The fused update's old weights (and velocities, with momentum).
+        /// The fused update's old weights.
         #[inline(always)]
         unsafe fn load_weights(&mut self, b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) {
             let l = i.layer;
