@@ -169,6 +169,11 @@ fn tests() -> Vec<GpuTest> {
             available: mega_tc,
             run: megakernel_page_fault_stalls,
         },
+        GpuTest {
+            name: "gpu::megakernel_too_deep_for_shared_memory_is_an_error_sm90",
+            available: mega_tc,
+            run: megakernel_too_deep,
+        },
         GpuTest { name: "gpu::megakernel_trains_the_main_job", available: any, run: megakernel_main_job },
         GpuTest { name: "gpu::sgemm_layouts_read_transposes_in_place", available: any, run: sgemm_layouts_case },
         GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
@@ -2082,6 +2087,38 @@ fn megakernel_page_fault_stalls(dev: &Device) -> Outcome {
     gpu.set_extra_free_arrivals(0);
     gpu.step(&inp).map_err(|e| format!("a correct step after the stall: {e}"))?;
     vector_add_matches_cpu(dev)
+}
+
+/// A model whose layer table would push the tensor-core kernel's shared memory past the device's
+/// opt-in limit (12 bytes a layer after the page ring: a few hundred layers) is refused by
+/// `GpuStep::new` with a typed error that says what to change; the deepest model that fits runs.
+fn megakernel_too_deep(dev: &Device) -> Outcome {
+    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+    use kiln::gpu::kernels::megakernel_tc::tc_smem_bytes;
+    use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build};
+    let max_smem = dev.attribute(OPTIN).map_err(err)?.max(0) as u32;
+    let fits = (1..4096u32).take_while(|&l| tc_smem_bytes(l) <= max_smem).last().ok_or("no depth fits")?;
+    for (layers, ok) in [(fits, true), (fits + 1, false)] {
+        let shape = MlpShape { batch: 2, dims: vec![3; layers as usize + 1] };
+        let schedule = build(&shape, 4, DataPath::Tf32).map_err(err)?;
+        match (GpuStep::new(dev_arc()?, &schedule, &mk_weights(&shape.dims, 3), DataPath::Tf32), ok) {
+            (Ok(mut gpu), true) => {
+                let x = vec![0.5f32; 2 * 3];
+                let inp = StepInputs { x: &x, y: &[], classes: &[0, 1], loss: Loss::CrossEntropy, lr: 0.1, momentum: 0.0 };
+                gpu.step(&inp).map_err(|e| format!("{layers} layers (the deepest that fits): {e}"))?;
+            }
+            (Err(kiln::Error::Unsupported { what, .. }), false)
+                if what.contains(&format!("{layers} layers")) && what.contains("use fewer layers") => {}
+            (other, _) => {
+                return Err(format!(
+                    "{layers} layers ({} bytes of shared memory, the device allows {max_smem}): got {:?}",
+                    tc_smem_bytes(layers),
+                    other.map(|_| "a step")
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn megakernel_main_job(_: &Device) -> Outcome {
