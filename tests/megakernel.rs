@@ -242,9 +242,9 @@ impl Barrier {
 }
 
 /// The page ring's protocol run on the host with the kernel's constants and parity functions: a
-/// loader, the `GROUP_WARPS` consumer warps of each page's group and TMA completions interleaved at random over `uses` page
-/// uses. Returns the use at which everything stopped (`uses` when all consumed) and checks that
-/// every consumer read the bytes of the use it waited for.
+/// loader, the `GROUP_WARPS` consumer warps of each page's group and TMA completions interleaved
+/// at random over `uses` page uses. Returns the use at which everything stopped (`uses` when all
+/// consumed) and checks that every consumer read the bytes of the use it waited for.
 fn run_page_ring(uses: u32, free_arrivals: u32, seed: u64) -> (u32, Option<(u32, u32)>) {
     use kiln::gpu::megakernel::{
         GROUP_WARPS, PAGE_READY_ARRIVALS, PAGE_STAGES, free_parity, page_slot, ready_parity, stage_tx_bytes,

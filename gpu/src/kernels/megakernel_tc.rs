@@ -37,7 +37,7 @@
 //! - Publishing: every consumer thread fences its stores for the async proxy (another block's TMA
 //!   reads them next), the consumers meet at a rendezvous barrier, and consumer thread 0 signals.
 //! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
-//!   block has raised the abort flag. The consumers meet on an mbarrier (all 128 arrive) rather than `bar.sync`,
+//!   block has raised the abort flag. The consumers meet on an mbarrier (all 256 arrive) rather than `bar.sync`,
 //!   so a warp that gave up can never strand the others. A stall writes the waiter's record (the
 //!   loader's and the consumers' are separate): instruction, page slot and barrier kind, parity.
 //! - Traced steps ([`MegaBuffers::trace`] set): the loader and consumer thread 0 stamp each
@@ -119,7 +119,8 @@ mod dev {
         fn rendezvous(self) -> u32 {
             self.base + BARRIERS + 8 * (2 * PAGE_STAGES)
         }
-        /// Group 1's sums for the `n`-th product of the block (buffer `n % 2`).
+        /// The sums the page groups hand each other for the `n`-th product of the block (buffer
+        /// `n % 2`, a region per group).
         fn sums(self, n: u32) -> u32 {
             self.base + SUMS + (n % 2) * SUMS_BYTES
         }
@@ -706,7 +707,7 @@ mod dev {
     }
 
     /// The cross-entropy statistics of a loss tile's rows from the last forward's partials
-    /// ([`write_loss_partials`]): `T = 128 / tile` neighbouring consumer threads per row, thread
+    /// ([`write_loss_partials`]): `T = CONSUMERS / tile` (256 / tile) neighbouring consumer threads per row, thread
     /// `t` taking partials `t % T, t % T + T, ...` of row `t / T`, [`PARTIAL_LOADS`] of them loaded
     /// at a time; then the `T` lanes combine by shuffles and the first writes the row's maximum to
     /// `stats[r]` and its sum to `stats[tile + r]`.
