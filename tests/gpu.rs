@@ -2104,7 +2104,8 @@ fn megakernel_too_deep(dev: &Device) -> Outcome {
         match (GpuStep::new(dev_arc()?, &schedule, &mk_weights(&shape.dims, 3), DataPath::Tf32), ok) {
             (Ok(mut gpu), true) => {
                 let x = vec![0.5f32; 2 * 3];
-                let inp = StepInputs { x: &x, y: &[], classes: &[0, 1], loss: Loss::CrossEntropy, lr: 0.1, momentum: 0.0 };
+                let inp =
+                    StepInputs { x: &x, y: &[], classes: &[0, 1], loss: Loss::CrossEntropy, lr: 0.1, momentum: 0.0 };
                 gpu.step(&inp).map_err(|e| format!("{layers} layers (the deepest that fits): {e}"))?;
             }
             (Err(kiln::Error::Unsupported { what, .. }), false)

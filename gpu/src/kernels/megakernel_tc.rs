@@ -561,7 +561,9 @@ mod dev {
             core::array::from_fn(|nj| {
                 core::array::from_fn(|c| {
                     // MT = 2: tile g, register pair s; MT = 1: tile 0, register pair g
-                    let (x, y) = if MT == 2 { (acc[0][nj][2 * s + c], acc[1 % MT][nj][2 * s + c]) } else {
+                    let (x, y) = if MT == 2 {
+                        (acc[0][nj][2 * s + c], acc[1 % MT][nj][2 * s + c])
+                    } else {
                         (acc[0][nj][c], acc[0][nj][2 + c])
                     };
                     if g == 0 { x } else { y }
