@@ -135,29 +135,40 @@ fn main() {
         (256, 256, 65536),
     ];
     if want("tc") {
-        // The ceiling the mma.sync rungs climb towards: register-only products, no memory.
-        use kiln::gpu::kernels::mma_tile::{MmaSyncPeakBf16, PEAK_MMAS_PER_ITER};
+        // The ceilings the mma.sync rungs (bf16) and the megakernel (tf32) climb towards:
+        // register-only products, no memory.
+        use kiln::gpu::kernels::mma_tile::{MmaSyncPeakBf16, MmaSyncPeakTf32, PEAK_MMAS_PER_ITER};
         let sms = dev.sm_count().expect("SM count") as u32;
         let iters = 4096u32;
-        for blocks_per_sm in [1u32, 2] {
-            let blocks = sms * blocks_per_sm;
-            let mut out = dev.zeros::<f32>((blocks * 8) as usize).expect("alloc");
-            let cfg =
-                kiln::cuda::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let ms = median_ms(&dev, || {
-                // SAFETY: out holds one float per warp of the grid.
-                unsafe { dev.launch(MmaSyncPeakBf16, cfg, (out.ptr_mut(), iters)) }.expect("mma peak")
-            });
-            let flops = (blocks * 8) as f64 * (2 * 16 * 8 * 16 * PEAK_MMAS_PER_ITER) as f64 * iters as f64;
-            let tf = flops / ms / 1e9;
-            println!(
-                "mma.sync bf16 register-only ceiling, {blocks_per_sm} block(s) of 8 warps per SM: {tf:.1} TFLOP/s"
-            );
-            json += &format!(
-                "{}{{\"m\":0,\"n\":0,\"k\":0,\"kernel\":\"mma_sync_peak_bf16_{blocks_per_sm}x8warps\",\"ms\":{ms:.4},\"tflops\":{tf:.3},\"cublas_tflops\":0}}",
-                if first { "" } else { "," }
-            );
-            first = false;
+        for (dtype, k) in [("bf16", 16u64), ("tf32", 8)] {
+            for blocks_per_sm in [1u32, 2] {
+                let blocks = sms * blocks_per_sm;
+                let mut out = dev.zeros::<f32>((blocks * 8) as usize).expect("alloc");
+                let cfg =
+                    kiln::cuda::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                let ms = median_ms(&dev, || {
+                    let args = (out.ptr_mut(), iters);
+                    // SAFETY: out holds one float per warp of the grid.
+                    unsafe {
+                        if k == 16 {
+                            dev.launch(MmaSyncPeakBf16, cfg, args)
+                        } else {
+                            dev.launch(MmaSyncPeakTf32, cfg, args)
+                        }
+                    }
+                    .expect("mma peak")
+                });
+                let flops = (blocks * 8) as f64 * (2 * 16 * 8 * k * PEAK_MMAS_PER_ITER as u64) as f64 * iters as f64;
+                let tf = flops / ms / 1e9;
+                println!(
+                    "mma.sync {dtype} register-only ceiling, {blocks_per_sm} block(s) of 8 warps per SM: {tf:.1} TFLOP/s"
+                );
+                json += &format!(
+                    "{}{{\"m\":0,\"n\":0,\"k\":0,\"kernel\":\"mma_sync_peak_{dtype}_{blocks_per_sm}x8warps\",\"ms\":{ms:.4},\"tflops\":{tf:.3},\"cublas_tflops\":0}}",
+                    if first { "" } else { "," }
+                );
+                first = false;
+            }
         }
     }
     for &(m, n, k) in tc_sizes.iter().filter(|_| want("tc")).filter(keep) {

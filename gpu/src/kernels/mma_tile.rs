@@ -159,21 +159,23 @@ pub unsafe fn mma_tile_tf32(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMu
     store_c(c, s, m0, n0, lane, acc);
 }
 
-/// Independent `m16n8k16` bf16 products per warp per iteration of [`mma_sync_peak_bf16`].
+/// Independent `mma.sync` products per warp per iteration of [`mma_sync_peak_bf16`] and
+/// [`mma_sync_peak_tf32`].
 pub const PEAK_MMAS_PER_ITER: u32 = 32;
 
-/// The `mma.sync` ceiling: every warp runs `iters` x [`PEAK_MMAS_PER_ITER`] bf16 `m16n8k16`
-/// products on register fragments (a 4 x 8 grid of accumulators, the wide GEMM's warp tile), with
-/// no memory traffic, and lane 0 of each warp writes one sum to `out[global warp]` so the work is
-/// kept. FLOPs: `2 * 16 * 8 * 16 * PEAK_MMAS_PER_ITER * iters` per warp. Any grid; blocks of any
-/// warp count (the benchmark uses 256 threads, as the GEMM).
-#[kernel(max_threads = 256)]
-pub unsafe fn mma_sync_peak_bf16(out: DevicePtrMut<f32>, iters: u32) {
-    let lane = thread::lane_id();
-    // fragments that stay finite: bf16 pairs of small values made from the lane
-    let x = 0x3c00_3c00u32 ^ (lane & 7); // about (1.0, 1.0) bf16, perturbed in the last bits
-    let fa = [[x; 4], [x ^ 1; 4], [x ^ 2; 4], [x ^ 3; 4]];
-    let fb = [x ^ 4; 2];
+/// The body of the `mma.sync` ceilings: `iters` x [`PEAK_MMAS_PER_ITER`] products on register
+/// fragments (a 4 x 8 grid of accumulators, the wide GEMM's warp tile: A fragment `fa[mi]`, the one
+/// B fragment `fb`), with no memory traffic; lane 0 of each warp writes one sum to `out[global
+/// warp]` so the work is kept.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn mma_sync_peak<A: Copy, B: Copy>(
+    out: DevicePtrMut<f32>,
+    iters: u32,
+    fa: [A; 4],
+    fb: B,
+    product: impl Fn(A, B, [f32; 4]) -> [f32; 4],
+) {
     let mut acc = [[[0.0f32; 4]; 8]; 4];
     let mut it = 0;
     while it < iters {
@@ -181,7 +183,7 @@ pub unsafe fn mma_sync_peak_bf16(out: DevicePtrMut<f32>, iters: u32) {
         while mi < 4 {
             let mut ni = 0;
             while ni < 8 {
-                acc[mi][ni] = mma::mma_m16n8k16_bf16(fa[mi], fb, acc[mi][ni]);
+                acc[mi][ni] = product(fa[mi], fb, acc[mi][ni]);
                 ni += 1;
             }
             mi += 1;
@@ -198,8 +200,30 @@ pub unsafe fn mma_sync_peak_bf16(out: DevicePtrMut<f32>, iters: u32) {
         }
         mi += 1;
     }
-    if lane == 0 {
+    if thread::lane_id() == 0 {
         let warp = thread::block_idx_x() * (thread::block_dim_x() / 32) + thread::warp_id();
         unsafe { out.write(warp as usize, sum) };
     }
+}
+
+/// The bf16 `mma.sync` ceiling: every warp runs `iters` x [`PEAK_MMAS_PER_ITER`] `m16n8k16`
+/// products on register fragments (see `mma_sync_peak`). FLOPs: `2 * 16 * 8 * 16 *
+/// PEAK_MMAS_PER_ITER * iters` per warp. Any grid; blocks of any warp count (the benchmark uses 256
+/// threads, as the GEMM).
+#[kernel(max_threads = 256)]
+pub unsafe fn mma_sync_peak_bf16(out: DevicePtrMut<f32>, iters: u32) {
+    // fragments that stay finite: bf16 pairs of small values made from the lane
+    let x = 0x3c00_3c00u32 ^ (thread::lane_id() & 7); // about (1.0, 1.0) bf16, perturbed in the last bits
+    let fa = [[x; 4], [x ^ 1; 4], [x ^ 2; 4], [x ^ 3; 4]];
+    unsafe { mma_sync_peak(out, iters, fa, [x ^ 4; 2], mma::mma_m16n8k16_bf16) };
+}
+
+/// The tf32 `mma.sync` ceiling, as [`mma_sync_peak_bf16`] with `m16n8k8` tf32 products (the
+/// megakernel's instruction). FLOPs: `2 * 16 * 8 * 8 * PEAK_MMAS_PER_ITER * iters` per warp.
+#[kernel(max_threads = 256)]
+pub unsafe fn mma_sync_peak_tf32(out: DevicePtrMut<f32>, iters: u32) {
+    // about 1/64 in tf32, perturbed in the lowest kept mantissa bits, so the sums stay finite
+    let x = 0x3c80_0000u32 ^ ((thread::lane_id() & 7) << 13);
+    let fa = [[x; 4], [x ^ (1 << 14); 4], [x ^ (1 << 15); 4], [x ^ (3 << 14); 4]];
+    unsafe { mma_sync_peak(out, iters, fa, [x ^ (1 << 16); 2], mma::mma_m16n8k8_tf32) };
 }
