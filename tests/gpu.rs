@@ -165,6 +165,11 @@ fn tests() -> Vec<GpuTest> {
         },
         GpuTest { name: "gpu::megakernel_tc_random_shapes_sm90", available: mega_tc, run: megakernel_tc_random_shapes },
         GpuTest {
+            name: "gpu::megakernel_tf32_stores_its_operands_rounded_sm90",
+            available: mega_tc,
+            run: megakernel_tf32_operands_rounded,
+        },
+        GpuTest {
             name: "gpu::megakernel_page_fault_stalls_not_hangs_sm90",
             available: mega_tc,
             run: megakernel_page_fault_stalls,
@@ -1838,9 +1843,13 @@ fn megakernel_tc_matches(_: &Device) -> Outcome {
 }
 
 /// The tensor-core products checked tightly where no ReLU decision can flip above them: a linear
-/// model (forward and weight gradient) and one hidden layer (a flip there changes one weight row
-/// of the first layer, for one batch row: the allowed 0.5 % of outliers). 3xTF32: every weight
-/// within 2e-3 of the largest update (f32-like sums); tf32: within 5 % (10-bit inputs).
+/// model (forward and weight gradient) and one hidden layer (a unit that flips, in any batch row,
+/// changes that unit's weight row of the first layer and its column of the second). 3xTF32: every
+/// weight within 2e-3 of the largest update (f32-like sums), with 0.5 % outliers (one unit);
+/// tf32: within 5 % (10-bit inputs), with 1.5 % outliers (three units of [100, 257, 10]): its
+/// coarser sums flip two units now and then (`KILN_SEED=1795357508846178453`, run 110: 172
+/// weights of the first layer, 0.67 %, the same bits before and after the change that stores
+/// operands rounded; 0 of 16 other seeds).
 fn megakernel_tc_shallow(_: &Device) -> Outcome {
     use kiln::megakernel::{DataPath, Loss};
     let cases = [
@@ -1849,7 +1858,7 @@ fn megakernel_tc_shallow(_: &Device) -> Outcome {
         (130, vec![100, 257, 10], Loss::CrossEntropy, 0.5),
     ];
     let (x3, x1) =
-        (MegaBound::Update { frac: 2e-3, outliers: 0.005 }, MegaBound::Update { frac: 5e-2, outliers: 0.005 });
+        (MegaBound::Update { frac: 2e-3, outliers: 0.005 }, MegaBound::Update { frac: 5e-2, outliers: 0.015 });
     megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 3, x3, &BOTH_UPDATES)?;
     megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, x1, &BOTH_UPDATES)
 }
@@ -1962,6 +1971,59 @@ fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
                     return Err(format!(
                         "{path:?} tile {tile} layer {l} weight {i}: {} on {sms} SMs, {} in {what}",
                         a[i], other[i]
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The tf32 path's page loops read activations and gradients without rounding them (only the
+/// weights), so every one it stores for a later product must already be a tf32 value: after a
+/// step, `act[0]` is the batch rounded to nearest, every hidden activation and every computed
+/// gradient has its 13 low bits clear. The 3xTF32 path rounds nothing it stores: there `act[0]` is
+/// the batch bit for bit and some hidden activation keeps low bits.
+fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
+    use kiln::gpu::convert::tf32_round_host;
+    use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build_with_tile};
+    let (sms, shared) = (dev.sm_count().map_err(err)?, Device::shared().map_err(err)?);
+    let (mut rng, _) = testing::rng();
+    let cases = [(100usize, vec![37usize, 130, 65, 10], Loss::CrossEntropy), (70, vec![129, 64, 33], Loss::Mse)];
+    for (batch, dims, loss) in cases {
+        let shape = MlpShape { batch, dims: dims.clone() };
+        let layers = shape.layers();
+        let x = testing::uniform(&mut rng, batch * dims[0]);
+        let y = testing::uniform(&mut rng, batch * dims[layers]);
+        let classes: Vec<usize> = (0..batch).map(|i| (i * 3) % dims[layers]).collect();
+        let inp = StepInputs { x: &x, y: &y, classes: &classes, loss, lr: 0.05, momentum: 0.0 };
+        for path in [DataPath::Tf32, DataPath::Tf32x3] {
+            for &tile in path.tiles() {
+                let schedule = build_with_tile(&shape, sms, tile, kiln::megakernel::Updates::Fused).map_err(err)?;
+                let mut gpu = GpuStep::new(shared.clone(), &schedule, &mk_weights(&dims, 3), path).map_err(err)?;
+                gpu.step(&inp).map_err(err)?;
+                let (act, grad) = (gpu.activations().map_err(err)?, gpu.activation_grads().map_err(err)?);
+                let what = format!("{path:?} {dims:?} {loss:?} tile {tile}");
+                let want0: Vec<f32> =
+                    if path == DataPath::Tf32 { x.iter().map(|&v| tf32_round_host(v)).collect() } else { x.clone() };
+                if let Some(i) = act[0].iter().zip(&want0).position(|(g, w)| g.to_bits() != w.to_bits()) {
+                    return Err(format!(
+                        "{what}: act[0][{i}] = {:e}, want {:e} (batch {:e})",
+                        act[0][i], want0[i], x[i]
+                    ));
+                }
+                let low = |v: f32| v.to_bits() & 0x1fff != 0;
+                if path == DataPath::Tf32 {
+                    let stored =
+                        (1..layers).map(|l| ("act", l, &act[l])).chain((1..=layers).map(|l| ("grad", l, &grad[l])));
+                    for (name, l, v) in stored {
+                        if let Some(i) = v.iter().position(|&v| low(v)) {
+                            return Err(format!("{what}: {name}[{l}][{i}] = {:e} is not a tf32 value", v[i]));
+                        }
+                    }
+                } else if !act[1..layers].iter().flatten().any(|&v| low(v)) {
+                    return Err(format!(
+                        "{what}: every hidden activation is a tf32 value; 3xTF32 should keep f32 ones"
                     ));
                 }
             }

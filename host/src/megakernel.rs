@@ -30,7 +30,9 @@ pub enum DataPath {
     /// bit-identical to [`interpret`]. Tiles 16, 32, 64.
     CudaCores,
     /// `megakernel_step_tc` (sm_90): TMA pages, a loader warp, `mma.sync` with inputs rounded to
-    /// tf32 (about 3 decimal digits per input, as PyTorch's `allow_tf32`). Tiles 32, 64.
+    /// tf32 (about 3 decimal digits per input, as PyTorch's `allow_tf32`; to nearest, ties to even).
+    /// The activations and gradients are stored rounded (the values the products use), so
+    /// [`GpuStep::activations`] reads tf32 values, all but the outputs. Tiles 32, 64.
     Tf32,
     /// `megakernel_step_tc` with 3xTF32 products (each input split into a tf32 head and tail):
     /// about f32 accuracy. The default. Tiles 32, 64.
@@ -774,7 +776,13 @@ impl GpuStep {
             });
         }
         // The batch goes into layer 0's activations; the other layers are overwritten by the forward.
-        self.dev.write_prefix(&mut self.act, &pad_rows(inp.x, d0))?;
+        // The tf32 path keeps every stored product operand rounded to tf32 (its page loops read them
+        // without converting), so the batch is rounded here: the value its products would use.
+        let mut x = pad_rows(inp.x, d0);
+        if self.path == DataPath::Tf32 {
+            x.iter_mut().for_each(|v| *v = kiln_gpu::convert::tf32_round_host(*v));
+        }
+        self.dev.write_prefix(&mut self.act, &x)?;
         match inp.loss {
             Loss::Mse => self.dev.write_prefix(&mut self.y, inp.y)?,
             Loss::CrossEntropy => {
@@ -927,6 +935,40 @@ impl GpuStep {
         };
         let words = self.dev.download(buf)?;
         Ok(StepTrace::new(&self.listing, &words, self.sms))
+    }
+
+    /// The last step's activations, `act[0]` (the batch as the products read it) to `act[L]` (the
+    /// outputs), `batch x dims[l]` each (unpadded rows). On [`DataPath::Tf32`] every one but the
+    /// outputs is a tf32 value (rounded to nearest, ties to even).
+    pub fn activations(&mut self) -> Result<Vec<Vec<f32>>> {
+        self.check()?;
+        let flat = self.dev.download(&self.act)?;
+        Ok(self.per_layer_rows(&flat))
+    }
+
+    /// The last step's gradients of the loss by the activations, laid out as
+    /// [`GpuStep::activations`]; layer 0's (the batch's) is not computed and reads as zeros. On
+    /// [`DataPath::Tf32`] they are tf32 values.
+    pub fn activation_grads(&mut self) -> Result<Vec<Vec<f32>>> {
+        self.check()?;
+        let flat = self.dev.download(&self.grad)?;
+        Ok(self.per_layer_rows(&flat))
+    }
+
+    /// A buffer laid out as `act` (layer `l`: `batch` rows of `pitch(dims[l])`), split per layer
+    /// and unpadded.
+    fn per_layer_rows(&self, flat: &[f32]) -> Vec<Vec<f32>> {
+        let mut at = 0;
+        self.shape
+            .dims
+            .iter()
+            .map(|&d| {
+                let n = self.shape.batch * pitch(d as u32) as usize;
+                let layer = unpad_rows(&flat[at..at + n], d);
+                at += n;
+                layer
+            })
+            .collect()
     }
 
     /// The current weights, per layer (unpadded rows).

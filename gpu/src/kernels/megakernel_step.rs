@@ -368,7 +368,7 @@ unsafe fn run<const R: usize>(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction
                 loss_row_stats(b, cfg, i, tile, stats, MEGA_THREADS, t);
                 sync::sync_threads();
             }
-            loss_grad::<false>(b, cfg, i, tile, stats, MEGA_THREADS, t);
+            loss_grad::<false>(b, cfg, i, tile, stats, MEGA_THREADS, t, false);
         },
         opcode::SGD_UPDATE => unsafe { sgd_update(b, cfg, i, tile, MEGA_THREADS, thread::thread_idx_x()) },
         _ => {}
@@ -515,6 +515,9 @@ pub(crate) unsafe fn loss_row_stats(
 /// Cross-entropy reads its rows' statistics from `stats` (filled by the caller, behind a barrier:
 /// [`loss_row_stats`] or the tensor-core kernel's partials).
 ///
+/// `round` (the tensor-core kernel's tf32 path): each gradient is stored rounded to tf32, as the
+/// products that read it would round it.
+///
 /// `FAST` (the tensor-core kernel, whose results are not bit-compared with the interpreter):
 /// `exp` on the special-function unit ([`math::exp_fast`]) and a reciprocal for the division.
 /// Otherwise (the CUDA-core kernel) [`math::exp`] and true divisions, bit-identical to the
@@ -529,6 +532,7 @@ pub(crate) unsafe fn loss_grad<const FAST: bool>(
     stats: *const f32,
     threads: u32,
     t: u32,
+    round: bool,
 ) {
     let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
     let exp = |x: f32| if FAST { math::exp_fast(x) } else { math::exp(x) };
@@ -576,6 +580,7 @@ pub(crate) unsafe fn loss_grad<const FAST: bool>(
         for (g, &grad) in grad.iter().enumerate() {
             let (_, tr, tc, live) = at(g);
             if live {
+                let grad = if round { f32::from_bits(crate::convert::f32_to_tf32(grad)) } else { grad };
                 unsafe { b.grad.write((a_out + tr * pout + tc) as usize, grad) };
             }
         }

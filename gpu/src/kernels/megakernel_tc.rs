@@ -21,10 +21,12 @@
 //! - Consumers, per product: two groups of [`GROUP_WARPS`] warps ([`PAGE_GROUPS`]); group `g`
 //!   multiplies the pages `kt` with [`page_group`]`(kt) == g`, so two warps share each scheduler and
 //!   hide each other's latencies. Warp `q` of a group owns the `tile/2` square at `(q / 2, q % 2)`
-//!   of the output tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; per k step of a page it
-//!   reads that step's fragments from the swizzled page, and after the last step's reads its lane
-//!   0 frees the page (so the loader refills it during that step's math); it multiplies
-//!   ([`precision::TF32`]: one product;
+//!   of the output tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; it reads a page's
+//!   fragments two k steps at a time from the swizzled page, frees the page after the last
+//!   reads (lane 0; the loader refills it during the last steps' math), and multiplies
+//!   ([`precision::TF32`]: one product, only the weights rounded in the loop, because every
+//!   activation and gradient is stored already rounded to tf32 (`rounded_operand`; the batch by
+//!   the host);
 //!   [`precision::TF32X3`]: the inputs split into tf32 head and tail, three products, tail terms
 //!   first). The page loop is compiled once per operand layout (K-major or M-major A and B).
 //!   Each group then finishes half of every warp square (its `Half`): it leaves the other half's
@@ -92,6 +94,8 @@ mod dev {
 
     /// `mma` k steps (of 8) per page.
     const KSTEPS: usize = (PAGE_K / 8) as usize;
+    // the page loop takes k steps in pairs
+    const _: () = assert!(KSTEPS >= 2 && KSTEPS.is_multiple_of(2));
 
     /// Role of a stall record: the loader's, or the consumers'.
     const LOADER: u32 = 0;
@@ -423,12 +427,83 @@ mod dev {
     }
 
     /// An f32 as tf32 operands: `(head, tail)` with `head = tf32(x)` and `tail = tf32(x - head)`
-    /// (the tail only when `SPLIT`).
+    /// (the tail only when `SPLIT`). Without `SPLIT` and `ROUND`, `x` is already a tf32 value
+    /// (see [`rounded_operand`]) and passes as it is.
     #[inline(always)]
-    fn split<const SPLIT: bool>(x: f32) -> (u32, u32) {
+    fn split<const SPLIT: bool, const ROUND: bool>(x: f32) -> (u32, u32) {
+        if !SPLIT && !ROUND {
+            return (x.to_bits(), 0);
+        }
         let head = convert::f32_to_tf32(x);
         let tail = if SPLIT { convert::f32_to_tf32(x - f32::from_bits(head)) } else { 0 };
         (head, tail)
+    }
+
+    /// One k step's raw fragments: A groups, then B groups (see [`Frags`]).
+    type Step<const MT: usize> = ([[u32; 4]; MT], [[u32; 4]; MT]);
+
+    /// Loads k step `ks` of the page pair at `pa`, `pb`.
+    #[inline(always)]
+    unsafe fn load_step<const MT: usize, const AK: bool, const BK: bool>(
+        a_frag: &Frags<MT, AK>,
+        b_frag: &Frags<MT, BK>,
+        pa: u32,
+        pb: u32,
+        ks: usize,
+    ) -> Step<MT> {
+        let mut f: Step<MT> = ([[0u32; 4]; MT], [[0u32; 4]; MT]);
+        for g in 0..MT {
+            unsafe {
+                f.0[g] = a_frag.load(pa, g, 8 * ks as u32);
+                f.1[g] = b_frag.load(pb, g, 8 * ks as u32);
+            }
+        }
+        f
+    }
+
+    /// Frees a page after this warp's last reads of it: the warp's lanes meet, lane 0 arrives.
+    #[inline(always)]
+    unsafe fn free_page(sm: Smem, slot: u32) {
+        crate::sync::sync_warp(u32::MAX);
+        if thread::lane_id() == 0 {
+            unsafe { mbarrier::arrive(sm.free(slot)) };
+        }
+    }
+
+    /// One k step's products: rounds the fragments to tf32 (and splits them, `SPLIT`; without it,
+    /// only B and only when `ROUND_B`: A is always a stored, already rounded operand) and
+    /// accumulates the `MT x NT` `m16n8k8` products into `acc`.
+    #[inline(always)]
+    fn mma_step<const MT: usize, const NT: usize, const SPLIT: bool, const ROUND_B: bool>(
+        (ra, rb): Step<MT>,
+        acc: &mut [[[f32; 4]; NT]; MT],
+    ) {
+        let mut fa = [[(0u32, 0u32); 4]; MT];
+        for (f, raw) in fa.iter_mut().zip(ra.iter()) {
+            for e in 0..4 {
+                f[e] = split::<SPLIT, false>(f32::from_bits(raw[e]));
+            }
+        }
+        // B group g holds tiles 2g and 2g + 1 (registers b0, b1 of each)
+        let mut fb = [[(0u32, 0u32); 2]; NT];
+        for (j, f) in fb.iter_mut().enumerate() {
+            for (e, v) in f.iter_mut().enumerate() {
+                *v = split::<SPLIT, ROUND_B>(f32::from_bits(rb[j / 2][2 * (j % 2) + e]));
+            }
+        }
+        for (j, fb) in fb.iter().enumerate() {
+            let bh = [fb[0].0, fb[1].0];
+            for i in 0..MT {
+                let ah = [fa[i][0].0, fa[i][1].0, fa[i][2].0, fa[i][3].0];
+                let mut c = acc[i][j];
+                if SPLIT {
+                    let at = [fa[i][0].1, fa[i][1].1, fa[i][2].1, fa[i][3].1];
+                    c = mma::mma_m16n8k8_tf32(at, bh, c);
+                    c = mma::mma_m16n8k8_tf32(ah, [fb[0].1, fb[1].1], c);
+                }
+                acc[i][j] = mma::mma_m16n8k8_tf32(ah, bh, c);
+            }
+        }
     }
 
     /// This warp's share of one product: `MT x NT` `m16n8` accumulators, `16 MT` rows by `8 NT`
@@ -439,7 +514,14 @@ mod dev {
     /// [`Prefetched`]), and not at all in a group that has no page. False when the step was given
     /// up.
     #[inline(always)]
-    unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool, const AK: bool, const BK: bool>(
+    unsafe fn tile_mma<
+        const MT: usize,
+        const NT: usize,
+        const SPLIT: bool,
+        const AK: bool,
+        const BK: bool,
+        const ROUND_B: bool,
+    >(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         sm: Smem,
@@ -488,52 +570,20 @@ mod dev {
             if kt == 0 && thread::thread_idx_x() == 0 {
                 unsafe { stamp(b, idx, trace::FIRST) };
             }
-            // One k step's fragments at a time (the other group's warps on the same scheduler
-            // hide the latency); the page is freed right after the last step's loads, so the
-            // loader refills it during that step's math.
+            // Two k steps' fragments at a time (the other group's warps on the same scheduler
+            // hide the rest of the latency); the page is freed right after the last loads, so the
+            // loader refills it during the last two steps' math.
             let (pa, pb) = (sm.a_page(slot), sm.b_page(slot));
-            for ks in 0..KSTEPS {
-                let mut ra = [[0u32; 4]; MT];
-                let mut rb = [[0u32; 4]; MT];
-                for g in 0..MT {
-                    unsafe {
-                        ra[g] = a_frag.load(pa, g, 8 * ks as u32);
-                        rb[g] = b_frag.load(pb, g, 8 * ks as u32);
-                    }
+            let mut ks = 0;
+            while ks < KSTEPS {
+                let f0 = unsafe { load_step(&a_frag, &b_frag, pa, pb, ks) };
+                let f1 = unsafe { load_step(&a_frag, &b_frag, pa, pb, ks + 1) };
+                if ks + 2 == KSTEPS {
+                    unsafe { free_page(sm, slot) };
                 }
-                if ks + 1 == KSTEPS {
-                    // This warp is done with the page.
-                    crate::sync::sync_warp(u32::MAX);
-                    if lane == 0 {
-                        unsafe { mbarrier::arrive(sm.free(slot)) };
-                    }
-                }
-                let mut fa = [[(0u32, 0u32); 4]; MT];
-                for (f, raw) in fa.iter_mut().zip(ra.iter()) {
-                    for e in 0..4 {
-                        f[e] = split::<SPLIT>(f32::from_bits(raw[e]));
-                    }
-                }
-                // B group g holds tiles 2g and 2g + 1 (registers b0, b1 of each)
-                let mut fb = [[(0u32, 0u32); 2]; NT];
-                for (j, f) in fb.iter_mut().enumerate() {
-                    for (e, v) in f.iter_mut().enumerate() {
-                        *v = split::<SPLIT>(f32::from_bits(rb[j / 2][2 * (j % 2) + e]));
-                    }
-                }
-                for (j, fb) in fb.iter().enumerate() {
-                    let bh = [fb[0].0, fb[1].0];
-                    for i in 0..MT {
-                        let ah = [fa[i][0].0, fa[i][1].0, fa[i][2].0, fa[i][3].0];
-                        let mut c = acc[i][j];
-                        if SPLIT {
-                            let at = [fa[i][0].1, fa[i][1].1, fa[i][2].1, fa[i][3].1];
-                            c = mma::mma_m16n8k8_tf32(at, bh, c);
-                            c = mma::mma_m16n8k8_tf32(ah, [fb[0].1, fb[1].1], c);
-                        }
-                        acc[i][j] = mma::mma_m16n8k8_tf32(ah, bh, c);
-                    }
-                }
+                mma_step::<MT, NT, SPLIT, ROUND_B>(f0, acc);
+                mma_step::<MT, NT, SPLIT, ROUND_B>(f1, acc);
+                ks += 2;
             }
             *u += 1;
             kt += 1;
@@ -545,6 +595,15 @@ mod dev {
             }
         }
         true
+    }
+
+    /// `v` as stored for later products: on the tf32 path rounded to tf32 (nearest, ties to even),
+    /// the value the products would round it to anyway, so that the page loops read these operands
+    /// (hidden activations and gradients: every A, and the weight gradient's B) without converting
+    /// them; on the 3xTF32 path as it is.
+    #[inline(always)]
+    fn rounded_operand(cfg: &MegaConfig, v: f32) -> f32 {
+        if cfg.precision == precision::TF32 { f32::from_bits(convert::f32_to_tf32(v)) } else { v }
     }
 
     /// One page group's half of a warp's accumulators: `[s][nj][c]` is the group's 8-row slab `s`
@@ -803,14 +862,16 @@ mod dev {
                 }
                 for_each_in_half(mine, h, |r: u32, c: u32, v: f32, _| {
                     if r < cfg.batch && c < dout {
-                        unsafe { b.act.write((a_out + r * pout + c) as usize, if hidden { v.max(0.0) } else { v }) };
+                        let v = if hidden { rounded_operand(cfg, v.max(0.0)) } else { v };
+                        unsafe { b.act.write((a_out + r * pout + c) as usize, v) };
                     }
                 });
             }
             opcode::LINEAR_BWD_INPUT => for_each_in_half(mine, h, |r: u32, c: u32, v: f32, (s, nj, k)| {
                 if r < cfg.batch && c < din {
                     let live = pre.x[s][nj][k] > 0.0;
-                    unsafe { b.grad.write((a_in + r * pin + c) as usize, if live { v } else { 0.0 }) };
+                    let v = if live { rounded_operand(cfg, v) } else { 0.0 };
+                    unsafe { b.grad.write((a_in + r * pin + c) as usize, v) };
                 }
             }),
             opcode::LINEAR_BWD_WEIGHT => for_each_in_half(mine, h, |r: u32, c: u32, v: f32, _| {
@@ -885,18 +946,22 @@ mod dev {
                     }
                 };
                 let f = &mut on_first;
-                // one page loop per operand layout, so that none carries the other layout's loads
+                // One page loop per operand layout, so that none carries the other layout's loads.
+                // The layouts name the opcode (see `product`): B is the weights, rounded in the
+                // loop, except in the weight gradient (`(false, false)`), whose B is `act`.
                 let ok = unsafe {
                     match (p.a_kmajor, p.b_kmajor) {
-                        (true, true) => tile_mma::<MT, NT, SPLIT, true, true>(b, cfg, sm, &p, &mut u, idx, &mut acc, f),
+                        (true, true) => {
+                            tile_mma::<MT, NT, SPLIT, true, true, true>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
+                        }
                         (true, false) => {
-                            tile_mma::<MT, NT, SPLIT, true, false>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
+                            tile_mma::<MT, NT, SPLIT, true, false, true>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
                         }
                         (false, true) => {
-                            tile_mma::<MT, NT, SPLIT, false, true>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
+                            tile_mma::<MT, NT, SPLIT, false, true, true>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
                         }
                         (false, false) => {
-                            tile_mma::<MT, NT, SPLIT, false, false>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
+                            tile_mma::<MT, NT, SPLIT, false, false, false>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
                         }
                     }
                 };
@@ -957,7 +1022,8 @@ mod dev {
                             met = thread::clock64() - m0;
                         }
                         if done {
-                            loss_grad::<true>(b, cfg, &ins, cfg.tile, stats, CONSUMERS, t);
+                            let round = cfg.precision == precision::TF32;
+                            loss_grad::<true>(b, cfg, &ins, cfg.tile, stats, CONSUMERS, t, round);
                         }
                         if t == 0 {
                             record(b, idx, trace::READY_WAIT_CLK, met);
