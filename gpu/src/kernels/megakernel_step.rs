@@ -368,7 +368,7 @@ unsafe fn run<const R: usize>(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction
                 loss_row_stats(b, cfg, i, tile, stats, MEGA_THREADS, t);
                 sync::sync_threads();
             }
-            loss_grad::<false>(b, cfg, i, tile, stats, MEGA_THREADS, t, false);
+            loss_grad(b, cfg, i, tile, stats, MEGA_THREADS, t);
         },
         opcode::SGD_UPDATE => unsafe { sgd_update(b, cfg, i, tile, MEGA_THREADS, thread::thread_idx_x()) },
         _ => {}
@@ -513,18 +513,12 @@ pub(crate) unsafe fn loss_row_stats(
 /// `grad[L] = dLoss / d act[L]` on one tile, by `threads` threads (`t` is this one's index): every
 /// thread takes elements `t, t + threads, ...`, [`GRAD_GROUP`] loads before their stores.
 /// Cross-entropy reads its rows' statistics from `stats` (filled by the caller, behind a barrier:
-/// [`loss_row_stats`] or the tensor-core kernel's partials).
-///
-/// `round` (the tensor-core kernel's tf32 path): each gradient is stored rounded to tf32, as the
-/// products that read it would round it.
-///
-/// `FAST` (the tensor-core kernel, whose results are not bit-compared with the interpreter):
-/// `exp` on the special-function unit ([`math::exp_fast`]) and a reciprocal for the division.
-/// Otherwise (the CUDA-core kernel) [`math::exp`] and true divisions, bit-identical to the
-/// interpreter.
+/// [`loss_row_stats`]). [`math::exp`] and true divisions, bit-identical to the interpreter. (The
+/// tensor-core kernel has its own, `LossTile`: `exp` on the special-function unit, reciprocals,
+/// and all of a tile's loads at once.)
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-pub(crate) unsafe fn loss_grad<const FAST: bool>(
+unsafe fn loss_grad(
     b: &MegaBuffers,
     cfg: &MegaConfig,
     i: &Instruction,
@@ -532,10 +526,8 @@ pub(crate) unsafe fn loss_grad<const FAST: bool>(
     stats: *const f32,
     threads: u32,
     t: u32,
-    round: bool,
 ) {
     let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
-    let exp = |x: f32| if FAST { math::exp_fast(x) } else { math::exp(x) };
     let dout = unsafe { b.dims.read(i.layer as usize + 1) };
     let a_out = unsafe { b.a_off.read(i.layer as usize + 1) };
     let pout = pitch(dout);
@@ -568,11 +560,7 @@ pub(crate) unsafe fn loss_grad<const FAST: bool>(
             if ce {
                 let r = r.min(tile - 1) as usize;
                 let (m, z) = unsafe { (*stats.add(r), *stats.add(tile as usize + r)) };
-                if FAST {
-                    (exp(v[g] - m) * (1.0 / z) - other[g]) * (1.0 / cfg.batch as f32)
-                } else {
-                    (exp(v[g] - m) / z - other[g]) / cfg.batch as f32
-                }
+                (math::exp(v[g] - m) / z - other[g]) / cfg.batch as f32
             } else {
                 2.0 * (v[g] - other[g]) / (cfg.batch * dout) as f32
             }
@@ -580,7 +568,6 @@ pub(crate) unsafe fn loss_grad<const FAST: bool>(
         for (g, &grad) in grad.iter().enumerate() {
             let (_, tr, tc, live) = at(g);
             if live {
-                let grad = if round { f32::from_bits(crate::convert::f32_to_tf32(grad)) } else { grad };
                 unsafe { b.grad.write((a_out + tr * pout + tc) as usize, grad) };
             }
         }

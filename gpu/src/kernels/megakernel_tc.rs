@@ -78,11 +78,11 @@ pub const fn tc_smem_bytes(layers: u32) -> u32 {
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod dev {
-    use super::{BARRIERS, GO, LAYER_TABLE, STATS, SUMS, SUMS_BYTES};
+    use super::{BARRIERS, GO, LAYER_TABLE, MAX_TILE, STATS, SUMS, SUMS_BYTES};
 
     /// Consumer threads.
     const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
-    use crate::kernels::megakernel_step::{aborted, loss_grad, record, record_stall, sgd_update, signal, stamp, wait};
+    use crate::kernels::megakernel_step::{aborted, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
         CONSUMER_WARPS, GROUP_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_FREE_ARRIVALS,
         PAGE_GROUPS, PAGE_K, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES,
@@ -773,7 +773,7 @@ mod dev {
     /// at a time; then the `T` lanes combine by shuffles and the first writes the row's maximum to
     /// `stats[r]` and its sum to `stats[tile + r]`.
     #[inline(always)]
-    unsafe fn loss_stats_from_partials(
+    unsafe fn loss_stats_from_partials<const MT: usize>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         lt: Layers,
@@ -781,12 +781,13 @@ mod dev {
         stats: *mut f32,
     ) {
         const PARTIAL_LOADS: u32 = 8;
+        let tile = 32 * MT as u32; // cfg.tile, as a constant
         let t = thread::thread_idx_x();
-        let per_row = CONSUMERS / cfg.tile;
+        let per_row = CONSUMERS / tile;
         let (r, sub) = (t / per_row, t % per_row);
-        let row = i.tile_row * cfg.tile + r;
+        let row = i.tile_row * tile + r;
         let dout = lt.dim(cfg.layers);
-        let np = if row < cfg.batch { loss_partials(dout, cfg.tile) } else { 0 };
+        let np = if row < cfg.batch { loss_partials(dout, tile) } else { 0 };
         let mut acc = (f32::NEG_INFINITY, 0.0f32);
         let mut p0 = sub;
         while p0 < np {
@@ -812,7 +813,95 @@ mod dev {
         if sub == 0 {
             unsafe {
                 *stats.add(r as usize) = acc.0;
-                *stats.add((cfg.tile + r) as usize) = acc.1;
+                *stats.add((tile + r) as usize) = acc.1;
+            }
+        }
+    }
+
+    /// Elements of a loss tile per consumer thread, at most (`tile^2 / CONSUMERS`: 16 at tile 64,
+    /// 4 at tile 32).
+    const LOSS_ELEMS: usize = (MAX_TILE * MAX_TILE / CONSUMERS) as usize;
+
+    /// One consumer thread's share of a `LOSS_GRAD` tile, loaded: element `j` is `e = t + j
+    /// CONSUMERS` of the tile (row `e / tile`, column `e % tile`, so a warp reads 32 neighbouring
+    /// logits), with its logit and, as loaded, its row's class (cross-entropy) or its target's bits
+    /// (mean squared error). Only loads, nothing that uses them, so that all of them (and the row
+    /// partials' loads behind them, [`loss_stats_from_partials`]) are in flight at once: the tile
+    /// waits for L2 once. (Comparing each class as it was loaded made every load wait for the one
+    /// before: 10 400 cycles for this and the partials at tile 64, run 114.)
+    struct LossTile<const MT: usize> {
+        logit: [f32; LOSS_ELEMS],
+        aux: [u32; LOSS_ELEMS],
+    }
+
+    impl<const MT: usize> LossTile<MT> {
+        /// The tile edge, `cfg.tile`, as a constant (so that finding an element's row and column
+        /// takes shifts, not integer divisions).
+        const TILE: u32 = 32 * MT as u32;
+
+        /// Tile row, global row and column of element `j`, and whether it is live.
+        #[inline(always)]
+        fn at(cfg: &MegaConfig, i: &Instruction, dout: u32, j: usize) -> (u32, u32, u32, bool) {
+            let tile = Self::TILE;
+            let e = thread::thread_idx_x() + j as u32 * CONSUMERS;
+            let (r, c) = (e / tile, e % tile);
+            let (tr, tc) = (i.tile_row * tile + r, i.tile_col * tile + c);
+            (r, tr, tc, e < tile * tile && tr < cfg.batch && tc < dout)
+        }
+
+        #[inline(always)]
+        unsafe fn load(b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) -> Self {
+            let (dout, a_out) = (lt.dim(cfg.layers), lt.a_off(cfg.layers));
+            let mut x = LossTile { logit: [0.0; LOSS_ELEMS], aux: [0; LOSS_ELEMS] };
+            for j in 0..LOSS_ELEMS {
+                let (_, tr, tc, live) = Self::at(cfg, i, dout, j);
+                if live {
+                    x.logit[j] = unsafe { b.act.as_const().read((a_out + tr * pitch(dout) + tc) as usize) };
+                    x.aux[j] = if cfg.loss != loss::MSE {
+                        unsafe { b.classes.read(tr as usize) }
+                    } else {
+                        unsafe { b.y.read((tr * dout + tc) as usize) }.to_bits()
+                    };
+                }
+            }
+            x
+        }
+
+        /// `grad[L] = dLoss / d act[L]` for the loaded elements (cross-entropy: from the row
+        /// statistics in `stats`, filled by [`loss_stats_from_partials`] behind a rendezvous), with
+        /// `exp` on the special-function unit and reciprocals, stored as [`rounded_operand`]s.
+        /// Every gradient is computed before the first store: as far as the compiler knows a store
+        /// may change the statistics, so a statistic read after a store waits for it (2.3 us of
+        /// the tile's 8.2 at tile 64 when they alternated, run 114).
+        #[inline(always)]
+        unsafe fn store_grads(
+            &self,
+            b: &MegaBuffers,
+            cfg: &MegaConfig,
+            lt: Layers,
+            i: &Instruction,
+            stats: *const f32,
+        ) {
+            let (dout, a_out) = (lt.dim(cfg.layers), lt.a_off(cfg.layers));
+            let (inv_batch, mse_scale) = (1.0 / cfg.batch as f32, 2.0 / (cfg.batch * dout) as f32);
+            let grad: [f32; LOSS_ELEMS] = core::array::from_fn(|j| {
+                let (r, _, tc, live) = Self::at(cfg, i, dout, j);
+                let v = self.logit[j];
+                if !live {
+                    0.0
+                } else if cfg.loss != loss::MSE {
+                    let (m, z) = unsafe { (*stats.add(r as usize), *stats.add((Self::TILE + r) as usize)) };
+                    let target = (self.aux[j] == tc) as u32 as f32;
+                    (math::exp_fast(v - m) * (1.0 / z) - target) * inv_batch
+                } else {
+                    (v - f32::from_bits(self.aux[j])) * mse_scale
+                }
+            });
+            for (j, &g) in grad.iter().enumerate() {
+                let (_, tr, tc, live) = Self::at(cfg, i, dout, j);
+                if live {
+                    unsafe { b.grad.write((a_out + tr * pitch(dout) + tc) as usize, rounded_operand(cfg, g)) };
+                }
             }
         }
     }
@@ -1015,15 +1104,17 @@ mod dev {
                     opcode::LOSS_GRAD => unsafe {
                         let (c0, mut met) = (thread::clock64(), 0u64);
                         let mut done = true;
+                        // every global load of the tile (its logits and targets, then the row
+                        // partials) in flight together: one round trip to L2
+                        let tile_loss = LossTile::<MT>::load(b, cfg, lt, &ins);
                         if cfg.loss != loss::MSE {
-                            loss_stats_from_partials(b, cfg, lt, &ins, stats);
+                            loss_stats_from_partials::<MT>(b, cfg, lt, &ins, stats);
                             let m0 = thread::clock64();
                             done = rendezvous(b, cfg, sm, &mut phase, idx);
                             met = thread::clock64() - m0;
                         }
                         if done {
-                            let round = cfg.precision == precision::TF32;
-                            loss_grad::<true>(b, cfg, &ins, cfg.tile, stats, CONSUMERS, t, round);
+                            tile_loss.store_grads(b, cfg, lt, &ins, stats);
                         }
                         if t == 0 {
                             record(b, idx, trace::READY_WAIT_CLK, met);
