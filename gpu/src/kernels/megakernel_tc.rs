@@ -826,9 +826,10 @@ mod dev {
     /// CONSUMERS` of the tile (row `e / tile`, column `e % tile`, so a warp reads 32 neighbouring
     /// logits), with its logit and, as loaded, its row's class (cross-entropy) or its target's bits
     /// (mean squared error). Only loads, nothing that uses them, so that all of them (and the row
-    /// partials' loads behind them, [`loss_stats_from_partials`]) are in flight at once: the tile
-    /// waits for L2 once. (Comparing each class as it was loaded made every load wait for the one
-    /// before: 10 400 cycles for this and the partials at tile 64, run 114.)
+    /// partials' loads behind them, [`loss_stats_from_partials`]) can be in flight at once. What
+    /// made the loss tile slow was elsewhere: integer divisions by the run-time tile edge in every
+    /// element's index (loads and partials took 10 300 cycles at tile 64, run 114, whether or not
+    /// the loads came first, run 115; 4 100 with the edge a constant, run 116).
     struct LossTile<const MT: usize> {
         logit: [f32; LOSS_ELEMS],
         aux: [u32; LOSS_ELEMS],
@@ -870,9 +871,9 @@ mod dev {
         /// `grad[L] = dLoss / d act[L]` for the loaded elements (cross-entropy: from the row
         /// statistics in `stats`, filled by [`loss_stats_from_partials`] behind a rendezvous), with
         /// `exp` on the special-function unit and reciprocals, stored as [`rounded_operand`]s.
-        /// Every gradient is computed before the first store: as far as the compiler knows a store
-        /// may change the statistics, so a statistic read after a store waits for it (2.3 us of
-        /// the tile's 8.2 at tile 64 when they alternated, run 114).
+        /// Every gradient is computed before the first store (as far as the compiler knows, a store
+        /// may change the statistics). This part takes about 4 500 cycles at tile 64 (run 116);
+        /// what bounds it was not measured.
         #[inline(always)]
         unsafe fn store_grads(
             &self,
