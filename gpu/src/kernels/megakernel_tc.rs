@@ -511,8 +511,10 @@ mod dev {
     /// `(q / 2) 16 MT`, column `(q % 2) 8 NT` of the tile), summed over its group's pages
     /// ([`page_group`]). Steps through the product's pages from use `*u` on; `on_first` runs once
     /// the group's first page has arrived (the producers' stores are then visible, see
-    /// [`Prefetched`]), and not at all in a group that has no page. False when the step was given
-    /// up.
+    /// [`Prefetched`]), and not at all in a group that has no page. `AK`, `BK`: the operands'
+    /// page layouts (K-major); `ROUND_B`: B is rounded to tf32 here (the weights; A, and the weight
+    /// gradient's B, are stored rounded on the tf32 path, see [`rounded_operand`]). False when the
+    /// step was given up.
     #[inline(always)]
     unsafe fn tile_mma<
         const MT: usize,
