@@ -1847,7 +1847,7 @@ fn megakernel_tc_matches(_: &Device) -> Outcome {
 /// changes that unit's weight row of the first layer and its column of the second). 3xTF32: every
 /// weight within 2e-3 of the largest update (f32-like sums), with 0.5 % outliers (one unit);
 /// tf32: within 5 % (10-bit inputs), with 1.5 % outliers (three units of [100, 257, 10]): its
-/// coarser sums flip two units now and then (`KILN_SEED=1795357508846178453`, run 110: 172
+/// coarser sums flip two units now and then (`KILN_SEED=1795357508846178453`, runs 109-110: 172
 /// weights of the first layer, 0.67 %, the same bits before and after the change that stores
 /// operands rounded; 0 of 16 other seeds).
 fn megakernel_tc_shallow(_: &Device) -> Outcome {
