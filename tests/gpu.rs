@@ -1569,8 +1569,10 @@ enum MegaBound {
     /// pre-activation sits within rounding of 0 and takes the other side: the unit's whole
     /// gradient row flips (one row of 256 in the H200 runs), which no tolerance on sums covers.
     Update { frac: f64, outliers: f64 },
-    /// The whole update within this fraction in norm (see [`TC_DEEP`]).
-    UpdateNorm(f64),
+    /// The whole update within `.0` of its norm (see [`TC_DEEP`]), and no weight off by more than
+    /// the layer's largest update or `.1`, whichever is larger (`.1` is 0 but where the shadows
+    /// widen it, [`Shadows::widen`]).
+    UpdateNorm(f64, f64),
 }
 
 /// The bound of the tensor-core paths on models with hidden layers: the update's error in norm,
@@ -1582,7 +1584,7 @@ enum MegaBound {
 /// (a lost K block, a misplaced fragment) move the update by far more than 5 %. The tight checks of
 /// the products are [`megakernel_tc_shallow`] (no ReLU above any product) and the bit-identity
 /// of runs and schedules.
-const TC_DEEP: MegaBound = MegaBound::UpdateNorm(5e-2);
+const TC_DEEP: MegaBound = MegaBound::UpdateNorm(5e-2, 0.0);
 
 /// [`TC_DEEP`] for a model of `layers` layers and `batch` rows on `path`: tf32's input rounding
 /// (about 2^-11) compounds down the backward chain, so its bound grows with depth, 1.5 % per layer
@@ -1591,13 +1593,13 @@ const TC_DEEP: MegaBound = MegaBound::UpdateNorm(5e-2);
 /// (seen on the H200, reproducibly with one seed: 7.8 % in norm at layer 2 of a 5-layer tf32 model,
 /// batch 14, widths [61, 2121, 161, 226, 199, 11]).
 fn tc_deep(path: kiln::megakernel::DataPath, layers: usize, batch: usize) -> MegaBound {
-    let MegaBound::UpdateNorm(base) = TC_DEEP else { unreachable!("TC_DEEP bounds the update norm") };
+    let MegaBound::UpdateNorm(base, _) = TC_DEEP else { unreachable!("TC_DEEP bounds the update norm") };
     let depth = match path {
         kiln::megakernel::DataPath::Tf32 => 1.5e-2 * layers as f64,
         _ => base,
     };
     let flip = if layers > 1 { 1.0 / batch as f64 } else { 0.0 };
-    MegaBound::UpdateNorm(base.max(depth).max(flip))
+    MegaBound::UpdateNorm(base.max(depth).max(flip), 0.0)
 }
 
 /// Checks `got` against the interpreter's `want` (layer weights that started at `w0`).
@@ -1609,7 +1611,7 @@ fn mega_check(what: &str, got: &[f32], want: &[f32], w0: &[f32], bound: MegaBoun
             None => Ok(()),
         },
         MegaBound::Tol(tol) => compare(what, got, &want64(), tol),
-        MegaBound::UpdateNorm(frac) => {
+        MegaBound::UpdateNorm(frac, slack) => {
             let largest = want.iter().zip(w0).map(|(w, s)| (w - s).abs() as f64).fold(0.0, f64::max);
             let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
             let off = norm(&mut got.iter().zip(want).map(|(g, w)| *g as f64 - *w as f64));
@@ -1619,9 +1621,11 @@ fn mega_check(what: &str, got: &[f32], want: &[f32], w0: &[f32], bound: MegaBoun
                     "{what}: the update is off by {off:e} in norm, over {frac} of its norm {update:e}"
                 ));
             }
-            match (0..got.len()).find(|&i| !((got[i] as f64 - want[i] as f64).abs() <= largest)) {
+            let allowed = largest.max(slack);
+            match (0..got.len()).find(|&i| !((got[i] as f64 - want[i] as f64).abs() <= allowed)) {
                 Some(i) => Err(format!(
-                    "{what}: weight {i} is {} on the GPU, {} on the CPU (largest update {largest:e})",
+                    "{what}: weight {i} is {} on the GPU, {} on the CPU (largest update {largest:e}, \
+                     shadows' spread {slack:e})",
                     got[i], want[i]
                 )),
                 None => Ok(()),
@@ -1724,15 +1728,27 @@ impl Shadows {
             .fold(want, |best, c| if dist(c) < dist(best) { c } else { best })
     }
 
-    /// `bound` for layer `l`, whose interpreter weights are `want` (from `w0`), widened to twice
-    /// the farthest shadow's distance from them relative to the update (norm bounds only).
+    /// `bound` for layer `l`, whose interpreter weights are `want` (from `w0`), widened (norm
+    /// bounds only): the norm fraction to twice the farthest shadow's distance from them relative
+    /// to the update, and the per-weight allowance to twice the largest difference of any shadow's
+    /// weight from the interpreter's. A trajectory split moves single weights by more than the
+    /// largest update: `gpu::megakernel_tc_random_shapes_sm90`, seed 1795360632990212445 case 7
+    /// (tf32, 15 layers with widths down to 2), had layer 1's weight 192 at 2.158025 on the H200
+    /// (run 118) against the interpreter's 2.1582243, largest update 1.6e-4; replayed on the CPU,
+    /// 4 of 12 tf32-nudged shadows land at 2.158025-2.158030, and the first of them (the test runs
+    /// two) has weights up to 9.6e-4 from the interpreter's.
     fn widen(&self, bound: MegaBound, l: usize, want: &[f32], w0: &[f32]) -> MegaBound {
-        let MegaBound::UpdateNorm(frac) = bound else { return bound };
+        let MegaBound::UpdateNorm(frac, slack) = bound else { return bound };
         let norm =
             |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum::<f64>().sqrt();
         let update = norm(want, w0);
         let parted = self.states.iter().map(|sh| norm(&sh.weights[l], want) / update).fold(0.0, f64::max);
-        MegaBound::UpdateNorm(frac.max(2.0 * parted))
+        let spread = self
+            .states
+            .iter()
+            .flat_map(|sh| sh.weights[l].iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).abs()))
+            .fold(0.0, f64::max);
+        MegaBound::UpdateNorm(frac.max(2.0 * parted), slack.max(2.0 * spread))
     }
 }
 
@@ -1766,7 +1782,7 @@ fn megakernel_vs_interpreter(
             let w0 = mk_weights(dims, 11);
             let mut gpu = GpuStep::new(dev.clone(), &schedule, &w0, path).map_err(err)?;
             let mut cpu = StepState::new(&shape, w0.clone()).map_err(err)?;
-            let count = if matches!(bound, MegaBound::UpdateNorm(_)) && steps > 1 { SHADOWS } else { 0 };
+            let count = if matches!(bound, MegaBound::UpdateNorm(..)) && steps > 1 { SHADOWS } else { 0 };
             let mut shadows = Shadows::new(&shape, &w0, path, count)?;
             for step in 0..steps {
                 let x = testing::uniform(&mut rng, batch * dims[0]);
