@@ -352,28 +352,3 @@ fn data_path_names() {
     assert!(e.contains("cuda-cores, tf32 or tf32x3"), "{e}");
     assert_eq!(DataPath::default(), DataPath::Tf32x3);
 }
-
-/// The list schedule's estimate is what its lists give when run in order ([`estimated_time`]), it
-/// is never estimated slower than dealing the same order round-robin on the three benchmark models,
-/// and `build` takes it exactly where it is estimated faster.
-#[test]
-fn list_schedule_estimate_holds_and_is_chosen_where_faster() {
-    use kiln::megakernel::{estimated_cost, estimated_time, list_schedule};
-    for (batch, width, layers) in [(64usize, 256usize, 4usize), (256, 1024, 4), (4096, 1024, 8)] {
-        let shape = MlpShape { batch, dims: vec![width; layers + 1] };
-        let s = build(&shape, 132, DataPath::Tf32).unwrap();
-        let cost = |i: &kiln::gpu::megakernel::Instruction| estimated_cost(&shape, s.tile, i);
-        let (lists, estimate) = list_schedule(&s.order, 132, s.counters, cost);
-        let listed = estimated_time(&lists, s.counters, cost);
-        assert!((listed - estimate).abs() < 1e-6 * estimate, "{batch}x{width}x{layers}: {listed} vs {estimate}");
-        let mut rr = vec![Vec::new(); 132];
-        for (k, i) in s.order.iter().enumerate() {
-            rr[k % 132].push(*i);
-        }
-        let dealt = estimated_time(&rr, s.counters, cost);
-        assert!(listed <= dealt, "{batch}x{width}x{layers}: list schedule {listed} > round-robin {dealt}");
-        assert_eq!(s.per_sm, if listed < dealt { lists } else { rr }, "{batch}x{width}x{layers}");
-        // the medium and large models take the list schedule, the small one ties
-        assert_eq!(listed < dealt, width == 1024, "{batch}x{width}x{layers}: {listed} vs {dealt}");
-    }
-}

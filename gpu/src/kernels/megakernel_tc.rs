@@ -783,7 +783,7 @@ mod dev {
         stats: *mut f32,
     ) {
         const PARTIAL_LOADS: u32 = 8;
-        let tile = 32 * MT as u32; // cfg.tile, as a constant
+        let tile = LossTile::<MT>::TILE;
         let t = thread::thread_idx_x();
         let per_row = CONSUMERS / tile;
         let (r, sub) = (t / per_row, t % per_row);
