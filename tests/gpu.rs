@@ -2003,7 +2003,7 @@ fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
 fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
     use kiln::gpu::convert::tf32_round_host;
     use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build_with_tile};
-    let (sms, shared) = (dev.sm_count().map_err(err)?, Device::shared().map_err(err)?);
+    let sms = dev.sm_count().map_err(err)?;
     let (mut rng, _) = testing::rng();
     let cases = [(100usize, vec![37usize, 130, 65, 10], Loss::CrossEntropy), (70, vec![129, 64, 33], Loss::Mse)];
     for (batch, dims, loss) in cases {
@@ -2016,7 +2016,7 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
         for path in [DataPath::Tf32, DataPath::Tf32x3] {
             for &tile in path.tiles() {
                 let schedule = build_with_tile(&shape, sms, tile, kiln::megakernel::Updates::Fused).map_err(err)?;
-                let mut gpu = GpuStep::new(shared.clone(), &schedule, &mk_weights(&dims, 3), path).map_err(err)?;
+                let mut gpu = GpuStep::new(dev_arc()?, &schedule, &mk_weights(&dims, 3), path).map_err(err)?;
                 gpu.step(&inp).map_err(err)?;
                 let (act, grad) = (gpu.activations().map_err(err)?, gpu.activation_grads().map_err(err)?);
                 let what = format!("{path:?} {dims:?} {loss:?} tile {tile}");
