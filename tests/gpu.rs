@@ -1995,14 +1995,20 @@ fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
     Ok(())
 }
 
-/// The tf32 path's page loops read activations and gradients without rounding them (only the
-/// weights), so every one it stores for a later product must already be a tf32 value: after a
-/// step, `act[0]` is the batch rounded to nearest, every hidden activation and every computed
-/// gradient has its 13 low bits clear. The 3xTF32 path rounds nothing it stores: there `act[0]` is
-/// the batch bit for bit and some hidden activation keeps low bits.
+/// The tf32 path's page loops convert nothing, so every operand it stores for a later product must
+/// already be a tf32 value: after a step, `act[0]` is the batch rounded to nearest, every hidden
+/// activation and every computed gradient has its 13 low bits clear. The 3xTF32 path rounds
+/// nothing it stores: there `act[0]` is the batch bit for bit and some hidden activation keeps low
+/// bits. On both, the K-major copies the products read hold exactly those operands, transposed:
+/// `act_t` and `grad_t` are `act` and `grad` bit for bit, `w_t` is the updated weights (rounded on
+/// tf32) and, on tf32, `w_op` the rounded weights; with fused and with separate updates.
 fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
     use kiln::gpu::convert::tf32_round_host;
     use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build_with_tile};
+    // `a` (rows x cols) transposed against `t`, bit for bit: the first mismatch
+    let transposed = |a: &[f32], t: &[f32], rows: usize, cols: usize| {
+        (0..rows * cols).find(|&i| a[i].to_bits() != t[(i % cols) * rows + i / cols].to_bits())
+    };
     let sms = dev.sm_count().map_err(err)?;
     let (mut rng, _) = testing::rng();
     let cases = [(100usize, vec![37usize, 130, 65, 10], Loss::CrossEntropy), (70, vec![129, 64, 33], Loss::Mse)];
@@ -2013,13 +2019,43 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
         let y = testing::uniform(&mut rng, batch * dims[layers]);
         let classes: Vec<usize> = (0..batch).map(|i| (i * 3) % dims[layers]).collect();
         let inp = StepInputs { x: &x, y: &y, classes: &classes, loss, lr: 0.05, momentum: 0.0 };
-        for path in [DataPath::Tf32, DataPath::Tf32x3] {
+        for (path, updates) in [DataPath::Tf32, DataPath::Tf32x3].into_iter().flat_map(|p| BOTH_UPDATES.map(|u| (p, u)))
+        {
             for &tile in path.tiles() {
-                let schedule = build_with_tile(&shape, sms, tile, kiln::megakernel::Updates::Fused).map_err(err)?;
+                let schedule = build_with_tile(&shape, sms, tile, updates).map_err(err)?;
                 let mut gpu = GpuStep::new(dev_arc()?, &schedule, &mk_weights(&dims, 3), path).map_err(err)?;
                 gpu.step(&inp).map_err(err)?;
                 let (act, grad) = (gpu.activations().map_err(err)?, gpu.activation_grads().map_err(err)?);
-                let what = format!("{path:?} {dims:?} {loss:?} tile {tile}");
+                let what = format!("{path:?} {updates:?} {dims:?} {loss:?} tile {tile}");
+                let copies = gpu.operand_copies().map_err(err)?;
+                let weights = gpu.weights().map_err(err)?;
+                let operand = |v: f32| if path == DataPath::Tf32 { tf32_round_host(v) } else { v };
+                let rounded: Vec<Vec<f32>> = weights.iter().map(|w| w.iter().map(|&v| operand(v)).collect()).collect();
+                let checks = (0..layers)
+                    .map(|l| ("act", l, &act[l], &copies.act_t[l], batch, dims[l]))
+                    .chain((1..=layers).map(|l| ("grad", l, &grad[l], &copies.grad_t[l], batch, dims[l])))
+                    .chain((0..layers).map(|l| ("weights", l, &rounded[l], &copies.w_t[l], dims[l + 1], dims[l])));
+                for (name, l, a, t, rows, cols) in checks {
+                    if let Some(i) = transposed(a, t, rows, cols) {
+                        let (r, c) = (i / cols, i % cols);
+                        return Err(format!(
+                            "{what}: {name}[{l}][{r}][{c}] = {:e}, its transposed copy has {:e}",
+                            a[i],
+                            t[c * rows + r]
+                        ));
+                    }
+                }
+                match (&copies.w_op, path) {
+                    (Some(w_op), DataPath::Tf32) => {
+                        for (l, (got, want)) in w_op.iter().zip(&rounded).enumerate() {
+                            if let Some(i) = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits()) {
+                                return Err(format!("{what}: w_op[{l}][{i}] = {:e}, want {:e}", got[i], want[i]));
+                            }
+                        }
+                    }
+                    (None, DataPath::Tf32x3) => {}
+                    _ => return Err(format!("{what}: w_op present on the wrong path")),
+                }
                 let want0: Vec<f32> =
                     if path == DataPath::Tf32 { x.iter().map(|&v| tf32_round_host(v)).collect() } else { x.clone() };
                 if let Some(i) = act[0].iter().zip(&want0).position(|(g, w)| g.to_bits() != w.to_bits()) {

@@ -82,8 +82,8 @@ pub const fn pitch(dim: u32) -> u32 {
 pub const PAGE_K: u32 = 32;
 /// Stages of each block's page ring; a stage is an A page and a B page.
 pub const PAGE_STAGES: u32 = 12;
-/// Bytes of one operand page: `tile` rows of [`PAGE_K`] f32 (K-major) or [`PAGE_K`] rows of `tile`
-/// f32 stored as `tile / 32` boxes of 32 x 32 (M-major).
+/// Bytes of one operand page: `tile` rows of [`PAGE_K`] f32, K-major (every operand the tensor-core
+/// path reads is stored with K contiguous: see [`map`]).
 pub const fn page_bytes(tile: u32) -> u32 {
     tile * PAGE_K * 4
 }
@@ -111,21 +111,27 @@ pub const fn free_parity(use_index: u32) -> u32 {
 }
 
 /// Tensor maps per layer, in the buffer [`MegaBuffers::maps`] points to (index `PER_LAYER * l +`
-/// one of these). K-major maps load a box of [`PAGE_K`] columns by `tile` rows; M-major maps a box
-/// of 32 columns by [`PAGE_K`] rows, `tile / 32` of them per page.
+/// one of these). Every map is K-major: each product reads rows whose K elements are contiguous,
+/// one box of [`PAGE_K`] columns by `tile` rows per page, so every page is read with `ldmatrix`.
+/// For that the step keeps a transposed copy of what is read along its rows: the activations and
+/// their gradients (`act_t`, `grad_t`, written beside `act` and `grad` by the same epilogues), and
+/// the weights (`w_t`, written by every update). On [`precision::TF32`] the products' weights are
+/// `w_op`, the weights rounded to tf32 when updated, so that no page loop converts anything.
 pub mod map {
-    /// `act[l]` (`batch x dims[l]`), K-major: the forward's A.
-    pub const ACT_K: u32 = 0;
-    /// `act[l]`, M-major: the weight gradient's B (n = input feature, k = row).
-    pub const ACT_M: u32 = 1;
-    /// `grad[l + 1]` (`batch x dims[l + 1]`), K-major: the input gradient's A.
-    pub const GRAD_K: u32 = 2;
-    /// `grad[l + 1]`, M-major: the weight gradient's A (m = output feature, k = row).
-    pub const GRAD_M: u32 = 3;
-    /// `W[l]` (`dims[l + 1] x dims[l]`), K-major: the forward's B.
-    pub const W_K: u32 = 4;
-    /// `W[l]`, M-major: the input gradient's B (n = input feature, k = output feature).
-    pub const W_M: u32 = 5;
+    /// `act[l]` (`batch x dims[l]`, k = input feature): the forward's A.
+    pub const ACT: u32 = 0;
+    /// `act_t[l]` (`dims[l] x batch`, n = input feature, k = row): the weight gradient's B.
+    pub const ACT_T: u32 = 1;
+    /// `grad[l + 1]` (`batch x dims[l + 1]`, k = output feature): the input gradient's A.
+    pub const GRAD: u32 = 2;
+    /// `grad_t[l + 1]` (`dims[l + 1] x batch`, m = output feature, k = row): the weight gradient's A.
+    pub const GRAD_T: u32 = 3;
+    /// `W[l]` as the products read it (`w_op` on [`precision::TF32`], else `weights`;
+    /// `dims[l + 1] x dims[l]`, k = input feature): the forward's B.
+    pub const W: u32 = 4;
+    /// `w_t[l]` (`dims[l] x dims[l + 1]`, n = input feature, k = output feature): the input
+    /// gradient's B.
+    pub const W_T: u32 = 5;
     /// Maps per layer.
     pub const PER_LAYER: u32 = 6;
 }
@@ -318,6 +324,11 @@ pub struct MegaBuffers {
     pub w_off: crate::DevicePtr<u32>,
     /// Offset of `act[l]` / `grad[l]` in `act` and `grad`.
     pub a_off: crate::DevicePtr<u32>,
+    /// Offset of `act_t[l]` / `grad_t[l]` (`dims[l]` rows of [`pitch`]`(batch)`) in `act_t` and
+    /// `grad_t` (tensor-core path).
+    pub t_off: crate::DevicePtr<u32>,
+    /// Offset of `w_t[l]` (`dims[l]` rows of [`pitch`]`(dims[l + 1])`) in `w_t` (tensor-core path).
+    pub wt_off: crate::DevicePtr<u32>,
     /// Weights.
     pub weights: crate::DevicePtrMut<f32>,
     /// Momentum buffers.
@@ -328,6 +339,17 @@ pub struct MegaBuffers {
     pub act: crate::DevicePtrMut<f32>,
     /// Activation gradients.
     pub grad: crate::DevicePtrMut<f32>,
+    /// The tensor-core path's transposed activations, `act_t[l][feature][row]` (see [`map`]),
+    /// stored as the products read them.
+    pub act_t: crate::DevicePtrMut<f32>,
+    /// The tensor-core path's transposed activation gradients, laid out as `act_t`.
+    pub grad_t: crate::DevicePtrMut<f32>,
+    /// [`precision::TF32`]: the weights rounded to tf32, laid out as `weights` (what the forward
+    /// multiplies); unused on the other paths.
+    pub w_op: crate::DevicePtrMut<f32>,
+    /// The tensor-core path's transposed weights, `w_t[l][input][output]`, as the products read
+    /// them (rounded on [`precision::TF32`]).
+    pub w_t: crate::DevicePtrMut<f32>,
     /// MSE targets.
     pub y: crate::DevicePtr<f32>,
     /// Cross-entropy classes.

@@ -670,6 +670,9 @@ pub fn interpret(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, seed: u
 /// momentum: `dims[l+1] x dims[l]`) is row-major with a row pitch of
 /// [`pitch`]`(columns)` (a multiple of 4 elements, so that every row starts 16-byte aligned, as TMA
 /// needs); the padding is never read or written. The host API takes and returns unpadded rows.
+/// The tensor-core paths also keep the K-major copies their products read
+/// (`kiln_gpu::megakernel::map`): `act_t[l]` and `grad_t[l]` (`dims[l] x batch`), `w_t[l]`
+/// (`dims[l] x dims[l+1]`) and, on [`DataPath::Tf32`], `w_op[l]` (the weights rounded to tf32).
 pub struct GpuStep {
     dev: std::sync::Arc<crate::cuda::Device>,
     shape: MlpShape,
@@ -683,11 +686,19 @@ pub struct GpuStep {
     dims: crate::cuda::DeviceBuffer<u32>,
     w_off: crate::cuda::DeviceBuffer<u32>,
     a_off: crate::cuda::DeviceBuffer<u32>,
+    t_off: crate::cuda::DeviceBuffer<u32>,
+    wt_off: crate::cuda::DeviceBuffer<u32>,
     weights: crate::cuda::DeviceBuffer<f32>,
     velocity: crate::cuda::DeviceBuffer<f32>,
     dw: crate::cuda::DeviceBuffer<f32>,
     act: crate::cuda::DeviceBuffer<f32>,
     grad: crate::cuda::DeviceBuffer<f32>,
+    /// The tensor-core paths' K-major operand copies (one element each on the CUDA-core path;
+    /// `w_op` also on 3xTF32, which multiplies `weights` itself).
+    act_t: crate::cuda::DeviceBuffer<f32>,
+    grad_t: crate::cuda::DeviceBuffer<f32>,
+    w_op: crate::cuda::DeviceBuffer<f32>,
+    w_t: crate::cuda::DeviceBuffer<f32>,
     y: crate::cuda::DeviceBuffer<f32>,
     classes: crate::cuda::DeviceBuffer<u32>,
     /// The tensor-core path's cross-entropy row-statistic partials (`kiln_gpu::megakernel::loss_partials`).
@@ -727,6 +738,19 @@ fn pad_rows(v: &[f32], cols: usize) -> Vec<f32> {
     let mut out = vec![0.0; v.len() / cols * p];
     for (dst, src) in out.chunks_mut(p).zip(v.chunks(cols)) {
         dst[..cols].copy_from_slice(src);
+    }
+    out
+}
+
+/// `rows x cols` values (unpadded rows) transposed into `cols` rows of `rows` values, each padded
+/// with zeros to [`pitch`]`(rows)`.
+fn transpose_padded(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let p = pitch(rows as u32) as usize;
+    let mut out = vec![0.0; cols * p];
+    for (r, row) in v.chunks(cols).enumerate() {
+        for (c, &x) in row.iter().enumerate() {
+            out[c * p + r] = x;
+        }
     }
     out
 }
@@ -776,8 +800,9 @@ impl GpuStep {
                 return Err(Error::Unsupported {
                     op: "megakernel",
                     what: format!(
-                        "{} layers: the {path:?} kernel's shared memory (its page ring and a 12-byte table entry per layer) would be {need} bytes, over this GPU's {max_smem}: use fewer layers or DataPath::CudaCores",
-                        shape.layers()
+                        "{} layers: the {path:?} kernel's shared memory (its page ring and a {}-byte table entry per layer) would be {need} bytes, over this GPU's {max_smem}: use fewer layers or DataPath::CudaCores",
+                        shape.layers(),
+                        4 * kiln_gpu::kernels::megakernel_tc::TABLE_COLUMNS
                     ),
                 });
             }
@@ -812,15 +837,41 @@ impl GpuStep {
             a_off.push(atotal as u32);
             atotal += shape.batch * p(l);
         }
-        if total.max(atotal).max(flat.len()) > crate::cuda::gemm::MAX_OPERAND_ELEMENTS {
+        // the tensor-core paths' K-major copies: act_t[l] / grad_t[l] (dims[l] rows of the batch),
+        // w_t[l] (dims[l] rows of dims[l + 1])
+        let (mut t_off, mut ttotal) = (vec![], 0usize);
+        for &dim in d.iter() {
+            t_off.push(ttotal as u32);
+            ttotal += dim * pitch(shape.batch as u32) as usize;
+        }
+        let (mut wt_off, mut wttotal) = (vec![], 0usize);
+        for (l, w) in d.windows(2).enumerate() {
+            wt_off.push(wttotal as u32);
+            wttotal += w[0] * p(l + 1);
+        }
+        if total.max(atotal).max(ttotal).max(wttotal).max(flat.len()) > crate::cuda::gemm::MAX_OPERAND_ELEMENTS {
             return Err(Error::Unsupported {
                 op: "megakernel",
                 what: format!(
-                    "{total} weights / {atotal} activations: the kernel indexes in 32 bits (at most 2^31 - 1)"
+                    "{total} weights / {} activations: the kernel indexes in 32 bits (at most 2^31 - 1)",
+                    atotal.max(ttotal)
                 ),
             });
         }
         let flat_w: Vec<f32> = weights.iter().enumerate().flat_map(|(l, w)| pad_rows(w, d[l])).collect();
+        // Each copy as the products read it: rounded to tf32 on the tf32 path.
+        let operand = |v: f32| if path == DataPath::Tf32 { kiln_gpu::convert::tf32_round_host(v) } else { v };
+        let tc = path != DataPath::CudaCores;
+        let w_op: Vec<f32> = match path {
+            DataPath::Tf32 => flat_w.iter().map(|&v| operand(v)).collect(),
+            _ => vec![0.0],
+        };
+        let w_t: Vec<f32> = match tc {
+            true => {
+                (0..shape.layers()).flat_map(|l| transpose_padded(&weights[l], d[l + 1], d[l])).map(operand).collect()
+            }
+            false => vec![0.0],
+        };
         let records = RECORD_WORDS as usize * RECORDS_PER_BLOCK as usize * sms;
         let mut step = GpuStep {
             sms: sms as u32,
@@ -840,11 +891,17 @@ impl GpuStep {
             dims: dev.upload(&d.iter().map(|&x| x as u32).collect::<Vec<_>>())?,
             w_off: dev.upload(&w_off)?,
             a_off: dev.upload(&a_off)?,
+            t_off: dev.upload(&t_off)?,
+            wt_off: dev.upload(&wt_off)?,
             velocity: dev.zeros::<f32>(total)?,
             dw: dev.zeros::<f32>(total)?,
             weights: dev.upload(&flat_w)?,
             act: dev.zeros::<f32>(atotal)?,
             grad: dev.zeros::<f32>(atotal)?,
+            act_t: dev.zeros::<f32>(if tc { ttotal } else { 1 })?,
+            grad_t: dev.zeros::<f32>(if tc { ttotal } else { 1 })?,
+            w_op: dev.upload(&w_op)?,
+            w_t: dev.upload(&w_t)?,
             maps: None,
             extra_free_arrivals: 0,
             listing,
@@ -855,37 +912,45 @@ impl GpuStep {
             dev,
         };
         if path != DataPath::CudaCores {
-            step.maps = Some(step.encode_maps(&w_off, &a_off)?);
+            step.maps = Some(step.encode_maps(&w_off, &a_off, &t_off, &wt_off)?);
         }
         Ok(step)
     }
 
-    /// The tensor maps of the tensor-core path, in `kiln_gpu::megakernel::map` order per layer.
-    fn encode_maps(&self, w_off: &[u32], a_off: &[u32]) -> Result<crate::cuda::DeviceTensorMap> {
+    /// The tensor maps of the tensor-core path, in `kiln_gpu::megakernel::map` order per layer:
+    /// every one K-major, a box of `tile` rows by 32 columns (one page).
+    fn encode_maps(
+        &self,
+        w_off: &[u32],
+        a_off: &[u32],
+        t_off: &[u32],
+        wt_off: &[u32],
+    ) -> Result<crate::cuda::DeviceTensorMap> {
         use crate::cuda::{TensorMapSpec, TmaDtype};
-        use kiln_gpu::megakernel::{PAGE_K, map};
+        use kiln_gpu::megakernel::map;
         use kiln_gpu::swizzle::Swizzle;
-        let d = &self.shape.dims;
-        let spec = |rows: usize, cols: usize, box_rows: u32| TensorMapSpec {
+        let (d, b, tile) = (&self.shape.dims, self.shape.batch, self.tile);
+        let spec = |rows: usize, cols: usize| TensorMapSpec {
             dtype: TmaDtype::F32,
             rows: rows as u64,
             cols: cols as u64,
             row_pitch: pitch(cols as u32) as u64,
-            box_rows,
+            box_rows: tile,
             box_cols: 32,
             swizzle: Swizzle::B128,
         };
         let at = |buf: &crate::cuda::DeviceBuffer<f32>, off: u32| buf.addr() + 4 * off as u64;
-        let (b, tile) = (self.shape.batch, self.tile);
+        // the forward's weights: the tf32-rounded copy on the tf32 path, else the weights themselves
+        let w = if self.path == DataPath::Tf32 { &self.w_op } else { &self.weights };
         let mut maps = Vec::new();
         for l in 0..self.shape.layers() {
-            let mut layer = [(0u64, spec(1, 1, 1)); map::PER_LAYER as usize];
-            layer[map::ACT_K as usize] = (at(&self.act, a_off[l]), spec(b, d[l], tile));
-            layer[map::ACT_M as usize] = (at(&self.act, a_off[l]), spec(b, d[l], PAGE_K));
-            layer[map::GRAD_K as usize] = (at(&self.grad, a_off[l + 1]), spec(b, d[l + 1], tile));
-            layer[map::GRAD_M as usize] = (at(&self.grad, a_off[l + 1]), spec(b, d[l + 1], PAGE_K));
-            layer[map::W_K as usize] = (at(&self.weights, w_off[l]), spec(d[l + 1], d[l], tile));
-            layer[map::W_M as usize] = (at(&self.weights, w_off[l]), spec(d[l + 1], d[l], PAGE_K));
+            let mut layer = [(0u64, spec(1, 1)); map::PER_LAYER as usize];
+            layer[map::ACT as usize] = (at(&self.act, a_off[l]), spec(b, d[l]));
+            layer[map::ACT_T as usize] = (at(&self.act_t, t_off[l]), spec(d[l], b));
+            layer[map::GRAD as usize] = (at(&self.grad, a_off[l + 1]), spec(b, d[l + 1]));
+            layer[map::GRAD_T as usize] = (at(&self.grad_t, t_off[l + 1]), spec(d[l + 1], b));
+            layer[map::W as usize] = (at(w, w_off[l]), spec(d[l + 1], d[l]));
+            layer[map::W_T as usize] = (at(&self.w_t, wt_off[l]), spec(d[l], d[l + 1]));
             maps.extend(layer);
         }
         self.dev.tensor_maps(&maps)
@@ -936,11 +1001,14 @@ impl GpuStep {
         // The batch goes into layer 0's activations; the other layers are overwritten by the forward.
         // The tf32 path keeps every stored product operand rounded to tf32 (its page loops read them
         // without converting), so the batch is rounded here: the value its products would use.
-        let mut x = pad_rows(inp.x, d0);
-        if self.path == DataPath::Tf32 {
-            x.iter_mut().for_each(|v| *v = kiln_gpu::convert::tf32_round_host(*v));
-        }
+        // The tensor-core paths' weight gradients read it transposed, from `act_t[0]`.
+        let operand = |v: f32| if self.path == DataPath::Tf32 { kiln_gpu::convert::tf32_round_host(v) } else { v };
+        let x: Vec<f32> = pad_rows(inp.x, d0).into_iter().map(operand).collect();
         self.dev.write_prefix(&mut self.act, &x)?;
+        if self.path != DataPath::CudaCores {
+            let xt: Vec<f32> = transpose_padded(inp.x, b, d0).into_iter().map(operand).collect();
+            self.dev.write_prefix(&mut self.act_t, &xt)?;
+        }
         match inp.loss {
             Loss::Mse => self.dev.write_prefix(&mut self.y, inp.y)?,
             Loss::CrossEntropy => {
@@ -971,11 +1039,17 @@ impl GpuStep {
             dims: self.dims.ptr(),
             w_off: self.w_off.ptr(),
             a_off: self.a_off.ptr(),
+            t_off: self.t_off.ptr(),
+            wt_off: self.wt_off.ptr(),
             weights: self.weights.ptr_mut(),
             velocity: self.velocity.ptr_mut(),
             dw: self.dw.ptr_mut(),
             act: self.act.ptr_mut(),
             grad: self.grad.ptr_mut(),
+            act_t: self.act_t.ptr_mut(),
+            grad_t: self.grad_t.ptr_mut(),
+            w_op: self.w_op.ptr_mut(),
+            w_t: self.w_t.ptr_mut(),
             y: self.y.ptr(),
             classes: self.classes.ptr(),
             maps,
@@ -1116,17 +1190,7 @@ impl GpuStep {
     /// A buffer laid out as `act` (layer `l`: `batch` rows of `pitch(dims[l])`), split per layer
     /// and unpadded.
     fn per_layer_rows(&self, flat: &[f32]) -> Vec<Vec<f32>> {
-        let mut at = 0;
-        self.shape
-            .dims
-            .iter()
-            .map(|&d| {
-                let n = self.shape.batch * pitch(d as u32) as usize;
-                let layer = unpad_rows(&flat[at..at + n], d);
-                at += n;
-                layer
-            })
-            .collect()
+        split_rows(flat, self.shape.dims.iter().map(|&d| (self.shape.batch, d)))
     }
 
     /// The current weights, per layer (unpadded rows).
@@ -1134,13 +1198,60 @@ impl GpuStep {
         self.check()?;
         let flat = self.dev.download(&self.weights)?;
         let d = &self.shape.dims;
-        let mut out = Vec::new();
-        let mut at = 0;
-        for l in 0..self.shape.layers() {
-            let n = d[l + 1] * pitch(d[l] as u32) as usize;
-            out.push(unpad_rows(&flat[at..at + n], d[l]));
-            at += n;
-        }
-        Ok(out)
+        Ok(split_rows(&flat, (0..self.shape.layers()).map(|l| (d[l + 1], d[l]))))
     }
+
+    /// The tensor-core paths' K-major operand copies as the last step left them (unpadded rows;
+    /// see [`OperandCopies`]). For inspection and tests: the products read these, never the host.
+    pub fn operand_copies(&mut self) -> Result<OperandCopies> {
+        if self.path == DataPath::CudaCores {
+            return Err(Error::Unsupported {
+                op: "megakernel operand copies",
+                what: "the CUDA-core path, which keeps none: use DataPath::Tf32 or Tf32x3".into(),
+            });
+        }
+        self.check()?;
+        let (d, b, layers) = (&self.shape.dims, self.shape.batch, self.shape.layers());
+        let per_layer = |flat: Vec<f32>| split_rows(&flat, d.iter().map(|&dim| (dim, b)));
+        let w_t = split_rows(&self.dev.download(&self.w_t)?, (0..layers).map(|l| (d[l], d[l + 1])));
+        let w_op = match self.path {
+            DataPath::Tf32 => Some(split_rows(&self.dev.download(&self.w_op)?, (0..layers).map(|l| (d[l + 1], d[l])))),
+            _ => None,
+        };
+        Ok(OperandCopies {
+            act_t: per_layer(self.dev.download(&self.act_t)?),
+            grad_t: per_layer(self.dev.download(&self.grad_t)?),
+            w_t,
+            w_op,
+        })
+    }
+}
+
+/// The K-major copies of a tensor-core step's operands ([`GpuStep::operand_copies`]), each as its
+/// products read it (rounded to tf32 on [`DataPath::Tf32`]), unpadded rows.
+#[derive(Clone, Debug)]
+pub struct OperandCopies {
+    /// `act_t[l]`: `act[l]` transposed, `dims[l] x batch`, for `l` in `0..=L`. Written for the
+    /// batch (`l = 0`) and the hidden layers; the outputs' (`l = L`) is never read and stays zero.
+    pub act_t: Vec<Vec<f32>>,
+    /// `grad_t[l]`: `grad[l]` transposed, laid out as `act_t`; layer 0's is never computed.
+    pub grad_t: Vec<Vec<f32>>,
+    /// `w_t[l]`: `W[l]` transposed, `dims[l] x dims[l + 1]`.
+    pub w_t: Vec<Vec<f32>>,
+    /// [`DataPath::Tf32`]: `W[l]` rounded to tf32 (what the forward multiplies); `None` on
+    /// 3xTF32, whose forward reads the weights themselves.
+    pub w_op: Option<Vec<Vec<f32>>>,
+}
+
+/// Consecutive padded matrices of `(rows, cols)` each (rows of [`pitch`]`(cols)`), unpadded.
+fn split_rows(flat: &[f32], shapes: impl Iterator<Item = (usize, usize)>) -> Vec<Vec<f32>> {
+    let mut at = 0;
+    shapes
+        .map(|(rows, cols)| {
+            let n = rows * pitch(cols as u32) as usize;
+            let m = unpad_rows(&flat[at..at + n], cols);
+            at += n;
+            m
+        })
+        .collect()
 }

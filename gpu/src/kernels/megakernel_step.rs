@@ -358,7 +358,7 @@ unsafe fn run<const R: usize>(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction
                 // the update of the same tile, from the dW the block just wrote (the same
                 // arithmetic as a separate SGD_UPDATE, so the results stay the interpreter's)
                 sync::sync_threads();
-                unsafe { sgd_update(b, cfg, i, tile, MEGA_THREADS, thread::thread_idx_x()) }
+                unsafe { sgd_update(b, cfg, i, tile, MEGA_THREADS, thread::thread_idx_x(), |_, _, _| {}) }
             }
         }
         opcode::LOSS_GRAD => unsafe {
@@ -370,24 +370,35 @@ unsafe fn run<const R: usize>(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction
             }
             loss_grad(b, cfg, i, tile, stats, MEGA_THREADS, t);
         },
-        opcode::SGD_UPDATE => unsafe { sgd_update(b, cfg, i, tile, MEGA_THREADS, thread::thread_idx_x()) },
+        opcode::SGD_UPDATE => unsafe {
+            sgd_update(b, cfg, i, tile, MEGA_THREADS, thread::thread_idx_x(), |_, _, _| {})
+        },
         _ => {}
     }
 }
 
 /// `W[l] -= lr dW[l]` (with momentum when enabled) on one tile: thread `t` of `threads` takes
-/// elements `t, t + threads, ...`.
+/// elements `t, t + threads, ...`. `then(o, k, w)` runs after each new weight `w` (row `o`, column
+/// `k` of `W[l]`) is stored: the tensor-core path writes its copies of the weights there.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-pub(crate) unsafe fn sgd_update(b: &MegaBuffers, cfg: &MegaConfig, i: &Instruction, tile: u32, threads: u32, t: u32) {
+pub(crate) unsafe fn sgd_update(
+    b: &MegaBuffers,
+    cfg: &MegaConfig,
+    i: &Instruction,
+    tile: u32,
+    threads: u32,
+    t: u32,
+    mut then: impl FnMut(u32, u32, f32),
+) {
     let f = |p: crate::DevicePtrMut<f32>, k: u32| unsafe { p.as_const().read(k as usize) };
     let (din, dout) = unsafe { (b.dims.read(i.layer as usize), b.dims.read(i.layer as usize + 1)) };
     let w = unsafe { b.w_off.read(i.layer as usize) };
     let (m0, n0) = (i.tile_row * tile, i.tile_col * tile);
-    // Element `e` of the tile, or None outside the matrix.
+    // Element `e` of the tile (row, column, offset), or None outside the matrix.
     let at = |e: u32| {
         let (o, k) = (m0 + e / tile, n0 + e % tile);
-        (e < tile * tile && o < dout && k < din).then_some(w + o * pitch(din) + k)
+        (e < tile * tile && o < dout && k < din).then_some((o, k, w + o * pitch(din) + k))
     };
     // Eight elements per thread per round, all loads issued before any arithmetic: the loop is
     // bound by global-memory latency, not by its few flops (two per round took 7.5-10.5 us per
@@ -395,21 +406,23 @@ pub(crate) unsafe fn sgd_update(b: &MegaBuffers, cfg: &MegaConfig, i: &Instructi
     const U: u32 = 8;
     let mut e = t;
     while e < tile * tile {
-        let js: [Option<u32>; U as usize] = core::array::from_fn(|u| at(e + u as u32 * threads));
-        let g: [f32; U as usize] = core::array::from_fn(|u| js[u].map_or(0.0, |j| f(b.dw, j)));
-        let wv: [f32; U as usize] = core::array::from_fn(|u| js[u].map_or(0.0, |j| f(b.weights, j)));
+        let js: [Option<(u32, u32, u32)>; U as usize] = core::array::from_fn(|u| at(e + u as u32 * threads));
+        let g: [f32; U as usize] = core::array::from_fn(|u| js[u].map_or(0.0, |(_, _, j)| f(b.dw, j)));
+        let wv: [f32; U as usize] = core::array::from_fn(|u| js[u].map_or(0.0, |(_, _, j)| f(b.weights, j)));
         let step: [f32; U as usize] = if cfg.momentum != 0.0 {
-            let v: [f32; U as usize] = core::array::from_fn(|u| js[u].map_or(0.0, |j| f(b.velocity, j)));
+            let v: [f32; U as usize] = core::array::from_fn(|u| js[u].map_or(0.0, |(_, _, j)| f(b.velocity, j)));
             core::array::from_fn(|u| cfg.momentum * v[u] + g[u])
         } else {
             g
         };
         for u in 0..U as usize {
-            if let Some(j) = js[u] {
+            if let Some((o, k, j)) = js[u] {
                 if cfg.momentum != 0.0 {
                     unsafe { b.velocity.write(j as usize, step[u]) };
                 }
-                unsafe { b.weights.write(j as usize, wv[u] - cfg.lr * step[u]) };
+                let nw = wv[u] - cfg.lr * step[u];
+                unsafe { b.weights.write(j as usize, nw) };
+                then(o, k, nw);
             }
         }
         e += U * threads;

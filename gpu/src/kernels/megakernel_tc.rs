@@ -16,23 +16,26 @@
 //! - Loader, per product instruction: waits for the instruction's dependency counter (acquire),
 //!   fences the generic and async proxies, then for each K block of [`PAGE_K`]: waits until the
 //!   slot is free, announces [`stage_tx_bytes`] and issues the two TMA loads (A rows `m0..`, B rows
-//!   `n0..`; an M-major operand is `tile / 32` boxes of 32 x 32). It runs up to the whole ring
+//!   `n0..`, one box each: every operand is K-major, see [`map`]). It runs up to the whole ring
 //!   ahead, across instruction boundaries: the next tile's loads overlap this tile's math.
 //! - Consumers, per product: two groups of [`GROUP_WARPS`] warps ([`PAGE_GROUPS`]); group `g`
 //!   multiplies the pages `kt` with [`page_group`]`(kt) == g`, so two warps share each scheduler and
 //!   hide each other's latencies. Warp `q` of a group owns the `tile/2` square at `(q / 2, q % 2)`
 //!   of the output tile, as `tile/32 x tile/16` `mma.m16n8k8` tf32 tiles; it reads a page's
-//!   fragments two k steps at a time from the swizzled page, frees the page after the last
-//!   reads (lane 0; the loader refills it during the last steps' math), and multiplies
-//!   ([`precision::TF32`]: one product, only the weights rounded in the loop, because every
-//!   activation and gradient is stored already rounded to tf32 (`rounded_operand`; the batch by
-//!   the host);
+//!   fragments with `ldmatrix`, two k steps at a time, from the swizzled page, frees the page
+//!   after the last reads (lane 0; the loader refills it during the last steps' math), and
+//!   multiplies ([`precision::TF32`]: one product, nothing converted in the loop, because every
+//!   operand is stored already rounded to tf32 (`rounded_operand`: activations, gradients and
+//!   the weights' copies by the epilogues and updates that write them, the batch by the host);
 //!   [`precision::TF32X3`]: the inputs split into tf32 head and tail, three products, tail terms
-//!   first). The page loop is compiled once per operand layout (K-major or M-major A and B).
+//!   first). Every operand is K-major ([`map`]), so one page loop serves all three products.
 //!   Each group then finishes half of every warp square (its `Half`): it leaves the other half's
 //!   sums in shared memory (two buffers, alternating per product), the consumers meet, and each
 //!   group adds the other's sums to its half and runs the epilogue on it (ReLU, the ReLU
-//!   derivative, the fused update) straight from the accumulators, so all eight warps store. The
+//!   derivative, the fused update) straight from the accumulators, so all eight warps store.
+//!   Beside each activation or gradient it stores the transposed copy (`act_t`, `grad_t`), and
+//!   beside each new weight its copies (`w_t`, and `w_op` on the tf32 path), that later products
+//!   read K-major. The
 //!   global values an epilogue reads (the ReLU mask, the old weights) are loaded while the pages
 //!   stream in (`Prefetched`). Loss gradients and SGD updates run on all 256 consumer threads
 //!   after consumer thread 0 has waited for their counters.
@@ -68,17 +71,19 @@ const BARRIERS: u32 = SUMS + 2 * SUMS_BYTES;
 /// The loss gradient's row statistics (`2 * MAX_TILE` f32), then the "go" word.
 const STATS: u32 = BARRIERS + 8 * (2 * PAGE_STAGES + 2);
 const GO: u32 = STATS + 8 * MAX_TILE;
-/// The layer table: `dims`, then `w_off`, then `a_off` (`layers + 1` words each), copied from
-/// global memory once per launch.
+/// The layer table: `dims`, `w_off`, `a_off`, `t_off`, `wt_off` ([`TABLE_COLUMNS`] columns of
+/// `layers + 1` words), copied from global memory once per launch.
 const LAYER_TABLE: u32 = GO + 16;
+/// Columns of the layer table.
+pub const TABLE_COLUMNS: u32 = 5;
 /// Dynamic shared memory of one block for a model of `layers` layers.
 pub const fn tc_smem_bytes(layers: u32) -> u32 {
-    LAYER_TABLE + 4 * 3 * (layers + 1)
+    LAYER_TABLE + 4 * TABLE_COLUMNS * (layers + 1)
 }
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod dev {
-    use super::{BARRIERS, GO, LAYER_TABLE, MAX_TILE, STATS, SUMS, SUMS_BYTES};
+    use super::{BARRIERS, GO, LAYER_TABLE, MAX_TILE, STATS, SUMS, SUMS_BYTES, TABLE_COLUMNS};
 
     /// Consumer threads.
     const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
@@ -130,7 +135,8 @@ mod dev {
         }
     }
 
-    /// The step's per-layer sizes and offsets (`MegaBuffers::dims`, `w_off`, `a_off`), read from
+    /// The step's per-layer sizes and offsets (`MegaBuffers::dims`, `w_off`, `a_off`, `t_off`,
+    /// `wt_off`), read from
     /// this block's shared-memory copy. The global arrays sit behind an L1 that every acquire and
     /// GPU-scope fence of the step invalidates, so each read there was an L2 round trip on the
     /// path from one instruction to the next.
@@ -151,9 +157,12 @@ mod dev {
             while j < n {
                 unsafe {
                     let t = self.table as *mut u32;
+                    let weighted = j < self.layers;
                     *t.add(j as usize) = b.dims.read(j as usize);
-                    *t.add((n + j) as usize) = if j < self.layers { b.w_off.read(j as usize) } else { 0 };
+                    *t.add((n + j) as usize) = if weighted { b.w_off.read(j as usize) } else { 0 };
                     *t.add((2 * n + j) as usize) = b.a_off.read(j as usize);
+                    *t.add((3 * n + j) as usize) = b.t_off.read(j as usize);
+                    *t.add((4 * n + j) as usize) = if weighted { b.wt_off.read(j as usize) } else { 0 };
                 }
                 j += thread::block_dim_x();
             }
@@ -167,16 +176,20 @@ mod dev {
         fn a_off(self, l: u32) -> u32 {
             unsafe { *self.table.add((2 * (self.layers + 1) + l) as usize) }
         }
+        fn t_off(self, l: u32) -> u32 {
+            unsafe { *self.table.add((3 * (self.layers + 1) + l) as usize) }
+        }
+        fn wt_off(self, l: u32) -> u32 {
+            unsafe { *self.table.add(((TABLE_COLUMNS - 1) * (self.layers + 1) + l) as usize) }
+        }
     }
 
     /// The product an instruction computes, `C[m][n] = sum_k A(m, k) B(n, k)` over `k < k`, each
-    /// operand one of the step's tensor maps, K-major or M-major.
+    /// operand one of the step's tensor maps (all K-major: [`map`]).
     #[derive(Clone, Copy)]
     struct Product {
         a_map: u32,
-        a_kmajor: bool,
         b_map: u32,
-        b_kmajor: bool,
         m0: u32,
         n0: u32,
         k: u32,
@@ -189,71 +202,24 @@ mod dev {
         let at = |kind: u32| map::PER_LAYER * l + kind;
         let (m0, n0) = (i.tile_row * cfg.tile, i.tile_col * cfg.tile);
         let dim = |k: u32| lt.dim(k);
-        match i.opcode {
-            // act[l+1] = act[l] W[l]^T: both K-major over the input features
-            opcode::LINEAR_FWD => Some(Product {
-                a_map: at(map::ACT_K),
-                a_kmajor: true,
-                b_map: at(map::W_K),
-                b_kmajor: true,
-                m0,
-                n0,
-                k: dim(l),
-            }),
-            // grad[l] = grad[l+1] W[l]: k is the output feature, W's rows
-            opcode::LINEAR_BWD_INPUT => Some(Product {
-                a_map: at(map::GRAD_K),
-                a_kmajor: true,
-                b_map: at(map::W_M),
-                b_kmajor: false,
-                m0,
-                n0,
-                k: dim(l + 1),
-            }),
+        let (a, b, k) = match i.opcode {
+            // act[l+1] = act[l] W[l]^T: k is the input feature
+            opcode::LINEAR_FWD => (map::ACT, map::W, dim(l)),
+            // grad[l] = grad[l+1] W[l]: k is the output feature, rows of W (columns of w_t)
+            opcode::LINEAR_BWD_INPUT => (map::GRAD, map::W_T, dim(l + 1)),
             // dW[l] = grad[l+1]^T act[l]: k is the batch row (the fused update's product too)
-            opcode::LINEAR_BWD_WEIGHT | opcode::LINEAR_BWD_WEIGHT_SGD => Some(Product {
-                a_map: at(map::GRAD_M),
-                a_kmajor: false,
-                b_map: at(map::ACT_M),
-                b_kmajor: false,
-                m0,
-                n0,
-                k: cfg.batch,
-            }),
-            _ => None,
-        }
+            opcode::LINEAR_BWD_WEIGHT | opcode::LINEAR_BWD_WEIGHT_SGD => (map::GRAD_T, map::ACT_T, cfg.batch),
+            _ => return None,
+        };
+        Some(Product { a_map: at(a), b_map: at(b), m0, n0, k })
     }
 
-    /// Byte offset of element `(m, k)` in an M-major page: `tile / 32` boxes of [`PAGE_K`] rows of
-    /// 32 f32, 128-byte swizzled. (K-major pages are read with `ldmatrix`, see [`Frags`].)
+    /// Issues the TMA load of one operand's page for K block `kt` (rows from `m0`): one box of
+    /// `tile` rows by [`PAGE_K`] columns.
     #[inline(always)]
-    fn m_major_offset(m: u32, k: u32) -> u32 {
-        (m / 32) * (32 * PAGE_K * 4) + Swizzle::B128.apply(k * 128 + (m % 32) * 4)
-    }
-
-    /// Issues the TMA loads of one operand's page for K block `kt` (rows from `m0`).
-    #[inline(always)]
-    unsafe fn load_page(
-        dst: u32,
-        maps: crate::DevicePtr<tma::TensorMap>,
-        m: u32,
-        kmajor: bool,
-        m0: u32,
-        kt: u32,
-        tile: u32,
-        bar: u32,
-    ) {
+    unsafe fn load_page(dst: u32, maps: crate::DevicePtr<tma::TensorMap>, m: u32, m0: u32, kt: u32, bar: u32) {
         let map = unsafe { maps.as_ptr().add(m as usize) };
-        let k0 = (kt * PAGE_K) as i32;
-        if kmajor {
-            unsafe { tma::load_2d(dst, map, k0, m0 as i32, bar) };
-        } else {
-            let mut h = 0;
-            while h < tile / 32 {
-                unsafe { tma::load_2d(dst + h * 32 * PAGE_K * 4, map, (m0 + 32 * h) as i32, k0, bar) };
-                h += 1;
-            }
-        }
+        unsafe { tma::load_2d(dst, map, (kt * PAGE_K) as i32, m0 as i32, bar) };
     }
 
     /// Waits for the phase of `bar` with `parity`, giving up (false) after the step's wait limit or
@@ -310,8 +276,8 @@ mod dev {
                     free_wait += thread::clock64() - w0;
                     unsafe {
                         mbarrier::arrive_expect_tx(sm.ready(slot), stage_tx_bytes(tile));
-                        load_page(sm.a_page(slot), b.maps, p.a_map, p.a_kmajor, p.m0, kt, tile, sm.ready(slot));
-                        load_page(sm.b_page(slot), b.maps, p.b_map, p.b_kmajor, p.n0, kt, tile, sm.ready(slot));
+                        load_page(sm.a_page(slot), b.maps, p.a_map, p.m0, kt, sm.ready(slot));
+                        load_page(sm.b_page(slot), b.maps, p.b_map, p.n0, kt, sm.ready(slot));
                     }
                     u += 1;
                     kt += 1;
@@ -359,84 +325,46 @@ mod dev {
     }
 
     /// One lane's addressing of a warp's fragments in an operand page, computed once per product:
-    /// `G` groups of 16 rows (m for A, n for B) from row `base` of the page; `KMAJOR` is the page's
-    /// layout, fixed per instantiation so that a page loop carries only its own loads.
-    ///
-    /// - K-major pages: one `ldmatrix.x4` per group. Its four 8 x 8 b16 matrices are four 8-row x
-    ///   4-f32 blocks, and a lane receives element `lane % 4` of row `lane / 4` of each: exactly the
-    ///   tf32 fragment (A: rows +0/+8 x k +0/+4; B: k +0/+4 x columns +0/+8). Lane `l` points at
-    ///   row `l % 8 (+8)`, 16-byte chunk `(l / 8)`; the 128-byte swizzle XORs the chunk with the row,
-    ///   and since the page is 1024-byte aligned and `kk / 4` only sets chunk bits, the address for
-    ///   k step `kk` is the lane's address XOR `(kk / 4) << 4`.
-    /// - M-major pages: four `ld.shared.b32` per group, at offsets precomputed for `kk = 0`; k step
-    ///   `kk` (a multiple of 8) adds `kk * 128` and leaves the swizzle's `k % 8` unchanged.
+    /// `G` groups of 16 rows (m for A, n for B) from row `base` of the (K-major) page, one
+    /// `ldmatrix.x4` per group. Its four 8 x 8 b16 matrices are four 8-row x 4-f32 blocks, and a
+    /// lane receives element `lane % 4` of row `lane / 4` of each: exactly the tf32 fragment (A:
+    /// rows +0/+8 x k +0/+4; B: k +0/+4 x columns +0/+8). Lane `l` points at row `l % 8 (+8)`,
+    /// 16-byte chunk `(l / 8)`; the 128-byte swizzle XORs the chunk with the row, and since the
+    /// page is 1024-byte aligned and `kk / 4` only sets chunk bits, the address for k step `kk` is
+    /// the lane's address XOR `(kk / 4) << 4`.
     #[derive(Clone, Copy)]
-    struct Frags<const G: usize, const KMAJOR: bool> {
-        off: [[u32; 4]; G],
+    struct Frags<const G: usize> {
+        off: [u32; G],
     }
 
-    impl<const G: usize, const KMAJOR: bool> Frags<G, KMAJOR> {
+    impl<const G: usize> Frags<G> {
         #[inline(always)]
         fn new(base: u32, kind: FragKind) -> Self {
             let lane = thread::lane_id();
             let (q, r) = (lane / 8, lane % 8);
-            let mut off = [[0u32; 4]; G];
-            for (gi, o) in off.iter_mut().enumerate() {
-                let row0 = base + 16 * gi as u32;
-                if KMAJOR {
-                    // A: matrices (rows +0, k +0), (+8, +0), (+0, +4), (+8, +4);
-                    // B pair: (columns +0, k +0), (+0, +4), (+8, +0), (+8, +4)
-                    let (drow, dchunk) = if kind == FragKind::A { (8 * (q % 2), q / 2) } else { (8 * (q / 2), q % 2) };
-                    o[0] = (row0 + r + drow) * 128 + ((dchunk ^ r) << 4);
-                } else {
-                    for (e, v) in o.iter_mut().enumerate() {
-                        let e = e as u32;
-                        let (m, k) = if kind == FragKind::A {
-                            let (fr, fc) = mma::m16n8k8_tf32_a(lane, e);
-                            (row0 + fr, fc)
-                        } else {
-                            // registers (b0, b1) of the first B tile, then of the second
-                            let (fk, fn_) = mma::m16n8k8_tf32_b(lane, e % 2);
-                            (row0 + 8 * (e / 2) + fn_, fk)
-                        };
-                        *v = m_major_offset(m, k);
-                    }
-                }
-            }
-            Frags { off }
+            // A: matrices (rows +0, k +0), (+8, +0), (+0, +4), (+8, +4);
+            // B pair: (columns +0, k +0), (+0, +4), (+8, +0), (+8, +4)
+            let (drow, dchunk) = if kind == FragKind::A { (8 * (q % 2), q / 2) } else { (8 * (q / 2), q % 2) };
+            Frags { off: core::array::from_fn(|gi| (base + 16 * gi as u32 + r + drow) * 128 + ((dchunk ^ r) << 4)) }
         }
 
         /// The four fragment registers of group `gi` at k step `kk` of the page at `page`.
         #[inline(always)]
         unsafe fn load(&self, page: u32, gi: usize, kk: u32) -> [u32; 4] {
-            let o = &self.off[gi];
-            if KMAJOR {
-                unsafe { matrix::ldmatrix_x4(page + (o[0] ^ ((kk / 4) << 4))) }
-            } else {
-                let at = page + kk * 128;
-                unsafe {
-                    [
-                        shared::ld_shared_b32(at + o[0]),
-                        shared::ld_shared_b32(at + o[1]),
-                        shared::ld_shared_b32(at + o[2]),
-                        shared::ld_shared_b32(at + o[3]),
-                    ]
-                }
-            }
+            unsafe { matrix::ldmatrix_x4(page + (self.off[gi] ^ ((kk / 4) << 4))) }
         }
     }
 
-    /// An f32 as tf32 operands: `(head, tail)` with `head = tf32(x)` and `tail = tf32(x - head)`
-    /// (the tail only when `SPLIT`). Without `SPLIT` and `ROUND`, `x` is already a tf32 value
-    /// (see [`rounded_operand`]) and passes as it is.
+    /// An f32 as tf32 operands: with `SPLIT`, `(head, tail)` with `head = tf32(x)` and
+    /// `tail = tf32(x - head)`; without, `x` is already a tf32 value (see [`rounded_operand`]) and
+    /// passes as it is.
     #[inline(always)]
-    fn split<const SPLIT: bool, const ROUND: bool>(x: f32) -> (u32, u32) {
-        if !SPLIT && !ROUND {
+    fn split<const SPLIT: bool>(x: f32) -> (u32, u32) {
+        if !SPLIT {
             return (x.to_bits(), 0);
         }
         let head = convert::f32_to_tf32(x);
-        let tail = if SPLIT { convert::f32_to_tf32(x - f32::from_bits(head)) } else { 0 };
-        (head, tail)
+        (head, convert::f32_to_tf32(x - f32::from_bits(head)))
     }
 
     /// One k step's raw fragments: A groups, then B groups (see [`Frags`]).
@@ -444,9 +372,9 @@ mod dev {
 
     /// Loads k step `ks` of the page pair at `pa`, `pb`.
     #[inline(always)]
-    unsafe fn load_step<const MT: usize, const AK: bool, const BK: bool>(
-        a_frag: &Frags<MT, AK>,
-        b_frag: &Frags<MT, BK>,
+    unsafe fn load_step<const MT: usize>(
+        a_frag: &Frags<MT>,
+        b_frag: &Frags<MT>,
         pa: u32,
         pb: u32,
         ks: usize,
@@ -470,25 +398,25 @@ mod dev {
         }
     }
 
-    /// One k step's products: rounds the fragments to tf32 (and splits them, `SPLIT`; without it,
-    /// only B and only when `ROUND_B`: A is always a stored, already rounded operand) and
-    /// accumulates the `MT x NT` `m16n8k8` products into `acc`.
+    /// One k step's products: splits the fragments into tf32 heads and tails (`SPLIT`; without it
+    /// they are stored, already rounded operands) and accumulates the `MT x NT` `m16n8k8`
+    /// products into `acc`.
     #[inline(always)]
-    fn mma_step<const MT: usize, const NT: usize, const SPLIT: bool, const ROUND_B: bool>(
+    fn mma_step<const MT: usize, const NT: usize, const SPLIT: bool>(
         (ra, rb): Step<MT>,
         acc: &mut [[[f32; 4]; NT]; MT],
     ) {
         let mut fa = [[(0u32, 0u32); 4]; MT];
         for (f, raw) in fa.iter_mut().zip(ra.iter()) {
             for e in 0..4 {
-                f[e] = split::<SPLIT, false>(f32::from_bits(raw[e]));
+                f[e] = split::<SPLIT>(f32::from_bits(raw[e]));
             }
         }
         // B group g holds tiles 2g and 2g + 1 (registers b0, b1 of each)
         let mut fb = [[(0u32, 0u32); 2]; NT];
         for (j, f) in fb.iter_mut().enumerate() {
             for (e, v) in f.iter_mut().enumerate() {
-                *v = split::<SPLIT, ROUND_B>(f32::from_bits(rb[j / 2][2 * (j % 2) + e]));
+                *v = split::<SPLIT>(f32::from_bits(rb[j / 2][2 * (j % 2) + e]));
             }
         }
         for (j, fb) in fb.iter().enumerate() {
@@ -511,19 +439,10 @@ mod dev {
     /// `(q / 2) 16 MT`, column `(q % 2) 8 NT` of the tile), summed over its group's pages
     /// ([`page_group`]). Steps through the product's pages from use `*u` on; `on_first` runs once
     /// the group's first page has arrived (the producers' stores are then visible, see
-    /// [`Prefetched`]), and not at all in a group that has no page. `AK`, `BK`: the operands'
-    /// page layouts (K-major); `ROUND_B`: B is rounded to tf32 here (the weights; A, and the weight
-    /// gradient's B, are stored rounded on the tf32 path, see [`rounded_operand`]). False when the
-    /// step was given up.
+    /// [`Prefetched`]), and not at all in a group that has no page. False when the step was
+    /// given up.
     #[inline(always)]
-    unsafe fn tile_mma<
-        const MT: usize,
-        const NT: usize,
-        const SPLIT: bool,
-        const AK: bool,
-        const BK: bool,
-        const ROUND_B: bool,
-    >(
+    unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         sm: Smem,
@@ -536,8 +455,8 @@ mod dev {
         let lane = thread::lane_id();
         let (group, w) = (thread::warp_id() / GROUP_WARPS, thread::warp_id() % GROUP_WARPS);
         let (rm, rn) = ((w / 2) * 16 * MT as u32, (w % 2) * 8 * NT as u32);
-        let a_frag = Frags::<MT, AK>::new(rm, FragKind::A);
-        let b_frag = Frags::<MT, BK>::new(rn, FragKind::BPair);
+        let a_frag = Frags::<MT>::new(rm, FragKind::A);
+        let b_frag = Frags::<MT>::new(rn, FragKind::BPair);
         *acc = [[[0.0f32; 4]; NT]; MT];
         // thread 0's cycles waiting for pages after the first, and from the first page on
         let (mut ready_wait, mut first) = (0u64, 0u64);
@@ -583,8 +502,8 @@ mod dev {
                 if ks + 2 == KSTEPS {
                     unsafe { free_page(sm, slot) };
                 }
-                mma_step::<MT, NT, SPLIT, ROUND_B>(f0, acc);
-                mma_step::<MT, NT, SPLIT, ROUND_B>(f1, acc);
+                mma_step::<MT, NT, SPLIT>(f0, acc);
+                mma_step::<MT, NT, SPLIT>(f1, acc);
                 ks += 2;
             }
             *u += 1;
@@ -600,12 +519,51 @@ mod dev {
     }
 
     /// `v` as stored for later products: on the tf32 path rounded to tf32 (nearest, ties to even),
-    /// the value the products would round it to anyway, so that the page loops read these operands
-    /// (hidden activations and gradients: every A, and the weight gradient's B) without converting
-    /// them; on the 3xTF32 path as it is.
+    /// the value the products would round it to anyway, so that the page loops read every operand
+    /// (activations, gradients, the weights' copies) without converting it; on the 3xTF32 path
+    /// as it is.
     #[inline(always)]
     fn rounded_operand(cfg: &MegaConfig, v: f32) -> f32 {
         if cfg.precision == precision::TF32 { f32::from_bits(convert::f32_to_tf32(v)) } else { v }
+    }
+
+    /// Stores operand `v`, element (row `r`, feature `c`) of an activation or gradient layer, into
+    /// its transposed copy `p` (`act_t` or `grad_t`) at the layer's offset `t_off`: row `c`, column
+    /// `r` (rows of `pitch(batch)`), where the weight gradients read it K-major.
+    #[inline(always)]
+    unsafe fn store_t(p: crate::DevicePtrMut<f32>, cfg: &MegaConfig, t_off: u32, r: u32, c: u32, v: f32) {
+        unsafe { p.write((t_off + c * pitch(cfg.batch) + r) as usize, v) };
+    }
+
+    /// Stores the copies of new weights `w` (row `o`, columns `k..k + N` of `W[l]`, `N` 1 or 2,
+    /// columns past the layer's inputs skipped) that the products read, as [`rounded_operand`]s:
+    /// `w_t[l][k..][o]` (the input gradients' B) and, on the tf32 path, `w_op[l][o][k..]` (the
+    /// forwards' B, a pair in one store; the 3xTF32 path reads `weights` itself).
+    #[inline(always)]
+    unsafe fn store_weight_copies<const N: usize>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        lt: Layers,
+        l: u32,
+        o: u32,
+        k: u32,
+        w: [f32; N],
+    ) {
+        let (din, dout) = (lt.dim(l), lt.dim(l + 1));
+        let v = w.map(|x| rounded_operand(cfg, x));
+        if cfg.precision == precision::TF32 {
+            let at = lt.w_off(l) + o * pitch(din) + k;
+            if N == 2 {
+                unsafe { store_pair(b.w_op, at, k, din, [v[0], v[N - 1]]) };
+            } else {
+                unsafe { b.w_op.write(at as usize, v[0]) };
+            }
+        }
+        for (j, &x) in v.iter().enumerate() {
+            if k + (j as u32) < din {
+                unsafe { b.w_t.write((lt.wt_off(l) + (k + j as u32) * pitch(dout) + o) as usize, x) };
+            }
+        }
     }
 
     /// One page group's half of a warp's accumulators: `[s][nj][c]` is the group's 8-row slab `s`
@@ -872,7 +830,9 @@ mod dev {
 
         /// `grad[L] = dLoss / d act[L]` for the loaded elements (cross-entropy: from the row
         /// statistics in `stats`, filled by [`loss_stats_from_partials`] behind a rendezvous), with
-        /// `exp` on the special-function unit and reciprocals, stored as [`rounded_operand`]s.
+        /// `exp` on the special-function unit and reciprocals, stored as [`rounded_operand`]s; each
+        /// is also left in `staged` (shared memory, [`LossTile::staged_at`]) for
+        /// [`LossTile::store_transposed`].
         /// Every gradient is computed before the first store (as far as the compiler knows, a store
         /// may change the statistics). This part takes about 4 500 cycles at tile 64 (run 116);
         /// what bounds it was not measured.
@@ -884,6 +844,7 @@ mod dev {
             lt: Layers,
             i: &Instruction,
             stats: *const f32,
+            staged: u32,
         ) {
             let (dout, a_out) = (lt.dim(cfg.layers), lt.a_off(cfg.layers));
             let (inv_batch, mse_scale) = (1.0 / cfg.batch as f32, 2.0 / (cfg.batch * dout) as f32);
@@ -901,37 +862,113 @@ mod dev {
                 }
             });
             for (j, &g) in grad.iter().enumerate() {
-                let (_, tr, tc, live) = Self::at(cfg, i, dout, j);
+                let (r, tr, tc, live) = Self::at(cfg, i, dout, j);
                 if live {
-                    unsafe { b.grad.write((a_out + tr * pitch(dout) + tc) as usize, rounded_operand(cfg, g)) };
+                    let g = rounded_operand(cfg, g);
+                    unsafe {
+                        b.grad.write((a_out + tr * pitch(dout) + tc) as usize, g);
+                        shared::st_shared_b32(staged + Self::staged_at(r, tc % Self::TILE), g.to_bits());
+                    }
+                }
+            }
+        }
+
+        /// Byte offset of tile element (row `r`, column `c`) in the staged tile: column-major (a
+        /// column of the tile is a row of `grad_t`), each column's words rotated by XOR with the
+        /// column, so that 32 lanes writing one row or reading one column hit 32 banks.
+        #[inline(always)]
+        fn staged_at(r: u32, c: u32) -> u32 {
+            4 * (c * Self::TILE + (r ^ (c % 32)))
+        }
+
+        /// `grad_t[L]`, the tile's gradients transposed, from the staged tile (after the
+        /// consumers have met behind [`LossTile::store_grads`]): thread `t` takes elements `t + j
+        /// CONSUMERS` in column-major order, so a warp writes 32 neighbouring rows of `grad_t`
+        /// (where writing them straight from the row-major registers cost one 32-byte segment per
+        /// element: the loss tile took 10.3 us instead of 5.2, run 120).
+        #[inline(always)]
+        unsafe fn store_transposed(b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction, staged: u32) {
+            let tile = Self::TILE;
+            let (dout, t_out) = (lt.dim(cfg.layers), lt.t_off(cfg.layers));
+            for j in 0..LOSS_ELEMS {
+                let e = thread::thread_idx_x() + j as u32 * CONSUMERS;
+                let (c, r) = (e / tile, e % tile);
+                let (tr, tc) = (i.tile_row * tile + r, i.tile_col * tile + c);
+                if e < tile * tile && tr < cfg.batch && tc < dout {
+                    let g = f32::from_bits(unsafe { shared::ld_shared_b32(staged + Self::staged_at(r, c)) });
+                    unsafe { store_t(b.grad_t, cfg, t_out, tr, tc, g) };
                 }
             }
         }
     }
 
-    /// `f(row, column, value, [s][nj][c])` for every element of a group's [`Half`].
+    /// `f(row, column, [v0, v1], [s][nj])` for every pair of a group's [`Half`]: the values of
+    /// columns `column` (even) and `column + 1` of a row.
     #[inline(always)]
-    fn for_each_in_half<const MT: usize, const NT: usize>(
+    fn for_each_pair_in_half<const MT: usize, const NT: usize>(
         mine: &Half<MT, NT>,
         h: HalfAt,
-        mut f: impl FnMut(u32, u32, f32, (usize, usize, usize)),
+        mut f: impl FnMut(u32, u32, [f32; 2], (usize, usize)),
     ) {
         for (s, slab) in mine.iter().enumerate() {
-            for (nj, pair) in slab.iter().enumerate() {
-                for (c, &v) in pair.iter().enumerate() {
-                    let (r, col) = h.at(s, nj, c);
-                    f(r, col, v, (s, nj, c));
-                }
+            for (nj, &pair) in slab.iter().enumerate() {
+                let (r, col) = h.at(s, nj, 0);
+                f(r, col, pair, (s, nj));
             }
         }
     }
 
-    /// Stores the group's [`Half`] of instruction `i` (live outputs only): the forward's ReLU on
-    /// hidden layers, the input gradient's ReLU derivative, the weight gradient as is, or the
-    /// fused update's new weights (and velocities), the last two with the values in `pre`. The
-    /// last layer's forward under cross-entropy also writes its rows' partial statistics
-    /// ([`write_loss_partials`]). One loop per opcode, each small enough to unroll fully (so the
-    /// arrays stay in registers).
+    /// Stores the pair `v` at `p[at]`, `p[at + 1]`, columns `c` (even) and `c + 1` of a row with
+    /// `cols` live columns: one 8-byte store when both are live (every row of the step starts
+    /// 16-byte aligned, see [`pitch`]), the first alone when only it is.
+    #[inline(always)]
+    unsafe fn store_pair(p: crate::DevicePtrMut<f32>, at: u32, c: u32, cols: u32, v: [f32; 2]) {
+        if c + 1 < cols {
+            unsafe { p.write2(at as usize, v) };
+        } else if c < cols {
+            unsafe { p.write(at as usize, v[0]) };
+        }
+    }
+
+    /// Loads the pair at `p[at]`, `p[at + 1]` as [`store_pair`] stores it (a dead column reads 0).
+    #[inline(always)]
+    unsafe fn load_pair(p: crate::DevicePtr<f32>, at: u32, c: u32, cols: u32) -> [f32; 2] {
+        if c + 1 < cols {
+            unsafe { p.read2(at as usize) }
+        } else if c < cols {
+            [unsafe { p.read(at as usize) }, 0.0]
+        } else {
+            [0.0; 2]
+        }
+    }
+
+    /// Stores the pair `v` (row `r`, features `c`, `c + 1`, of `cols` live) into a transposed copy
+    /// ([`store_t`]): two 4-byte stores, one per row of the copy.
+    #[inline(always)]
+    unsafe fn store_t_pair(
+        p: crate::DevicePtrMut<f32>,
+        cfg: &MegaConfig,
+        t_off: u32,
+        r: u32,
+        c: u32,
+        cols: u32,
+        v: [f32; 2],
+    ) {
+        for (k, &x) in v.iter().enumerate() {
+            if c + (k as u32) < cols {
+                unsafe { store_t(p, cfg, t_off, r, c + k as u32, x) };
+            }
+        }
+    }
+
+    /// Stores the group's [`Half`] of instruction `i` (live outputs only), a pair of columns at a
+    /// time ([`store_pair`]): the forward's ReLU on hidden layers, the input gradient's ReLU
+    /// derivative, the weight gradient as is, or the fused update's new weights (and
+    /// velocities), the last two with the values in `pre`; each operand of a later product also
+    /// into its K-major copy (hidden activations into `act_t`, gradients into `grad_t`, new
+    /// weights into `w_t` and `w_op`). The last layer's forward under cross-entropy also writes its
+    /// rows' partial statistics ([`write_loss_partials`]). One loop per opcode, each small enough
+    /// to unroll fully (so the arrays stay in registers).
     #[inline(always)]
     unsafe fn epilogue<const MT: usize, const NT: usize>(
         b: &MegaBuffers,
@@ -945,6 +982,7 @@ mod dev {
         let (din, dout) = (lt.dim(l), lt.dim(l + 1));
         let (pin, pout) = (pitch(din), pitch(dout));
         let (w_off, a_in, a_out) = (lt.w_off(l), lt.a_off(l), lt.a_off(l + 1));
+        let (t_in, t_out) = (lt.t_off(l), lt.t_off(l + 1));
         let hidden = l + 1 < cfg.layers;
         let h = HalfAt::new::<MT, NT>(cfg, i);
         match i.opcode {
@@ -952,23 +990,33 @@ mod dev {
                 if !hidden && cfg.loss != loss::MSE {
                     unsafe { write_loss_partials::<MT, NT>(b, cfg, i, dout, mine) };
                 }
-                for_each_in_half(mine, h, |r: u32, c: u32, v: f32, _| {
-                    if r < cfg.batch && c < dout {
-                        let v = if hidden { rounded_operand(cfg, v.max(0.0)) } else { v };
-                        unsafe { b.act.write((a_out + r * pout + c) as usize, v) };
+                for_each_pair_in_half(mine, h, |r: u32, c: u32, v: [f32; 2], _| {
+                    if r < cfg.batch {
+                        if hidden {
+                            let v = v.map(|x| rounded_operand(cfg, x.max(0.0)));
+                            unsafe {
+                                store_pair(b.act, a_out + r * pout + c, c, dout, v);
+                                store_t_pair(b.act_t, cfg, t_out, r, c, dout, v);
+                            }
+                        } else {
+                            unsafe { store_pair(b.act, a_out + r * pout + c, c, dout, v) };
+                        }
                     }
                 });
             }
-            opcode::LINEAR_BWD_INPUT => for_each_in_half(mine, h, |r: u32, c: u32, v: f32, (s, nj, k)| {
-                if r < cfg.batch && c < din {
-                    let live = pre.x[s][nj][k] > 0.0;
-                    let v = if live { rounded_operand(cfg, v) } else { 0.0 };
-                    unsafe { b.grad.write((a_in + r * pin + c) as usize, v) };
+            opcode::LINEAR_BWD_INPUT => for_each_pair_in_half(mine, h, |r: u32, c: u32, v: [f32; 2], (s, nj)| {
+                if r < cfg.batch {
+                    let v: [f32; 2] =
+                        core::array::from_fn(|k| if pre.x[s][nj][k] > 0.0 { rounded_operand(cfg, v[k]) } else { 0.0 });
+                    unsafe {
+                        store_pair(b.grad, a_in + r * pin + c, c, din, v);
+                        store_t_pair(b.grad_t, cfg, t_in, r, c, din, v);
+                    }
                 }
             }),
-            opcode::LINEAR_BWD_WEIGHT => for_each_in_half(mine, h, |r: u32, c: u32, v: f32, _| {
-                if r < dout && c < din {
-                    unsafe { b.dw.write((w_off + r * pin + c) as usize, v) };
+            opcode::LINEAR_BWD_WEIGHT => for_each_pair_in_half(mine, h, |r: u32, c: u32, v: [f32; 2], _| {
+                if r < dout {
+                    unsafe { store_pair(b.dw, w_off + r * pin + c, c, din, v) };
                 }
             }),
             opcode::LINEAR_BWD_WEIGHT_SGD => {
@@ -977,23 +1025,27 @@ mod dev {
                 // `weights` may change `velocity`, so interleaved loads would each wait in turn)
                 let mut vel = [[[0.0f32; 2]; NT]; MT];
                 if cfg.momentum != 0.0 {
-                    for_each_in_half(mine, h, |r: u32, c: u32, _, (s, nj, k)| {
-                        if r < dout && c < din {
-                            vel[s][nj][k] = unsafe { b.velocity.as_const().read((w_off + r * pin + c) as usize) };
+                    for_each_pair_in_half(mine, h, |r: u32, c: u32, _, (s, nj)| {
+                        if r < dout {
+                            vel[s][nj] = unsafe { load_pair(b.velocity.as_const(), w_off + r * pin + c, c, din) };
                         }
                     });
                 }
-                for_each_in_half(mine, h, |r: u32, c: u32, v: f32, (s, nj, k)| {
-                    if r < dout && c < din {
-                        let j = (w_off + r * pin + c) as usize;
+                for_each_pair_in_half(mine, h, |r: u32, c: u32, v: [f32; 2], (s, nj)| {
+                    if r < dout {
+                        let j = w_off + r * pin + c;
                         let step = if cfg.momentum != 0.0 {
-                            let st = cfg.momentum * vel[s][nj][k] + v;
-                            unsafe { b.velocity.write(j, st) };
+                            let st: [f32; 2] = core::array::from_fn(|k| cfg.momentum * vel[s][nj][k] + v[k]);
+                            unsafe { store_pair(b.velocity, j, c, din, st) };
                             st
                         } else {
                             v
                         };
-                        unsafe { b.weights.write(j, pre.x[s][nj][k] - cfg.lr * step) };
+                        let w: [f32; 2] = core::array::from_fn(|k| pre.x[s][nj][k] - cfg.lr * step[k]);
+                        unsafe {
+                            store_pair(b.weights, j, c, din, w);
+                            store_weight_copies(b, cfg, lt, l, r, c, w);
+                        }
                     }
                 })
             }
@@ -1038,25 +1090,7 @@ mod dev {
                     }
                 };
                 let f = &mut on_first;
-                // One page loop per operand layout, so that none carries the other layout's loads.
-                // The layouts name the opcode (see `product`): B is the weights, rounded in the
-                // loop, except in the weight gradient (`(false, false)`), whose B is `act`.
-                let ok = unsafe {
-                    match (p.a_kmajor, p.b_kmajor) {
-                        (true, true) => {
-                            tile_mma::<MT, NT, SPLIT, true, true, true>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
-                        }
-                        (true, false) => {
-                            tile_mma::<MT, NT, SPLIT, true, false, true>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
-                        }
-                        (false, true) => {
-                            tile_mma::<MT, NT, SPLIT, false, true, true>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
-                        }
-                        (false, false) => {
-                            tile_mma::<MT, NT, SPLIT, false, false, false>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
-                        }
-                    }
-                };
+                let ok = unsafe { tile_mma::<MT, NT, SPLIT>(b, cfg, sm, &p, &mut u, idx, &mut acc, f) };
                 if !ok {
                     return;
                 }
@@ -1116,8 +1150,16 @@ mod dev {
                             done = rendezvous(b, cfg, sm, &mut phase, idx);
                             met = thread::clock64() - m0;
                         }
+                        // the gradients, and their transposed copy through shared memory (the sums
+                        // buffers: idle between products, and the meeting before this tile's
+                        // signal keeps the next product's sums from overwriting them early)
+                        let staged = sm.sums(0);
                         if done {
-                            tile_loss.store_grads(b, cfg, lt, &ins, stats);
+                            tile_loss.store_grads(b, cfg, lt, &ins, stats, staged);
+                            done = rendezvous(b, cfg, sm, &mut phase, idx);
+                        }
+                        if done {
+                            LossTile::<MT>::store_transposed(b, cfg, lt, &ins, staged);
                         }
                         if t == 0 {
                             record(b, idx, trace::READY_WAIT_CLK, met);
@@ -1126,7 +1168,8 @@ mod dev {
                         done
                     },
                     opcode::SGD_UPDATE => {
-                        unsafe { sgd_update(b, cfg, &ins, cfg.tile, CONSUMERS, t) };
+                        let copies = |o, k, w| unsafe { store_weight_copies(b, cfg, lt, ins.layer, o, k, [w]) };
+                        unsafe { sgd_update(b, cfg, &ins, cfg.tile, CONSUMERS, t, copies) };
                         true
                     }
                     _ => true,
@@ -1216,3 +1259,5 @@ const _: () = assert!(TC_THREADS == 288 && (CONSUMER_WARPS * 32).is_multiple_of(
 const _: () = assert!(PAGE_GROUPS == 2 && GROUP_WARPS == 4);
 // The page layout must hold the largest tile's two pages.
 const _: () = assert!(2 * page_bytes(MAX_TILE) <= STAGE_BYTES);
+// A loss tile's staged gradients fit in one sums buffer.
+const _: () = assert!(4 * MAX_TILE * MAX_TILE <= SUMS_BYTES);
