@@ -137,6 +137,59 @@ mod device {
         };
     }
 
+    /// `wgmma.fence`, four `wgmma.mma_async ... .f32.tf32.tf32` (k steps, each reading descriptors
+    /// `$a<k>` / `$b<k>`, accumulating into `$d[0..]`, listed by index), commit and wait for them:
+    /// one `asm` block, so that the compiler cannot move or spill the accumulators while the
+    /// products still write them.
+    macro_rules! wgmma_f32_tf32_x4 {
+        ($shape:literal, $d:ident, $a:ident, $b:ident; $($i:literal),+) => {
+            asm!(
+                concat!(
+                    "{{ .reg .pred p; setp.eq.u32 p, 1, 1;\n",
+                    "wgmma.fence.sync.aligned;\n",
+                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.tf32.tf32 {{{0}", $(", {", stringify!($i), "}",)+ "}}, {a0}, {b0}, p, 1, 1;\n",
+                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.tf32.tf32 {{{0}", $(", {", stringify!($i), "}",)+ "}}, {a1}, {b1}, p, 1, 1;\n",
+                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.tf32.tf32 {{{0}", $(", {", stringify!($i), "}",)+ "}}, {a2}, {b2}, p, 1, 1;\n",
+                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.tf32.tf32 {{{0}", $(", {", stringify!($i), "}",)+ "}}, {a3}, {b3}, p, 1, 1;\n",
+                    "wgmma.commit_group.sync.aligned;\n",
+                    "wgmma.wait_group.sync.aligned 0; }}"
+                ),
+                inout(reg32) $d[0],
+                $(inout(reg32) $d[$i],)+
+                a0 = in(reg64) $a[0],
+                a1 = in(reg64) $a[1],
+                a2 = in(reg64) $a[2],
+                a3 = in(reg64) $a[3],
+                b0 = in(reg64) $b[0],
+                b1 = in(reg64) $b[1],
+                b2 = in(reg64) $b[2],
+                b3 = in(reg64) $b[3],
+                options(nostack)
+            )
+        };
+    }
+
+    /// Four warpgroup-wide `D += A B` k steps on a 64 x 64 tile (k = 4 x 8), tf32 inputs from
+    /// shared memory through descriptors (both K-major: tf32 has no transposed form), f32
+    /// accumulators in registers (32 per thread, laid out as [`super::acc_m64`] says), waited for
+    /// before it returns (the warpgroup's own products do not overlap; another warpgroup's do).
+    /// The hardware reads the top 19 bits of each f32 operand, so the operands should already be
+    /// tf32 values.
+    ///
+    /// PTX: `wgmma.fence.sync.aligned;`, four times
+    /// `wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {d0..d31}, a_desc[k], b_desc[k], 1, 1, 1;`,
+    /// `wgmma.commit_group.sync.aligned;`, `wgmma.wait_group.sync.aligned 0;`
+    ///
+    /// # Safety
+    /// The whole warpgroup calls it, converged; the descriptors describe tiles the async proxy
+    /// may read (their writes complete, as an mbarrier wait on TMA bytes ensures).
+    #[inline(always)]
+    pub unsafe fn mma_m64n64k8x4_tf32_wait(d: &mut [f32; 32], a_desc: [u64; 4], b_desc: [u64; 4]) {
+        unsafe {
+            wgmma_f32_tf32_x4!("m64n64k8", d, a_desc, b_desc; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
+        };
+    }
+
     /// Raises this warpgroup's per-thread register budget to `N` (24..=256, a multiple of 8),
     /// waiting until the registers are free: consumer warpgroups take what producers released.
     ///

@@ -29,6 +29,11 @@
 //!   the weights' copies by the epilogues and updates that write them, the batch by the host);
 //!   [`precision::TF32X3`]: the inputs split into tf32 head and tail, three products, tail terms
 //!   first). Every operand is K-major ([`map`]), so one page loop serves all three products.
+//!   [`precision::TF32`] at tile 64 multiplies on the asynchronous path instead (`tile_wgmma`):
+//!   each group is a warpgroup (warps `0..4`, `4..8`) that issues four `wgmma` m64n64k8 tf32 per
+//!   page straight from the swizzled page through descriptors, no fragments in registers; warp
+//!   `w` of a group then holds rows `16 w .. 16 w + 16` of the tile, every column. (Medium model
+//!   0.151 -> 0.130 ms, large 2.34 -> 1.94 ms, H200 run 124.)
 //!   Each group then finishes half of every warp square (its `Half`): it leaves the other half's
 //!   sums in shared memory (two buffers, alternating per product), the consumers meet, and each
 //!   group adds the other's sums to its half and runs the epilogue on it (ReLU, the ReLU
@@ -87,6 +92,7 @@ mod dev {
 
     /// Consumer threads.
     const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
+    use crate::kernels::gemm_wgmma::tile_descriptor;
     use crate::kernels::megakernel_step::{aborted, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
         CONSUMER_WARPS, GROUP_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_FREE_ARRIVALS,
@@ -94,8 +100,7 @@ mod dev {
         free_parity, loss, loss_partials, map, opcode, page_bytes, page_group, page_slot, pitch, precision,
         ready_parity, stage_tx_bytes, trace,
     };
-    use crate::swizzle::Swizzle;
-    use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp};
+    use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
 
     /// `mma` k steps (of 8) per page.
     const KSTEPS: usize = (PAGE_K / 8) as usize;
@@ -518,6 +523,82 @@ mod dev {
         true
     }
 
+    /// [`tile_mma`] on the asynchronous tensor-core path ([`precision::TF32`] at tile 64): each
+    /// page group is a warpgroup, and it multiplies each of its pages whole with four `wgmma`
+    /// m64n64k8 tf32 products read straight from the swizzled pages through descriptors (no
+    /// fragments in registers, nothing converted: every operand is stored as a tf32 value), waits
+    /// for them and frees the page. The other group's products keep the tensor cores busy
+    /// meanwhile. Warp `w` of the group ends with rows `16 w .. 16 w + 16`, all 64 columns
+    /// ([`wgmma::acc_m64`], which is `acc` as `[1][8]` `m16n8` tiles: `MT = 1`, `NT = 8`, `WIDE`).
+    #[inline(always)]
+    unsafe fn tile_wgmma<const MT: usize, const NT: usize>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        sm: Smem,
+        p: &Product,
+        u: &mut u32,
+        idx: u32,
+        acc: &mut [[[f32; 4]; NT]; MT],
+        on_first: &mut impl FnMut(),
+    ) -> bool {
+        const { assert!(PAGE_K == 32) };
+        if MT != 1 || NT != 8 {
+            // only `consume::<1, 8, 2, false, true>` calls it (the other instantiations compile it away)
+            return false;
+        }
+        let lane = thread::lane_id();
+        let group = thread::warp_id() / GROUP_WARPS;
+        *acc = [[[0.0f32; 4]; NT]; MT];
+        // SAFETY (of the cast): [[[f32; 4]; 8]; 1] and [f32; 32] have the same layout.
+        let d = unsafe { &mut *(acc as *mut [[[f32; 4]; NT]; MT] as *mut [f32; 32]) };
+        let (mut ready_wait, mut first) = (0u64, 0u64);
+        let mut kt = 0;
+        while kt < p.k.div_ceil(PAGE_K) {
+            if page_group(kt) != group {
+                *u += 1;
+                kt += 1;
+                continue;
+            }
+            let slot = page_slot(*u);
+            let w0 = thread::clock64();
+            let ok = unsafe { bounded_wait(b, cfg, sm.ready(slot), ready_parity(*u)) };
+            let w1 = thread::clock64();
+            if kt < PAGE_GROUPS {
+                first = w1;
+            } else {
+                ready_wait += w1 - w0;
+            }
+            if !warp::all(u32::MAX, ok) {
+                if lane == 0 {
+                    unsafe {
+                        record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | PAGE_READY << 16 | slot, ready_parity(*u), *u)
+                    };
+                }
+                return false;
+            }
+            if kt < PAGE_GROUPS {
+                on_first();
+            }
+            if kt == 0 && thread::thread_idx_x() == 0 {
+                unsafe { stamp(b, idx, trace::FIRST) };
+            }
+            // K-major, 128-byte swizzled, 8-row groups 1024 bytes apart: the GEMM's tile
+            // descriptor, whose k step (16 bf16) is 32 bytes, as 8 tf32 are
+            let desc = |page: u32| -> [u64; 4] { core::array::from_fn(|kk| tile_descriptor(page, kk as u32)) };
+            unsafe { wgmma::mma_m64n64k8x4_tf32_wait(d, desc(sm.a_page(slot)), desc(sm.b_page(slot))) };
+            unsafe { free_page(sm, slot) };
+            *u += 1;
+            kt += 1;
+        }
+        if thread::thread_idx_x() == 0 {
+            unsafe {
+                record(b, idx, trace::READY_WAIT_CLK, ready_wait);
+                record(b, idx, trace::WORK_CLK, thread::clock64() - first);
+            }
+        }
+        true
+    }
+
     /// `v` as stored for later products: on the tf32 path rounded to tf32 (nearest, ties to even),
     /// the value the products would round it to anyway, so that the page loops read every operand
     /// (activations, gradients, the weights' copies) without converting it; on the 3xTF32 path
@@ -592,7 +673,9 @@ mod dev {
     }
 
     /// Where this lane's elements of a group's [`Half`] of instruction `i` sit in the output:
-    /// `(row, column)` of `[s][nj][c]` is `(r + 8 s, c0 + 8 nj + c)`.
+    /// `(row, column)` of `[s][nj][c]` is `(r + 8 s, c0 + 8 nj + c)`. Warp `w` of a group holds
+    /// the `16 MT x 8 NT` block at block row `w / 2`, column `w % 2` of the tile (`mma.sync`), or,
+    /// `WIDE` (`wgmma`, one block per row of blocks), the 16 rows from `16 w`, every column.
     #[derive(Clone, Copy)]
     struct HalfAt {
         r: u32,
@@ -601,10 +684,12 @@ mod dev {
 
     impl HalfAt {
         #[inline(always)]
-        fn new<const MT: usize, const NT: usize>(cfg: &MegaConfig, i: &Instruction) -> HalfAt {
+        fn new<const MT: usize, const NT: usize, const WIDE: bool>(cfg: &MegaConfig, i: &Instruction) -> HalfAt {
             let (lane, w, g) = (thread::lane_id(), thread::warp_id() % GROUP_WARPS, thread::warp_id() / GROUP_WARPS);
-            let r = i.tile_row * cfg.tile + (w / 2) * 16 * MT as u32 + 8 * MT as u32 * g + lane / 4;
-            let c0 = i.tile_col * cfg.tile + (w % 2) * 8 * NT as u32 + 2 * (lane % 4);
+            let per_row = if WIDE { 1 } else { 2 };
+            let (wr, wc) = (w / per_row, w % per_row);
+            let r = i.tile_row * cfg.tile + wr * 16 * MT as u32 + 8 * MT as u32 * g + lane / 4;
+            let c0 = i.tile_col * cfg.tile + wc * 8 * NT as u32 + 2 * (lane % 4);
             HalfAt { r, c0 }
         }
         #[inline(always)]
@@ -622,12 +707,12 @@ mod dev {
     /// - the fused update's old weights, at the instruction's start: only this tile writes them
     ///   during the step. (Its velocities are loaded in the epilogue: a second array held through
     ///   the page loop costs more spills than it saves.)
-    struct Prefetched<const MT: usize, const NT: usize> {
+    struct Prefetched<const MT: usize, const NT: usize, const WIDE: bool> {
         /// `act[l]` (input gradients) or the old weights (fused updates)
         x: Half<MT, NT>,
     }
 
-    impl<const MT: usize, const NT: usize> Prefetched<MT, NT> {
+    impl<const MT: usize, const NT: usize, const WIDE: bool> Prefetched<MT, NT, WIDE> {
         #[inline(always)]
         fn new() -> Self {
             Prefetched { x: [[[0.0f32; 2]; NT]; MT] }
@@ -638,7 +723,7 @@ mod dev {
         unsafe fn load_weights(&mut self, b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) {
             let l = i.layer;
             let (din, dout, w_off) = (lt.dim(l), lt.dim(l + 1), lt.w_off(l));
-            let h = HalfAt::new::<MT, NT>(cfg, i);
+            let h = HalfAt::new::<MT, NT, WIDE>(cfg, i);
             for s in 0..MT {
                 for nj in 0..NT {
                     for c in 0..2 {
@@ -656,7 +741,7 @@ mod dev {
         #[inline(always)]
         unsafe fn load_act(&mut self, b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) {
             let (din, a_in) = (lt.dim(i.layer), lt.a_off(i.layer));
-            let h = HalfAt::new::<MT, NT>(cfg, i);
+            let h = HalfAt::new::<MT, NT, WIDE>(cfg, i);
             for s in 0..MT {
                 for nj in 0..NT {
                     for c in 0..2 {
@@ -671,12 +756,13 @@ mod dev {
     }
 
     /// The last forward's share of the cross-entropy row statistics: for each row of the group's
-    /// [`Half`], over the warp's `8 NT = tile / 2` columns (partial `2 tile_col + w % 2` of the row,
-    /// see [`loss_partials`]), the maximum logit `m` and `sum exp(x - m)`, into `b.row_stats`. A
-    /// quad of lanes holds a row's columns: each lane reduces its own, then two shuffles. Partials
-    /// of groups past the last column are not written (nobody reads them).
+    /// [`Half`] and each `tile / 2` of its columns (partial `2 tile_col + 0 or 1` of the row, see
+    /// [`loss_partials`]: a warp's `8 NT` columns are one such half, or two when `WIDE`), the
+    /// maximum logit `m` and `sum exp(x - m)`, into `b.row_stats`. A quad of lanes holds a row's
+    /// columns: each lane reduces its own, then two shuffles. Partials of halves past the last
+    /// column are not written (nobody reads them).
     #[inline(always)]
-    unsafe fn write_loss_partials<const MT: usize, const NT: usize>(
+    unsafe fn write_loss_partials<const MT: usize, const NT: usize, const WIDE: bool>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         i: &Instruction,
@@ -685,34 +771,38 @@ mod dev {
     ) {
         let (lane, w) = (thread::lane_id(), thread::warp_id() % GROUP_WARPS);
         let np = loss_partials(dout, cfg.tile);
-        let p = 2 * i.tile_col + w % 2;
-        let h = HalfAt::new::<MT, NT>(cfg, i);
+        let h = HalfAt::new::<MT, NT, WIDE>(cfg, i);
+        let halves = if WIDE { 2 } else { 1 };
         for (s, slab) in mine.iter().enumerate() {
-            let mut m = f32::NEG_INFINITY;
-            for (nj, pair) in slab.iter().enumerate() {
-                for (c, &x) in pair.iter().enumerate() {
-                    if h.at(s, nj, c).1 < dout {
-                        m = m.max(x);
+            for half in 0..halves {
+                let p = 2 * i.tile_col + if WIDE { half as u32 } else { w % 2 };
+                let cols = (NT / halves) * half..(NT / halves) * (half + 1);
+                let mut m = f32::NEG_INFINITY;
+                for nj in cols.clone() {
+                    for (c, &x) in slab[nj].iter().enumerate() {
+                        if h.at(s, nj, c).1 < dout {
+                            m = m.max(x);
+                        }
                     }
                 }
-            }
-            m = m.max(warp::shfl_xor_f32(u32::MAX, m, 1));
-            m = m.max(warp::shfl_xor_f32(u32::MAX, m, 2));
-            let mut z = 0.0f32;
-            for (nj, pair) in slab.iter().enumerate() {
-                for (c, &x) in pair.iter().enumerate() {
-                    let t = math::exp_fast(x - m);
-                    z += if h.at(s, nj, c).1 < dout { t } else { 0.0 };
+                m = m.max(warp::shfl_xor_f32(u32::MAX, m, 1));
+                m = m.max(warp::shfl_xor_f32(u32::MAX, m, 2));
+                let mut z = 0.0f32;
+                for nj in cols {
+                    for (c, &x) in slab[nj].iter().enumerate() {
+                        let t = math::exp_fast(x - m);
+                        z += if h.at(s, nj, c).1 < dout { t } else { 0.0 };
+                    }
                 }
-            }
-            z += warp::shfl_xor_f32(u32::MAX, z, 1);
-            z += warp::shfl_xor_f32(u32::MAX, z, 2);
-            let r = h.at(s, 0, 0).0;
-            if lane % 4 == 0 && r < cfg.batch && p < np {
-                let at = (2 * (r * np + p)) as usize;
-                unsafe {
-                    b.row_stats.write(at, m);
-                    b.row_stats.write(at + 1, z);
+                z += warp::shfl_xor_f32(u32::MAX, z, 1);
+                z += warp::shfl_xor_f32(u32::MAX, z, 2);
+                let r = h.at(s, 0, 0).0;
+                if lane % 4 == 0 && r < cfg.batch && p < np {
+                    let at = (2 * (r * np + p)) as usize;
+                    unsafe {
+                        b.row_stats.write(at, m);
+                        b.row_stats.write(at + 1, z);
+                    }
                 }
             }
         }
@@ -970,13 +1060,13 @@ mod dev {
     /// rows' partial statistics ([`write_loss_partials`]). One loop per opcode, each small enough
     /// to unroll fully (so the arrays stay in registers).
     #[inline(always)]
-    unsafe fn epilogue<const MT: usize, const NT: usize>(
+    unsafe fn epilogue<const MT: usize, const NT: usize, const WIDE: bool>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         lt: Layers,
         i: &Instruction,
         mine: &Half<MT, NT>,
-        pre: &Prefetched<MT, NT>,
+        pre: &Prefetched<MT, NT, WIDE>,
     ) {
         let l = i.layer;
         let (din, dout) = (lt.dim(l), lt.dim(l + 1));
@@ -984,11 +1074,11 @@ mod dev {
         let (w_off, a_in, a_out) = (lt.w_off(l), lt.a_off(l), lt.a_off(l + 1));
         let (t_in, t_out) = (lt.t_off(l), lt.t_off(l + 1));
         let hidden = l + 1 < cfg.layers;
-        let h = HalfAt::new::<MT, NT>(cfg, i);
+        let h = HalfAt::new::<MT, NT, WIDE>(cfg, i);
         match i.opcode {
             opcode::LINEAR_FWD => {
                 if !hidden && cfg.loss != loss::MSE {
-                    unsafe { write_loss_partials::<MT, NT>(b, cfg, i, dout, mine) };
+                    unsafe { write_loss_partials::<MT, NT, WIDE>(b, cfg, i, dout, mine) };
                 }
                 for_each_pair_in_half(mine, h, |r: u32, c: u32, v: [f32; 2], _| {
                     if r < cfg.batch {
@@ -1053,9 +1143,12 @@ mod dev {
         }
     }
 
-    /// The consumers: every instruction of `lo..hi` in order (see the module docs).
+    /// The consumers: every instruction of `lo..hi` in order (see the module docs). Each warp
+    /// accumulates `MT x NT` `m16n8` tiles; `TM` is the tile edge over 32 (the loss tile's, as a
+    /// constant); `SPLIT`: 3xTF32; `WIDE`: products on [`tile_wgmma`] (its warp geometry, see
+    /// [`HalfAt`]), else on [`tile_mma`].
     #[inline(always)]
-    unsafe fn consume<const MT: usize, const NT: usize, const SPLIT: bool>(
+    unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const SPLIT: bool, const WIDE: bool>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         sm: Smem,
@@ -1063,6 +1156,10 @@ mod dev {
         lo: u32,
         hi: u32,
     ) {
+        if cfg.tile != 32 * TM as u32 {
+            // an instantiation for another tile (run's table is wrong): fail the launch
+            thread::trap();
+        }
         let t = thread::thread_idx_x();
         let go = shared::dynamic_smem::<u32>(GO as usize);
         let stats = shared::dynamic_smem::<f32>(STATS as usize);
@@ -1080,7 +1177,7 @@ mod dev {
             let product = product(cfg, lt, &ins);
             let is_product = product.is_some();
             if let Some(p) = product {
-                let mut pre = Prefetched::<MT, NT>::new();
+                let mut pre = Prefetched::<MT, NT, WIDE>::new();
                 if ins.opcode == opcode::LINEAR_BWD_WEIGHT_SGD {
                     unsafe { pre.load_weights(b, cfg, lt, &ins) };
                 }
@@ -1090,7 +1187,13 @@ mod dev {
                     }
                 };
                 let f = &mut on_first;
-                let ok = unsafe { tile_mma::<MT, NT, SPLIT>(b, cfg, sm, &p, &mut u, idx, &mut acc, f) };
+                let ok = unsafe {
+                    if WIDE {
+                        tile_wgmma::<MT, NT>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
+                    } else {
+                        tile_mma::<MT, NT, SPLIT>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
+                    }
+                };
                 if !ok {
                     return;
                 }
@@ -1122,7 +1225,7 @@ mod dev {
                 if t == 0 {
                     unsafe { stamp(b, idx, trace::WORK_DONE) };
                 }
-                unsafe { epilogue::<MT, NT>(b, cfg, lt, &ins, &mine, &pre) };
+                unsafe { epilogue::<MT, NT, WIDE>(b, cfg, lt, &ins, &mine, &pre) };
             } else {
                 if t == 0 {
                     let ok = unsafe {
@@ -1143,9 +1246,9 @@ mod dev {
                         let mut done = true;
                         // every global load of the tile (its logits and targets, then the row
                         // partials) in flight together: one round trip to L2
-                        let tile_loss = LossTile::<MT>::load(b, cfg, lt, &ins);
+                        let tile_loss = LossTile::<TM>::load(b, cfg, lt, &ins);
                         if cfg.loss != loss::MSE {
-                            loss_stats_from_partials::<MT>(b, cfg, lt, &ins, stats);
+                            loss_stats_from_partials::<TM>(b, cfg, lt, &ins, stats);
                             let m0 = thread::clock64();
                             done = rendezvous(b, cfg, sm, &mut phase, idx);
                             met = thread::clock64() - m0;
@@ -1159,7 +1262,7 @@ mod dev {
                             done = rendezvous(b, cfg, sm, &mut phase, idx);
                         }
                         if done {
-                            LossTile::<MT>::store_transposed(b, cfg, lt, &ins, staged);
+                            LossTile::<TM>::store_transposed(b, cfg, lt, &ins, staged);
                         }
                         if t == 0 {
                             record(b, idx, trace::READY_WAIT_CLK, met);
@@ -1236,10 +1339,11 @@ mod dev {
             return;
         }
         match (cfg.tile, cfg.precision == precision::TF32X3) {
-            (32, false) => unsafe { consume::<1, 2, false>(b, cfg, sm, lt, lo, hi) },
-            (32, true) => unsafe { consume::<1, 2, true>(b, cfg, sm, lt, lo, hi) },
-            (_, false) => unsafe { consume::<2, 4, false>(b, cfg, sm, lt, lo, hi) },
-            (_, true) => unsafe { consume::<2, 4, true>(b, cfg, sm, lt, lo, hi) },
+            (32, false) => unsafe { consume::<1, 2, 1, false, false>(b, cfg, sm, lt, lo, hi) },
+            (32, true) => unsafe { consume::<1, 2, 1, true, false>(b, cfg, sm, lt, lo, hi) },
+            // tf32 at tile 64: each page group is a warpgroup multiplying whole pages with wgmma
+            (_, false) => unsafe { consume::<1, 8, 2, false, true>(b, cfg, sm, lt, lo, hi) },
+            (_, true) => unsafe { consume::<2, 4, 2, true, false>(b, cfg, sm, lt, lo, hi) },
         }
     }
 }
