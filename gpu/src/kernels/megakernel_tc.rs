@@ -439,31 +439,29 @@ mod dev {
         }
     }
 
-    /// This warp's share of one product: `MT x NT` `m16n8` accumulators, `16 MT` rows by `8 NT`
-    /// columns (`tile = 32 MT`, `NT = 2 MT`; warp `q = w % 4` of its group starts at row
-    /// `(q / 2) 16 MT`, column `(q % 2) 8 NT` of the tile), summed over its group's pages
-    /// ([`page_group`]). Steps through the product's pages from use `*u` on; `on_first` runs once
-    /// the group's first page has arrived (the producers' stores are then visible, see
-    /// [`Prefetched`]), and not at all in a group that has no page. False when the step was
-    /// given up.
-    #[inline(always)]
-    unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool>(
-        b: &MegaBuffers,
-        cfg: &MegaConfig,
+    /// A product's pages as one consumer warp walks them: the step, the block's shared memory, the
+    /// product, its first page use `*u` (advanced past the product's pages), and the instruction
+    /// index (for stall records and the trace).
+    struct Pages<'a> {
+        b: &'a MegaBuffers,
+        cfg: &'a MegaConfig,
         sm: Smem,
-        p: &Product,
-        u: &mut u32,
+        p: &'a Product,
+        u: &'a mut u32,
         idx: u32,
-        acc: &mut [[[f32; 4]; NT]; MT],
-        on_first: &mut impl FnMut(),
-    ) -> bool {
-        let lane = thread::lane_id();
-        let (group, w) = (thread::warp_id() / GROUP_WARPS, thread::warp_id() % GROUP_WARPS);
-        let (rm, rn) = ((w / 2) * 16 * MT as u32, (w % 2) * 8 * NT as u32);
-        let a_frag = Frags::<MT>::new(rm, FragKind::A);
-        let b_frag = Frags::<MT>::new(rn, FragKind::BPair);
-        *acc = [[[0.0f32; 4]; NT]; MT];
-        // thread 0's cycles waiting for pages after the first, and from the first page on
+    }
+
+    /// The part of a product's page loop that does not depend on how a page is multiplied: steps
+    /// through the product's pages from use `*u` on and, for each page of this warp's group
+    /// ([`page_group`]), waits for its bytes and runs `multiply(slot)` (which frees the page).
+    /// `on_first` runs once the group's first page has arrived (the producers' stores are then
+    /// visible, see [`Prefetched`]), and not at all in a group that has no page. Thread 0 stamps
+    /// the first page and records its cycles waiting for pages after the first and from the
+    /// first page on. False when the step was given up (a stall recorded).
+    #[inline(always)]
+    unsafe fn group_pages(pages: Pages<'_>, on_first: &mut impl FnMut(), mut multiply: impl FnMut(u32)) -> bool {
+        let Pages { b, cfg, sm, p, u, idx } = pages;
+        let group = thread::warp_id() / GROUP_WARPS;
         let (mut ready_wait, mut first) = (0u64, 0u64);
         let mut kt = 0;
         while kt < p.k.div_ceil(PAGE_K) {
@@ -483,7 +481,7 @@ mod dev {
                 ready_wait += w1 - w0;
             }
             if !warp::all(u32::MAX, ok) {
-                if lane == 0 {
+                if thread::lane_id() == 0 {
                     unsafe {
                         record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | PAGE_READY << 16 | slot, ready_parity(*u), *u)
                     };
@@ -496,21 +494,7 @@ mod dev {
             if kt == 0 && thread::thread_idx_x() == 0 {
                 unsafe { stamp(b, idx, trace::FIRST) };
             }
-            // Two k steps' fragments at a time (the other group's warps on the same scheduler
-            // hide the rest of the latency); the page is freed right after the last loads, so the
-            // loader refills it during the last two steps' math.
-            let (pa, pb) = (sm.a_page(slot), sm.b_page(slot));
-            let mut ks = 0;
-            while ks < KSTEPS {
-                let f0 = unsafe { load_step(&a_frag, &b_frag, pa, pb, ks) };
-                let f1 = unsafe { load_step(&a_frag, &b_frag, pa, pb, ks + 1) };
-                if ks + 2 == KSTEPS {
-                    unsafe { free_page(sm, slot) };
-                }
-                mma_step::<MT, NT, SPLIT>(f0, acc);
-                mma_step::<MT, NT, SPLIT>(f1, acc);
-                ks += 2;
-            }
+            multiply(slot);
             *u += 1;
             kt += 1;
         }
@@ -523,6 +507,43 @@ mod dev {
         true
     }
 
+    /// This warp's share of one product on `mma.sync`: `MT x NT` `m16n8` accumulators, `16 MT`
+    /// rows by `8 NT` columns (`tile = 32 MT`, `NT = 2 MT`; warp `q = w % 4` of its group starts
+    /// at row `(q / 2) 16 MT`, column `(q % 2) 8 NT` of the tile), summed over its group's pages
+    /// ([`group_pages`]). False when the step was given up.
+    #[inline(always)]
+    unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool>(
+        pages: Pages<'_>,
+        acc: &mut [[[f32; 4]; NT]; MT],
+        on_first: &mut impl FnMut(),
+    ) -> bool {
+        let sm = pages.sm;
+        let w = thread::warp_id() % GROUP_WARPS;
+        let (rm, rn) = ((w / 2) * 16 * MT as u32, (w % 2) * 8 * NT as u32);
+        let a_frag = Frags::<MT>::new(rm, FragKind::A);
+        let b_frag = Frags::<MT>::new(rn, FragKind::BPair);
+        *acc = [[[0.0f32; 4]; NT]; MT];
+        unsafe {
+            group_pages(pages, on_first, |slot| {
+                // Two k steps' fragments at a time (the other group's warps on the same scheduler
+                // hide the rest of the latency); the page is freed right after the last loads, so
+                // the loader refills it during the last two steps' math.
+                let (pa, pb) = (sm.a_page(slot), sm.b_page(slot));
+                let mut ks = 0;
+                while ks < KSTEPS {
+                    let f0 = load_step(&a_frag, &b_frag, pa, pb, ks);
+                    let f1 = load_step(&a_frag, &b_frag, pa, pb, ks + 1);
+                    if ks + 2 == KSTEPS {
+                        free_page(sm, slot);
+                    }
+                    mma_step::<MT, NT, SPLIT>(f0, acc);
+                    mma_step::<MT, NT, SPLIT>(f1, acc);
+                    ks += 2;
+                }
+            })
+        }
+    }
+
     /// [`tile_mma`] on the asynchronous tensor-core path ([`precision::TF32`] at tile 64): each
     /// page group is a warpgroup, and it multiplies each of its pages whole with four `wgmma`
     /// m64n64k8 tf32 products read straight from the swizzled pages through descriptors (no
@@ -532,71 +553,28 @@ mod dev {
     /// ([`wgmma::acc_m64`], which is `acc` as `[1][8]` `m16n8` tiles: `MT = 1`, `NT = 8`, `WIDE`).
     #[inline(always)]
     unsafe fn tile_wgmma<const MT: usize, const NT: usize>(
-        b: &MegaBuffers,
-        cfg: &MegaConfig,
-        sm: Smem,
-        p: &Product,
-        u: &mut u32,
-        idx: u32,
+        pages: Pages<'_>,
         acc: &mut [[[f32; 4]; NT]; MT],
         on_first: &mut impl FnMut(),
     ) -> bool {
+        let sm = pages.sm;
         const { assert!(PAGE_K == 32) };
         if MT != 1 || NT != 8 {
             // only `consume::<1, 8, 2, false, true>` calls it (the other instantiations compile it away)
             return false;
         }
-        let lane = thread::lane_id();
-        let group = thread::warp_id() / GROUP_WARPS;
         *acc = [[[0.0f32; 4]; NT]; MT];
         // SAFETY (of the cast): [[[f32; 4]; 8]; 1] and [f32; 32] have the same layout.
         let d = unsafe { &mut *(acc as *mut [[[f32; 4]; NT]; MT] as *mut [f32; 32]) };
-        let (mut ready_wait, mut first) = (0u64, 0u64);
-        let mut kt = 0;
-        while kt < p.k.div_ceil(PAGE_K) {
-            if page_group(kt) != group {
-                *u += 1;
-                kt += 1;
-                continue;
-            }
-            let slot = page_slot(*u);
-            let w0 = thread::clock64();
-            let ok = unsafe { bounded_wait(b, cfg, sm.ready(slot), ready_parity(*u)) };
-            let w1 = thread::clock64();
-            if kt < PAGE_GROUPS {
-                first = w1;
-            } else {
-                ready_wait += w1 - w0;
-            }
-            if !warp::all(u32::MAX, ok) {
-                if lane == 0 {
-                    unsafe {
-                        record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | PAGE_READY << 16 | slot, ready_parity(*u), *u)
-                    };
-                }
-                return false;
-            }
-            if kt < PAGE_GROUPS {
-                on_first();
-            }
-            if kt == 0 && thread::thread_idx_x() == 0 {
-                unsafe { stamp(b, idx, trace::FIRST) };
-            }
-            // K-major, 128-byte swizzled, 8-row groups 1024 bytes apart: the GEMM's tile
-            // descriptor, whose k step (16 bf16) is 32 bytes, as 8 tf32 are
-            let desc = |page: u32| -> [u64; 4] { core::array::from_fn(|kk| tile_descriptor(page, kk as u32)) };
-            unsafe { wgmma::mma_m64n64k8x4_tf32_wait(d, desc(sm.a_page(slot)), desc(sm.b_page(slot))) };
-            unsafe { free_page(sm, slot) };
-            *u += 1;
-            kt += 1;
+        // K-major, 128-byte swizzled, 8-row groups 1024 bytes apart: the GEMM's tile descriptor,
+        // whose k step (16 bf16) is 32 bytes, as 8 tf32 are
+        let desc = |page: u32| -> [u64; 4] { core::array::from_fn(|kk| tile_descriptor(page, kk as u32)) };
+        unsafe {
+            group_pages(pages, on_first, |slot| {
+                wgmma::mma_m64n64k8x4_tf32_wait(d, desc(sm.a_page(slot)), desc(sm.b_page(slot)));
+                free_page(sm, slot);
+            })
         }
-        if thread::thread_idx_x() == 0 {
-            unsafe {
-                record(b, idx, trace::READY_WAIT_CLK, ready_wait);
-                record(b, idx, trace::WORK_CLK, thread::clock64() - first);
-            }
-        }
-        true
     }
 
     /// `v` as stored for later products: on the tf32 path rounded to tf32 (nearest, ties to even),
@@ -1187,11 +1165,12 @@ mod dev {
                     }
                 };
                 let f = &mut on_first;
+                let pages = Pages { b, cfg, sm, p: &p, u: &mut u, idx };
                 let ok = unsafe {
                     if WIDE {
-                        tile_wgmma::<MT, NT>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
+                        tile_wgmma::<MT, NT>(pages, &mut acc, f)
                     } else {
-                        tile_mma::<MT, NT, SPLIT>(b, cfg, sm, &p, &mut u, idx, &mut acc, f)
+                        tile_mma::<MT, NT, SPLIT>(pages, &mut acc, f)
                     }
                 };
                 if !ok {
