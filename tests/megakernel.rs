@@ -330,7 +330,7 @@ fn tensor_core_layout_constants() {
     assert_eq!(page_bytes(64) % 1024, 0, "the B page starts 1024-byte aligned");
     assert!(2 * page_bytes(TC_TILES[1]) <= STAGE_BYTES);
     // the deepest models (16 layers) and far beyond fit (the layer table's five columns
-    // take 20 bytes a layer: about 115 layers, where three columns held 128)
+    // take 20 bytes a layer: about 115 layers fit, where with three columns this asked for 128)
     assert!(tc_smem_bytes(100) <= 227 * 1024, "{}", tc_smem_bytes(100));
     assert_eq!(TC_THREADS, 288, "eight consumer warps and one loader warp");
     assert_eq!(PAGE_K * 4, 128, "a K-major page row is one 128-byte swizzle span");

@@ -170,6 +170,18 @@ fn barriers_are_not_duplicated() {
     ] {
         assert_eq!(g.matches(needle).count(), n, "gemm_tcgen05_bf16: `{needle}`");
     }
+    // Likewise the training megakernel's warpgroup products (`wgmma`, `.sync.aligned`, asm: the
+    // fence, four m64n64k8 tf32 products, the commit and the wait of one page), once as in the
+    // source.
+    let m = body(embedded(Arch::Sm90a), "megakernel_step_tc");
+    for (needle, n) in [
+        ("wgmma.fence.sync.aligned", 1),
+        ("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32", 4),
+        ("wgmma.commit_group.sync.aligned", 1),
+        ("wgmma.wait_group.sync.aligned", 1),
+    ] {
+        assert_eq!(m.matches(needle).count(), n, "megakernel_step_tc: `{needle}`");
+    }
 }
 
 /// Warp-collective asm must never be `pure`: LLVM may then sink it into a branch only some lanes

@@ -112,7 +112,8 @@ pub const fn free_parity(use_index: u32) -> u32 {
 
 /// Tensor maps per layer, in the buffer [`MegaBuffers::maps`] points to (index `PER_LAYER * l +`
 /// one of these). Every map is K-major: each product reads rows whose K elements are contiguous,
-/// one box of [`PAGE_K`] columns by `tile` rows per page, so every page is read with `ldmatrix`.
+/// one box of [`PAGE_K`] columns by `tile` rows per page, so every page is read the same way
+/// (with `ldmatrix`, or by `wgmma` through a descriptor on the tf32 path at tile 64).
 /// For that the step keeps a transposed copy of what is read along its rows: the activations and
 /// their gradients (`act_t`, `grad_t`, written beside `act` and `grad` by the same epilogues), and
 /// the weights (`w_t`, written by every update). On [`precision::TF32`] the products' weights are

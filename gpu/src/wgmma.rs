@@ -137,56 +137,76 @@ mod device {
         };
     }
 
-    /// `wgmma.fence`, four `wgmma.mma_async ... .f32.tf32.tf32` (k steps, each reading descriptors
-    /// `$a<k>` / `$b<k>`, accumulating into `$d[0..]`, listed by index), commit and wait for them:
-    /// one `asm` block, so that the compiler cannot move or spill the accumulators while the
-    /// products still write them.
-    macro_rules! wgmma_f32_tf32_x4 {
-        ($shape:literal, $d:ident, $a:ident, $b:ident; $($i:literal),+) => {
+    /// The accumulator operands `{0}`..`{31}` of an m64n64 f32 `wgmma`, as the brace list the
+    /// instruction takes.
+    macro_rules! acc_m64n64 {
+        () => {
+            "{{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}}}"
+        };
+    }
+
+    /// One `wgmma.mma_async.m64n64k8.f32.tf32.tf32` line: accumulators [`acc_m64n64`], the
+    /// descriptor operands named by `$a` and `$b`, scale-d from predicate `p`.
+    macro_rules! wgmma_m64n64k8_tf32_line {
+        ($a:expr, $b:expr) => {
+            concat!(
+                "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 ",
+                acc_m64n64!(),
+                ", {",
+                $a,
+                "}, {",
+                $b,
+                "}, p, 1, 1;\n"
+            )
+        };
+    }
+
+    /// `wgmma.fence`, one m64n64k8 tf32 product per `(a, b)` descriptor pair (in order, all
+    /// accumulating into `$d`), commit and wait for them: one `asm` block, so that the compiler
+    /// cannot move or spill the accumulators while the products still write them.
+    macro_rules! wgmma_m64n64k8_tf32_chain {
+        ($d:ident; $($a:ident = $av:expr, $b:ident = $bv:expr);+) => {
             asm!(
                 concat!(
                     "{{ .reg .pred p; setp.eq.u32 p, 1, 1;\n",
                     "wgmma.fence.sync.aligned;\n",
-                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.tf32.tf32 {{{0}", $(", {", stringify!($i), "}",)+ "}}, {a0}, {b0}, p, 1, 1;\n",
-                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.tf32.tf32 {{{0}", $(", {", stringify!($i), "}",)+ "}}, {a1}, {b1}, p, 1, 1;\n",
-                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.tf32.tf32 {{{0}", $(", {", stringify!($i), "}",)+ "}}, {a2}, {b2}, p, 1, 1;\n",
-                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.tf32.tf32 {{{0}", $(", {", stringify!($i), "}",)+ "}}, {a3}, {b3}, p, 1, 1;\n",
+                    $(wgmma_m64n64k8_tf32_line!(stringify!($a), stringify!($b)),)+
                     "wgmma.commit_group.sync.aligned;\n",
                     "wgmma.wait_group.sync.aligned 0; }}"
                 ),
-                inout(reg32) $d[0],
-                $(inout(reg32) $d[$i],)+
-                a0 = in(reg64) $a[0],
-                a1 = in(reg64) $a[1],
-                a2 = in(reg64) $a[2],
-                a3 = in(reg64) $a[3],
-                b0 = in(reg64) $b[0],
-                b1 = in(reg64) $b[1],
-                b2 = in(reg64) $b[2],
-                b3 = in(reg64) $b[3],
+                inout(reg32) $d[0], inout(reg32) $d[1], inout(reg32) $d[2], inout(reg32) $d[3],
+                inout(reg32) $d[4], inout(reg32) $d[5], inout(reg32) $d[6], inout(reg32) $d[7],
+                inout(reg32) $d[8], inout(reg32) $d[9], inout(reg32) $d[10], inout(reg32) $d[11],
+                inout(reg32) $d[12], inout(reg32) $d[13], inout(reg32) $d[14], inout(reg32) $d[15],
+                inout(reg32) $d[16], inout(reg32) $d[17], inout(reg32) $d[18], inout(reg32) $d[19],
+                inout(reg32) $d[20], inout(reg32) $d[21], inout(reg32) $d[22], inout(reg32) $d[23],
+                inout(reg32) $d[24], inout(reg32) $d[25], inout(reg32) $d[26], inout(reg32) $d[27],
+                inout(reg32) $d[28], inout(reg32) $d[29], inout(reg32) $d[30], inout(reg32) $d[31],
+                $($a = in(reg64) $av, $b = in(reg64) $bv,)+
                 options(nostack)
             )
         };
     }
 
-    /// Four warpgroup-wide `D += A B` k steps on a 64 x 64 tile (k = 4 x 8), tf32 inputs from
-    /// shared memory through descriptors (both K-major: tf32 has no transposed form), f32
-    /// accumulators in registers (32 per thread, laid out as [`super::acc_m64`] says), waited for
-    /// before it returns (the warpgroup's own products do not overlap; another warpgroup's do).
-    /// The hardware reads the top 19 bits of each f32 operand, so the operands should already be
-    /// tf32 values.
+    /// Four warpgroup-wide `D += A B` k steps on a 64 x 64 tile (k = 4 x 8: one 32-deep page),
+    /// tf32 inputs from shared memory through descriptors (both K-major: tf32 has no transposed
+    /// form), f32 accumulators in registers (32 per thread, laid out as [`super::acc_m64`] says),
+    /// waited for before it returns (the warpgroup's own products do not overlap; another
+    /// warpgroup's do). The hardware reads the top 19 bits of each f32 operand, so the operands
+    /// should already be tf32 values.
     ///
     /// PTX: `wgmma.fence.sync.aligned;`, four times
-    /// `wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {d0..d31}, a_desc[k], b_desc[k], 1, 1, 1;`,
+    /// `wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {d0..d31}, a_desc[k], b_desc[k], p, 1, 1;`
+    /// (`p` true: accumulate),
     /// `wgmma.commit_group.sync.aligned;`, `wgmma.wait_group.sync.aligned 0;`
     ///
     /// # Safety
     /// The whole warpgroup calls it, converged; the descriptors describe tiles the async proxy
     /// may read (their writes complete, as an mbarrier wait on TMA bytes ensures).
     #[inline(always)]
-    pub unsafe fn mma_m64n64k8x4_tf32_wait(d: &mut [f32; 32], a_desc: [u64; 4], b_desc: [u64; 4]) {
+    pub unsafe fn mma_m64n64k8x4_tf32_wait(d: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
         unsafe {
-            wgmma_f32_tf32_x4!("m64n64k8", d, a_desc, b_desc; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
+            wgmma_m64n64k8_tf32_chain!(d; a0 = a[0], b0 = b[0]; a1 = a[1], b1 = b[1]; a2 = a[2], b2 = b[2]; a3 = a[3], b3 = b[3])
         };
     }
 

@@ -849,19 +849,26 @@ impl GpuStep {
             wt_off.push(wttotal as u32);
             wttotal += w[0] * p(l + 1);
         }
-        if total.max(atotal).max(ttotal).max(wttotal).max(flat.len()) > crate::cuda::gemm::MAX_OPERAND_ELEMENTS {
+        // (the transposed copies exist on the tensor-core paths only)
+        let tc = path != DataPath::CudaCores;
+        let sizes = [
+            ("weights", total),
+            ("activations", atotal),
+            ("instructions", flat.len()),
+            ("transposed activations", if tc { ttotal } else { 0 }),
+            ("transposed weights", if tc { wttotal } else { 0 }),
+        ];
+        if let Some((what, n)) = sizes.iter().find(|(_, n)| *n > crate::cuda::gemm::MAX_OPERAND_ELEMENTS) {
             return Err(Error::Unsupported {
                 op: "megakernel",
                 what: format!(
-                    "{total} weights / {} activations: the kernel indexes in 32 bits (at most 2^31 - 1)",
-                    atotal.max(ttotal)
+                    "{n} {what} (padded): the kernel indexes in 32 bits (at most 2^31 - 1): use a smaller model"
                 ),
             });
         }
         let flat_w: Vec<f32> = weights.iter().enumerate().flat_map(|(l, w)| pad_rows(w, d[l])).collect();
         // Each copy as the products read it: rounded to tf32 on the tf32 path.
         let operand = |v: f32| if path == DataPath::Tf32 { kiln_gpu::convert::tf32_round_host(v) } else { v };
-        let tc = path != DataPath::CudaCores;
         let w_op: Vec<f32> = match path {
             DataPath::Tf32 => flat_w.iter().map(|&v| operand(v)).collect(),
             _ => vec![0.0],

@@ -458,11 +458,27 @@ mod dev {
     /// visible, see [`Prefetched`]), and not at all in a group that has no page. Thread 0 stamps
     /// the first page and records its cycles waiting for pages after the first and from the
     /// first page on. False when the step was given up (a stall recorded).
+    ///
+    /// Each warp waits for a page by itself, and may give up (its limit, or another block's
+    /// abort) while another warp sees the bytes arrive. Without `WARPGROUP` a warp that gave up
+    /// returns at once. With it (the group multiplies as one warpgroup, whose `wgmma` needs all
+    /// four warps) it records the stall and still runs `multiply` on every remaining page of
+    /// the product, without waiting (the step is abandoned: what it multiplies no longer
+    /// matters), so that the other three never wait forever in a `wgmma` for it; it returns
+    /// false at the end. (A named barrier per page, making the four agree first, cost 2 % of
+    /// the medium model's step, run 128.)
     #[inline(always)]
-    unsafe fn group_pages(pages: Pages<'_>, on_first: &mut impl FnMut(), mut multiply: impl FnMut(u32)) -> bool {
+    unsafe fn group_pages<const WARPGROUP: bool>(
+        pages: Pages<'_>,
+        on_first: &mut impl FnMut(),
+        mut multiply: impl FnMut(u32),
+    ) -> bool {
         let Pages { b, cfg, sm, p, u, idx } = pages;
         let group = thread::warp_id() / GROUP_WARPS;
         let (mut ready_wait, mut first) = (0u64, 0u64);
+        // the page use this warp gave up on, if it did (recorded after the walk, so that the loop
+        // around the products has no branch taken by one lane only)
+        let mut given_up: Option<u32> = None;
         let mut kt = 0;
         while kt < p.k.div_ceil(PAGE_K) {
             if page_group(kt) != group {
@@ -473,30 +489,37 @@ mod dev {
             }
             let slot = page_slot(*u);
             let w0 = thread::clock64();
-            let ok = unsafe { bounded_wait(b, cfg, sm.ready(slot), ready_parity(*u)) };
+            let ok = given_up.is_some() || unsafe { bounded_wait(b, cfg, sm.ready(slot), ready_parity(*u)) };
             let w1 = thread::clock64();
             if kt < PAGE_GROUPS {
                 first = w1;
             } else {
                 ready_wait += w1 - w0;
             }
-            if !warp::all(u32::MAX, ok) {
-                if thread::lane_id() == 0 {
-                    unsafe {
-                        record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | PAGE_READY << 16 | slot, ready_parity(*u), *u)
-                    };
+            if given_up.is_none() && !warp::all(u32::MAX, ok) {
+                given_up = Some(*u);
+                if !WARPGROUP {
+                    break;
                 }
-                return false;
             }
-            if kt < PAGE_GROUPS {
-                on_first();
-            }
-            if kt == 0 && thread::thread_idx_x() == 0 {
-                unsafe { stamp(b, idx, trace::FIRST) };
+            if given_up.is_none() {
+                if kt < PAGE_GROUPS {
+                    on_first();
+                }
+                if kt == 0 && thread::thread_idx_x() == 0 {
+                    unsafe { stamp(b, idx, trace::FIRST) };
+                }
             }
             multiply(slot);
             *u += 1;
             kt += 1;
+        }
+        if let Some(v) = given_up {
+            if thread::lane_id() == 0 {
+                let what = PAGE_TAG | PAGE_READY << 16 | page_slot(v);
+                unsafe { record_stall(b, cfg, CONSUMER, idx, what, ready_parity(v), v) };
+            }
+            return false;
         }
         if thread::thread_idx_x() == 0 {
             unsafe {
@@ -524,7 +547,7 @@ mod dev {
         let b_frag = Frags::<MT>::new(rn, FragKind::BPair);
         *acc = [[[0.0f32; 4]; NT]; MT];
         unsafe {
-            group_pages(pages, on_first, |slot| {
+            group_pages::<false>(pages, on_first, |slot| {
                 // Two k steps' fragments at a time (the other group's warps on the same scheduler
                 // hide the rest of the latency); the page is freed right after the last loads, so
                 // the loader refills it during the last two steps' math.
@@ -570,7 +593,7 @@ mod dev {
         // whose k step (16 bf16) is 32 bytes, as 8 tf32 are
         let desc = |page: u32| -> [u64; 4] { core::array::from_fn(|kk| tile_descriptor(page, kk as u32)) };
         unsafe {
-            group_pages(pages, on_first, |slot| {
+            group_pages::<true>(pages, on_first, |slot| {
                 wgmma::mma_m64n64k8x4_tf32_wait(d, desc(sm.a_page(slot)), desc(sm.b_page(slot)));
                 free_page(sm, slot);
             })
