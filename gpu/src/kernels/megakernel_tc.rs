@@ -33,7 +33,8 @@
 //!   each group is a warpgroup (warps `0..4`, `4..8`) that issues four `wgmma` m64n64k8 tf32 per
 //!   page straight from the swizzled page through descriptors, no fragments in registers; warp
 //!   `w` of a group then holds rows `16 w .. 16 w + 16` of the tile, every column. (Medium model
-//!   0.151 -> 0.130 ms, large 2.34 -> 1.94 ms, H200 run 124.)
+//!   0.151 -> 0.130 ms, large 2.34 -> 1.94 ms, H200 run 124; 0.138 and 2.04 ms with the
+//!   give-up path that keeps it hang-proof, run 130: see `group_pages`.)
 //!   Each group then finishes half of every warp square (its `Half`): it leaves the other half's
 //!   sums in shared memory (two buffers, alternating per product), the consumers meet, and each
 //!   group adds the other's sums to its half and runs the epilogue on it (ReLU, the ReLU
