@@ -155,32 +155,41 @@ fn barriers_are_not_duplicated() {
         }
     }
     assert_eq!(body(embedded(Arch::Sm80), "reduce_sum_f32").matches("bar.sync").count(), 1);
-    // The Blackwell GEMM's warp-collective (`.sync.aligned`) tensor-memory instructions are asm, so
-    // nothing marks them convergent: each must appear exactly once, as in the source (an asm copy
-    // in a divergent arm would hang or fault a warp), and its 3 block barriers (ring set-up, TMEM
-    // set-up, teardown) once each.
-    let g = body(embedded(Arch::Sm100a), "gemm_tcgen05_bf16");
-    for (needle, n) in [
-        ("tcgen05.alloc", 1),
-        ("tcgen05.dealloc", 1),
-        ("tcgen05.relinquish_alloc_permit", 1),
-        ("tcgen05.ld.sync.aligned", 1),
-        ("tcgen05.wait::ld", 1),
-        ("bar.sync", 3),
-    ] {
-        assert_eq!(g.matches(needle).count(), n, "gemm_tcgen05_bf16: `{needle}`");
-    }
-    // Likewise the training megakernel's warpgroup products (`wgmma`, `.sync.aligned`, asm: the
-    // fence, four m64n64k8 tf32 products, the commit and the wait of one page), once as in the
-    // source.
-    let m = body(embedded(Arch::Sm90a), "megakernel_step_tc");
-    for (needle, n) in [
-        ("wgmma.fence.sync.aligned", 1),
-        ("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32", 4),
-        ("wgmma.commit_group.sync.aligned", 1),
-        ("wgmma.wait_group.sync.aligned", 1),
-    ] {
-        assert_eq!(m.matches(needle).count(), n, "megakernel_step_tc: `{needle}`");
+    // Warp- and warpgroup-collective (`.sync.aligned`) instructions written as asm: nothing marks
+    // them convergent, so each must appear exactly as often as in the source (an asm copy in a
+    // divergent arm would hang or fault a warp). The Blackwell GEMM's tensor-memory instructions
+    // and its 3 block barriers (ring set-up, TMEM set-up, teardown); the training megakernel's
+    // warpgroup products (the fence, four m64n64k8 tf32 products, the commit and the wait of one
+    // page).
+    let collectives: [(Arch, &str, &[(&str, usize)]); 2] = [
+        (
+            Arch::Sm100a,
+            "gemm_tcgen05_bf16",
+            &[
+                ("tcgen05.alloc", 1),
+                ("tcgen05.dealloc", 1),
+                ("tcgen05.relinquish_alloc_permit", 1),
+                ("tcgen05.ld.sync.aligned", 1),
+                ("tcgen05.wait::ld", 1),
+                ("bar.sync", 3),
+            ],
+        ),
+        (
+            Arch::Sm90a,
+            "megakernel_step_tc",
+            &[
+                ("wgmma.fence.sync.aligned", 1),
+                ("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32", 4),
+                ("wgmma.commit_group.sync.aligned", 1),
+                ("wgmma.wait_group.sync.aligned", 1),
+            ],
+        ),
+    ];
+    for (arch, kernel, needles) in collectives {
+        let k = body(embedded(arch), kernel);
+        for &(needle, n) in needles {
+            assert_eq!(k.matches(needle).count(), n, "{kernel}: `{needle}`");
+        }
     }
 }
 
