@@ -161,7 +161,9 @@ fn barriers_are_not_duplicated() {
     // and its 3 block barriers (ring set-up, TMEM set-up, teardown); the training megakernel's
     // warpgroup products (the fence, four m64n64k8 tf32 products, the commit and the wait of one
     // page).
-    let collectives: [(Arch, &str, &[(&str, usize)]); 2] = [
+    // (kernel's architecture, kernel, [(PTX needle, count)])
+    type Collectives<'a> = (Arch, &'a str, &'a [(&'a str, usize)]);
+    let collectives: [Collectives; 2] = [
         (
             Arch::Sm100a,
             "gemm_tcgen05_bf16",

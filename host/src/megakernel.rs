@@ -50,6 +50,14 @@ impl DataPath {
         }
     }
 
+    /// `v` as the path's products read it from memory: rounded to tf32 (nearest, ties to even) on
+    /// [`DataPath::Tf32`], whose page loops convert nothing; as it is on the others. The host
+    /// stores what it uploads for the products (the batch, the weights' copies) this way, as the
+    /// kernel's epilogues do.
+    fn operand(self, v: f32) -> f32 {
+        if self == DataPath::Tf32 { kiln_gpu::convert::tf32_round_host(v) } else { v }
+    }
+
     /// The tile edges the path's kernel is built for, ascending.
     pub fn tiles(self) -> &'static [u32] {
         kiln_gpu::megakernel::tiles_for(self.code())
@@ -868,7 +876,7 @@ impl GpuStep {
         }
         let flat_w: Vec<f32> = weights.iter().enumerate().flat_map(|(l, w)| pad_rows(w, d[l])).collect();
         // Each copy as the products read it: rounded to tf32 on the tf32 path.
-        let operand = |v: f32| if path == DataPath::Tf32 { kiln_gpu::convert::tf32_round_host(v) } else { v };
+        let operand = |v: f32| path.operand(v);
         let w_op: Vec<f32> = match path {
             DataPath::Tf32 => flat_w.iter().map(|&v| operand(v)).collect(),
             _ => vec![0.0],
@@ -1009,7 +1017,7 @@ impl GpuStep {
         // The tf32 path keeps every stored product operand rounded to tf32 (its page loops read them
         // without converting), so the batch is rounded here: the value its products would use.
         // The tensor-core paths' weight gradients read it transposed, from `act_t[0]`.
-        let operand = |v: f32| if self.path == DataPath::Tf32 { kiln_gpu::convert::tf32_round_host(v) } else { v };
+        let operand = |v: f32| self.path.operand(v);
         let x: Vec<f32> = pad_rows(inp.x, d0).into_iter().map(operand).collect();
         self.dev.write_prefix(&mut self.act, &x)?;
         if self.path != DataPath::CudaCores {
