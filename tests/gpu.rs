@@ -2001,7 +2001,8 @@ fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
 /// nothing it stores: there `act[0]` is the batch bit for bit and some hidden activation keeps low
 /// bits. On both, the K-major copies the products read hold exactly those operands, transposed:
 /// `act_t` and `grad_t` are `act` and `grad` bit for bit, `w_t` is the updated weights (rounded on
-/// tf32) and, on tf32, `w_op` the rounded weights; with fused and with separate updates.
+/// tf32) and, on tf32, `w_op` the rounded weights; with fused and with separate updates. The
+/// CUDA-core path keeps no copies: asking for them is an error that names the paths that do.
 fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
     use kiln::gpu::convert::tf32_round_host;
     use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build_with_tile};
@@ -2011,6 +2012,17 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
     };
     let sms = dev.sm_count().map_err(err)?;
     let (mut rng, _) = testing::rng();
+    // the CUDA-core path keeps no copies, and says so
+    {
+        let shape = MlpShape { batch: 8, dims: vec![5, 3] };
+        let schedule = kiln::megakernel::build(&shape, sms, DataPath::CudaCores).map_err(err)?;
+        let mut gpu =
+            GpuStep::new(dev_arc()?, &schedule, &mk_weights(&shape.dims, 1), DataPath::CudaCores).map_err(err)?;
+        match gpu.operand_copies() {
+            Err(e) if e.to_string().contains("use DataPath::Tf32 or Tf32x3") => {}
+            other => return Err(format!("operand_copies on the CUDA-core path: {:?}", other.map(|_| ()))),
+        }
+    }
     let cases = [(100usize, vec![37usize, 130, 65, 10], Loss::CrossEntropy), (70, vec![129, 64, 33], Loss::Mse)];
     for (batch, dims, loss) in cases {
         let shape = MlpShape { batch, dims: dims.clone() };
