@@ -175,6 +175,11 @@ fn tests() -> Vec<GpuTest> {
             run: megakernel_page_fault_stalls,
         },
         GpuTest {
+            name: "gpu::megakernel_warp_giving_up_alone_stalls_not_hangs_sm90",
+            available: mega_tc,
+            run: megakernel_give_up_split,
+        },
+        GpuTest {
             name: "gpu::megakernel_too_deep_for_shared_memory_is_an_error_sm90",
             available: mega_tc,
             run: megakernel_too_deep,
@@ -2212,6 +2217,53 @@ fn megakernel_page_fault_stalls(dev: &Device) -> Outcome {
     }
     gpu.set_extra_free_arrivals(0);
     gpu.step(&inp).map_err(|e| format!("a correct step after the stall: {e}"))?;
+    vector_add_matches_cpu(dev)
+}
+
+/// The give-up path: one consumer warp of every block gives up each page wait at once while the
+/// rest of its page group sees the page arrive (`GpuStep::set_give_up_warp`). On the `wgmma` path
+/// (tf32, tile 64) the group multiplies as one warpgroup, so the warp that gave up must keep
+/// issuing its group's products or the other three would wait for it forever. Every path and tile
+/// must stop with the planted stall as block 0's consumer record (its first instruction, the
+/// warp's first page: page `g` of group `g`, parity 0), within the wait limit; then a correct
+/// step runs and the device keeps working.
+fn megakernel_give_up_split(dev: &Device) -> Outcome {
+    use kiln::gpu::megakernel::{CONSUMER_WARPS, GROUP_WARPS};
+    use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, Updates, build_with_tile};
+    let sms = dev.sm_count().map_err(err)?;
+    // 300 inputs: ten pages, both groups' on the first instruction
+    let shape = MlpShape { batch: 64, dims: vec![300, 64, 4] };
+    let (x, y) = (vec![0.5f32; 64 * 300], vec![0.0f32; 64 * 4]);
+    let inp = StepInputs { x: &x, y: &y, classes: &[], loss: Loss::Mse, lr: 0.1, momentum: 0.0 };
+    for path in [DataPath::Tf32, DataPath::Tf32x3] {
+        for &tile in path.tiles() {
+            let schedule = build_with_tile(&shape, sms, tile, Updates::Fused).map_err(err)?;
+            let mut gpu = GpuStep::new(dev_arc()?, &schedule, &mk_weights(&shape.dims, 2), path).map_err(err)?;
+            gpu.wait_limit_ns = 200_000_000;
+            match gpu.set_give_up_warp(Some(CONSUMER_WARPS)) {
+                Err(kiln::Error::Unsupported { what, .. }) if what.contains("pick one of them") => {}
+                other => return Err(format!("giving up in a warp that is not a consumer: {other:?}")),
+            }
+            for warp in [1, CONSUMER_WARPS - 2] {
+                let what = format!("{path:?} tile {tile}, warp {warp}");
+                let g = warp / GROUP_WARPS;
+                gpu.set_give_up_warp(Some(warp)).map_err(err)?;
+                let started = std::time::Instant::now();
+                let want = format!(
+                    "consumers of block 0 at instruction 0 waited on the ready barrier of page {g} with parity 0 (page use {g})"
+                );
+                match gpu.step(&inp) {
+                    Err(kiln::Error::Stalled { msg, .. }) if msg.contains(&want) => {}
+                    other => return Err(format!("{what}: expected a stall with \"{want}\", got {other:?}")),
+                }
+                if started.elapsed().as_secs_f64() > 10.0 {
+                    return Err(format!("{what}: the stall took {:?} to report", started.elapsed()));
+                }
+                gpu.set_give_up_warp(None).map_err(err)?;
+                gpu.step(&inp).map_err(|e| format!("{what}: a correct step after the stall: {e}"))?;
+            }
+        }
+    }
     vector_add_matches_cpu(dev)
 }
 

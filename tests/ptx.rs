@@ -160,7 +160,7 @@ fn barriers_are_not_duplicated() {
     // divergent arm would hang or fault a warp). The Blackwell GEMM's tensor-memory instructions
     // and its 3 block barriers (ring set-up, TMEM set-up, teardown); the training megakernel's
     // warpgroup products (the fence, four m64n64k8 tf32 products, the commit and the wait of one
-    // page).
+    // page: one site, which a warp that gave up the walk keeps executing with the others).
     // (kernel's architecture, kernel, [(PTX needle, count)])
     type Collectives<'a> = (Arch, &'a str, &'a [(&'a str, usize)]);
     let collectives: [Collectives; 2] = [

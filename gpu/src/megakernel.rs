@@ -393,6 +393,10 @@ pub struct MegaConfig {
     /// Fault injection for the hang-proof test: extra arrivals each free barrier expects beyond
     /// [`PAGE_FREE_ARRIVALS`] (0 in every real step; 1 strands the loader at the first reuse of a page).
     pub extra_free_arrivals: u32,
+    /// Fault injection for the give-up test: when nonzero, consumer warp `give_up_warp - 1` of
+    /// every block of the tensor-core kernel gives up each page wait at once, as if its limit had
+    /// passed, while the rest of its group sees the page arrive (0 in every real step).
+    pub give_up_warp: u32,
 }
 // SAFETY: repr(C), 4-byte fields only.
 unsafe impl crate::KernelParam for MegaConfig {}

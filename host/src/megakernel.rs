@@ -715,6 +715,7 @@ pub struct GpuStep {
     /// CUDA-core path.
     maps: Option<crate::cuda::DeviceTensorMap>,
     extra_free_arrivals: u32,
+    give_up_warp: u32,
     /// Every instruction with its SM, in the order of `instructions` (what a trace's rows are).
     listing: Vec<(u32, Instruction)>,
     /// Timestamps of the next steps, when tracing ([`GpuStep::set_trace`]).
@@ -919,6 +920,7 @@ impl GpuStep {
             w_t: dev.upload(&w_t)?,
             maps: None,
             extra_free_arrivals: 0,
+            give_up_warp: 0,
             listing,
             trace: None,
             wait_limit_ns: 1_000_000_000,
@@ -987,6 +989,26 @@ impl GpuStep {
     /// (the default) for real training. No effect on the CUDA-core path (it has no pages).
     pub fn set_extra_free_arrivals(&mut self, n: u32) {
         self.extra_free_arrivals = n;
+    }
+
+    /// Test hook for the give-up path: consumer warp `w` of every block of the tensor-core kernel
+    /// gives up each page wait at once (as if its limit had passed) while the other warps of its
+    /// page group see the page arrive; the step must then report [`Error::Stalled`] without
+    /// hanging (on the `wgmma` path the warp keeps issuing its group's products until the
+    /// product ends). `None` (the default) for real training. No effect on the CUDA-core path.
+    pub fn set_give_up_warp(&mut self, w: Option<u32>) -> Result<()> {
+        use kiln_gpu::megakernel::CONSUMER_WARPS;
+        self.give_up_warp = match w {
+            None => 0,
+            Some(w) if w < CONSUMER_WARPS => w + 1,
+            Some(w) => {
+                return Err(Error::Unsupported {
+                    op: "GpuStep::set_give_up_warp",
+                    what: format!("warp {w}: the consumer warps are 0..{CONSUMER_WARPS}; pick one of them"),
+                });
+            }
+        };
+        Ok(())
     }
 
     /// One training step on the GPU: [`GpuStep::load_batch`], then [`GpuStep::run`]. After an
@@ -1088,6 +1110,7 @@ impl GpuStep {
             tile: self.tile,
             precision: self.path.code(),
             extra_free_arrivals: self.extra_free_arrivals,
+            give_up_warp: self.give_up_warp,
         };
         let launch = |threads: u32, smem: u32| crate::cuda::LaunchConfig {
             grid_dim: (self.sms, 1, 1),

@@ -10,11 +10,12 @@
 //!   ascending k, the CPU interpreter's order, so the products match it bit for bit.
 //! - The cross-entropy gradient finds each row's maximum and sum of exponentials once per tile (a
 //!   warp per row) instead of once per element.
-//! - Waits: thread 0 polls the counter with `ld.relaxed.gpu` (and a fence once it is met), bounded by the global timer from the
-//!   counter's last change; a stall (or another block's abort) sets the abort flag, writes the block's
-//!   record (instruction index, counter, value seen, value wanted) and returns; every waiting block
-//!   does the same, and the host reports all records as an error instead of hanging. A block barrier
-//!   then lets the whole block read what the producers wrote.
+//! - Waits: thread 0 polls the counter with `ld.relaxed.gpu` (and a fence once it is met),
+//!   bounded by the global timer from the counter's last change; a stall (or another block's
+//!   abort) writes the block's record (instruction index, counter, value seen, value wanted: the
+//!   first stall's), sets the abort flag and returns; every waiting block does the same, and the
+//!   host reports all records as an error instead of hanging. A block barrier then lets the whole
+//!   block read what the producers wrote.
 //! - Signals: after a block barrier, thread 0 issues `fence.acq_rel.gpu` and adds 1 to each signal
 //!   counter.
 //! - Grid: one block per SM (all co-resident), 256 threads.
@@ -41,9 +42,13 @@ pub(crate) unsafe fn acquire(p: crate::DevicePtrMut<u32>, i: u32) -> u32 {
     unsafe { atomic::load_acquire_gpu(p.as_mut_ptr().add(i as usize)) }
 }
 
-/// Gives up the step: raises the abort flag (after the counters) and writes this block's stall
-/// record for `role` (see [`record_offset`]): 1 + instruction index, what was waited on, the value
-/// seen, the value wanted.
+/// Gives up the step: writes this block's stall record for `role` (see [`record_offset`]): 1 +
+/// instruction index, what was waited on, the value seen, the value wanted; then raises the abort
+/// flag (after the counters). The first stall of a role takes its record whole (a compare-and-swap
+/// on the first word) and later ones leave it: they are usually the first one's consequences
+/// (waits given up on its abort), and four words written by two warps at once would mix. The
+/// record comes before the flag (a GPU fence between), so a waiter that gives up on this stall's
+/// abort cannot take the record first.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub(crate) unsafe fn record_stall(
@@ -56,12 +61,14 @@ pub(crate) unsafe fn record_stall(
     want: u32,
 ) {
     unsafe {
-        atomic::atomic_cas_u32(b.counters.as_mut_ptr().add(cfg.counters as usize), 0, 1);
         let rec = record_offset(cfg.counters, thread::block_idx_x(), role) as usize;
-        b.counters.write(rec, idx + 1);
-        b.counters.write(rec + 1, what);
-        b.counters.write(rec + 2, seen);
-        b.counters.write(rec + 3, want);
+        if atomic::atomic_cas_u32(b.counters.as_mut_ptr().add(rec), 0, idx + 1) == 0 {
+            b.counters.write(rec + 1, what);
+            b.counters.write(rec + 2, seen);
+            b.counters.write(rec + 3, want);
+        }
+        fence::fence_gpu();
+        atomic::atomic_cas_u32(b.counters.as_mut_ptr().add(cfg.counters as usize), 0, 1);
     }
 }
 

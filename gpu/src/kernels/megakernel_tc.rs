@@ -33,8 +33,9 @@
 //!   each group is a warpgroup (warps `0..4`, `4..8`) that issues four `wgmma` m64n64k8 tf32 per
 //!   page straight from the swizzled page through descriptors, no fragments in registers; warp
 //!   `w` of a group then holds rows `16 w .. 16 w + 16` of the tile, every column. (Medium model
-//!   0.151 -> 0.130 ms, large 2.34 -> 1.94 ms, H200 run 124; 0.138 and 2.04 ms with the
-//!   give-up path that keeps it hang-proof, run 130: see `group_pages`.)
+//!   0.151 -> 0.130 ms, large 2.34 -> 1.94 ms, H200 run 124; with the give-up path that keeps
+//!   it hang-proof, 0.138 and 2.04 ms in run 130's form, 0.130-0.132 and 1.95 ms in run 133's:
+//!   see `group_pages`.)
 //!   Each group then finishes half of every warp square (its `Half`): it leaves the other half's
 //!   sums in shared memory (two buffers, alternating per product), the consumers meet, and each
 //!   group adds the other's sums to its half and runs the epilogue on it (ReLU, the ReLU
@@ -72,7 +73,8 @@ const MAX_TILE: u32 = TC_TILES[TC_TILES.len() - 1];
 /// f32 per output).
 const SUMS: u32 = STAGE_BYTES * PAGE_STAGES;
 const SUMS_BYTES: u32 = 4 * MAX_TILE * MAX_TILE;
-/// Barriers: ready and free per stage, then the consumers' rendezvous.
+/// Barriers: ready and free per stage, the consumers' rendezvous, then one never arrived on (see
+/// `Smem::drained`).
 const BARRIERS: u32 = SUMS + 2 * SUMS_BYTES;
 /// The loss gradient's row statistics (`2 * MAX_TILE` f32), then the "go" word.
 const STATS: u32 = BARRIERS + 8 * (2 * PAGE_STAGES + 2);
@@ -133,6 +135,12 @@ mod dev {
         }
         fn rendezvous(self) -> u32 {
             self.base + BARRIERS + 8 * (2 * PAGE_STAGES)
+        }
+        /// A barrier nobody arrives on: its phase 0 never completes, so a wait for parity 1 (the
+        /// phase before it) returns at once. A warp that gave up a page walk waits on it instead
+        /// of on pages (see [`group_pages`]).
+        fn drained(self) -> u32 {
+            self.base + BARRIERS + 8 * (2 * PAGE_STAGES + 1)
         }
         /// The sums the page groups hand each other for the `n`-th product of the block (buffer
         /// `n % 2`, a region per group).
@@ -462,12 +470,18 @@ mod dev {
     ///
     /// Each warp waits for a page by itself, and may give up (its limit, or another block's
     /// abort) while another warp sees the bytes arrive. Without `WARPGROUP` a warp that gave up
-    /// returns at once. With it (the group multiplies as one warpgroup, whose `wgmma` needs all
-    /// four warps) it records the stall and still runs `multiply` on every remaining page of
-    /// the product, without waiting (the step is abandoned: what it multiplies no longer
-    /// matters), so that the other three never wait forever in a `wgmma` for it; it returns
-    /// false at the end. (A named barrier per page, making the four agree first, cost 2 % of
-    /// the medium model's step, run 128.)
+    /// leaves the walk at once. With it (the group multiplies as one warpgroup, whose `wgmma` must
+    /// be executed by all four warps, the same instruction) it walks on, running `multiply` on
+    /// every remaining page of its group without waiting for the page (the step is abandoned:
+    /// what it multiplies no longer matters), so that the other three never wait in a `wgmma`
+    /// for it; it waits on [`Smem::drained`] instead, which returns at once, so the walk's loop
+    /// has one wait, one `multiply` and no branch around either. Either way the stall is recorded
+    /// after the walk, and the walk returns false. (Other shapes measured, medium model: a named
+    /// barrier per page making the four agree first, 2 % slower, run 128; a branch skipping the
+    /// wait once given up, 6 %, run 130; that with the stall recorded in the loop, 9 %, run 129.)
+    ///
+    /// `MegaConfig::give_up_warp` plants the split for the give-up test: that warp gives up the
+    /// first page of every walk without waiting.
     #[inline(always)]
     unsafe fn group_pages<const WARPGROUP: bool>(
         pages: Pages<'_>,
@@ -477,11 +491,14 @@ mod dev {
         let Pages { b, cfg, sm, p, u, idx } = pages;
         let group = thread::warp_id() / GROUP_WARPS;
         let (mut ready_wait, mut first) = (0u64, 0u64);
-        // the page use this warp gave up on, if it did (recorded after the walk, so that the loop
-        // around the products has no branch taken by one lane only)
-        let mut given_up: Option<u32> = None;
+        let pages = p.k.div_ceil(PAGE_K);
+        // the page use this warp gave up on, if it did (the planted fault: the group's first page,
+        // page `group` of the product)
+        const NONE: u32 = u32::MAX;
+        let planted = thread::warp_id() + 1 == cfg.give_up_warp && group < pages;
+        let mut gave_up = if planted { *u + group } else { NONE };
         let mut kt = 0;
-        while kt < p.k.div_ceil(PAGE_K) {
+        while kt < pages {
             if page_group(kt) != group {
                 // the other group's page
                 *u += 1;
@@ -489,36 +506,36 @@ mod dev {
                 continue;
             }
             let slot = page_slot(*u);
+            let (bar, parity) = if gave_up == NONE { (sm.ready(slot), ready_parity(*u)) } else { (sm.drained(), 1) };
             let w0 = thread::clock64();
-            let ok = given_up.is_some() || unsafe { bounded_wait(b, cfg, sm.ready(slot), ready_parity(*u)) };
+            let ok = unsafe { bounded_wait(b, cfg, bar, parity) };
             let w1 = thread::clock64();
             if kt < PAGE_GROUPS {
                 first = w1;
             } else {
                 ready_wait += w1 - w0;
             }
-            if given_up.is_none() && !warp::all(u32::MAX, ok) {
-                given_up = Some(*u);
-                if !WARPGROUP {
-                    break;
-                }
+            if !warp::all(u32::MAX, ok) {
+                // (only while waiting on pages: the drained barrier never fails)
+                gave_up = *u;
             }
-            if given_up.is_none() {
-                if kt < PAGE_GROUPS {
-                    on_first();
-                }
-                if kt == 0 && thread::thread_idx_x() == 0 {
-                    unsafe { stamp(b, idx, trace::FIRST) };
-                }
+            if !WARPGROUP && gave_up != NONE {
+                break;
+            }
+            if kt < PAGE_GROUPS {
+                on_first();
+            }
+            if kt == 0 && thread::thread_idx_x() == 0 {
+                unsafe { stamp(b, idx, trace::FIRST) };
             }
             multiply(slot);
             *u += 1;
             kt += 1;
         }
-        if let Some(v) = given_up {
+        if gave_up != NONE {
             if thread::lane_id() == 0 {
-                let what = PAGE_TAG | PAGE_READY << 16 | page_slot(v);
-                unsafe { record_stall(b, cfg, CONSUMER, idx, what, ready_parity(v), v) };
+                let what = PAGE_TAG | PAGE_READY << 16 | page_slot(gave_up);
+                unsafe { record_stall(b, cfg, CONSUMER, idx, what, ready_parity(gave_up), gave_up) };
             }
             return false;
         }
@@ -1327,7 +1344,10 @@ mod dev {
                 }
                 s += 1;
             }
-            unsafe { mbarrier::init(sm.rendezvous(), CONSUMERS) };
+            unsafe {
+                mbarrier::init(sm.rendezvous(), CONSUMERS);
+                mbarrier::init(sm.drained(), 1);
+            }
             fence::mbarrier_init_release_cluster();
         }
         let lt = Layers::new(cfg);
