@@ -1558,7 +1558,7 @@ fn mk_weights(dims: &[usize], seed: u64) -> Vec<Vec<f32>> {
 }
 
 fn mega_tc(d: &Device) -> bool {
-    d.supports::<kiln::gpu::kernels::megakernel_tc::MegakernelStepTc>()
+    kiln::megakernel::tensor_core_step_supported(d)
 }
 
 /// How close the megakernel's weights must be to the interpreter's.
@@ -2220,38 +2220,45 @@ fn megakernel_page_fault_stalls(dev: &Device) -> Outcome {
     vector_add_matches_cpu(dev)
 }
 
-/// The give-up path: one consumer warp of every block gives up each page wait at once while the
-/// rest of its page group sees the page arrive (`GpuStep::set_give_up_warp`). On the `wgmma` path
-/// (tf32, tile 64) the group multiplies as one warpgroup, so the warp that gave up must keep
-/// issuing its group's products or the other three would wait for it forever. Every path and tile
-/// must stop with the planted stall as block 0's consumer record (its first instruction, the
-/// warp's first page: page `g` of group `g`, parity 0), within the wait limit; then a correct
-/// step runs and the device keeps working.
+/// The give-up paths: one consumer warp of block 0 gives up (`GpuStep::set_give_up`) while
+/// the others go on. On the `wgmma` path (tf32, tile 64) each page group multiplies as one
+/// warpgroup, so the warp that gave up must keep issuing its group's products, to the end of its
+/// list, or the other three would wait for it in one. Planted at each walk's first page (the rest
+/// of the group sees the page arrive), and at each publishing meeting after arriving (the others
+/// pass it and multiply the next instruction's pages). Every path and tile must stop with the
+/// planted stall as block 0's consumer record (its first instruction), within the wait limit;
+/// then a correct step runs and the device keeps working. Four blocks, so that block 0 has a
+/// list of several instructions.
 fn megakernel_give_up_split(dev: &Device) -> Outcome {
     use kiln::gpu::megakernel::{CONSUMER_WARPS, GROUP_WARPS};
-    use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, Updates, build_with_tile};
-    let sms = dev.sm_count().map_err(err)?;
+    use kiln::megakernel::{DataPath, GiveUp, GpuStep, Loss, MlpShape, StepInputs, Updates, build_with_tile};
     // 300 inputs: ten pages, both groups' on the first instruction
-    let shape = MlpShape { batch: 64, dims: vec![300, 64, 4] };
-    let (x, y) = (vec![0.5f32; 64 * 300], vec![0.0f32; 64 * 4]);
+    let shape = MlpShape { batch: 128, dims: vec![300, 64, 64, 4] };
+    let (x, y) = (vec![0.5f32; 128 * 300], vec![0.0f32; 128 * 4]);
     let inp = StepInputs { x: &x, y: &y, classes: &[], loss: Loss::Mse, lr: 0.1, momentum: 0.0 };
     for path in [DataPath::Tf32, DataPath::Tf32x3] {
         for &tile in path.tiles() {
-            let schedule = build_with_tile(&shape, sms, tile, Updates::Fused).map_err(err)?;
+            let schedule = build_with_tile(&shape, 4, tile, Updates::Fused).map_err(err)?;
             let mut gpu = GpuStep::new(dev_arc()?, &schedule, &mk_weights(&shape.dims, 2), path).map_err(err)?;
-            gpu.wait_limit_ns = 200_000_000;
-            match gpu.set_give_up_warp(Some(CONSUMER_WARPS)) {
+            // Every stall here is planted: none waits for the limit (the others see the abort),
+            // but under compute-sanitizer an honest wait can take far longer than usual.
+            gpu.wait_limit_ns = 2_000_000_000;
+            match gpu.set_give_up(Some((CONSUMER_WARPS, GiveUp::Pages))) {
                 Err(kiln::Error::Unsupported { what, .. }) if what.contains("pick one of them") => {}
                 other => return Err(format!("giving up in a warp that is not a consumer: {other:?}")),
             }
-            for warp in [1, CONSUMER_WARPS - 2] {
-                let what = format!("{path:?} tile {tile}, warp {warp}");
+            for (warp, at) in [(1, GiveUp::Pages), (CONSUMER_WARPS - 2, GiveUp::Pages), (2, GiveUp::Publish)] {
+                let what = format!("{path:?} tile {tile}, warp {warp} at {at:?}");
                 let g = warp / GROUP_WARPS;
-                gpu.set_give_up_warp(Some(warp)).map_err(err)?;
+                let want = match at {
+                    // the group's first page of the first product
+                    GiveUp::Pages => format!("the ready barrier of page {g} with parity 0 (page use {g})"),
+                    // the first product's second meeting (its sums, then its publishing)
+                    GiveUp::Publish => "the consumers' rendezvous with parity 1 (meeting 1)".to_string(),
+                };
+                let want = format!("consumers of block 0 at instruction 0 waited on {want}");
+                gpu.set_give_up(Some((warp, at))).map_err(err)?;
                 let started = std::time::Instant::now();
-                let want = format!(
-                    "consumers of block 0 at instruction 0 waited on the ready barrier of page {g} with parity 0 (page use {g})"
-                );
                 match gpu.step(&inp) {
                     Err(kiln::Error::Stalled { msg, .. }) if msg.contains(&want) => {}
                     other => return Err(format!("{what}: expected a stall with \"{want}\", got {other:?}")),
@@ -2259,7 +2266,7 @@ fn megakernel_give_up_split(dev: &Device) -> Outcome {
                 if started.elapsed().as_secs_f64() > 10.0 {
                     return Err(format!("{what}: the stall took {:?} to report", started.elapsed()));
                 }
-                gpu.set_give_up_warp(None).map_err(err)?;
+                gpu.set_give_up(None).map_err(err)?;
                 gpu.step(&inp).map_err(|e| format!("{what}: a correct step after the stall: {e}"))?;
             }
         }

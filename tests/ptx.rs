@@ -163,7 +163,7 @@ fn barriers_are_not_duplicated() {
     // page: one site, which a warp that gave up the walk keeps executing with the others).
     // (kernel's architecture, kernel, [(PTX needle, count)])
     type Collectives<'a> = (Arch, &'a str, &'a [(&'a str, usize)]);
-    let collectives: [Collectives; 2] = [
+    let collectives: [Collectives; 5] = [
         (
             Arch::Sm100a,
             "gemm_tcgen05_bf16",
@@ -178,7 +178,7 @@ fn barriers_are_not_duplicated() {
         ),
         (
             Arch::Sm90a,
-            "megakernel_step_tc",
+            "megakernel_step_tf32_t64",
             &[
                 ("wgmma.fence.sync.aligned", 1),
                 ("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32", 4),
@@ -186,6 +186,10 @@ fn barriers_are_not_duplicated() {
                 ("wgmma.wait_group.sync.aligned", 1),
             ],
         ),
+        // the step's other kernels multiply on mma.sync only
+        (Arch::Sm90a, "megakernel_step_tf32_t32", &[("wgmma.", 0)]),
+        (Arch::Sm90a, "megakernel_step_tf32x3_t32", &[("wgmma.", 0)]),
+        (Arch::Sm90a, "megakernel_step_tf32x3_t64", &[("wgmma.", 0)]),
     ];
     for (arch, kernel, needles) in collectives {
         let k = body(embedded(arch), kernel);

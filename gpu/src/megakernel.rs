@@ -393,10 +393,23 @@ pub struct MegaConfig {
     /// Fault injection for the hang-proof test: extra arrivals each free barrier expects beyond
     /// [`PAGE_FREE_ARRIVALS`] (0 in every real step; 1 strands the loader at the first reuse of a page).
     pub extra_free_arrivals: u32,
-    /// Fault injection for the give-up test: when nonzero, consumer warp `give_up_warp - 1` of
-    /// every block of the tensor-core kernel gives up each page wait at once, as if its limit had
-    /// passed, while the rest of its group sees the page arrive (0 in every real step).
+    /// Fault injection for the give-up tests: when nonzero, consumer warp `give_up_warp - 1` of
+    /// block 0 of the tensor-core kernel gives up where [`give_up_at`](Self::give_up_at) says,
+    /// as if its limit had passed, while the other warps go on (0 in every real step). (Block 0
+    /// only, so that its record is the planted stall, not a consequence of another block's.)
     pub give_up_warp: u32,
+    /// Where the planted warp gives up: a [`give_up`] code.
+    pub give_up_at: u32,
+}
+
+/// Where `MegaConfig::give_up_warp` gives up (the give-up tests' planted faults).
+pub mod give_up {
+    /// Each page walk's first page, without waiting for it, while the rest of its group sees
+    /// the page arrive.
+    pub const PAGES: u32 = 0;
+    /// Each rendezvous that publishes an instruction, after arriving (so the others pass it
+    /// and go on to the next instruction).
+    pub const PUBLISH: u32 = 1;
 }
 // SAFETY: repr(C), 4-byte fields only.
 unsafe impl crate::KernelParam for MegaConfig {}

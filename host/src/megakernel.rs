@@ -671,6 +671,29 @@ pub fn interpret(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, seed: u
     }
 }
 
+/// Where [`GpuStep::set_give_up`]'s planted warp gives up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GiveUp {
+    /// The first page of each page walk, without waiting for it, while the rest of its page
+    /// group sees the page arrive.
+    Pages,
+    /// Each meeting that publishes an instruction, after arriving at it: the other warps pass
+    /// the meeting and go on to the next instruction without it.
+    Publish,
+}
+
+/// Whether `dev` runs the tensor-core step kernels ([`DataPath::Tf32`], [`DataPath::Tf32x3`]):
+/// they use TMA and are built for sm_90a only, all four (`kiln_gpu::kernels::megakernel_tc`).
+pub fn tensor_core_step_supported(dev: &crate::cuda::Device) -> bool {
+    use kiln_gpu::kernels::megakernel_tc::{
+        MegakernelStepTf32T32, MegakernelStepTf32T64, MegakernelStepTf32x3T32, MegakernelStepTf32x3T64,
+    };
+    dev.supports::<MegakernelStepTf32T32>()
+        && dev.supports::<MegakernelStepTf32x3T32>()
+        && dev.supports::<MegakernelStepTf32T64>()
+        && dev.supports::<MegakernelStepTf32x3T64>()
+}
+
 /// The schedule and buffers of one model on the GPU: [`GpuStep::step`] runs one training step as a
 /// single launch of the megakernel of its [`DataPath`].
 ///
@@ -716,6 +739,9 @@ pub struct GpuStep {
     maps: Option<crate::cuda::DeviceTensorMap>,
     extra_free_arrivals: u32,
     give_up_warp: u32,
+    give_up_at: u32,
+    /// The step kernel launched last (for stall reports).
+    kernel: &'static str,
     /// Every instruction with its SM, in the order of `instructions` (what a trace's rows are).
     listing: Vec<(u32, Instruction)>,
     /// Timestamps of the next steps, when tracing ([`GpuStep::set_trace`]).
@@ -792,7 +818,7 @@ impl GpuStep {
                 ),
             });
         }
-        if path != DataPath::CudaCores && !dev.supports::<kiln_gpu::kernels::megakernel_tc::MegakernelStepTc>() {
+        if path != DataPath::CudaCores && !tensor_core_step_supported(&dev) {
             return Err(Error::Unsupported {
                 op: "megakernel",
                 what: format!(
@@ -921,6 +947,8 @@ impl GpuStep {
             maps: None,
             extra_free_arrivals: 0,
             give_up_warp: 0,
+            give_up_at: 0,
+            kernel: "",
             listing,
             trace: None,
             wait_limit_ns: 1_000_000_000,
@@ -991,23 +1019,26 @@ impl GpuStep {
         self.extra_free_arrivals = n;
     }
 
-    /// Test hook for the give-up path: consumer warp `w` of every block of the tensor-core kernel
-    /// gives up each page wait at once (as if its limit had passed) while the other warps of its
-    /// page group see the page arrive; the step must then report [`Error::Stalled`] without
-    /// hanging (on the `wgmma` path the warp keeps issuing its group's products until the
-    /// product ends). `None` (the default) for real training. No effect on the CUDA-core path.
-    pub fn set_give_up_warp(&mut self, w: Option<u32>) -> Result<()> {
-        use kiln_gpu::megakernel::CONSUMER_WARPS;
-        self.give_up_warp = match w {
-            None => 0,
-            Some(w) if w < CONSUMER_WARPS => w + 1,
-            Some(w) => {
+    /// Test hook for the give-up paths: consumer warp `w` of block 0 of the tensor-core kernel gives
+    /// up where `at` says (as if its limit had passed) while the other warps go on; the
+    /// step must then report [`Error::Stalled`] without hanging (on the `wgmma` path the warp
+    /// keeps issuing its group's products to the end of its list, so that the others never wait
+    /// for it in one). `None` (the default) for real training. No effect on the CUDA-core path.
+    pub fn set_give_up(&mut self, plant: Option<(u32, GiveUp)>) -> Result<()> {
+        use kiln_gpu::megakernel::{CONSUMER_WARPS, give_up};
+        let (warp, at) = match plant {
+            None => (0, 0),
+            Some((w, at)) if w < CONSUMER_WARPS => {
+                (w + 1, if at == GiveUp::Pages { give_up::PAGES } else { give_up::PUBLISH })
+            }
+            Some((w, _)) => {
                 return Err(Error::Unsupported {
-                    op: "GpuStep::set_give_up_warp",
+                    op: "GpuStep::set_give_up",
                     what: format!("warp {w}: the consumer warps are 0..{CONSUMER_WARPS}; pick one of them"),
                 });
             }
         };
+        (self.give_up_warp, self.give_up_at) = (warp, at);
         Ok(())
     }
 
@@ -1060,7 +1091,10 @@ impl GpuStep {
     /// [`GpuStep::check_every`] says so.
     pub fn run(&mut self, loss_kind: Loss, lr: f32, momentum: f32) -> Result<()> {
         use kiln_gpu::kernels::megakernel_step::{MEGA_THREADS, MegakernelStep};
-        use kiln_gpu::kernels::megakernel_tc::{MegakernelStepTc, TC_THREADS, tc_smem_bytes};
+        use kiln_gpu::kernels::megakernel_tc::{
+            MegakernelStepTf32T32, MegakernelStepTf32T64, MegakernelStepTf32x3T32, MegakernelStepTf32x3T64, TC_THREADS,
+            tc_smem_bytes,
+        };
         use kiln_gpu::megakernel::{MegaBuffers, MegaConfig, loss};
         // Zero the dependency counters only: the abort flag and the records after them stay until
         // a check reads them.
@@ -1111,25 +1145,45 @@ impl GpuStep {
             precision: self.path.code(),
             extra_free_arrivals: self.extra_free_arrivals,
             give_up_warp: self.give_up_warp,
+            give_up_at: self.give_up_at,
         };
         let launch = |threads: u32, smem: u32| crate::cuda::LaunchConfig {
             grid_dim: (self.sms, 1, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
+        let (mega, tc) = (launch(MEGA_THREADS, 0), launch(TC_THREADS, tc_smem_bytes(cfg.layers)));
+        let args = (bufs, cfg);
+        // The step's kernel: one per data path and, on tensor cores, per tile (the schedule's,
+        // which `GpuStep::new` checked is one of the path's).
         // SAFETY: every buffer was sized from the schedule's shape, and the tensor maps describe
         // them; the kernels index within them.
         unsafe {
-            match self.path {
-                DataPath::CudaCores => self.dev.launch(MegakernelStep, launch(MEGA_THREADS, 0), (bufs, cfg))?,
-                _ => self.dev.launch(MegakernelStepTc, launch(TC_THREADS, tc_smem_bytes(cfg.layers)), (bufs, cfg))?,
-            }
+            match (self.path, self.tile) {
+                (DataPath::CudaCores, _) => self.launch_step(MegakernelStep, mega, args),
+                (DataPath::Tf32, 32) => self.launch_step(MegakernelStepTf32T32, tc, args),
+                (DataPath::Tf32x3, 32) => self.launch_step(MegakernelStepTf32x3T32, tc, args),
+                (DataPath::Tf32, _) => self.launch_step(MegakernelStepTf32T64, tc, args),
+                (DataPath::Tf32x3, _) => self.launch_step(MegakernelStepTf32x3T64, tc, args),
+            }?
         }
         self.steps_since_check += 1;
         if self.check_every != 0 && self.steps_since_check >= self.check_every {
             self.check()?;
         }
         Ok(())
+    }
+
+    /// Launches step kernel `K` and remembers its name for stall reports.
+    ///
+    /// # Safety
+    /// As [`crate::cuda::Device::launch`]: `args` must describe buffers the kernel may index.
+    unsafe fn launch_step<K>(&mut self, k: K, cfg: crate::cuda::LaunchConfig, args: K::Args) -> Result<()>
+    where
+        K: kiln_gpu::Kernel<Args = (kiln_gpu::megakernel::MegaBuffers, kiln_gpu::megakernel::MegaConfig)>,
+    {
+        self.kernel = K::NAME;
+        unsafe { self.dev.launch(k, cfg, args) }
     }
 
     /// Waits for the launched steps and reports a stalled wait in any of them as
@@ -1178,8 +1232,7 @@ impl GpuStep {
             }
         }
         self.dev.zero(&mut self.counter_buf)?;
-        let kernel = if self.path == DataPath::CudaCores { "megakernel_step" } else { "megakernel_step_tc" };
-        Err(Error::Stalled { kernel, msg: stuck.join("; ") })
+        Err(Error::Stalled { kernel: self.kernel, msg: stuck.join("; ") })
     }
 
     /// Turns timestamps on or off for the steps that follow: each traced step records when every

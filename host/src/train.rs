@@ -422,7 +422,7 @@ fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<Trai
         None => 8,
     };
     let path = cfg.mega_path.unwrap_or(match &gpu {
-        Some(d) if d.supports::<kiln_gpu::kernels::megakernel_tc::MegakernelStepTc>() => DataPath::Tf32x3,
+        Some(d) if crate::megakernel::tensor_core_step_supported(d) => DataPath::Tf32x3,
         Some(_) => DataPath::CudaCores,
         None => DataPath::default(),
     });

@@ -100,7 +100,7 @@ mod dev {
     use crate::megakernel::{
         CONSUMER_WARPS, GROUP_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_FREE_ARRIVALS,
         PAGE_GROUPS, PAGE_K, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES,
-        free_parity, loss, loss_partials, map, opcode, page_bytes, page_group, page_slot, pitch, precision,
+        free_parity, give_up, loss, loss_partials, map, opcode, page_bytes, page_group, page_slot, pitch, precision,
         ready_parity, stage_tx_bytes, trace,
     };
     use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
@@ -320,8 +320,22 @@ mod dev {
     /// every lane of the warp) when the step was given up.
     #[inline(always)]
     unsafe fn rendezvous(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, phase: &mut u32, idx: u32) -> bool {
+        unsafe { rendezvous_or_plant(b, cfg, sm, phase, idx, false) }
+    }
+
+    /// [`rendezvous`], where a `planted` warp (the give-up test's, [`give_up::PUBLISH`]) arrives
+    /// and then gives up without waiting.
+    #[inline(always)]
+    unsafe fn rendezvous_or_plant(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        sm: Smem,
+        phase: &mut u32,
+        idx: u32,
+        planted: bool,
+    ) -> bool {
         unsafe { mbarrier::arrive(sm.rendezvous()) };
-        let ok = unsafe { bounded_wait(b, cfg, sm.rendezvous(), *phase & 1) };
+        let ok = !planted && unsafe { bounded_wait(b, cfg, sm.rendezvous(), *phase & 1) };
         let ok = warp::all(u32::MAX, ok);
         if !ok && thread::lane_id() == 0 {
             unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | RENDEZVOUS << 16, *phase & 1, *phase) };
@@ -449,8 +463,8 @@ mod dev {
     }
 
     /// A product's pages as one consumer warp walks them: the step, the block's shared memory, the
-    /// product, its first page use `*u` (advanced past the product's pages), and the instruction
-    /// index (for stall records and the trace).
+    /// product, its first page use `*u` (advanced past the product's pages), the instruction
+    /// index (for stall records and the trace), and whether the warp has abandoned the step.
     struct Pages<'a> {
         b: &'a MegaBuffers,
         cfg: &'a MegaConfig,
@@ -458,11 +472,15 @@ mod dev {
         p: &'a Product,
         u: &'a mut u32,
         idx: u32,
+        /// This warp gave up an earlier instruction of the step: the walk only drains (see
+        /// [`consume`]).
+        abandoned: bool,
     }
 
     /// The part of a product's page loop that does not depend on how a page is multiplied: steps
     /// through the product's pages from use `*u` on and, for each page of this warp's group
-    /// ([`page_group`]), waits for its bytes and runs `multiply(slot)` (which frees the page).
+    /// ([`page_group`]), waits for its bytes and runs `multiply(slot, free)` (which frees the
+    /// page when `free`: always, unless the walk only drains).
     /// `on_first` runs once the group's first page has arrived (the producers' stores are then
     /// visible, see [`Prefetched`]), and not at all in a group that has no page. Thread 0 stamps
     /// the first page and records its cycles waiting for pages after the first and from the
@@ -472,31 +490,36 @@ mod dev {
     /// abort) while another warp sees the bytes arrive. Without `WARPGROUP` a warp that gave up
     /// leaves the walk at once. With it (the group multiplies as one warpgroup, whose `wgmma` must
     /// be executed by all four warps, the same instruction) it walks on, running `multiply` on
-    /// every remaining page of its group without waiting for the page (the step is abandoned:
-    /// what it multiplies no longer matters), so that the other three never wait in a `wgmma`
-    /// for it; it waits on [`Smem::drained`] instead, which returns at once, so the walk's loop
-    /// has one wait, one `multiply` and no branch around either. Either way the stall is recorded
-    /// after the walk, and the walk returns false. (Other shapes measured, medium model: a named
-    /// barrier per page making the four agree first, 2 % slower, run 128; a branch skipping the
-    /// wait once given up, 6 %, run 130; that with the stall recorded in the loop, 9 %, run 129.)
+    /// every remaining page of its group without waiting for the page and without freeing it
+    /// (the step is abandoned: what it multiplies no longer matters), so that the other three
+    /// never wait in a `wgmma` for it; it waits on [`Smem::drained`] instead, which returns at
+    /// once, so the walk's loop has one wait, one `multiply` and no branch around either. Either
+    /// way the stall is recorded after the walk (unless the warp had already abandoned the step
+    /// before it, [`Pages::abandoned`]: then the walk only drains), and the walk returns false.
+    /// (Other shapes measured, medium model: a named barrier per page making the four agree
+    /// first, 2 % slower, run 128; a branch skipping the wait once given up, 6 %, run 130; that
+    /// with the stall recorded in the loop, 9 %, run 129.)
     ///
-    /// `MegaConfig::give_up_warp` plants the split for the give-up test: that warp gives up the
-    /// first page of every walk without waiting.
+    /// `MegaConfig::give_up_warp` with [`give_up::PAGES`] plants the split for the give-up test:
+    /// that warp gives up the first page of every walk without waiting.
     #[inline(always)]
     unsafe fn group_pages<const WARPGROUP: bool>(
         pages: Pages<'_>,
         on_first: &mut impl FnMut(),
-        mut multiply: impl FnMut(u32),
+        mut multiply: impl FnMut(u32, bool),
     ) -> bool {
-        let Pages { b, cfg, sm, p, u, idx } = pages;
+        let Pages { b, cfg, sm, p, u, idx, abandoned } = pages;
         let group = thread::warp_id() / GROUP_WARPS;
         let (mut ready_wait, mut first) = (0u64, 0u64);
         let pages = p.k.div_ceil(PAGE_K);
-        // the page use this warp gave up on, if it did (the planted fault: the group's first page,
-        // page `group` of the product)
+        // the page use this warp gave up on, if it did (from the start when it abandoned the step;
+        // the planted fault gives up the group's first page, page `group` of the product)
         const NONE: u32 = u32::MAX;
-        let planted = thread::warp_id() + 1 == cfg.give_up_warp && group < pages;
-        let mut gave_up = if planted { *u + group } else { NONE };
+        let planted = thread::warp_id() + 1 == cfg.give_up_warp
+            && cfg.give_up_at == give_up::PAGES
+            && thread::block_idx_x() == 0
+            && group < pages;
+        let mut gave_up = if abandoned || planted { *u + group } else { NONE };
         let mut kt = 0;
         while kt < pages {
             if page_group(kt) != group {
@@ -528,12 +551,14 @@ mod dev {
             if kt == 0 && thread::thread_idx_x() == 0 {
                 unsafe { stamp(b, idx, trace::FIRST) };
             }
-            multiply(slot);
+            // A draining warp frees nothing: its arrivals would run ahead of the pages' phases (a
+            // second arrival on a free barrier before the phase of its first has completed).
+            multiply(slot, gave_up == NONE);
             *u += 1;
             kt += 1;
         }
         if gave_up != NONE {
-            if thread::lane_id() == 0 {
+            if thread::lane_id() == 0 && !abandoned {
                 let what = PAGE_TAG | PAGE_READY << 16 | page_slot(gave_up);
                 unsafe { record_stall(b, cfg, CONSUMER, idx, what, ready_parity(gave_up), gave_up) };
             }
@@ -565,7 +590,7 @@ mod dev {
         let b_frag = Frags::<MT>::new(rn, FragKind::BPair);
         *acc = [[[0.0f32; 4]; NT]; MT];
         unsafe {
-            group_pages::<false>(pages, on_first, |slot| {
+            group_pages::<false>(pages, on_first, |slot, free| {
                 // Two k steps' fragments at a time (the other group's warps on the same scheduler
                 // hide the rest of the latency); the page is freed right after the last loads, so
                 // the loader refills it during the last two steps' math.
@@ -574,7 +599,7 @@ mod dev {
                 while ks < KSTEPS {
                     let f0 = load_step(&a_frag, &b_frag, pa, pb, ks);
                     let f1 = load_step(&a_frag, &b_frag, pa, pb, ks + 1);
-                    if ks + 2 == KSTEPS {
+                    if free && ks + 2 == KSTEPS {
                         free_page(sm, slot);
                     }
                     mma_step::<MT, NT, SPLIT>(f0, acc);
@@ -611,9 +636,11 @@ mod dev {
         // whose k step (16 bf16) is 32 bytes, as 8 tf32 are
         let desc = |page: u32| -> [u64; 4] { core::array::from_fn(|kk| tile_descriptor(page, kk as u32)) };
         unsafe {
-            group_pages::<true>(pages, on_first, |slot| {
+            group_pages::<true>(pages, on_first, |slot, free| {
                 wgmma::mma_m64n64k8x4_tf32_wait(d, desc(sm.a_page(slot)), desc(sm.b_page(slot)));
-                free_page(sm, slot);
+                if free {
+                    free_page(sm, slot);
+                }
             })
         }
     }
@@ -1187,6 +1214,23 @@ mod dev {
         let mut acc = [[[0.0f32; 4]; NT]; MT];
         let mut idx = lo;
         let mut next = unsafe { prefetch(b, lo, hi) };
+        // Set once this warp has given the step up. It then walks the rest of its list without
+        // waiting, storing or meeting, but still runs every product's page walk, which only
+        // drains (see `group_pages`): on the wgmma path its group's other warps, which may have
+        // passed the meeting it gave up at, issue the same warpgroup products as it, however far
+        // they get.
+        let mut abandoned = false;
+        // the give-up test's planted fault at the publishing meetings (`give_up::PUBLISH`)
+        let planted = thread::warp_id() + 1 == cfg.give_up_warp
+            && cfg.give_up_at == give_up::PUBLISH
+            && thread::block_idx_x() == 0;
+        macro_rules! abandon {
+            () => {{
+                abandoned = true;
+                idx += 1;
+                continue;
+            }};
+        }
         while idx < hi {
             let ins = next;
             next = unsafe { prefetch(b, idx + 1, hi) };
@@ -1195,6 +1239,10 @@ mod dev {
             }
             let product = product(cfg, lt, &ins);
             let is_product = product.is_some();
+            if abandoned && !is_product {
+                idx += 1;
+                continue;
+            }
             if let Some(p) = product {
                 let mut pre = Prefetched::<MT, NT, WIDE>::new();
                 if ins.opcode == opcode::LINEAR_BWD_WEIGHT_SGD {
@@ -1206,7 +1254,7 @@ mod dev {
                     }
                 };
                 let f = &mut on_first;
-                let pages = Pages { b, cfg, sm, p: &p, u: &mut u, idx };
+                let pages = Pages { b, cfg, sm, p: &p, u: &mut u, idx, abandoned };
                 let ok = unsafe {
                     if WIDE {
                         tile_wgmma::<MT, NT>(pages, &mut acc, f)
@@ -1215,7 +1263,7 @@ mod dev {
                     }
                 };
                 if !ok {
-                    return;
+                    abandon!();
                 }
                 // Each group finishes its [`Half`] of the warp's square: it leaves the other
                 // half's sums in its region of a shared-memory buffer, the groups meet, and each
@@ -1232,7 +1280,7 @@ mod dev {
                     unsafe { shared::st_shared_b32(at(group, n), v.to_bits()) };
                 }
                 if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } {
-                    return;
+                    abandon!();
                 }
                 for (n, v) in mine.as_flattened_mut().as_flattened_mut().iter_mut().enumerate() {
                     *v += f32::from_bits(unsafe { shared::ld_shared_b32(at(1 - group, n)) });
@@ -1258,7 +1306,7 @@ mod dev {
                     unsafe { *go = ok as u32 };
                 }
                 if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } || unsafe { *go } == 0 {
-                    return;
+                    abandon!();
                 }
                 let done = match ins.opcode {
                     opcode::LOSS_GRAD => unsafe {
@@ -1298,7 +1346,7 @@ mod dev {
                     _ => true,
                 };
                 if !done {
-                    return;
+                    abandon!();
                 }
                 if t == 0 {
                     unsafe { stamp(b, idx, trace::WORK_DONE) };
@@ -1314,8 +1362,8 @@ mod dev {
             let signals = ins.signal != NO_COUNTER || ins.signal2 != NO_COUNTER;
             if signals || !is_product {
                 fence::proxy_async_global();
-                if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } {
-                    return;
+                if !unsafe { rendezvous_or_plant(b, cfg, sm, &mut phase, idx, planted) } {
+                    abandon!();
                 }
             }
             if t == 0 {
@@ -1328,9 +1376,13 @@ mod dev {
         }
     }
 
-    /// The kernel's body: barriers initialized by thread 0, then the loader and the consumers.
+    /// A kernel's body: barriers initialized by thread 0, then the loader and the consumers, which
+    /// multiply with [`consume`]`::<MT, NT, TM, SPLIT, WIDE>` (one instantiation per kernel).
     #[inline(always)]
-    pub(super) unsafe fn run(b: &MegaBuffers, cfg: &MegaConfig) {
+    pub(super) unsafe fn run<const MT: usize, const NT: usize, const TM: usize, const SPLIT: bool, const WIDE: bool>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+    ) {
         let sm = Smem { base: shared::dynamic_smem_addr() };
         if sm.base % 1024 != 0 {
             thread::trap();
@@ -1361,23 +1413,42 @@ mod dev {
             }
             return;
         }
-        match (cfg.tile, cfg.precision == precision::TF32X3) {
-            (32, false) => unsafe { consume::<1, 2, 1, false, false>(b, cfg, sm, lt, lo, hi) },
-            (32, true) => unsafe { consume::<1, 2, 1, true, false>(b, cfg, sm, lt, lo, hi) },
-            // tf32 at tile 64: each page group is a warpgroup multiplying whole pages with wgmma
-            (_, false) => unsafe { consume::<1, 8, 2, false, true>(b, cfg, sm, lt, lo, hi) },
-            (_, true) => unsafe { consume::<2, 4, 2, true, false>(b, cfg, sm, lt, lo, hi) },
-        }
+        unsafe { consume::<MT, NT, TM, SPLIT, WIDE>(b, cfg, sm, lt, lo, hi) }
     }
 }
 
-/// One training step on the tensor-core data path (see the module docs). Grid: one block per SM;
-/// block [`TC_THREADS`] (the launch bound; ptxas budgets 168 registers each, three of the nine
-/// warps sharing a scheduler); dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. `cfg.tile` is one of [`TC_TILES`],
-/// `cfg.precision` [`precision::TF32`] or [`precision::TF32X3`].
+// One training step on the tensor-core data path (see the module docs), one kernel per tile and
+// precision: each holds only its own consumers' code. (With the four in one kernel, picked by a
+// `match` on `cfg`, the medium model's step took 0.130-0.132 ms against 0.125 for the tf32 tile-64
+// consumers alone, H200 run 133: a kernel four times the size.) Grid: one block per SM; block
+// [`TC_THREADS`] (the launch bound; ptxas budgets 168 registers each, three of the nine warps
+// sharing a scheduler); dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. Each traps if
+// `cfg.tile` is not its tile; `cfg.precision` must be its precision (the host's `GpuStep` picks
+// the kernel from the schedule's tile and the data path).
+
+/// [`precision::TF32`] at tile 32: `mma.sync` m16n8k8, `MT x NT = 1 x 2` tiles a warp.
 #[kernel(arch = "sm_90a", max_threads = 288)]
-pub unsafe fn megakernel_step_tc(b: MegaBuffers, cfg: MegaConfig) {
-    unsafe { dev::run(&b, &cfg) }
+pub unsafe fn megakernel_step_tf32_t32(b: MegaBuffers, cfg: MegaConfig) {
+    unsafe { dev::run::<1, 2, 1, false, false>(&b, &cfg) }
+}
+
+/// [`precision::TF32X3`] at tile 32: `mma.sync` m16n8k8, three products a k step.
+#[kernel(arch = "sm_90a", max_threads = 288)]
+pub unsafe fn megakernel_step_tf32x3_t32(b: MegaBuffers, cfg: MegaConfig) {
+    unsafe { dev::run::<1, 2, 1, true, false>(&b, &cfg) }
+}
+
+/// [`precision::TF32`] at tile 64: each page group a warpgroup multiplying whole pages with
+/// `wgmma` m64n64k8 (`tile_wgmma`).
+#[kernel(arch = "sm_90a", max_threads = 288)]
+pub unsafe fn megakernel_step_tf32_t64(b: MegaBuffers, cfg: MegaConfig) {
+    unsafe { dev::run::<1, 8, 2, false, true>(&b, &cfg) }
+}
+
+/// [`precision::TF32X3`] at tile 64: `mma.sync` m16n8k8, `MT x NT = 2 x 4` tiles a warp.
+#[kernel(arch = "sm_90a", max_threads = 288)]
+pub unsafe fn megakernel_step_tf32x3_t64(b: MegaBuffers, cfg: MegaConfig) {
+    unsafe { dev::run::<2, 4, 2, true, false>(&b, &cfg) }
 }
 
 // The launch bound above is the block.
