@@ -51,7 +51,10 @@
 //! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
 //!   block has raised the abort flag. The consumers meet on an mbarrier (all 256 arrive) rather than `bar.sync`,
 //!   so a warp that gave up can never strand the others. A stall writes the waiter's record (the
-//!   loader's and the consumers' are separate): instruction, page slot and barrier kind, parity.
+//!   loader's and the consumers' are separate, each the first stall's): instruction, page slot and
+//!   barrier kind, parity. A consumer warp that gave up abandons the step but does not leave: it
+//!   walks the rest of its list running only the products' page walks, which drain, so that the
+//!   rest of its warpgroup never waits for it in a `wgmma` (see `group_pages` and `consume`).
 //! - Traced steps ([`MegaBuffers::trace`] set): the loader and consumer thread 0 stamp each
 //!   instruction with the global timer at the points [`trace`](crate::megakernel::trace) names.
 
