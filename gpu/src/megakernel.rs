@@ -64,10 +64,12 @@ pub const fn choose_tile(batch: u32, widest: u32, sms: u32, tiles: &[u32]) -> u3
 pub mod precision {
     /// `megakernel_step`: CUDA-core FMA chains in ascending k, bit-identical to the CPU interpreter.
     pub const CUDA_CORES: u32 = 0;
-    /// `megakernel_step_tc`: TMA pages and `mma.sync` with inputs rounded to tf32 (10-bit mantissa).
+    /// `megakernel_step_tf32_t32` / `_t64`: TMA pages and tensor-core products (`mma.sync` at tile
+    /// 32, `wgmma` at 64) with inputs rounded to tf32 (10-bit mantissa).
     pub const TF32: u32 = 1;
-    /// `megakernel_step_tc` with each input split into a tf32 head and a tf32 tail and three
-    /// products (`a_t b_h + a_h b_t + a_h b_h`): about f32 accuracy at three times the tensor work.
+    /// `megakernel_step_tf32x3_t32` / `_t64` (`mma.sync`): each input split into a tf32 head and a
+    /// tf32 tail and three products (`a_t b_h + a_h b_t + a_h b_h`): about f32 accuracy at three
+    /// times the tensor work.
     pub const TF32X3: u32 = 2;
 }
 

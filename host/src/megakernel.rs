@@ -29,13 +29,13 @@ pub enum DataPath {
     /// `megakernel_step` (any GPU): shared-memory slabs and CUDA-core FMA chains in ascending k,
     /// bit-identical to [`interpret`]. Tiles 16, 32, 64.
     CudaCores,
-    /// `megakernel_step_tc` (sm_90): TMA pages, a loader warp, `mma.sync` with inputs rounded to
-    /// tf32 (about 3 decimal digits per input, as PyTorch's `allow_tf32`; to nearest, ties to even).
-    /// The activations and gradients are stored rounded (the values the products use), so
+    /// `megakernel_step_tf32_t32` / `_t64` (sm_90): TMA pages, a loader warp, tensor-core products
+    /// (`mma.sync` at tile 32, `wgmma` at 64) with inputs rounded to tf32 (about 3 decimal digits
+    /// per input, as PyTorch's `allow_tf32`; to nearest, ties to even). The activations and gradients are stored rounded (the values the products use), so
     /// [`GpuStep::activations`] reads tf32 values, all but the outputs. Tiles 32, 64.
     Tf32,
-    /// `megakernel_step_tc` with 3xTF32 products (each input split into a tf32 head and tail):
-    /// about f32 accuracy. The default. Tiles 32, 64.
+    /// `megakernel_step_tf32x3_t32` / `_t64` (sm_90), 3xTF32 products on `mma.sync` (each input
+    /// split into a tf32 head and tail): about f32 accuracy. The default. Tiles 32, 64.
     #[default]
     Tf32x3,
 }
