@@ -31,8 +31,9 @@ pub enum DataPath {
     CudaCores,
     /// `megakernel_step_tf32_t32` / `_t64` (sm_90): TMA pages, a loader warp, tensor-core products
     /// (`mma.sync` at tile 32, `wgmma` at 64) with inputs rounded to tf32 (about 3 decimal digits
-    /// per input, as PyTorch's `allow_tf32`; to nearest, ties to even). The activations and gradients are stored rounded (the values the products use), so
-    /// [`GpuStep::activations`] reads tf32 values, all but the outputs. Tiles 32, 64.
+    /// per input, as PyTorch's `allow_tf32`; to nearest, ties to even). The activations and
+    /// gradients are stored rounded (the values the products use), so [`GpuStep::activations`]
+    /// reads tf32 values, all but the outputs. Tiles 32, 64.
     Tf32,
     /// `megakernel_step_tf32x3_t32` / `_t64` (sm_90), 3xTF32 products on `mma.sync` (each input
     /// split into a tf32 head and tail): about f32 accuracy. The default. Tiles 32, 64.
