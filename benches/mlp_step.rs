@@ -7,7 +7,7 @@
 //!
 //! Run: `cargo bench --bench mlp_step`, or `benches/mlp_step` from a GPU bundle. Without a GPU it
 //! prints why and exits 0. `KILN_BENCH_MODELS=4096x1024x8,...` (batch x width x layers) and
-//! `KILN_BENCH_PATHS=cuda-cores,tf32,tf32x3` and `KILN_BENCH_TILES=32,64` pick a subset (for a profiler run, for example).
+//! `KILN_BENCH_PATHS=cuda-cores,tf32,tf32x3,bf16` and `KILN_BENCH_TILES=32,64` pick a subset (for a profiler run, for example).
 //! `KILN_BENCH_TRACE=1` also runs one traced megakernel step per model, path and tile (after its
 //! timing) and prints where its time went, phase by phase (`kiln::megakernel::StepTrace`);
 //! `KILN_BENCH_TRACE_DIR=dir` also writes each trace's stamps there as CSV.
@@ -48,7 +48,12 @@ fn main() {
         let inp = StepInputs { x: &x, y: &[], classes: &classes, loss: Loss::CrossEntropy, lr: LR, momentum: 0.0 };
         let mut paths_json = vec![];
         let mut paths_text = vec![];
-        let paths = [(DataPath::CudaCores, "cuda-cores"), (DataPath::Tf32, "tf32"), (DataPath::Tf32x3, "tf32x3")];
+        let paths = [
+            (DataPath::CudaCores, "cuda-cores"),
+            (DataPath::Tf32, "tf32"),
+            (DataPath::Tf32x3, "tf32x3"),
+            (DataPath::Bf16, "bf16"),
+        ];
         for path in paths.into_iter().filter(|(_, name)| timing::wanted("KILN_BENCH_PATHS", name)).map(|(p, _)| p) {
             let chosen = build(&shape, sms, path).expect("schedule").tile;
             let mut per_tile = vec![];

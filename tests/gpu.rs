@@ -153,6 +153,11 @@ fn tests() -> Vec<GpuTest> {
             run: megakernel_tc_matches,
         },
         GpuTest {
+            name: "gpu::megakernel_bf16_matches_the_interpreter_sm90",
+            available: mega_tc,
+            run: megakernel_bf16_matches,
+        },
+        GpuTest {
             name: "gpu::megakernel_tc_shallow_models_tight_sm90",
             available: mega_tc,
             run: megakernel_tc_shallow,
@@ -1689,10 +1694,7 @@ impl Shadows {
         count: usize,
     ) -> Result<Shadows, String> {
         let nudge = if path == kiln::megakernel::DataPath::Tf32 { 2f32.powi(-11) } else { 2f32.powi(-20) };
-        let states = (0..count)
-            .map(|_| kiln::megakernel::StepState::new(shape, w0.to_vec()))
-            .collect::<Result<_, _>>()
-            .map_err(err)?;
+        let states = (0..count).map(|_| reference_state(shape, w0, path)).collect::<Result<_, _>>()?;
         Ok(Shadows { states, nudge })
     }
 
@@ -1768,6 +1770,23 @@ const FUSED: [kiln::megakernel::Updates; 1] = [kiln::megakernel::Updates::Fused]
 /// weights after `steps` steps (checked at the first and the last) within `bound` of the
 /// interpreter's, or for a norm bound over several steps, of the nearest of the interpreter's and
 /// its [`SHADOWS`] shadows' (see [`Shadows`]).
+/// The interpreter's state for a comparison with `path`'s kernel: on [`DataPath::Bf16`] it
+/// rounds the products' operands to bf16 as the kernel does ([`StepState::with_operands`]), so
+/// that only the order of the f32 sums (and what that moves) parts them; on the other paths it
+/// multiplies f32 values (the bounds of the tf32 tests were set against that reference).
+///
+/// [`DataPath::Bf16`]: kiln::megakernel::DataPath::Bf16
+/// [`StepState::with_operands`]: kiln::megakernel::StepState::with_operands
+fn reference_state(
+    shape: &kiln::megakernel::MlpShape,
+    w0: &[Vec<f32>],
+    path: kiln::megakernel::DataPath,
+) -> Result<kiln::megakernel::StepState, String> {
+    use kiln::megakernel::{DataPath, StepState};
+    let rounding = if path == DataPath::Bf16 { DataPath::Bf16 } else { DataPath::CudaCores };
+    Ok(StepState::new(shape, w0.to_vec()).map_err(err)?.with_operands(rounding))
+}
+
 fn megakernel_vs_interpreter(
     path: kiln::megakernel::DataPath,
     cases: &[(usize, Vec<usize>, kiln::megakernel::Loss, f32)],
@@ -1775,7 +1794,7 @@ fn megakernel_vs_interpreter(
     bound: MegaBound,
     updates: &[kiln::megakernel::Updates],
 ) -> Outcome {
-    use kiln::megakernel::{GpuStep, MlpShape, StepInputs, StepState, build_with_tile, interpret};
+    use kiln::megakernel::{GpuStep, MlpShape, StepInputs, build_with_tile, interpret};
     let dev = Device::shared().map_err(err)?;
     let sms = dev.sm_count().map_err(err)?;
     let (mut rng, _) = testing::rng();
@@ -1786,7 +1805,7 @@ fn megakernel_vs_interpreter(
             let schedule = build_with_tile(&shape, sms.min(64), tile, placement).map_err(err)?;
             let w0 = mk_weights(dims, 11);
             let mut gpu = GpuStep::new(dev.clone(), &schedule, &w0, path).map_err(err)?;
-            let mut cpu = StepState::new(&shape, w0.clone()).map_err(err)?;
+            let mut cpu = reference_state(&shape, &w0, path)?;
             let count = if matches!(bound, MegaBound::UpdateNorm(..)) && steps > 1 { SHADOWS } else { 0 };
             let mut shadows = Shadows::new(&shape, &w0, path, count)?;
             for step in 0..steps {
@@ -1854,13 +1873,20 @@ fn megakernel_hundred_steps(_: &Device) -> Outcome {
     )
 }
 
-/// The tensor-core paths against the interpreter's f32 FMA chains on the edge-case models, after
-/// 1 and 3 steps, within [`TC_DEEP`].
+/// The tensor-core paths against the interpreter's FMA chains ([`reference_state`]) on the
+/// edge-case models, after 1 and 3 steps, within [`TC_DEEP`].
 fn megakernel_tc_matches(_: &Device) -> Outcome {
     use kiln::megakernel::DataPath;
     let cases = megakernel_edge_cases();
     megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 3, TC_DEEP, &BOTH_UPDATES)?;
     megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, TC_DEEP, &BOTH_UPDATES)
+}
+
+/// [`megakernel_tc_matches`] for the bf16 path (a test of its own: the shadows' interpreter runs
+/// take most of a test's minute), against the interpreter rounding the same operands
+/// ([`reference_state`]).
+fn megakernel_bf16_matches(_: &Device) -> Outcome {
+    megakernel_vs_interpreter(kiln::megakernel::DataPath::Bf16, &megakernel_edge_cases(), 3, TC_DEEP, &BOTH_UPDATES)
 }
 
 /// The tensor-core products checked tightly where no ReLU decision can flip above them: a linear
@@ -1870,7 +1896,10 @@ fn megakernel_tc_matches(_: &Device) -> Outcome {
 /// tf32: within 5 % (10-bit inputs), with 1.5 % outliers (three units of [100, 257, 10]): its
 /// coarser sums flip two units now and then (`KILN_SEED=1795357508846178453`, runs 109-110: 172
 /// weights of the first layer, 0.67 %, the same bits before and after the change that stores
-/// operands rounded; 0 of 16 other seeds).
+/// operands rounded; 0 of 16 other seeds). bf16, against the interpreter rounding the same
+/// operands ([`reference_state`]): the f32 sums' order is all that differs, as on 3xTF32, but a
+/// stored operand whose f32 value sits at a bf16 rounding boundary can round the other way (one
+/// bf16 step, 2^-8 relative), so within 5e-3 of the largest update, 0.5 % outliers.
 fn megakernel_tc_shallow(_: &Device) -> Outcome {
     use kiln::megakernel::{DataPath, Loss};
     let cases = [
@@ -1881,7 +1910,14 @@ fn megakernel_tc_shallow(_: &Device) -> Outcome {
     let (x3, x1) =
         (MegaBound::Update { frac: 2e-3, outliers: 0.005 }, MegaBound::Update { frac: 5e-2, outliers: 0.015 });
     megakernel_vs_interpreter(DataPath::Tf32x3, &cases, 3, x3, &BOTH_UPDATES)?;
-    megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, x1, &BOTH_UPDATES)
+    megakernel_vs_interpreter(DataPath::Tf32, &cases, 3, x1, &BOTH_UPDATES)?;
+    megakernel_vs_interpreter(
+        DataPath::Bf16,
+        &cases,
+        3,
+        MegaBound::Update { frac: 5e-3, outliers: 0.005 },
+        &BOTH_UPDATES,
+    )
 }
 
 /// 100 steps with momentum 0.9 on the 3xTF32 path. Training amplifies the last-bit differences
@@ -1975,13 +2011,13 @@ fn check_trace(t: &kiln::megakernel::StepTrace, path: kiln::megakernel::DataPath
 /// Bit-identical weights across runs, and across schedules: every output tile is one block's
 /// fixed-order product whichever SM runs it, so the schedule for all SMs and one for 3 SMs (each
 /// block then makes thousands of page uses, far past the one parity bit's wrap-around) agree bit
-/// for bit after 5 steps, on both tensor-core precisions and on the CUDA-core path; so does a traced
+/// for bit after 5 steps, on every tensor-core precision and on the CUDA-core path; so does a traced
 /// run, whose last step's stamps must be complete and in order.
 fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
     use kiln::megakernel::{DataPath, MlpShape};
     let sms = dev.sm_count().map_err(err)?;
     let shape = MlpShape { batch: 200, dims: vec![300, 257, 257, 7] };
-    for path in [DataPath::Tf32x3, DataPath::Tf32, DataPath::CudaCores] {
+    for path in [DataPath::Tf32x3, DataPath::Tf32, DataPath::Bf16, DataPath::CudaCores] {
         let (a, tile) = megakernel_weights_after(path, &shape, sms, 5, false)?;
         let (b, _) = megakernel_weights_after(path, &shape, sms, 5, false)?;
         let (c, _) = megakernel_weights_after(path, &shape, 3, 5, false)?;
@@ -2000,16 +2036,17 @@ fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
     Ok(())
 }
 
-/// The tf32 path's page loops convert nothing, so every operand it stores for a later product must
-/// already be a tf32 value: after a step, `act[0]` is the batch rounded to nearest, every hidden
-/// activation and every computed gradient has its 13 low bits clear. The 3xTF32 path rounds
-/// nothing it stores: there `act[0]` is the batch bit for bit and some hidden activation keeps low
-/// bits. On both, the K-major copies the products read hold exactly those operands, transposed:
-/// `act_t` and `grad_t` are `act` and `grad` bit for bit, `w_t` is the updated weights (rounded on
-/// tf32) and, on tf32, `w_op` the rounded weights; with fused and with separate updates. The
-/// CUDA-core path keeps no copies: asking for them is an error that names the paths that do.
+/// The tf32 and bf16 paths' page loops convert nothing, so every operand they store for a later
+/// product must already be a tf32 (bf16) value: after a step, `act[0]` is the batch rounded to
+/// nearest, every hidden activation and every computed gradient has its 13 (16) low bits clear.
+/// The 3xTF32 path rounds nothing it stores: there `act[0]` is the batch bit for bit and some
+/// hidden activation keeps low bits. On all three, the K-major copies the products read hold
+/// exactly those operands, transposed: `act_t` and `grad_t` are `act` and `grad` bit for bit,
+/// `w_t` is the updated weights (rounded on tf32 and bf16) and, on tf32 and bf16, `w_op` the
+/// rounded weights; on bf16 its copies of `act` and `grad` are them bit for bit; with fused and
+/// with separate updates. The CUDA-core path keeps no copies: asking for them is an error that
+/// names the paths that do.
 fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
-    use kiln::gpu::convert::tf32_round_host;
     use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build_with_tile};
     // `a` (rows x cols) transposed against `t`, bit for bit: the first mismatch
     let transposed = |a: &[f32], t: &[f32], rows: usize, cols: usize| {
@@ -2024,7 +2061,7 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
         let mut gpu =
             GpuStep::new(dev_arc()?, &schedule, &mk_weights(&shape.dims, 1), DataPath::CudaCores).map_err(err)?;
         match gpu.operand_copies() {
-            Err(e) if e.to_string().contains("use DataPath::Tf32 or Tf32x3") => {}
+            Err(e) if e.to_string().contains("use DataPath::Tf32, Tf32x3 or Bf16") => {}
             other => return Err(format!("operand_copies on the CUDA-core path: {:?}", other.map(|_| ()))),
         }
     }
@@ -2036,8 +2073,8 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
         let y = testing::uniform(&mut rng, batch * dims[layers]);
         let classes: Vec<usize> = (0..batch).map(|i| (i * 3) % dims[layers]).collect();
         let inp = StepInputs { x: &x, y: &y, classes: &classes, loss, lr: 0.05, momentum: 0.0 };
-        for (path, updates) in [DataPath::Tf32, DataPath::Tf32x3].into_iter().flat_map(|p| BOTH_UPDATES.map(|u| (p, u)))
-        {
+        let paths = [DataPath::Tf32, DataPath::Tf32x3, DataPath::Bf16];
+        for (path, updates) in paths.into_iter().flat_map(|p| BOTH_UPDATES.map(|u| (p, u))) {
             for &tile in path.tiles() {
                 let schedule = build_with_tile(&shape, sms, tile, updates).map_err(err)?;
                 let mut gpu = GpuStep::new(dev_arc()?, &schedule, &mk_weights(&dims, 3), path).map_err(err)?;
@@ -2046,8 +2083,10 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
                 let what = format!("{path:?} {updates:?} {dims:?} {loss:?} tile {tile}");
                 let copies = gpu.operand_copies().map_err(err)?;
                 let weights = gpu.weights().map_err(err)?;
-                let operand = |v: f32| if path == DataPath::Tf32 { tf32_round_host(v) } else { v };
+                let operand = |v: f32| path.operand(v);
                 let rounded: Vec<Vec<f32>> = weights.iter().map(|w| w.iter().map(|&v| operand(v)).collect()).collect();
+                let same =
+                    |got: &[f32], want: &[f32]| got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
                 let checks = (0..layers)
                     .map(|l| ("act", l, &act[l], &copies.act_t[l], batch, dims[l]))
                     .chain((1..=layers).map(|l| ("grad", l, &grad[l], &copies.grad_t[l], batch, dims[l])))
@@ -2063,9 +2102,9 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
                     }
                 }
                 match (&copies.w_op, path) {
-                    (Some(w_op), DataPath::Tf32) => {
+                    (Some(w_op), DataPath::Tf32 | DataPath::Bf16) => {
                         for (l, (got, want)) in w_op.iter().zip(&rounded).enumerate() {
-                            if let Some(i) = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits()) {
+                            if let Some(i) = same(got, want) {
                                 return Err(format!("{what}: w_op[{l}][{i}] = {:e}, want {:e}", got[i], want[i]));
                             }
                         }
@@ -2073,21 +2112,36 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
                     (None, DataPath::Tf32x3) => {}
                     _ => return Err(format!("{what}: w_op present on the wrong path")),
                 }
-                let want0: Vec<f32> =
-                    if path == DataPath::Tf32 { x.iter().map(|&v| tf32_round_host(v)).collect() } else { x.clone() };
+                match (&copies.act_bf16, &copies.grad_bf16, path) {
+                    (Some(act16), Some(grad16), DataPath::Bf16) => {
+                        let pairs = (0..layers).map(|l| ("act", l, &act16[l], &act[l]));
+                        for (name, l, got, want) in pairs.chain((1..=layers).map(|l| ("grad", l, &grad16[l], &grad[l])))
+                        {
+                            if let Some(i) = same(got, want) {
+                                return Err(format!(
+                                    "{what}: the bf16 copy of {name}[{l}] has {:e} at {i}, the f32 array {:e}",
+                                    got[i], want[i]
+                                ));
+                            }
+                        }
+                    }
+                    (None, None, DataPath::Tf32 | DataPath::Tf32x3) => {}
+                    _ => return Err(format!("{what}: bf16 copies present on the wrong path")),
+                }
+                let want0: Vec<f32> = x.iter().map(|&v| operand(v)).collect();
                 if let Some(i) = act[0].iter().zip(&want0).position(|(g, w)| g.to_bits() != w.to_bits()) {
                     return Err(format!(
                         "{what}: act[0][{i}] = {:e}, want {:e} (batch {:e})",
                         act[0][i], want0[i], x[i]
                     ));
                 }
-                let low = |v: f32| v.to_bits() & 0x1fff != 0;
-                if path == DataPath::Tf32 {
+                let low = |v: f32| v.to_bits() & if path == DataPath::Bf16 { 0xffff } else { 0x1fff } != 0;
+                if path != DataPath::Tf32x3 {
                     let stored =
                         (1..layers).map(|l| ("act", l, &act[l])).chain((1..=layers).map(|l| ("grad", l, &grad[l])));
                     for (name, l, v) in stored {
                         if let Some(i) = v.iter().position(|&v| low(v)) {
-                            return Err(format!("{what}: {name}[{l}][{i}] = {:e} is not a tf32 value", v[i]));
+                            return Err(format!("{what}: {name}[{l}][{i}] = {:e} is not a {path:?} value", v[i]));
                         }
                     }
                 } else if !act[1..layers].iter().flatten().any(|&v| low(v)) {
@@ -2106,13 +2160,13 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
 /// interpreter's reference stays under about 2 GFLOP per case), both tensor-core precisions,
 /// random SM counts; weights after 2 steps within the path's bound of the interpreter.
 fn megakernel_tc_random_shapes(dev: &Device) -> Outcome {
-    use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, StepState, build, interpret};
+    use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build, interpret};
     use rand::Rng;
     let sms = dev.sm_count().map_err(err)?;
     let (mut rng, seed) = testing::rng();
     let log_uniform = |rng: &mut rand::rngs::StdRng, hi: f64| (rng.random_range(0.0..hi.ln())).exp().round() as usize;
     for case in 0..12 {
-        let path = if case % 2 == 0 { DataPath::Tf32x3 } else { DataPath::Tf32 };
+        let path = [DataPath::Tf32x3, DataPath::Tf32, DataPath::Bf16][(case % 3) as usize];
         let layers = log_uniform(&mut rng, 16.0).clamp(1, 16);
         let batch = log_uniform(&mut rng, 4096.0).max(1);
         let mut dims: Vec<usize> = (0..=layers).map(|_| log_uniform(&mut rng, 4096.0).max(1)).collect();
@@ -2126,9 +2180,9 @@ fn megakernel_tc_random_shapes(dev: &Device) -> Outcome {
         let schedule = build(&shape, rng.random_range(1..=sms), path).map_err(err)?;
         let w0 = mk_weights(&dims, case);
         let mut gpu = GpuStep::new(dev_arc()?, &schedule, &w0, path).map_err(err)?;
-        let mut cpu = StepState::new(&shape, w0.clone()).map_err(err)?;
+        let mut cpu = reference_state(&shape, &w0, path)?;
         let mut shadows = Shadows::new(&shape, &w0, path, 2)?;
-        let loss = if case % 3 == 0 { Loss::Mse } else { Loss::CrossEntropy };
+        let loss = if (case / 3) % 2 == 0 { Loss::Mse } else { Loss::CrossEntropy };
         for step in 0..2 {
             let x = testing::uniform(&mut rng, batch * dims[0]);
             let y = testing::uniform(&mut rng, batch * dims[layers]);
@@ -2236,7 +2290,7 @@ fn megakernel_give_up_split(dev: &Device) -> Outcome {
     let shape = MlpShape { batch: 128, dims: vec![300, 64, 64, 4] };
     let (x, y) = (vec![0.5f32; 128 * 300], vec![0.0f32; 128 * 4]);
     let inp = StepInputs { x: &x, y: &y, classes: &[], loss: Loss::Mse, lr: 0.1, momentum: 0.0 };
-    for path in [DataPath::Tf32, DataPath::Tf32x3] {
+    for path in [DataPath::Tf32, DataPath::Tf32x3, DataPath::Bf16] {
         for &tile in path.tiles() {
             let schedule = build_with_tile(&shape, 4, tile, Updates::Fused).map_err(err)?;
             let mut gpu = GpuStep::new(dev_arc()?, &schedule, &mk_weights(&shape.dims, 2), path).map_err(err)?;

@@ -161,6 +161,9 @@ fn the_tile_fits_the_model() {
     assert_eq!(DataPath::Tf32x3.tiles(), &TC_TILES);
     assert_eq!(DataPath::CudaCores.tiles(), &TILES);
     assert_eq!(build(&MlpShape { batch: 16, dims: vec![16, 16] }, 132, DataPath::Tf32).unwrap().tile, 32);
+    // the bf16 path multiplies on wgmma only, at tile 64, whatever the model
+    assert_eq!(DataPath::Bf16.tiles(), &[64]);
+    assert_eq!(build(&MlpShape { batch: 16, dims: vec![16, 16] }, 132, DataPath::Bf16).unwrap().tile, 64);
 }
 
 #[test]
@@ -325,7 +328,9 @@ fn one_extra_free_arrival_strands_the_loader_at_the_first_reuse() {
 #[test]
 fn tensor_core_layout_constants() {
     use kiln::gpu::kernels::megakernel_tc::{TC_THREADS, tc_smem_bytes};
-    use kiln::gpu::megakernel::{PAGE_K, STAGE_BYTES, page_bytes, pitch, record_offset};
+    use kiln::gpu::megakernel::{
+        PAGE_K, PAGE_K_BF16, STAGE_BYTES, page_bytes, page_k, pitch, precision, record_offset,
+    };
     assert_eq!(STAGE_BYTES % 1024, 0);
     assert_eq!(page_bytes(64) % 1024, 0, "the B page starts 1024-byte aligned");
     assert!(2 * page_bytes(TC_TILES[1]) <= STAGE_BYTES);
@@ -334,8 +339,14 @@ fn tensor_core_layout_constants() {
     assert!(tc_smem_bytes(100) <= 227 * 1024, "{}", tc_smem_bytes(100));
     assert_eq!(TC_THREADS, 288, "eight consumer warps and one loader warp");
     assert_eq!(PAGE_K * 4, 128, "a K-major page row is one 128-byte swizzle span");
+    assert_eq!(PAGE_K_BF16 * 2, 128, "so is a bf16 page row");
+    assert_eq!(page_k(precision::BF16), PAGE_K_BF16);
+    for p in [precision::CUDA_CORES, precision::TF32, precision::TF32X3] {
+        assert_eq!(page_k(p), PAGE_K);
+    }
+    // 16-byte aligned rows of f32 and of bf16 alike
     for d in 1..100u32 {
-        assert!(pitch(d) >= d && pitch(d) % 4 == 0 && pitch(d) < d + 4);
+        assert!(pitch(d) >= d && pitch(d) % 8 == 0 && pitch(d) < d + 8);
     }
     // records: the abort flag right after the counters, then two per block
     assert_eq!(record_offset(10, 0, 0), 11);
@@ -349,7 +360,66 @@ fn data_path_names() {
     assert_eq!("tf32x3".parse::<DataPath>().unwrap(), DataPath::Tf32x3);
     assert_eq!("tf32".parse::<DataPath>().unwrap(), DataPath::Tf32);
     assert_eq!("cuda-cores".parse::<DataPath>().unwrap(), DataPath::CudaCores);
+    assert_eq!("bf16".parse::<DataPath>().unwrap(), DataPath::Bf16);
     let e = "fp8".parse::<DataPath>().unwrap_err().to_string();
-    assert!(e.contains("cuda-cores, tf32 or tf32x3"), "{e}");
+    assert!(e.contains("cuda-cores, tf32, tf32x3 or bf16"), "{e}");
     assert_eq!(DataPath::default(), DataPath::Tf32x3);
+}
+
+/// Each path's operand rounding: bf16 and tf32 to nearest with ties to even, 3xTF32 and the CUDA
+/// cores none.
+#[test]
+fn operand_rounding_per_path() {
+    let one = 1.0f32;
+    // halfway between 1 and the next bf16 (1 + 2^-7): ties to even, down; just past it, up
+    assert_eq!(DataPath::Bf16.operand(one + 2f32.powi(-8)), one);
+    assert_eq!(DataPath::Bf16.operand(one + 3.0 * 2f32.powi(-8)), one + 2f32.powi(-6));
+    assert_eq!(DataPath::Bf16.operand(one + 2f32.powi(-8) + 2f32.powi(-20)), one + 2f32.powi(-7));
+    assert_eq!(DataPath::Tf32.operand(one + 2f32.powi(-11)), one);
+    assert_eq!(DataPath::Tf32.operand(one + 3.0 * 2f32.powi(-11)), one + 2f32.powi(-9));
+    for p in [DataPath::Tf32x3, DataPath::CudaCores] {
+        assert_eq!(p.operand(one + 2f32.powi(-20)), one + 2f32.powi(-20));
+    }
+}
+
+/// `StepState::with_operands`: the interpreter multiplies the operands as the path rounds them.
+/// One linear layer under mean-squared error, one step, against an f64 evaluation that rounds the
+/// batch, the weights and the loss gradient to bf16 where the products read them: within f32
+/// rounding with the bf16 reference, and measurably off without it (so the check can fail).
+#[test]
+fn interpreter_rounds_operands_as_the_path_does() {
+    let (batch, din, dout, lr) = (48usize, 70usize, 9usize, 0.5f32);
+    let shape = MlpShape { batch, dims: vec![din, dout] };
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut uniform = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
+    let (x, y, w0) = (uniform(batch * din), uniform(batch * dout), uniform(dout * din));
+    let r = |v: f32| DataPath::Bf16.operand(v) as f64;
+    // the f64 reference: y_hat = r(x) r(W)^T, g = r(2 (y_hat - y) / (batch dout)), W -= lr g^T r(x)
+    let mut g = vec![0.0f64; batch * dout];
+    for b in 0..batch {
+        for o in 0..dout {
+            let yh: f64 = (0..din).map(|k| r(x[b * din + k]) * r(w0[o * din + k])).sum();
+            let gv = 2.0 * (yh - y[b * dout + o] as f64) / (batch * dout) as f64;
+            g[b * dout + o] = r(gv as f32);
+        }
+    }
+    let want: Vec<f64> = (0..dout * din)
+        .map(|j| {
+            let (o, k) = (j / din, j % din);
+            let dw: f64 = (0..batch).map(|b| g[b * dout + o] * r(x[b * din + k])).sum();
+            w0[j] as f64 - lr as f64 * dw
+        })
+        .collect();
+    let largest_update = want.iter().zip(&w0).map(|(w, s)| (w - *s as f64).abs()).fold(0.0, f64::max);
+    let inp = StepInputs { x: &x, y: &y, classes: &[], loss: Loss::Mse, lr, momentum: 0.0 };
+    let schedule = build(&shape, 4, DataPath::Bf16).unwrap();
+    let worst = |path: DataPath| {
+        let mut st = StepState::new(&shape, vec![w0.clone()]).unwrap().with_operands(path);
+        interpret(&schedule, &mut st, &inp, 1).unwrap();
+        st.weights[0].iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, f64::max) / largest_update
+    };
+    let (rounded, f32_operands) = (worst(DataPath::Bf16), worst(DataPath::CudaCores));
+    assert!(rounded < 1e-4, "bf16 operands: off by {rounded} of the largest update");
+    assert!(f32_operands > 1e-3, "f32 operands should part from the bf16 reference: {f32_operands}");
 }

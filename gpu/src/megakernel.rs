@@ -38,9 +38,17 @@ pub const SLAB: u32 = 2048;
 /// consumer warps each own a `tile/2` square (per page group), at least one 16 x 16 `mma` pair.
 pub const TC_TILES: [u32; 2] = [32, 64];
 
+/// The tile edge of the bf16 data path ([`precision::BF16`]): its consumers multiply on `wgmma`
+/// only, each page group a warpgroup holding the whole 64 x 64 tile.
+pub const BF16_TILES: [u32; 1] = [64];
+
 /// The tiles a data path ([`precision`] code) is built for.
 pub const fn tiles_for(precision: u32) -> &'static [u32] {
-    if precision == precision::CUDA_CORES { &TILES } else { &TC_TILES }
+    match precision {
+        precision::CUDA_CORES => &TILES,
+        precision::BF16 => &BF16_TILES,
+        _ => &TC_TILES,
+    }
 }
 
 /// The tile for a model: the largest of `tiles` (ascending) whose forward of the widest layer
@@ -71,20 +79,34 @@ pub mod precision {
     /// tf32 tail and three products (`a_t b_h + a_h b_t + a_h b_h`): about f32 accuracy at three
     /// times the tensor work.
     pub const TF32X3: u32 = 2;
+    /// `megakernel_step_bf16_t64`: TMA pages and `wgmma` m64n64k16 products with bf16 inputs (8
+    /// significant bits, as PyTorch's bf16 autocast) and f32 sums; every operand the products
+    /// read is stored as bf16 (half the bytes of a page row of f32, twice the K), the weights
+    /// themselves kept in f32.
+    pub const BF16: u32 = 3;
 }
 
-/// The row pitch (elements) of every matrix of the step in device memory: `dim` rounded up to 4,
-/// so that each row starts 16-byte aligned, as TMA requires. The padding is never read (tensor
+/// The row pitch (elements) of every matrix of the step in device memory: `dim` rounded up to 8,
+/// so that each row starts 16-byte aligned, as TMA requires, whether its elements are f32 or
+/// the bf16 path's 2-byte operands (which sit at the same element indices as their f32
+/// counterparts would, so both share one set of offsets). The padding is never read (tensor
 /// maps describe the live columns, and loads past them are zero-filled) and never written.
 pub const fn pitch(dim: u32) -> u32 {
-    dim.div_ceil(4) * 4
+    dim.div_ceil(8) * 8
 }
 
-/// The K extent of one page: one 128-byte swizzled row of f32.
+/// The K extent of one page of f32 operands: one 128-byte swizzled row.
 pub const PAGE_K: u32 = 32;
+/// The K extent of one page on the bf16 path: one 128-byte swizzled row of bf16, the same bytes
+/// as an f32 page (so page sizes, swizzle and descriptors are the same on every path).
+pub const PAGE_K_BF16: u32 = 64;
+/// The K extent of a page on data path `precision`.
+pub const fn page_k(precision: u32) -> u32 {
+    if precision == precision::BF16 { PAGE_K_BF16 } else { PAGE_K }
+}
 /// Stages of each block's page ring; a stage is an A page and a B page.
 pub const PAGE_STAGES: u32 = 12;
-/// Bytes of one operand page: `tile` rows of [`PAGE_K`] f32, K-major (every operand the tensor-core
+/// Bytes of one operand page: `tile` rows of [`PAGE_K`] f32 (or [`PAGE_K_BF16`] bf16), K-major (every operand the tensor-core
 /// path reads is stored with K contiguous: see [`map`]).
 pub const fn page_bytes(tile: u32) -> u32 {
     tile * PAGE_K * 4
@@ -118,18 +140,23 @@ pub const fn free_parity(use_index: u32) -> u32 {
 /// (with `ldmatrix`, or by `wgmma` through a descriptor on the tf32 path at tile 64).
 /// For that the step keeps a transposed copy of what is read along its rows: the activations and
 /// their gradients (`act_t`, `grad_t`, written beside `act` and `grad` by the same epilogues), and
-/// the weights (`w_t`, written by every update). On [`precision::TF32`] the products' weights are
-/// `w_op`, the weights rounded to tf32 when updated, so that no page loop converts anything.
+/// the weights (`w_t`, written by every update). On [`precision::TF32`] and [`precision::BF16`]
+/// the products' weights are `w_op`, the weights rounded when updated, so that no page loop
+/// converts anything. On [`precision::BF16`] every map is of bf16 (`act_t`, `grad_t`, `w_op` and
+/// `w_t` hold bf16, and `act`, `grad` are read from their bf16 copies `act_bf16`, `grad_bf16`).
 pub mod map {
-    /// `act[l]` (`batch x dims[l]`, k = input feature): the forward's A.
+    /// `act[l]` (`batch x dims[l]`, k = input feature): the forward's A (`act_bf16` on
+    /// [`precision::BF16`](super::precision::BF16)).
     pub const ACT: u32 = 0;
     /// `act_t[l]` (`dims[l] x batch`, n = input feature, k = row): the weight gradient's B.
     pub const ACT_T: u32 = 1;
-    /// `grad[l + 1]` (`batch x dims[l + 1]`, k = output feature): the input gradient's A.
+    /// `grad[l + 1]` (`batch x dims[l + 1]`, k = output feature): the input gradient's A
+    /// (`grad_bf16` on [`precision::BF16`](super::precision::BF16)).
     pub const GRAD: u32 = 2;
     /// `grad_t[l + 1]` (`dims[l + 1] x batch`, m = output feature, k = row): the weight gradient's A.
     pub const GRAD_T: u32 = 3;
-    /// `W[l]` as the products read it (`w_op` on [`precision::TF32`], else `weights`;
+    /// `W[l]` as the products read it (`w_op` on [`precision::TF32`] and
+    /// [`precision::BF16`](super::precision::BF16), else `weights`;
     /// `dims[l + 1] x dims[l]`, k = input feature): the forward's B.
     pub const W: u32 = 4;
     /// `w_t[l]` (`dims[l] x dims[l + 1]`, n = input feature, k = output feature): the input
@@ -343,16 +370,23 @@ pub struct MegaBuffers {
     /// Activation gradients.
     pub grad: crate::DevicePtrMut<f32>,
     /// The tensor-core path's transposed activations, `act_t[l][feature][row]` (see [`map`]),
-    /// stored as the products read them.
+    /// stored as the products read them. The four operand copies (this one, `grad_t`, `w_op` and
+    /// `w_t`) hold f32 values, or on [`precision::BF16`] bf16 ones at the same element indices
+    /// (the first half of the allocation's bytes).
     pub act_t: crate::DevicePtrMut<f32>,
     /// The tensor-core path's transposed activation gradients, laid out as `act_t`.
     pub grad_t: crate::DevicePtrMut<f32>,
-    /// [`precision::TF32`]: the weights rounded to tf32, laid out as `weights` (what the forward
-    /// multiplies); unused on the other paths.
+    /// [`precision::TF32`] and [`precision::BF16`]: the weights rounded to the products' format,
+    /// laid out as `weights` (what the forward multiplies); unused on the other paths.
     pub w_op: crate::DevicePtrMut<f32>,
     /// The tensor-core path's transposed weights, `w_t[l][input][output]`, as the products read
-    /// them (rounded on [`precision::TF32`]).
+    /// them (rounded on [`precision::TF32`] and [`precision::BF16`]).
     pub w_t: crate::DevicePtrMut<f32>,
+    /// [`precision::BF16`]: `act` as bf16 bits, laid out as `act` (the forwards' A); unused on the
+    /// other paths, whose products read `act` itself.
+    pub act_bf16: crate::DevicePtrMut<u16>,
+    /// [`precision::BF16`]: `grad` as bf16 bits, laid out as `grad` (the input gradients' A).
+    pub grad_bf16: crate::DevicePtrMut<u16>,
     /// MSE targets.
     pub y: crate::DevicePtr<f32>,
     /// Cross-entropy classes.

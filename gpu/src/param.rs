@@ -142,6 +142,11 @@ macro_rules! ptr_common {
             pub const fn offset(self, count: usize) -> Self {
                 Self(self.0.wrapping_add(count))
             }
+            /// The same address as a pointer to `U` (a buffer that holds another element type
+            /// on some paths, such as the megakernel's operand copies of bf16).
+            pub const fn cast<U>(self) -> $name<U> {
+                $name(self.0.cast::<U>())
+            }
             /// The raw pointer, for use on the device.
             pub const fn as_ptr(self) -> *const T {
                 self.0 as *const T

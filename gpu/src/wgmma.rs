@@ -161,16 +161,33 @@ mod device {
         };
     }
 
-    /// `wgmma.fence`, one m64n64k8 tf32 product per `(a, b)` descriptor pair (in order, all
-    /// accumulating into `$d`), commit and wait for them: one `asm` block, so that the compiler
-    /// cannot move or spill the accumulators while the products still write them.
-    macro_rules! wgmma_m64n64k8_tf32_chain {
-        ($d:ident; $($a:ident = $av:expr, $b:ident = $bv:expr);+) => {
+    /// One `wgmma.mma_async.m64n64k16.f32.bf16.bf16` line, both operands K-major (no transpose):
+    /// accumulators [`acc_m64n64`], the descriptor operands named by `$a` and `$b`, scale-d from
+    /// predicate `p`.
+    macro_rules! wgmma_m64n64k16_bf16_line {
+        ($a:expr, $b:expr) => {
+            concat!(
+                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 ",
+                acc_m64n64!(),
+                ", {",
+                $a,
+                "}, {",
+                $b,
+                "}, p, 1, 1, 0, 0;\n"
+            )
+        };
+    }
+
+    /// `wgmma.fence`, one m64n64 product per `(a, b)` descriptor pair (each a `$line`, in order,
+    /// all accumulating into `$d`), commit and wait for them: one `asm` block, so that the
+    /// compiler cannot move or spill the accumulators while the products still write them.
+    macro_rules! wgmma_m64n64_chain {
+        ($line:ident, $d:ident; $($a:ident = $av:expr, $b:ident = $bv:expr);+) => {
             asm!(
                 concat!(
                     "{{ .reg .pred p; setp.eq.u32 p, 1, 1;\n",
                     "wgmma.fence.sync.aligned;\n",
-                    $(wgmma_m64n64k8_tf32_line!(stringify!($a), stringify!($b)),)+
+                    $($line!(stringify!($a), stringify!($b)),)+
                     "wgmma.commit_group.sync.aligned;\n",
                     "wgmma.wait_group.sync.aligned 0; }}"
                 ),
@@ -206,7 +223,26 @@ mod device {
     #[inline(always)]
     pub unsafe fn mma_m64n64k8x4_tf32_wait(d: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
         unsafe {
-            wgmma_m64n64k8_tf32_chain!(d; a0 = a[0], b0 = b[0]; a1 = a[1], b1 = b[1]; a2 = a[2], b2 = b[2]; a3 = a[3], b3 = b[3])
+            wgmma_m64n64_chain!(wgmma_m64n64k8_tf32_line, d; a0 = a[0], b0 = b[0]; a1 = a[1], b1 = b[1]; a2 = a[2], b2 = b[2]; a3 = a[3], b3 = b[3])
+        };
+    }
+
+    /// [`mma_m64n64k8x4_tf32_wait`] for bf16 inputs: four warpgroup-wide `D += A B` k steps on a
+    /// 64 x 64 tile (k = 4 x 16: one 64-deep page of bf16, 128 bytes a row as the tf32 page),
+    /// both operands K-major, f32 accumulators (32 per thread, [`super::acc_m64`]), waited for
+    /// before it returns.
+    ///
+    /// PTX: `wgmma.fence.sync.aligned;`, four times
+    /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {d0..d31}, a_desc[k], b_desc[k], p, 1, 1, 0, 0;`
+    /// (`p` true: accumulate),
+    /// `wgmma.commit_group.sync.aligned;`, `wgmma.wait_group.sync.aligned 0;`
+    ///
+    /// # Safety
+    /// As [`mma_m64n64k8x4_tf32_wait`].
+    #[inline(always)]
+    pub unsafe fn mma_m64n64k16x4_bf16_wait(d: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
+        unsafe {
+            wgmma_m64n64_chain!(wgmma_m64n64k16_bf16_line, d; a0 = a[0], b0 = b[0]; a1 = a[1], b1 = b[1]; a2 = a[2], b2 = b[2]; a3 = a[3], b3 = b[3])
         };
     }
 

@@ -116,7 +116,8 @@ struct TrainArgs {
     #[arg(long)]
     megakernel: bool,
     /// The megakernel's data path: tf32x3 (tensor cores, about f32 accuracy), tf32 (tensor cores,
-    /// tf32 inputs) or cuda-cores (FMA chains, any GPU). Default: tf32x3 where the GPU has TMA.
+    /// tf32 inputs), bf16 (tensor cores, bf16 inputs, f32 weights and sums; the fastest on large
+    /// models) or cuda-cores (FMA chains, any GPU). Default: tf32x3 where the GPU has TMA.
     #[arg(long)]
     mega_path: Option<kiln::megakernel::DataPath>,
     /// How f32 matrix products run on the GPU: f32 (FMA chains, bit-identical to the CPU reference)

@@ -39,6 +39,12 @@ pub enum DataPath {
     /// split into a tf32 head and tail): about f32 accuracy. The default. Tiles 32, 64.
     #[default]
     Tf32x3,
+    /// `megakernel_step_bf16_t64` (sm_90): as [`DataPath::Tf32`] at tile 64, with every operand
+    /// of the products rounded to bf16 (8 significant bits, as PyTorch's bf16 autocast; to
+    /// nearest, ties to even) and stored as bf16, so that a page carries twice the K of an f32
+    /// one; f32 sums, f32 weights. [`GpuStep::activations`] reads bf16 values, all but the
+    /// outputs. Tile 64.
+    Bf16,
 }
 
 impl DataPath {
@@ -48,15 +54,20 @@ impl DataPath {
             DataPath::CudaCores => precision::CUDA_CORES,
             DataPath::Tf32 => precision::TF32,
             DataPath::Tf32x3 => precision::TF32X3,
+            DataPath::Bf16 => precision::BF16,
         }
     }
 
-    /// `v` as the path's products read it from memory: rounded to tf32 (nearest, ties to even) on
-    /// [`DataPath::Tf32`], whose page loops convert nothing; as it is on the others. The host
-    /// stores what it uploads for the products (the batch, the weights' copies) this way, as the
-    /// kernel's epilogues do.
-    fn operand(self, v: f32) -> f32 {
-        if self == DataPath::Tf32 { kiln_gpu::convert::tf32_round_host(v) } else { v }
+    /// `v` as the path's products read it from memory: rounded (nearest, ties to even) to tf32 on
+    /// [`DataPath::Tf32`] and to bf16 on [`DataPath::Bf16`], whose page loops convert nothing; as
+    /// it is on the others. The host stores what it uploads for the products (the batch, the
+    /// weights' copies) this way, as the kernel's epilogues do.
+    pub fn operand(self, v: f32) -> f32 {
+        match self {
+            DataPath::Tf32 => kiln_gpu::convert::tf32_round_host(v),
+            DataPath::Bf16 => half::bf16::from_f32(v).to_f32(),
+            DataPath::CudaCores | DataPath::Tf32x3 => v,
+        }
     }
 
     /// The tile edges the path's kernel is built for, ascending.
@@ -65,7 +76,7 @@ impl DataPath {
     }
 }
 
-/// Parses `cuda-cores`, `tf32` or `tf32x3` (the main job's `--mega-path`).
+/// Parses `cuda-cores`, `tf32`, `tf32x3` or `bf16` (the main job's `--mega-path`).
 impl std::str::FromStr for DataPath {
     type Err = Error;
     fn from_str(s: &str) -> Result<DataPath> {
@@ -73,9 +84,10 @@ impl std::str::FromStr for DataPath {
             "cuda-cores" => Ok(DataPath::CudaCores),
             "tf32" => Ok(DataPath::Tf32),
             "tf32x3" => Ok(DataPath::Tf32x3),
+            "bf16" => Ok(DataPath::Bf16),
             other => Err(Error::Unsupported {
                 op: "megakernel data path",
-                what: format!("{other:?}: choose cuda-cores, tf32 or tf32x3"),
+                what: format!("{other:?}: choose cuda-cores, tf32, tf32x3 or bf16"),
             }),
         }
     }
@@ -465,6 +477,8 @@ pub struct StepState {
     act: Vec<Vec<f32>>,
     grad: Vec<Vec<f32>>,
     dw: Vec<Vec<f32>>,
+    /// How the products' operands are rounded ([`StepState::with_operands`]); `None`: f32.
+    operand: Option<fn(f32) -> f32>,
 }
 
 impl StepState {
@@ -488,7 +502,22 @@ impl StepState {
             act: shape.dims.iter().map(|&d| vec![0.0; b * d]).collect(),
             grad: shape.dims.iter().map(|&d| vec![0.0; b * d]).collect(),
             weights,
+            operand: None,
         })
+    }
+
+    /// The state with every operand of the products (the batch, the activations, their
+    /// gradients, the weights) rounded as `path` rounds it ([`DataPath::operand`]) where a product
+    /// reads it, so that [`interpret`] multiplies what that path's kernel multiplies and only
+    /// the order of the f32 sums differs. The weights, the outputs and everything else stay f32.
+    /// Without it the interpreter multiplies f32 values (the CUDA-core kernel's arithmetic).
+    pub fn with_operands(mut self, path: DataPath) -> StepState {
+        self.operand = match path {
+            DataPath::Tf32 => Some(kiln_gpu::convert::tf32_round_host as fn(f32) -> f32),
+            DataPath::Bf16 => Some(|v| half::bf16::from_f32(v).to_f32()),
+            DataPath::CudaCores | DataPath::Tf32x3 => None,
+        };
+        self
     }
 }
 
@@ -537,17 +566,33 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
     let b = s.shape.batch;
     let l = i.layer as usize;
     let layers = s.shape.layers();
+    // Operand rounding ([`StepState::with_operands`]), as the kernel does it: activations and
+    // gradients are stored rounded (the batch was rounded by `interpret`), and the weights a
+    // product reads are rounded here, the instruction's rows or columns of them (read live, so
+    // that an update running too early still shows).
+    let rounding = st.operand;
+    let op = move |v: f32| rounding.map_or(v, |f| f(v));
+    let weight_tile = |st: &StepState, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, din: usize| {
+        rounding.map(|f| {
+            let w = &st.weights[l];
+            rows.flat_map(|o| cols.clone().map(move |k| f(w[o * din + k]))).collect::<Vec<f32>>()
+        })
+    };
     match i.opcode {
         opcode::LINEAR_FWD => {
             let (din, dout) = (d[l], d[l + 1]);
+            let outs = tile_range(i.tile_col, dout, s.tile);
+            // the tile's weight rows, rounded: row `o - outs.start`
+            let w = weight_tile(st, outs.clone(), 0..din, din);
             for r in tile_range(i.tile_row, b, s.tile) {
-                for o in tile_range(i.tile_col, dout, s.tile) {
+                for o in outs.clone() {
                     let mut acc = 0.0f32;
                     for k in 0..din {
                         let a = if l == 0 { inp.x[r * din + k] } else { st.act[l][r * din + k] };
-                        acc = a.mul_add(st.weights[l][o * din + k], acc);
+                        let wv = w.as_ref().map_or(st.weights[l][o * din + k], |w| w[(o - outs.start) * din + k]);
+                        acc = a.mul_add(wv, acc);
                     }
-                    st.act[l + 1][r * dout + o] = if l + 1 < layers { acc.max(0.0) } else { acc };
+                    st.act[l + 1][r * dout + o] = if l + 1 < layers { op(acc.max(0.0)) } else { acc };
                 }
             }
         }
@@ -564,12 +609,12 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
                 };
                 for o in tile_range(i.tile_col, n, s.tile) {
                     let v = st.act[layers][r * n + o];
-                    st.grad[layers][r * n + o] = match inp.loss {
+                    st.grad[layers][r * n + o] = op(match inp.loss {
                         Loss::Mse => 2.0 * (v - inp.y[r * n + o]) / (b * n) as f32,
                         Loss::CrossEntropy => {
                             (math::exp(v - m) / z - if inp.classes[r] == o { 1.0 } else { 0.0 }) / b as f32
                         }
-                    };
+                    });
                 }
             }
         }
@@ -588,14 +633,18 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
         }
         opcode::LINEAR_BWD_INPUT => {
             let (din, dout) = (d[l], d[l + 1]);
+            let ins = tile_range(i.tile_col, din, s.tile);
+            // the tile's weight columns, rounded: element (o, k) at `o * ins.len() + k - ins.start`
+            let w = weight_tile(st, 0..dout, ins.clone(), din);
             for r in tile_range(i.tile_row, b, s.tile) {
-                for k in tile_range(i.tile_col, din, s.tile) {
+                for k in ins.clone() {
                     let mut acc = 0.0f32;
                     for o in 0..dout {
-                        acc = st.grad[l + 1][r * dout + o].mul_add(st.weights[l][o * din + k], acc);
+                        let wv = w.as_ref().map_or(st.weights[l][o * din + k], |w| w[o * ins.len() + k - ins.start]);
+                        acc = st.grad[l + 1][r * dout + o].mul_add(wv, acc);
                     }
                     // relu'(pre) from the post-activation: the hidden act[l] is relu(pre)
-                    st.grad[l][r * din + k] = if st.act[l][r * din + k] > 0.0 { acc } else { 0.0 };
+                    st.grad[l][r * din + k] = if st.act[l][r * din + k] > 0.0 { op(acc) } else { 0.0 };
                 }
             }
         }
@@ -630,6 +679,17 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
 /// with `seed`) executes it and signals its counters. Returns an error naming the stuck
 /// instructions if no SM can proceed before all are done (a deadlock the device would hang on).
 pub fn interpret(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, seed: u64) -> Result<()> {
+    // the batch as the products read it, when operands are rounded
+    let x_rounded: Vec<f32>;
+    let rounded_inp;
+    let inp = match st.operand {
+        Some(f) => {
+            x_rounded = inp.x.iter().map(|&v| f(v)).collect();
+            rounded_inp = StepInputs { x: &x_rounded, ..*inp };
+            &rounded_inp
+        }
+        None => inp,
+    };
     let mut counters = vec![0u32; s.counters];
     let mut pc = vec![0usize; s.per_sm.len()];
     let mut rng = StdRng::seed_from_u64(seed);
@@ -683,16 +743,80 @@ pub enum GiveUp {
     Publish,
 }
 
-/// Whether `dev` runs the tensor-core step kernels ([`DataPath::Tf32`], [`DataPath::Tf32x3`]):
-/// they use TMA and are built for sm_90a only, all four (`kiln_gpu::kernels::megakernel_tc`).
+/// Whether `dev` runs the tensor-core step kernels ([`DataPath::Tf32`], [`DataPath::Tf32x3`],
+/// [`DataPath::Bf16`]): they use TMA and are built for sm_90a only, all five
+/// (`kiln_gpu::kernels::megakernel_tc`).
 pub fn tensor_core_step_supported(dev: &crate::cuda::Device) -> bool {
     use kiln_gpu::kernels::megakernel_tc::{
-        MegakernelStepTf32T32, MegakernelStepTf32T64, MegakernelStepTf32x3T32, MegakernelStepTf32x3T64,
+        MegakernelStepBf16T64, MegakernelStepTf32T32, MegakernelStepTf32T64, MegakernelStepTf32x3T32,
+        MegakernelStepTf32x3T64,
     };
     dev.supports::<MegakernelStepTf32T32>()
         && dev.supports::<MegakernelStepTf32x3T32>()
         && dev.supports::<MegakernelStepTf32T64>()
         && dev.supports::<MegakernelStepTf32x3T64>()
+        && dev.supports::<MegakernelStepBf16T64>()
+}
+
+/// A device buffer of product operands as a step kernel reads them: f32 values (tf32 ones on
+/// [`DataPath::Tf32`]), or on [`DataPath::Bf16`] bf16 bits at the same element indices. The
+/// host passes and reads f32 either way (values already rounded as [`DataPath::operand`] does,
+/// so that the narrowing is exact).
+enum OperandBuffer {
+    F32(crate::cuda::DeviceBuffer<f32>),
+    Bf16(crate::cuda::DeviceBuffer<u16>),
+}
+
+impl OperandBuffer {
+    /// `n` zeros of `path`'s operand format.
+    fn zeros(dev: &crate::cuda::Device, path: DataPath, n: usize) -> Result<OperandBuffer> {
+        Ok(match path {
+            DataPath::Bf16 => OperandBuffer::Bf16(dev.zeros::<u16>(n)?),
+            _ => OperandBuffer::F32(dev.zeros::<f32>(n)?),
+        })
+    }
+
+    /// `v` in `path`'s operand format.
+    fn upload(dev: &crate::cuda::Device, path: DataPath, v: &[f32]) -> Result<OperandBuffer> {
+        Ok(match path {
+            DataPath::Bf16 => OperandBuffer::Bf16(dev.upload(&bf16_bits(v))?),
+            _ => OperandBuffer::F32(dev.upload(v)?),
+        })
+    }
+
+    /// Overwrites the first `v.len()` elements.
+    fn write_prefix(&mut self, dev: &crate::cuda::Device, v: &[f32]) -> Result<()> {
+        match self {
+            OperandBuffer::Bf16(b) => dev.write_prefix(b, &bf16_bits(v)),
+            OperandBuffer::F32(b) => dev.write_prefix(b, v),
+        }
+    }
+
+    /// Every element, widened to f32.
+    fn download(&self, dev: &crate::cuda::Device) -> Result<Vec<f32>> {
+        Ok(match self {
+            OperandBuffer::Bf16(b) => dev.download(b)?.into_iter().map(|h| f32::from_bits((h as u32) << 16)).collect(),
+            OperandBuffer::F32(b) => dev.download(b)?,
+        })
+    }
+
+    /// The device address of element `i`.
+    fn addr_of(&self, i: u32) -> u64 {
+        match self {
+            OperandBuffer::Bf16(b) => b.addr() + 2 * i as u64,
+            OperandBuffer::F32(b) => b.addr() + 4 * i as u64,
+        }
+    }
+
+    /// The kernel parameter (typed f32; the bf16 kernel stores bf16 through it).
+    fn ptr_mut(&mut self) -> kiln_gpu::DevicePtrMut<f32> {
+        kiln_gpu::DevicePtrMut::from_addr(self.addr_of(0))
+    }
+}
+
+/// The bf16 bits of `v` (rounded to nearest, ties to even: exact for values already rounded).
+fn bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect()
 }
 
 /// The schedule and buffers of one model on the GPU: [`GpuStep::step`] runs one training step as a
@@ -704,7 +828,9 @@ pub fn tensor_core_step_supported(dev: &crate::cuda::Device) -> bool {
 /// needs); the padding is never read or written. The host API takes and returns unpadded rows.
 /// The tensor-core paths also keep the K-major copies their products read
 /// (`kiln_gpu::megakernel::map`): `act_t[l]` and `grad_t[l]` (`dims[l] x batch`), `w_t[l]`
-/// (`dims[l] x dims[l+1]`) and, on [`DataPath::Tf32`], `w_op[l]` (the weights rounded to tf32).
+/// (`dims[l] x dims[l+1]`) and, on [`DataPath::Tf32`] and [`DataPath::Bf16`], `w_op[l]` (the
+/// weights rounded to the products' format); on [`DataPath::Bf16`] all of them bf16, with bf16
+/// copies of `act` and `grad` besides.
 pub struct GpuStep {
     dev: std::sync::Arc<crate::cuda::Device>,
     shape: MlpShape,
@@ -727,10 +853,14 @@ pub struct GpuStep {
     grad: crate::cuda::DeviceBuffer<f32>,
     /// The tensor-core paths' K-major operand copies (one element each on the CUDA-core path;
     /// `w_op` also on 3xTF32, which multiplies `weights` itself).
-    act_t: crate::cuda::DeviceBuffer<f32>,
-    grad_t: crate::cuda::DeviceBuffer<f32>,
-    w_op: crate::cuda::DeviceBuffer<f32>,
-    w_t: crate::cuda::DeviceBuffer<f32>,
+    act_t: OperandBuffer,
+    grad_t: OperandBuffer,
+    w_op: OperandBuffer,
+    w_t: OperandBuffer,
+    /// [`DataPath::Bf16`]: `act` and `grad` as bf16, what its forwards and input gradients read
+    /// (one element each on the other paths).
+    act_bf16: OperandBuffer,
+    grad_bf16: OperandBuffer,
     y: crate::cuda::DeviceBuffer<f32>,
     classes: crate::cuda::DeviceBuffer<u32>,
     /// The tensor-core path's cross-entropy row-statistic partials (`kiln_gpu::megakernel::loss_partials`).
@@ -903,12 +1033,13 @@ impl GpuStep {
             });
         }
         let flat_w: Vec<f32> = weights.iter().enumerate().flat_map(|(l, w)| pad_rows(w, d[l])).collect();
-        // Each copy as the products read it: rounded to tf32 on the tf32 path.
+        // Each copy as the products read it: rounded to tf32 or bf16 on those paths.
         let operand = |v: f32| path.operand(v);
         let w_op: Vec<f32> = match path {
-            DataPath::Tf32 => flat_w.iter().map(|&v| operand(v)).collect(),
-            _ => vec![0.0],
+            DataPath::Tf32 | DataPath::Bf16 => flat_w.iter().map(|&v| operand(v)).collect(),
+            DataPath::CudaCores | DataPath::Tf32x3 => vec![0.0],
         };
+        let bf16 = path == DataPath::Bf16;
         let w_t: Vec<f32> = match tc {
             true => {
                 (0..shape.layers()).flat_map(|l| transpose_padded(&weights[l], d[l + 1], d[l])).map(operand).collect()
@@ -941,10 +1072,12 @@ impl GpuStep {
             weights: dev.upload(&flat_w)?,
             act: dev.zeros::<f32>(atotal)?,
             grad: dev.zeros::<f32>(atotal)?,
-            act_t: dev.zeros::<f32>(if tc { ttotal } else { 1 })?,
-            grad_t: dev.zeros::<f32>(if tc { ttotal } else { 1 })?,
-            w_op: dev.upload(&w_op)?,
-            w_t: dev.upload(&w_t)?,
+            act_t: OperandBuffer::zeros(&dev, path, if tc { ttotal } else { 1 })?,
+            grad_t: OperandBuffer::zeros(&dev, path, if tc { ttotal } else { 1 })?,
+            w_op: OperandBuffer::upload(&dev, path, &w_op)?,
+            w_t: OperandBuffer::upload(&dev, path, &w_t)?,
+            act_bf16: OperandBuffer::zeros(&dev, path, if bf16 { atotal } else { 1 })?,
+            grad_bf16: OperandBuffer::zeros(&dev, path, if bf16 { atotal } else { 1 })?,
             maps: None,
             extra_free_arrivals: 0,
             give_up_warp: 0,
@@ -964,7 +1097,8 @@ impl GpuStep {
     }
 
     /// The tensor maps of the tensor-core path, in `kiln_gpu::megakernel::map` order per layer:
-    /// every one K-major, a box of `tile` rows by 32 columns (one page).
+    /// every one K-major, a box of `tile` rows by one page's columns (32 f32, or 64 bf16 on
+    /// [`DataPath::Bf16`], whose maps all describe bf16 copies).
     fn encode_maps(
         &self,
         w_off: &[u32],
@@ -976,27 +1110,38 @@ impl GpuStep {
         use kiln_gpu::megakernel::map;
         use kiln_gpu::swizzle::Swizzle;
         let (d, b, tile) = (&self.shape.dims, self.shape.batch, self.tile);
+        let bf16 = self.path == DataPath::Bf16;
         let spec = |rows: usize, cols: usize| TensorMapSpec {
-            dtype: TmaDtype::F32,
+            dtype: if bf16 { TmaDtype::Bf16 } else { TmaDtype::F32 },
             rows: rows as u64,
             cols: cols as u64,
             row_pitch: pitch(cols as u32) as u64,
             box_rows: tile,
-            box_cols: 32,
+            box_cols: kiln_gpu::megakernel::page_k(self.path.code()),
             swizzle: Swizzle::B128,
         };
-        let at = |buf: &crate::cuda::DeviceBuffer<f32>, off: u32| buf.addr() + 4 * off as u64;
-        // the forward's weights: the tf32-rounded copy on the tf32 path, else the weights themselves
-        let w = if self.path == DataPath::Tf32 { &self.w_op } else { &self.weights };
+        let f32_at = |buf: &crate::cuda::DeviceBuffer<f32>, off: u32| buf.addr() + 4 * off as u64;
+        // the forward's A and the input gradient's A: bf16 copies on the bf16 path, else the f32
+        // arrays themselves (stored rounded on the tf32 path)
+        let (act, grad) = match bf16 {
+            true => (self.act_bf16.addr_of(0), self.grad_bf16.addr_of(0)),
+            false => (f32_at(&self.act, 0), f32_at(&self.grad, 0)),
+        };
+        let elem = if bf16 { 2 } else { 4 };
         let mut maps = Vec::new();
         for l in 0..self.shape.layers() {
+            // the forward's weights: the rounded copy on tf32 and bf16, else the weights themselves
+            let w = match self.path {
+                DataPath::Tf32 | DataPath::Bf16 => self.w_op.addr_of(w_off[l]),
+                DataPath::CudaCores | DataPath::Tf32x3 => f32_at(&self.weights, w_off[l]),
+            };
             let mut layer = [(0u64, spec(1, 1)); map::PER_LAYER as usize];
-            layer[map::ACT as usize] = (at(&self.act, a_off[l]), spec(b, d[l]));
-            layer[map::ACT_T as usize] = (at(&self.act_t, t_off[l]), spec(d[l], b));
-            layer[map::GRAD as usize] = (at(&self.grad, a_off[l + 1]), spec(b, d[l + 1]));
-            layer[map::GRAD_T as usize] = (at(&self.grad_t, t_off[l + 1]), spec(d[l + 1], b));
-            layer[map::W as usize] = (at(w, w_off[l]), spec(d[l + 1], d[l]));
-            layer[map::W_T as usize] = (at(&self.w_t, wt_off[l]), spec(d[l], d[l + 1]));
+            layer[map::ACT as usize] = (act + elem * a_off[l] as u64, spec(b, d[l]));
+            layer[map::ACT_T as usize] = (self.act_t.addr_of(t_off[l]), spec(d[l], b));
+            layer[map::GRAD as usize] = (grad + elem * a_off[l + 1] as u64, spec(b, d[l + 1]));
+            layer[map::GRAD_T as usize] = (self.grad_t.addr_of(t_off[l + 1]), spec(d[l + 1], b));
+            layer[map::W as usize] = (w, spec(d[l + 1], d[l]));
+            layer[map::W_T as usize] = (self.w_t.addr_of(wt_off[l]), spec(d[l], d[l + 1]));
             maps.extend(layer);
         }
         self.dev.tensor_maps(&maps)
@@ -1068,15 +1213,19 @@ impl GpuStep {
             });
         }
         // The batch goes into layer 0's activations; the other layers are overwritten by the forward.
-        // The tf32 path keeps every stored product operand rounded to tf32 (its page loops read them
-        // without converting), so the batch is rounded here: the value its products would use.
-        // The tensor-core paths' weight gradients read it transposed, from `act_t[0]`.
+        // The tf32 and bf16 paths keep every stored product operand rounded (their page loops read
+        // them without converting), so the batch is rounded here: the value its products would
+        // use. The tensor-core paths' weight gradients read it transposed, from `act_t[0]`; the
+        // bf16 path's forwards from its bf16 copy.
         let operand = |v: f32| self.path.operand(v);
         let x: Vec<f32> = pad_rows(inp.x, d0).into_iter().map(operand).collect();
         self.dev.write_prefix(&mut self.act, &x)?;
+        if self.path == DataPath::Bf16 {
+            self.act_bf16.write_prefix(&self.dev, &x)?;
+        }
         if self.path != DataPath::CudaCores {
             let xt: Vec<f32> = transpose_padded(inp.x, b, d0).into_iter().map(operand).collect();
-            self.dev.write_prefix(&mut self.act_t, &xt)?;
+            self.act_t.write_prefix(&self.dev, &xt)?;
         }
         match inp.loss {
             Loss::Mse => self.dev.write_prefix(&mut self.y, inp.y)?,
@@ -1093,8 +1242,8 @@ impl GpuStep {
     pub fn run(&mut self, loss_kind: Loss, lr: f32, momentum: f32) -> Result<()> {
         use kiln_gpu::kernels::megakernel_step::{MEGA_THREADS, MegakernelStep};
         use kiln_gpu::kernels::megakernel_tc::{
-            MegakernelStepTf32T32, MegakernelStepTf32T64, MegakernelStepTf32x3T32, MegakernelStepTf32x3T64, TC_THREADS,
-            tc_smem_bytes,
+            MegakernelStepBf16T64, MegakernelStepTf32T32, MegakernelStepTf32T64, MegakernelStepTf32x3T32,
+            MegakernelStepTf32x3T64, TC_THREADS, tc_smem_bytes,
         };
         use kiln_gpu::megakernel::{MegaBuffers, MegaConfig, loss};
         // Zero the dependency counters only: the abort flag and the records after them stay until
@@ -1122,6 +1271,8 @@ impl GpuStep {
             grad_t: self.grad_t.ptr_mut(),
             w_op: self.w_op.ptr_mut(),
             w_t: self.w_t.ptr_mut(),
+            act_bf16: self.act_bf16.ptr_mut().cast(),
+            grad_bf16: self.grad_bf16.ptr_mut().cast(),
             y: self.y.ptr(),
             classes: self.classes.ptr(),
             maps,
@@ -1166,6 +1317,7 @@ impl GpuStep {
                 (DataPath::Tf32x3, 32) => self.launch_step(MegakernelStepTf32x3T32, tc, args),
                 (DataPath::Tf32, _) => self.launch_step(MegakernelStepTf32T64, tc, args),
                 (DataPath::Tf32x3, _) => self.launch_step(MegakernelStepTf32x3T64, tc, args),
+                (DataPath::Bf16, _) => self.launch_step(MegakernelStepBf16T64, tc, args),
             }?
         }
         self.steps_since_check += 1;
@@ -1263,7 +1415,8 @@ impl GpuStep {
 
     /// The last step's activations, `act[0]` (the batch as the products read it) to `act[L]` (the
     /// outputs), `batch x dims[l]` each (unpadded rows). On [`DataPath::Tf32`] every one but the
-    /// outputs is a tf32 value (rounded to nearest, ties to even).
+    /// outputs is a tf32 value (rounded to nearest, ties to even), on [`DataPath::Bf16`] a bf16
+    /// one.
     pub fn activations(&mut self) -> Result<Vec<Vec<f32>>> {
         self.check()?;
         let flat = self.dev.download(&self.act)?;
@@ -1272,7 +1425,7 @@ impl GpuStep {
 
     /// The last step's gradients of the loss by the activations, laid out as
     /// [`GpuStep::activations`]; layer 0's (the batch's) is not computed and reads as zeros. On
-    /// [`DataPath::Tf32`] they are tf32 values.
+    /// [`DataPath::Tf32`] they are tf32 values, on [`DataPath::Bf16`] bf16 ones.
     pub fn activation_grads(&mut self) -> Result<Vec<Vec<f32>>> {
         self.check()?;
         let flat = self.dev.download(&self.grad)?;
@@ -1299,28 +1452,40 @@ impl GpuStep {
         if self.path == DataPath::CudaCores {
             return Err(Error::Unsupported {
                 op: "megakernel operand copies",
-                what: "the CUDA-core path, which keeps none: use DataPath::Tf32 or Tf32x3".into(),
+                what: "the CUDA-core path, which keeps none: use DataPath::Tf32, Tf32x3 or Bf16".into(),
             });
         }
         self.check()?;
         let (d, b, layers) = (&self.shape.dims, self.shape.batch, self.shape.layers());
         let per_layer = |flat: Vec<f32>| split_rows(&flat, d.iter().map(|&dim| (dim, b)));
-        let w_t = split_rows(&self.dev.download(&self.w_t)?, (0..layers).map(|l| (d[l], d[l + 1])));
+        let dev = &self.dev;
+        let w_t = split_rows(&self.w_t.download(dev)?, (0..layers).map(|l| (d[l], d[l + 1])));
         let w_op = match self.path {
-            DataPath::Tf32 => Some(split_rows(&self.dev.download(&self.w_op)?, (0..layers).map(|l| (d[l + 1], d[l])))),
-            _ => None,
+            DataPath::Tf32 | DataPath::Bf16 => {
+                Some(split_rows(&self.w_op.download(dev)?, (0..layers).map(|l| (d[l + 1], d[l]))))
+            }
+            DataPath::CudaCores | DataPath::Tf32x3 => None,
+        };
+        let bf16 = |buf: &OperandBuffer| -> Result<Option<Vec<Vec<f32>>>> {
+            Ok(match self.path {
+                DataPath::Bf16 => Some(self.per_layer_rows(&buf.download(dev)?)),
+                _ => None,
+            })
         };
         Ok(OperandCopies {
-            act_t: per_layer(self.dev.download(&self.act_t)?),
-            grad_t: per_layer(self.dev.download(&self.grad_t)?),
+            act_t: per_layer(self.act_t.download(dev)?),
+            grad_t: per_layer(self.grad_t.download(dev)?),
             w_t,
             w_op,
+            act_bf16: bf16(&self.act_bf16)?,
+            grad_bf16: bf16(&self.grad_bf16)?,
         })
     }
 }
 
 /// The K-major copies of a tensor-core step's operands ([`GpuStep::operand_copies`]), each as its
-/// products read it (rounded to tf32 on [`DataPath::Tf32`]), unpadded rows.
+/// products read it (rounded to tf32 on [`DataPath::Tf32`], stored as bf16 on
+/// [`DataPath::Bf16`]), unpadded rows.
 #[derive(Clone, Debug)]
 pub struct OperandCopies {
     /// `act_t[l]`: `act[l]` transposed, `dims[l] x batch`, for `l` in `0..=L`. Written for the
@@ -1330,9 +1495,15 @@ pub struct OperandCopies {
     pub grad_t: Vec<Vec<f32>>,
     /// `w_t[l]`: `W[l]` transposed, `dims[l] x dims[l + 1]`.
     pub w_t: Vec<Vec<f32>>,
-    /// [`DataPath::Tf32`]: `W[l]` rounded to tf32 (what the forward multiplies); `None` on
-    /// 3xTF32, whose forward reads the weights themselves.
+    /// [`DataPath::Tf32`], [`DataPath::Bf16`]: `W[l]` rounded to the products' format (what the
+    /// forward multiplies); `None` on 3xTF32, whose forward reads the weights themselves.
     pub w_op: Option<Vec<Vec<f32>>>,
+    /// [`DataPath::Bf16`]: the bf16 copy of the activations (what the forwards read), laid out as
+    /// [`GpuStep::activations`]; `None` on the other paths.
+    pub act_bf16: Option<Vec<Vec<f32>>>,
+    /// [`DataPath::Bf16`]: the bf16 copy of the activations' gradients (what the input gradients
+    /// read), laid out as [`GpuStep::activation_grads`]; `None` on the other paths.
+    pub grad_bf16: Option<Vec<Vec<f32>>>,
 }
 
 /// Consecutive padded matrices of `(rows, cols)` each (rows of [`pitch`]`(cols)`), unpadded.

@@ -231,7 +231,7 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
             return Err(Error::Unsupported {
                 op: "train",
                 what: "--matmul-precision with --megakernel: the megakernel's products follow --mega-path \
-                       (cuda-cores, tf32 or tf32x3); drop one of the two options"
+                       (cuda-cores, tf32, tf32x3 or bf16); drop one of the two options"
                     .into(),
             });
         }

@@ -61,6 +61,7 @@
 use crate::kernel;
 use crate::megakernel::{
     CONSUMER_WARPS, GROUP_WARPS, MegaBuffers, MegaConfig, PAGE_GROUPS, PAGE_STAGES, STAGE_BYTES, TC_TILES, page_bytes,
+    precision,
 };
 
 /// Warps of the loader: one, whose lane 0 issues every load (the other lanes leave at once).
@@ -102,9 +103,9 @@ mod dev {
     use crate::kernels::megakernel_step::{aborted, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
         CONSUMER_WARPS, GROUP_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_FREE_ARRIVALS,
-        PAGE_GROUPS, PAGE_K, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES,
-        free_parity, give_up, loss, loss_partials, map, opcode, page_bytes, page_group, page_slot, pitch, precision,
-        ready_parity, stage_tx_bytes, trace,
+        PAGE_GROUPS, PAGE_K, PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS,
+        STAGE_BYTES, TC_TILES, free_parity, give_up, loss, loss_partials, map, opcode, page_bytes, page_group, page_k,
+        page_slot, pitch, precision, ready_parity, stage_tx_bytes, trace,
     };
     use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
 
@@ -202,14 +203,16 @@ mod dev {
     }
 
     /// The product an instruction computes, `C[m][n] = sum_k A(m, k) B(n, k)` over `k < k`, each
-    /// operand one of the step's tensor maps (all K-major: [`map`]).
+    /// operand one of the step's tensor maps (all K-major: [`map`]), in `pages` K blocks of
+    /// `page_k` ([`page_k`]: 32 f32 or 64 bf16 columns).
     #[derive(Clone, Copy)]
     struct Product {
         a_map: u32,
         b_map: u32,
         m0: u32,
         n0: u32,
-        k: u32,
+        pages: u32,
+        page_k: u32,
     }
 
     /// The product of a `LINEAR_*` instruction (see the table in [`crate::megakernel`]), or `None`.
@@ -228,15 +231,24 @@ mod dev {
             opcode::LINEAR_BWD_WEIGHT | opcode::LINEAR_BWD_WEIGHT_SGD => (map::GRAD_T, map::ACT_T, cfg.batch),
             _ => return None,
         };
-        Some(Product { a_map: at(a), b_map: at(b), m0, n0, k })
+        let page_k = page_k(cfg.precision);
+        Some(Product { a_map: at(a), b_map: at(b), m0, n0, pages: k.div_ceil(page_k), page_k })
     }
 
-    /// Issues the TMA load of one operand's page for K block `kt` (rows from `m0`): one box of
-    /// `tile` rows by [`PAGE_K`] columns.
+    /// Issues the TMA load of one operand's page for K block `kt` of `page_k` columns (rows from
+    /// `m0`): one box of `tile` rows by `page_k` columns.
     #[inline(always)]
-    unsafe fn load_page(dst: u32, maps: crate::DevicePtr<tma::TensorMap>, m: u32, m0: u32, kt: u32, bar: u32) {
+    unsafe fn load_page(
+        dst: u32,
+        maps: crate::DevicePtr<tma::TensorMap>,
+        m: u32,
+        m0: u32,
+        kt: u32,
+        page_k: u32,
+        bar: u32,
+    ) {
         let map = unsafe { maps.as_ptr().add(m as usize) };
-        unsafe { tma::load_2d(dst, map, (kt * PAGE_K) as i32, m0 as i32, bar) };
+        unsafe { tma::load_2d(dst, map, (kt * page_k) as i32, m0 as i32, bar) };
     }
 
     /// Waits for the phase of `bar` with `parity`, giving up (false) after the step's wait limit or
@@ -281,7 +293,7 @@ mod dev {
                 fence::proxy_async_global();
                 let (c0, mut free_wait) = (thread::clock64(), 0u64);
                 let mut kt = 0;
-                while kt < p.k.div_ceil(PAGE_K) {
+                while kt < p.pages {
                     let slot = page_slot(u);
                     let w0 = thread::clock64();
                     if u >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(u)) } {
@@ -293,8 +305,8 @@ mod dev {
                     free_wait += thread::clock64() - w0;
                     unsafe {
                         mbarrier::arrive_expect_tx(sm.ready(slot), stage_tx_bytes(tile));
-                        load_page(sm.a_page(slot), b.maps, p.a_map, p.m0, kt, sm.ready(slot));
-                        load_page(sm.b_page(slot), b.maps, p.b_map, p.n0, kt, sm.ready(slot));
+                        load_page(sm.a_page(slot), b.maps, p.a_map, p.m0, kt, p.page_k, sm.ready(slot));
+                        load_page(sm.b_page(slot), b.maps, p.b_map, p.n0, kt, p.page_k, sm.ready(slot));
                     }
                     u += 1;
                     kt += 1;
@@ -386,12 +398,12 @@ mod dev {
         }
     }
 
-    /// An f32 as tf32 operands: with `SPLIT`, `(head, tail)` with `head = tf32(x)` and
-    /// `tail = tf32(x - head)`; without, `x` is already a tf32 value (see [`rounded_operand`]) and
-    /// passes as it is.
+    /// An f32 as tf32 operands: on [`precision::TF32X3`], `(head, tail)` with `head = tf32(x)` and
+    /// `tail = tf32(x - head)`; on [`precision::TF32`], `x` is already a tf32 value (see
+    /// [`rounded_operand`]) and passes as it is.
     #[inline(always)]
-    fn split<const SPLIT: bool>(x: f32) -> (u32, u32) {
-        if !SPLIT {
+    fn split<const P: u32>(x: f32) -> (u32, u32) {
+        if P != precision::TF32X3 {
             return (x.to_bits(), 0);
         }
         let head = convert::f32_to_tf32(x);
@@ -429,25 +441,22 @@ mod dev {
         }
     }
 
-    /// One k step's products: splits the fragments into tf32 heads and tails (`SPLIT`; without it
+    /// One k step's products: splits the fragments into tf32 heads and tails (3xTF32; on tf32
     /// they are stored, already rounded operands) and accumulates the `MT x NT` `m16n8k8`
     /// products into `acc`.
     #[inline(always)]
-    fn mma_step<const MT: usize, const NT: usize, const SPLIT: bool>(
-        (ra, rb): Step<MT>,
-        acc: &mut [[[f32; 4]; NT]; MT],
-    ) {
+    fn mma_step<const MT: usize, const NT: usize, const P: u32>((ra, rb): Step<MT>, acc: &mut [[[f32; 4]; NT]; MT]) {
         let mut fa = [[(0u32, 0u32); 4]; MT];
         for (f, raw) in fa.iter_mut().zip(ra.iter()) {
             for e in 0..4 {
-                f[e] = split::<SPLIT>(f32::from_bits(raw[e]));
+                f[e] = split::<P>(f32::from_bits(raw[e]));
             }
         }
         // B group g holds tiles 2g and 2g + 1 (registers b0, b1 of each)
         let mut fb = [[(0u32, 0u32); 2]; NT];
         for (j, f) in fb.iter_mut().enumerate() {
             for (e, v) in f.iter_mut().enumerate() {
-                *v = split::<SPLIT>(f32::from_bits(rb[j / 2][2 * (j % 2) + e]));
+                *v = split::<P>(f32::from_bits(rb[j / 2][2 * (j % 2) + e]));
             }
         }
         for (j, fb) in fb.iter().enumerate() {
@@ -455,7 +464,7 @@ mod dev {
             for i in 0..MT {
                 let ah = [fa[i][0].0, fa[i][1].0, fa[i][2].0, fa[i][3].0];
                 let mut c = acc[i][j];
-                if SPLIT {
+                if P == precision::TF32X3 {
                     let at = [fa[i][0].1, fa[i][1].1, fa[i][2].1, fa[i][3].1];
                     c = mma::mma_m16n8k8_tf32(at, bh, c);
                     c = mma::mma_m16n8k8_tf32(ah, [fb[0].1, fb[1].1], c);
@@ -514,7 +523,7 @@ mod dev {
         let Pages { b, cfg, sm, p, u, idx, abandoned } = pages;
         let group = thread::warp_id() / GROUP_WARPS;
         let (mut ready_wait, mut first) = (0u64, 0u64);
-        let pages = p.k.div_ceil(PAGE_K);
+        let pages = p.pages;
         // the page use this warp gave up on, if it did (from the start when it abandoned the step;
         // the planted fault gives up the group's first page, page `group` of the product)
         const NONE: u32 = u32::MAX;
@@ -581,12 +590,16 @@ mod dev {
     /// at row `(q / 2) 16 MT`, column `(q % 2) 8 NT` of the tile), summed over its group's pages
     /// ([`group_pages`]). False when the step was given up.
     #[inline(always)]
-    unsafe fn tile_mma<const MT: usize, const NT: usize, const SPLIT: bool>(
+    unsafe fn tile_mma<const MT: usize, const NT: usize, const P: u32>(
         pages: Pages<'_>,
         acc: &mut [[[f32; 4]; NT]; MT],
         on_first: &mut impl FnMut(),
     ) -> bool {
         let sm = pages.sm;
+        if P == precision::BF16 {
+            // bf16 pages multiply on `tile_wgmma` only (this instantiation is compiled away)
+            thread::trap();
+        }
         let w = thread::warp_id() % GROUP_WARPS;
         let (rm, rn) = ((w / 2) * 16 * MT as u32, (w % 2) * 8 * NT as u32);
         let a_frag = Frags::<MT>::new(rm, FragKind::A);
@@ -605,29 +618,32 @@ mod dev {
                     if free && ks + 2 == KSTEPS {
                         free_page(sm, slot);
                     }
-                    mma_step::<MT, NT, SPLIT>(f0, acc);
-                    mma_step::<MT, NT, SPLIT>(f1, acc);
+                    mma_step::<MT, NT, P>(f0, acc);
+                    mma_step::<MT, NT, P>(f1, acc);
                     ks += 2;
                 }
             })
         }
     }
 
-    /// [`tile_mma`] on the asynchronous tensor-core path ([`precision::TF32`] at tile 64): each
-    /// page group is a warpgroup, and it multiplies each of its pages whole with four `wgmma`
-    /// m64n64k8 tf32 products read straight from the swizzled pages through descriptors (no
-    /// fragments in registers, nothing converted: every operand is stored as a tf32 value), waits
-    /// for them and frees the page. The other group's products keep the tensor cores busy
-    /// meanwhile. Warp `w` of the group ends with rows `16 w .. 16 w + 16`, all 64 columns
-    /// ([`wgmma::acc_m64`], which is `acc` as `[1][8]` `m16n8` tiles: `MT = 1`, `NT = 8`, `WIDE`).
+    /// [`tile_mma`] on the asynchronous tensor-core path ([`precision::TF32`] and
+    /// [`precision::BF16`] at tile 64): each page group is a warpgroup, and it multiplies each of
+    /// its pages whole with four `wgmma` products (m64n64k8 tf32, or m64n64k16 bf16 from a page
+    /// twice as deep in K) read straight from the swizzled pages through descriptors (no
+    /// fragments in registers, nothing converted: every operand is stored in the products'
+    /// format), waits for them and frees the page. The other group's products keep the tensor
+    /// cores busy meanwhile. Warp `w` of the group ends with rows `16 w .. 16 w + 16`, all 64
+    /// columns ([`wgmma::acc_m64`], which is `acc` as `[1][8]` `m16n8` tiles: `MT = 1`, `NT = 8`,
+    /// `WIDE`).
     #[inline(always)]
-    unsafe fn tile_wgmma<const MT: usize, const NT: usize>(
+    unsafe fn tile_wgmma<const MT: usize, const NT: usize, const P: u32>(
         pages: Pages<'_>,
         acc: &mut [[[f32; 4]; NT]; MT],
         on_first: &mut impl FnMut(),
     ) -> bool {
         let sm = pages.sm;
-        const { assert!(PAGE_K == 32) };
+        // four k steps of 32 bytes a row on either format
+        const { assert!(PAGE_K == 32 && PAGE_K_BF16 == 2 * PAGE_K) };
         if MT != 1 || NT != 8 {
             // only `consume::<1, 8, 2, false, true>` calls it (the other instantiations compile it away)
             thread::trap();
@@ -640,7 +656,12 @@ mod dev {
         let desc = |page: u32| -> [u64; 4] { core::array::from_fn(|kk| tile_descriptor(page, kk as u32)) };
         unsafe {
             group_pages::<true>(pages, on_first, |slot, free| {
-                wgmma::mma_m64n64k8x4_tf32_wait(d, desc(sm.a_page(slot)), desc(sm.b_page(slot)));
+                let (a, b) = (desc(sm.a_page(slot)), desc(sm.b_page(slot)));
+                if P == precision::BF16 {
+                    wgmma::mma_m64n64k16x4_bf16_wait(d, a, b);
+                } else {
+                    wgmma::mma_m64n64k8x4_tf32_wait(d, a, b);
+                }
                 if free {
                     free_page(sm, slot);
                 }
@@ -648,31 +669,60 @@ mod dev {
         }
     }
 
-    /// `v` as stored for later products: on the tf32 path rounded to tf32 (nearest, ties to even),
-    /// the value the products would round it to anyway, so that the page loops read every operand
-    /// (activations, gradients, the weights' copies) without converting it; on the 3xTF32 path
-    /// as it is.
+    /// `v` as stored for later products of data path `P`: rounded (nearest, ties to even) to tf32
+    /// on [`precision::TF32`] and to bf16 on [`precision::BF16`], the value the products would
+    /// round it to anyway, so that the page loops read every operand (activations, gradients, the
+    /// weights' copies) without converting it; on 3xTF32 as it is.
     #[inline(always)]
-    fn rounded_operand(cfg: &MegaConfig, v: f32) -> f32 {
-        if cfg.precision == precision::TF32 { f32::from_bits(convert::f32_to_tf32(v)) } else { v }
+    fn rounded_operand<const P: u32>(v: f32) -> f32 {
+        match P {
+            precision::TF32 => f32::from_bits(convert::f32_to_tf32(v)),
+            precision::BF16 => f32::from_bits((convert::f32_to_bf16_bits(v) as u32) << 16),
+            _ => v,
+        }
+    }
+
+    /// Stores product operand `v` (a [`rounded_operand`]) at element `i` of an operand copy: the
+    /// f32 itself, or on [`precision::BF16`] its bf16 bits (exact: `v` is a bf16 value), 2 bytes
+    /// at the same element index.
+    #[inline(always)]
+    unsafe fn store_op<const P: u32>(p: crate::DevicePtrMut<f32>, i: u32, v: f32) {
+        if P == precision::BF16 {
+            unsafe { p.cast::<u16>().write(i as usize, (v.to_bits() >> 16) as u16) };
+        } else {
+            unsafe { p.write(i as usize, v) };
+        }
+    }
+
+    /// [`store_pair`] into an operand copy ([`store_op`]): on [`precision::BF16`] both bf16 in one
+    /// 4-byte store (`at` is even: every row starts 16-byte aligned, see [`pitch`]).
+    #[inline(always)]
+    unsafe fn store_op_pair<const P: u32>(p: crate::DevicePtrMut<f32>, at: u32, c: u32, cols: u32, v: [f32; 2]) {
+        if P != precision::BF16 {
+            unsafe { store_pair(p, at, c, cols, v) };
+        } else if c + 1 < cols {
+            let bits = (v[1].to_bits() & 0xffff_0000) | (v[0].to_bits() >> 16);
+            unsafe { p.cast::<u32>().write((at / 2) as usize, bits) };
+        } else if c < cols {
+            unsafe { store_op::<P>(p, at, v[0]) };
+        }
     }
 
     /// Stores operand `v`, element (row `r`, feature `c`) of an activation or gradient layer, into
     /// its transposed copy `p` (`act_t` or `grad_t`) at the layer's offset `t_off`: row `c`, column
     /// `r` (rows of `pitch(batch)`), where the weight gradients read it K-major.
     #[inline(always)]
-    unsafe fn store_t(p: crate::DevicePtrMut<f32>, cfg: &MegaConfig, t_off: u32, r: u32, c: u32, v: f32) {
-        unsafe { p.write((t_off + c * pitch(cfg.batch) + r) as usize, v) };
+    unsafe fn store_t<const P: u32>(p: crate::DevicePtrMut<f32>, cfg: &MegaConfig, t_off: u32, r: u32, c: u32, v: f32) {
+        unsafe { store_op::<P>(p, t_off + c * pitch(cfg.batch) + r, v) };
     }
 
     /// Stores the copies of new weights `w` (row `o`, columns `k..k + N` of `W[l]`, `N` 1 or 2,
-    /// columns past the layer's inputs skipped) that the products read, as [`rounded_operand`]s:
-    /// `w_t[l][k..][o]` (the input gradients' B) and, on the tf32 path, `w_op[l][o][k..]` (the
-    /// forwards' B, a pair in one store; the 3xTF32 path reads `weights` itself).
+    /// columns past the layer's inputs skipped) that the products read, as [`rounded_operand`]s
+    /// ([`store_op`]): `w_t[l][k..][o]` (the input gradients' B) and, on tf32 and bf16,
+    /// `w_op[l][o][k..]` (the forwards' B, a pair in one store; 3xTF32 reads `weights` itself).
     #[inline(always)]
-    unsafe fn store_weight_copies<const N: usize>(
+    unsafe fn store_weight_copies<const N: usize, const P: u32>(
         b: &MegaBuffers,
-        cfg: &MegaConfig,
         lt: Layers,
         l: u32,
         o: u32,
@@ -680,18 +730,18 @@ mod dev {
         w: [f32; N],
     ) {
         let (din, dout) = (lt.dim(l), lt.dim(l + 1));
-        let v = w.map(|x| rounded_operand(cfg, x));
-        if cfg.precision == precision::TF32 {
+        let v = w.map(rounded_operand::<P>);
+        if P == precision::TF32 || P == precision::BF16 {
             let at = lt.w_off(l) + o * pitch(din) + k;
             if N == 2 {
-                unsafe { store_pair(b.w_op, at, k, din, [v[0], v[N - 1]]) };
+                unsafe { store_op_pair::<P>(b.w_op, at, k, din, [v[0], v[N - 1]]) };
             } else {
-                unsafe { b.w_op.write(at as usize, v[0]) };
+                unsafe { store_op::<P>(b.w_op, at, v[0]) };
             }
         }
         for (j, &x) in v.iter().enumerate() {
             if k + (j as u32) < din {
-                unsafe { b.w_t.write((lt.wt_off(l) + (k + j as u32) * pitch(dout) + o) as usize, x) };
+                unsafe { store_op::<P>(b.w_t, lt.wt_off(l) + (k + j as u32) * pitch(dout) + o, x) };
             }
         }
     }
@@ -976,7 +1026,7 @@ mod dev {
         /// may change the statistics). This part takes about 4 500 cycles at tile 64 (run 116);
         /// what bounds it was not measured.
         #[inline(always)]
-        unsafe fn store_grads(
+        unsafe fn store_grads<const P: u32>(
             &self,
             b: &MegaBuffers,
             cfg: &MegaConfig,
@@ -1003,9 +1053,13 @@ mod dev {
             for (j, &g) in grad.iter().enumerate() {
                 let (r, tr, tc, live) = Self::at(cfg, i, dout, j);
                 if live {
-                    let g = rounded_operand(cfg, g);
+                    let g = rounded_operand::<P>(g);
+                    let at = a_out + tr * pitch(dout) + tc;
                     unsafe {
-                        b.grad.write((a_out + tr * pitch(dout) + tc) as usize, g);
+                        b.grad.write(at as usize, g);
+                        if P == precision::BF16 {
+                            store_op::<P>(b.grad_bf16.cast(), at, g);
+                        }
                         shared::st_shared_b32(staged + Self::staged_at(r, tc % Self::TILE), g.to_bits());
                     }
                 }
@@ -1026,7 +1080,13 @@ mod dev {
         /// (where writing them straight from the row-major registers cost one 32-byte segment per
         /// element: the loss tile took 10.3 us instead of 5.2, run 120).
         #[inline(always)]
-        unsafe fn store_transposed(b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction, staged: u32) {
+        unsafe fn store_transposed<const P: u32>(
+            b: &MegaBuffers,
+            cfg: &MegaConfig,
+            lt: Layers,
+            i: &Instruction,
+            staged: u32,
+        ) {
             let tile = Self::TILE;
             let (dout, t_out) = (lt.dim(cfg.layers), lt.t_off(cfg.layers));
             for j in 0..LOSS_ELEMS {
@@ -1035,7 +1095,7 @@ mod dev {
                 let (tr, tc) = (i.tile_row * tile + r, i.tile_col * tile + c);
                 if e < tile * tile && tr < cfg.batch && tc < dout {
                     let g = f32::from_bits(unsafe { shared::ld_shared_b32(staged + Self::staged_at(r, c)) });
-                    unsafe { store_t(b.grad_t, cfg, t_out, tr, tc, g) };
+                    unsafe { store_t::<P>(b.grad_t, cfg, t_out, tr, tc, g) };
                 }
             }
         }
@@ -1082,9 +1142,9 @@ mod dev {
     }
 
     /// Stores the pair `v` (row `r`, features `c`, `c + 1`, of `cols` live) into a transposed copy
-    /// ([`store_t`]): two 4-byte stores, one per row of the copy.
+    /// ([`store_t`]): two stores, one per row of the copy.
     #[inline(always)]
-    unsafe fn store_t_pair(
+    unsafe fn store_t_pair<const P: u32>(
         p: crate::DevicePtrMut<f32>,
         cfg: &MegaConfig,
         t_off: u32,
@@ -1095,7 +1155,7 @@ mod dev {
     ) {
         for (k, &x) in v.iter().enumerate() {
             if c + (k as u32) < cols {
-                unsafe { store_t(p, cfg, t_off, r, c + k as u32, x) };
+                unsafe { store_t::<P>(p, cfg, t_off, r, c + k as u32, x) };
             }
         }
     }
@@ -1109,7 +1169,7 @@ mod dev {
     /// rows' partial statistics ([`write_loss_partials`]). One loop per opcode, each small enough
     /// to unroll fully (so the arrays stay in registers).
     #[inline(always)]
-    unsafe fn epilogue<const MT: usize, const NT: usize, const WIDE: bool>(
+    unsafe fn epilogue<const MT: usize, const NT: usize, const P: u32, const WIDE: bool>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         lt: Layers,
@@ -1132,10 +1192,14 @@ mod dev {
                 for_each_pair_in_half(mine, h, |r: u32, c: u32, v: [f32; 2], _| {
                     if r < cfg.batch {
                         if hidden {
-                            let v = v.map(|x| rounded_operand(cfg, x.max(0.0)));
+                            let v = v.map(|x| rounded_operand::<P>(x.max(0.0)));
+                            let at = a_out + r * pout + c;
                             unsafe {
-                                store_pair(b.act, a_out + r * pout + c, c, dout, v);
-                                store_t_pair(b.act_t, cfg, t_out, r, c, dout, v);
+                                store_pair(b.act, at, c, dout, v);
+                                if P == precision::BF16 {
+                                    store_op_pair::<P>(b.act_bf16.cast(), at, c, dout, v);
+                                }
+                                store_t_pair::<P>(b.act_t, cfg, t_out, r, c, dout, v);
                             }
                         } else {
                             unsafe { store_pair(b.act, a_out + r * pout + c, c, dout, v) };
@@ -1146,10 +1210,14 @@ mod dev {
             opcode::LINEAR_BWD_INPUT => for_each_pair_in_half(mine, h, |r: u32, c: u32, v: [f32; 2], (s, nj)| {
                 if r < cfg.batch {
                     let v: [f32; 2] =
-                        core::array::from_fn(|k| if pre.x[s][nj][k] > 0.0 { rounded_operand(cfg, v[k]) } else { 0.0 });
+                        core::array::from_fn(|k| if pre.x[s][nj][k] > 0.0 { rounded_operand::<P>(v[k]) } else { 0.0 });
+                    let at = a_in + r * pin + c;
                     unsafe {
-                        store_pair(b.grad, a_in + r * pin + c, c, din, v);
-                        store_t_pair(b.grad_t, cfg, t_in, r, c, din, v);
+                        store_pair(b.grad, at, c, din, v);
+                        if P == precision::BF16 {
+                            store_op_pair::<P>(b.grad_bf16.cast(), at, c, din, v);
+                        }
+                        store_t_pair::<P>(b.grad_t, cfg, t_in, r, c, din, v);
                     }
                 }
             }),
@@ -1183,7 +1251,7 @@ mod dev {
                         let w: [f32; 2] = core::array::from_fn(|k| pre.x[s][nj][k] - cfg.lr * step[k]);
                         unsafe {
                             store_pair(b.weights, j, c, din, w);
-                            store_weight_copies(b, cfg, lt, l, r, c, w);
+                            store_weight_copies::<2, P>(b, lt, l, r, c, w);
                         }
                     }
                 })
@@ -1194,10 +1262,10 @@ mod dev {
 
     /// The consumers: every instruction of `lo..hi` in order (see the module docs). Each warp
     /// accumulates `MT x NT` `m16n8` tiles; `TM` is the tile edge over 32 (the loss tile's, as a
-    /// constant); `SPLIT`: 3xTF32; `WIDE`: products on [`tile_wgmma`] (its warp geometry, see
-    /// [`HalfAt`]), else on [`tile_mma`].
+    /// constant); `P`: the [`precision`] code; `WIDE`: products on [`tile_wgmma`] (its warp
+    /// geometry, see [`HalfAt`]), else on [`tile_mma`].
     #[inline(always)]
-    unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const SPLIT: bool, const WIDE: bool>(
+    unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u32, const WIDE: bool>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         sm: Smem,
@@ -1260,9 +1328,9 @@ mod dev {
                 let pages = Pages { b, cfg, sm, p: &p, u: &mut u, idx, abandoned };
                 let ok = unsafe {
                     if WIDE {
-                        tile_wgmma::<MT, NT>(pages, &mut acc, f)
+                        tile_wgmma::<MT, NT, P>(pages, &mut acc, f)
                     } else {
-                        tile_mma::<MT, NT, SPLIT>(pages, &mut acc, f)
+                        tile_mma::<MT, NT, P>(pages, &mut acc, f)
                     }
                 };
                 if !ok {
@@ -1288,7 +1356,7 @@ mod dev {
                 for (n, v) in mine.as_flattened_mut().as_flattened_mut().iter_mut().enumerate() {
                     *v += f32::from_bits(unsafe { shared::ld_shared_b32(at(1 - group, n)) });
                 }
-                if p.k.div_ceil(PAGE_K) <= group && ins.opcode == opcode::LINEAR_BWD_INPUT {
+                if p.pages <= group && ins.opcode == opcode::LINEAR_BWD_INPUT {
                     // A group with no page of its own (k of one page) never ran `on_first`; the
                     // rendezvous just met orders its loads after the other group's first page.
                     unsafe { pre.load_act(b, cfg, lt, &ins) };
@@ -1296,7 +1364,7 @@ mod dev {
                 if t == 0 {
                     unsafe { stamp(b, idx, trace::WORK_DONE) };
                 }
-                unsafe { epilogue::<MT, NT, WIDE>(b, cfg, lt, &ins, &mine, &pre) };
+                unsafe { epilogue::<MT, NT, P, WIDE>(b, cfg, lt, &ins, &mine, &pre) };
             } else {
                 if t == 0 {
                     let ok = unsafe {
@@ -1329,11 +1397,11 @@ mod dev {
                         // signal keeps the next product's sums from overwriting them early)
                         let staged = sm.sums(0);
                         if done {
-                            tile_loss.store_grads(b, cfg, lt, &ins, stats, staged);
+                            tile_loss.store_grads::<P>(b, cfg, lt, &ins, stats, staged);
                             done = rendezvous(b, cfg, sm, &mut phase, idx);
                         }
                         if done {
-                            LossTile::<TM>::store_transposed(b, cfg, lt, &ins, staged);
+                            LossTile::<TM>::store_transposed::<P>(b, cfg, lt, &ins, staged);
                         }
                         if t == 0 {
                             record(b, idx, trace::READY_WAIT_CLK, met);
@@ -1342,7 +1410,7 @@ mod dev {
                         done
                     },
                     opcode::SGD_UPDATE => {
-                        let copies = |o, k, w| unsafe { store_weight_copies(b, cfg, lt, ins.layer, o, k, [w]) };
+                        let copies = |o, k, w| unsafe { store_weight_copies::<1, P>(b, lt, ins.layer, o, k, [w]) };
                         unsafe { sgd_update(b, cfg, &ins, cfg.tile, CONSUMERS, t, copies) };
                         true
                     }
@@ -1380,9 +1448,9 @@ mod dev {
     }
 
     /// A kernel's body: barriers initialized by thread 0, then the loader and the consumers, which
-    /// multiply with [`consume`]`::<MT, NT, TM, SPLIT, WIDE>` (one instantiation per kernel).
+    /// multiply with [`consume`]`::<MT, NT, TM, P, WIDE>` (one instantiation per kernel).
     #[inline(always)]
-    pub(super) unsafe fn run<const MT: usize, const NT: usize, const TM: usize, const SPLIT: bool, const WIDE: bool>(
+    pub(super) unsafe fn run<const MT: usize, const NT: usize, const TM: usize, const P: u32, const WIDE: bool>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
     ) {
@@ -1416,7 +1484,7 @@ mod dev {
             }
             return;
         }
-        unsafe { consume::<MT, NT, TM, SPLIT, WIDE>(b, cfg, sm, lt, lo, hi) }
+        unsafe { consume::<MT, NT, TM, P, WIDE>(b, cfg, sm, lt, lo, hi) }
     }
 }
 
@@ -1432,26 +1500,33 @@ mod dev {
 /// [`precision::TF32`] at tile 32: `mma.sync` m16n8k8, `MT x NT = 1 x 2` tiles a warp.
 #[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_tf32_t32(b: MegaBuffers, cfg: MegaConfig) {
-    unsafe { dev::run::<1, 2, 1, false, false>(&b, &cfg) }
+    unsafe { dev::run::<1, 2, 1, { precision::TF32 }, false>(&b, &cfg) }
 }
 
 /// [`precision::TF32X3`] at tile 32: `mma.sync` m16n8k8, three products a k step.
 #[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_tf32x3_t32(b: MegaBuffers, cfg: MegaConfig) {
-    unsafe { dev::run::<1, 2, 1, true, false>(&b, &cfg) }
+    unsafe { dev::run::<1, 2, 1, { precision::TF32X3 }, false>(&b, &cfg) }
 }
 
 /// [`precision::TF32`] at tile 64: each page group a warpgroup multiplying whole pages with
 /// `wgmma` m64n64k8 (`tile_wgmma`).
 #[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_tf32_t64(b: MegaBuffers, cfg: MegaConfig) {
-    unsafe { dev::run::<1, 8, 2, false, true>(&b, &cfg) }
+    unsafe { dev::run::<1, 8, 2, { precision::TF32 }, true>(&b, &cfg) }
 }
 
 /// [`precision::TF32X3`] at tile 64: `mma.sync` m16n8k8, `MT x NT = 2 x 4` tiles a warp.
 #[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_tf32x3_t64(b: MegaBuffers, cfg: MegaConfig) {
-    unsafe { dev::run::<2, 4, 2, true, false>(&b, &cfg) }
+    unsafe { dev::run::<2, 4, 2, { precision::TF32X3 }, false>(&b, &cfg) }
+}
+
+/// [`precision::BF16`] at tile 64: as `megakernel_step_tf32_t64`, with bf16 pages (64 deep in K)
+/// multiplied by `wgmma` m64n64k16.
+#[kernel(arch = "sm_90a", max_threads = 288)]
+pub unsafe fn megakernel_step_bf16_t64(b: MegaBuffers, cfg: MegaConfig) {
+    unsafe { dev::run::<1, 8, 2, { precision::BF16 }, true>(&b, &cfg) }
 }
 
 // The launch bound above is the block.
