@@ -2361,22 +2361,28 @@ fn megakernel_too_deep(dev: &Device) -> Outcome {
     Ok(())
 }
 
-fn megakernel_main_job(_: &Device) -> Outcome {
+fn megakernel_main_job(dev: &Device) -> Outcome {
+    use kiln::megakernel::DataPath;
     use kiln::train::{DataSource, DeviceChoice, TrainConfig};
-    let cfg = TrainConfig {
-        data: DataSource::Spirals { per_class: 300, classes: 3, noise: 0.2 },
-        epochs: 15,
-        lr: 0.1,
-        megakernel: true,
-        device: DeviceChoice::Cuda,
-        checkpoint: None,
-        progress: false,
-        ..TrainConfig::default()
-    };
-    let report = kiln::train::train(&cfg, |l| eprintln!("{l}")).map_err(err)?;
-    let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
-    if !report.device.starts_with("GPU") || acc < 0.9 {
-        return Err(format!("{}: test accuracy {acc}", report.device));
+    // the default path, and bf16 where the tensor-core kernels run
+    let bf16 = kiln::megakernel::tensor_core_step_supported(dev).then_some(DataPath::Bf16);
+    for mega_path in [None, bf16].into_iter().filter(|p| p.is_none() || bf16.is_some()) {
+        let cfg = TrainConfig {
+            data: DataSource::Spirals { per_class: 300, classes: 3, noise: 0.2 },
+            epochs: 15,
+            lr: 0.1,
+            megakernel: true,
+            mega_path,
+            device: DeviceChoice::Cuda,
+            checkpoint: None,
+            progress: false,
+            ..TrainConfig::default()
+        };
+        let report = kiln::train::train(&cfg, |l| eprintln!("{l}")).map_err(err)?;
+        let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
+        if !report.device.starts_with("GPU") || acc < 0.9 {
+            return Err(format!("{}: test accuracy {acc}", report.device));
+        }
     }
     Ok(())
 }

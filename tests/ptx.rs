@@ -160,8 +160,8 @@ fn barriers_are_not_duplicated() {
     // divergent arm would hang or fault a warp). The Blackwell GEMM's tensor-memory instructions
     // and its 3 block barriers (ring set-up, TMEM set-up, teardown); the training megakernel's
     // warpgroup products (the fence, four m64n64k8 tf32 or m64n64k16 bf16 products, the commit
-    // and the wait of one page: one site, which a warp that gave up the walk keeps executing with
-    // the others).
+    // and the wait for the page before, one site in the page walk, which a warp that gave up the
+    // walk keeps executing with the others; the last wait, once after the walk).
     // (kernel's architecture, kernel, [(PTX needle, count)])
     type Collectives<'a> = (Arch, &'a str, &'a [(&'a str, usize)]);
     let collectives: [Collectives; 6] = [
@@ -184,7 +184,8 @@ fn barriers_are_not_duplicated() {
                 ("wgmma.fence.sync.aligned", 1),
                 ("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32", 4),
                 ("wgmma.commit_group.sync.aligned", 1),
-                ("wgmma.wait_group.sync.aligned", 1),
+                ("wgmma.wait_group.sync.aligned 1", 1),
+                ("wgmma.wait_group.sync.aligned 0", 1),
             ],
         ),
         (
@@ -195,7 +196,8 @@ fn barriers_are_not_duplicated() {
                 ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", 4),
                 ("wgmma.mma_async.sync.aligned.m64n64k8", 0),
                 ("wgmma.commit_group.sync.aligned", 1),
-                ("wgmma.wait_group.sync.aligned", 1),
+                ("wgmma.wait_group.sync.aligned 1", 1),
+                ("wgmma.wait_group.sync.aligned 0", 1),
             ],
         ),
         // the step's other kernels multiply on mma.sync only

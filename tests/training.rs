@@ -262,6 +262,11 @@ fn the_megakernel_schedule_trains_the_main_job_on_the_cpu_interpreter() {
     assert!(report.device.contains("interpreter"), "{}", report.device);
     let acc = report.epochs.last().unwrap().test_accuracy;
     assert!(acc >= 0.9, "test accuracy {acc}");
+    // the bf16 path's arithmetic (operands rounded to bf16) trains as well
+    let bf16 = TrainConfig { mega_path: Some(kiln::megakernel::DataPath::Bf16), ..cfg };
+    let report = train(&bf16, |_| {}).unwrap();
+    let acc = report.epochs.last().unwrap().test_accuracy;
+    assert!(acc >= 0.9, "bf16 operands: test accuracy {acc}");
 }
 
 /// `--matmul-precision bf16` does not apply to the megakernel (its products follow `--mega-path`):

@@ -179,8 +179,9 @@ mod device {
     }
 
     /// `wgmma.fence`, one m64n64 product per `(a, b)` descriptor pair (each a `$line`, in order,
-    /// all accumulating into `$d`), commit and wait for them: one `asm` block, so that the
-    /// compiler cannot move or spill the accumulators while the products still write them.
+    /// all accumulating into `$d`) and the commit of their group: one `asm` block naming every
+    /// accumulator, as [`wait_group_m64n64`] does, so that the compiler keeps them in the same
+    /// registers, untouched, from the products to the wait.
     macro_rules! wgmma_m64n64_chain {
         ($line:ident, $d:ident; $($a:ident = $av:expr, $b:ident = $bv:expr);+) => {
             asm!(
@@ -188,8 +189,7 @@ mod device {
                     "{{ .reg .pred p; setp.eq.u32 p, 1, 1;\n",
                     "wgmma.fence.sync.aligned;\n",
                     $($line!(stringify!($a), stringify!($b)),)+
-                    "wgmma.commit_group.sync.aligned;\n",
-                    "wgmma.wait_group.sync.aligned 0; }}"
+                    "wgmma.commit_group.sync.aligned; }}"
                 ),
                 inout(reg32) $d[0], inout(reg32) $d[1], inout(reg32) $d[2], inout(reg32) $d[3],
                 inout(reg32) $d[4], inout(reg32) $d[5], inout(reg32) $d[6], inout(reg32) $d[7],
@@ -208,41 +208,72 @@ mod device {
     /// Four warpgroup-wide `D += A B` k steps on a 64 x 64 tile (k = 4 x 8: one 32-deep page),
     /// tf32 inputs from shared memory through descriptors (both K-major: tf32 has no transposed
     /// form), f32 accumulators in registers (32 per thread, laid out as [`super::acc_m64`] says),
-    /// waited for before it returns (the warpgroup's own products do not overlap; another
-    /// warpgroup's do). The hardware reads the top 19 bits of each f32 operand, so the operands
-    /// should already be tf32 values.
+    /// committed as one group and left in flight: [`wait_group_m64n64`] waits for them. The
+    /// hardware reads the top 19 bits of each f32 operand, so the operands should already be tf32
+    /// values.
     ///
     /// PTX: `wgmma.fence.sync.aligned;`, four times
     /// `wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {d0..d31}, a_desc[k], b_desc[k], p, 1, 1;`
-    /// (`p` true: accumulate),
-    /// `wgmma.commit_group.sync.aligned;`, `wgmma.wait_group.sync.aligned 0;`
+    /// (`p` true: accumulate), `wgmma.commit_group.sync.aligned;`
     ///
     /// # Safety
     /// The whole warpgroup calls it, converged; the descriptors describe tiles the async proxy
-    /// may read (their writes complete, as an mbarrier wait on TMA bytes ensures).
+    /// may read (their writes complete, as an mbarrier wait on TMA bytes ensures) and that stay
+    /// unchanged until the group is waited for; `d` is neither read nor written by other code
+    /// until [`wait_group_m64n64`] has waited for this group.
     #[inline(always)]
-    pub unsafe fn mma_m64n64k8x4_tf32_wait(d: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
+    pub unsafe fn mma_m64n64k8x4_tf32(d: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
         unsafe {
             wgmma_m64n64_chain!(wgmma_m64n64k8_tf32_line, d; a0 = a[0], b0 = b[0]; a1 = a[1], b1 = b[1]; a2 = a[2], b2 = b[2]; a3 = a[3], b3 = b[3])
         };
     }
 
-    /// [`mma_m64n64k8x4_tf32_wait`] for bf16 inputs: four warpgroup-wide `D += A B` k steps on a
+    /// [`mma_m64n64k8x4_tf32`] for bf16 inputs: four warpgroup-wide `D += A B` k steps on a
     /// 64 x 64 tile (k = 4 x 16: one 64-deep page of bf16, 128 bytes a row as the tf32 page),
-    /// both operands K-major, f32 accumulators (32 per thread, [`super::acc_m64`]), waited for
-    /// before it returns.
+    /// both operands K-major, f32 accumulators (32 per thread, [`super::acc_m64`]), committed as
+    /// one group and left in flight.
     ///
     /// PTX: `wgmma.fence.sync.aligned;`, four times
     /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {d0..d31}, a_desc[k], b_desc[k], p, 1, 1, 0, 0;`
-    /// (`p` true: accumulate),
-    /// `wgmma.commit_group.sync.aligned;`, `wgmma.wait_group.sync.aligned 0;`
+    /// (`p` true: accumulate), `wgmma.commit_group.sync.aligned;`
     ///
     /// # Safety
-    /// As [`mma_m64n64k8x4_tf32_wait`].
+    /// As [`mma_m64n64k8x4_tf32`].
     #[inline(always)]
-    pub unsafe fn mma_m64n64k16x4_bf16_wait(d: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
+    pub unsafe fn mma_m64n64k16x4_bf16(d: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
         unsafe {
             wgmma_m64n64_chain!(wgmma_m64n64k16_bf16_line, d; a0 = a[0], b0 = b[0]; a1 = a[1], b1 = b[1]; a2 = a[2], b2 = b[2]; a3 = a[3], b3 = b[3])
+        };
+    }
+
+    /// [`wait_group`] for the products of [`mma_m64n64k8x4_tf32`] / [`mma_m64n64k16x4_bf16`]:
+    /// waits until at most `N` of this warpgroup's groups are in flight, naming the 32
+    /// accumulators as operands it writes, so that no read of them is scheduled before it and
+    /// they stay in their registers until then (what CUTLASS's `warpgroup_fence_operand` does).
+    /// With `N = 1` a page's products overlap the wait for the next page and the issue of its
+    /// products.
+    ///
+    /// PTX: `wgmma.wait_group.sync.aligned N;`
+    ///
+    /// # Safety
+    /// The whole warpgroup calls it, converged.
+    #[inline(always)]
+    pub unsafe fn wait_group_m64n64<const N: u32>(d: &mut [f32; 32]) {
+        unsafe {
+            asm!(
+                // the accumulators are named in a comment: operands the instruction does not take
+                concat!("wgmma.wait_group.sync.aligned {n}; // ", acc_m64n64!()),
+                inout(reg32) d[0], inout(reg32) d[1], inout(reg32) d[2], inout(reg32) d[3],
+                inout(reg32) d[4], inout(reg32) d[5], inout(reg32) d[6], inout(reg32) d[7],
+                inout(reg32) d[8], inout(reg32) d[9], inout(reg32) d[10], inout(reg32) d[11],
+                inout(reg32) d[12], inout(reg32) d[13], inout(reg32) d[14], inout(reg32) d[15],
+                inout(reg32) d[16], inout(reg32) d[17], inout(reg32) d[18], inout(reg32) d[19],
+                inout(reg32) d[20], inout(reg32) d[21], inout(reg32) d[22], inout(reg32) d[23],
+                inout(reg32) d[24], inout(reg32) d[25], inout(reg32) d[26], inout(reg32) d[27],
+                inout(reg32) d[28], inout(reg32) d[29], inout(reg32) d[30], inout(reg32) d[31],
+                n = const N,
+                options(nostack)
+            )
         };
     }
 

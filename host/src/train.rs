@@ -434,7 +434,8 @@ fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<Trai
             g.check_every = 0;
             (Some(g), None)
         }
-        None => (None, Some(StepState::new(&shape, weights)?)),
+        // the interpreter multiplies what the path's kernel would (operands rounded on tf32, bf16)
+        None => (None, Some(StepState::new(&shape, weights)?.with_operands(path))),
     };
     let device_name = match &gpu {
         Some(d) => format!(

@@ -35,7 +35,11 @@
 //!   `w` of a group then holds rows `16 w .. 16 w + 16` of the tile, every column. (Medium model
 //!   0.151 -> 0.130 ms, large 2.34 -> 1.94 ms, H200 run 124; with the give-up path that keeps
 //!   it hang-proof, 0.138 and 2.04 ms in run 130's form, 0.130-0.132 and 1.95 ms in run 133's:
-//!   see `group_pages`.)
+//!   see `group_pages`.) [`precision::BF16`] (tile 64 only) takes the same path with pages of
+//!   bf16, 64 deep in K in the same 128-byte rows, and four `wgmma` m64n64k16 per page; every
+//!   operand it reads is stored as bf16 (`store_op`: the transposed copies and the weights'
+//!   copies in bf16, and bf16 copies of `act` and `grad` beside the f32 arrays, which hold the
+//!   same values rounded). Medium 0.127 -> 0.100 ms, large 1.92 -> 1.35 ms (H200 run 139).
 //!   Each group then finishes half of every warp square (its `Half`): it leaves the other half's
 //!   sums in shared memory (two buffers, alternating per product), the consumers meet, and each
 //!   group adds the other's sums to its half and runs the epilogue on it (ReLU, the ReLU
@@ -631,10 +635,14 @@ mod dev {
     /// its pages whole with four `wgmma` products (m64n64k8 tf32, or m64n64k16 bf16 from a page
     /// twice as deep in K) read straight from the swizzled pages through descriptors (no
     /// fragments in registers, nothing converted: every operand is stored in the products'
-    /// format), waits for them and frees the page. The other group's products keep the tensor
-    /// cores busy meanwhile. Warp `w` of the group ends with rows `16 w .. 16 w + 16`, all 64
-    /// columns ([`wgmma::acc_m64`], which is `acc` as `[1][8]` `m16n8` tiles: `MT = 1`, `NT = 8`,
-    /// `WIDE`).
+    /// format). A page's products stay in flight while the group waits for its next page and
+    /// issues that page's products; then it waits for the older group (`wait_group 1`) and frees
+    /// its page; after the walk, for the last (`wait_group 0`). The other group's products keep
+    /// the tensor cores busy too. (Waiting for each page's products before the next page, as
+    /// until run 139, left the bf16 large model's forward tiles at 3.8 us of work for 16 pages,
+    /// with the loader waiting for free pages 80 % of its time.) Warp `w` of the group ends with
+    /// rows `16 w .. 16 w + 16`, all 64 columns ([`wgmma::acc_m64`], which is `acc` as `[1][8]`
+    /// `m16n8` tiles: `MT = 1`, `NT = 8`, `WIDE`).
     #[inline(always)]
     unsafe fn tile_wgmma<const MT: usize, const NT: usize, const P: u32>(
         pages: Pages<'_>,
@@ -654,19 +662,28 @@ mod dev {
         // K-major, 128-byte swizzled, 8-row groups 1024 bytes apart: the GEMM's tile descriptor,
         // whose k step (16 bf16) is 32 bytes, as 8 tf32 are
         let desc = |page: u32| -> [u64; 4] { core::array::from_fn(|kk| tile_descriptor(page, kk as u32)) };
-        unsafe {
+        // the page whose products are in flight, and whether to free it (not when draining)
+        let mut in_flight: Option<(u32, bool)> = None;
+        let ok = unsafe {
             group_pages::<true>(pages, on_first, |slot, free| {
                 let (a, b) = (desc(sm.a_page(slot)), desc(sm.b_page(slot)));
                 if P == precision::BF16 {
-                    wgmma::mma_m64n64k16x4_bf16_wait(d, a, b);
+                    wgmma::mma_m64n64k16x4_bf16(d, a, b);
                 } else {
-                    wgmma::mma_m64n64k8x4_tf32_wait(d, a, b);
+                    wgmma::mma_m64n64k8x4_tf32(d, a, b);
                 }
-                if free {
-                    free_page(sm, slot);
+                wgmma::wait_group_m64n64::<1>(d);
+                if let Some((older, true)) = in_flight {
+                    free_page(sm, older);
                 }
+                in_flight = Some((slot, free));
             })
+        };
+        unsafe { wgmma::wait_group_m64n64::<0>(d) };
+        if let Some((last, true)) = in_flight {
+            unsafe { free_page(sm, last) };
         }
+        ok
     }
 
     /// `v` as stored for later products of data path `P`: rounded (nearest, ties to even) to tf32
