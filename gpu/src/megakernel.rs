@@ -136,8 +136,9 @@ pub const fn free_parity(use_index: u32) -> u32 {
 
 /// Tensor maps per layer, in the buffer [`MegaBuffers::maps`] points to (index `PER_LAYER * l +`
 /// one of these). Every map is K-major: each product reads rows whose K elements are contiguous,
-/// one box of [`PAGE_K`] columns by `tile` rows per page, so every page is read the same way
-/// (with `ldmatrix`, or by `wgmma` through a descriptor on the tf32 path at tile 64).
+/// one box of [`page_k`] columns (128 bytes: [`PAGE_K`] f32 or [`PAGE_K_BF16`] bf16) by `tile` rows
+/// per page, so every page is read the same way (with `ldmatrix`, or by `wgmma` through a
+/// descriptor on the tf32 and bf16 paths at tile 64).
 /// For that the step keeps a transposed copy of what is read along its rows: the activations and
 /// their gradients (`act_t`, `grad_t`, written beside `act` and `grad` by the same epilogues), and
 /// the weights (`w_t`, written by every update). On [`precision::TF32`] and [`precision::BF16`]
@@ -371,8 +372,8 @@ pub struct MegaBuffers {
     pub grad: crate::DevicePtrMut<f32>,
     /// The tensor-core path's transposed activations, `act_t[l][feature][row]` (see [`map`]),
     /// stored as the products read them. The four operand copies (this one, `grad_t`, `w_op` and
-    /// `w_t`) hold f32 values, or on [`precision::BF16`] bf16 ones at the same element indices
-    /// (the first half of the allocation's bytes).
+    /// `w_t`) hold f32 values, or on [`precision::BF16`] bf16 ones (2-byte elements) at the same
+    /// element indices.
     pub act_t: crate::DevicePtrMut<f32>,
     /// The tensor-core path's transposed activation gradients, laid out as `act_t`.
     pub grad_t: crate::DevicePtrMut<f32>,

@@ -180,8 +180,10 @@ mod device {
 
     /// `wgmma.fence`, one m64n64 product per `(a, b)` descriptor pair (each a `$line`, in order,
     /// all accumulating into `$d`) and the commit of their group: one `asm` block naming every
-    /// accumulator, as [`wait_group_m64n64`] does, so that the compiler keeps them in the same
-    /// registers, untouched, from the products to the wait.
+    /// accumulator, as [`wait_group_m64n64`] does. Nothing in Rust's `asm!` guarantees that the
+    /// compiler leaves the registers alone between the two blocks; ptxas checks that in-flight
+    /// accumulators are not touched before the wait (it serializes the products, with a
+    /// warning, where they are), and reports nothing for the kernels that use these.
     macro_rules! wgmma_m64n64_chain {
         ($line:ident, $d:ident; $($a:ident = $av:expr, $b:ident = $bv:expr);+) => {
             asm!(
@@ -248,8 +250,9 @@ mod device {
 
     /// [`wait_group`] for the products of [`mma_m64n64k8x4_tf32`] / [`mma_m64n64k16x4_bf16`]:
     /// waits until at most `N` of this warpgroup's groups are in flight, naming the 32
-    /// accumulators as operands it writes, so that no read of them is scheduled before it and
-    /// they stay in their registers until then (what CUTLASS's `warpgroup_fence_operand` does).
+    /// accumulators as operands it writes, so that no read of them is scheduled before it (what
+    /// CUTLASS's `warpgroup_fence_operand` is for; see [`wgmma_m64n64_chain`] for what keeps
+    /// them in place).
     /// With `N = 1` a page's products overlap the wait for the next page and the issue of its
     /// products.
     ///

@@ -824,8 +824,8 @@ fn bf16_bits(v: &[f32]) -> Vec<u16> {
 ///
 /// Device layout: every matrix (`act[l]`, `grad[l]`: `batch x dims[l]`; `W[l]`, its gradient and
 /// momentum: `dims[l+1] x dims[l]`) is row-major with a row pitch of
-/// [`pitch`]`(columns)` (a multiple of 4 elements, so that every row starts 16-byte aligned, as TMA
-/// needs); the padding is never read or written. The host API takes and returns unpadded rows.
+/// [`pitch`]`(columns)` (a multiple of 8 elements, so that every row starts 16-byte aligned, as TMA
+/// needs, in f32 and in bf16 alike); the padding is never read or written. The host API takes and returns unpadded rows.
 /// The tensor-core paths also keep the K-major copies their products read
 /// (`kiln_gpu::megakernel::map`): `act_t[l]` and `grad_t[l]` (`dims[l] x batch`), `w_t[l]`
 /// (`dims[l] x dims[l+1]`) and, on [`DataPath::Tf32`] and [`DataPath::Bf16`], `w_op[l]` (the

@@ -8,13 +8,14 @@
 //!   same as with a loader warpgroup handing its registers over with `setmaxnreg`, which this
 //!   kernel used until run 98 and which bought nothing as compiled.)
 //! - Pages: a ring of [`PAGE_STAGES`] stages in dynamic shared memory, each an A page and a B page
-//!   of `tile x PAGE_K` f32 (128-byte swizzled), with a *ready* barrier (count
+//!   of `tile` rows of 128 bytes ([`PAGE_K`] f32, or [`PAGE_K_BF16`](crate::megakernel::PAGE_K_BF16) bf16 on the bf16 path;
+//!   128-byte swizzled), with a *ready* barrier (count
 //!   [`PAGE_READY_ARRIVALS`]: the loader's `arrive.expect_tx`, completed by the bytes) and a *free*
 //!   barrier (count [`PAGE_FREE_ARRIVALS`]: one arrival per warp of the page's group). Use `u` of the ring (the
 //!   block's page uses counted in order over all its products) is slot [`page_slot`]`(u)`; consumers
 //!   wait for [`ready_parity`]`(u)`, the loader (from the second lap) for [`free_parity`]`(u)`.
 //! - Loader, per product instruction: waits for the instruction's dependency counter (acquire),
-//!   fences the generic and async proxies, then for each K block of [`PAGE_K`]: waits until the
+//!   fences the generic and async proxies, then for each K block of a page ([`page_k`](crate::megakernel::page_k)): waits until the
 //!   slot is free, announces [`stage_tx_bytes`] and issues the two TMA loads (A rows `m0..`, B rows
 //!   `n0..`, one box each: every operand is K-major, see [`map`]). It runs up to the whole ring
 //!   ahead, across instruction boundaries: the next tile's loads overlap this tile's math.
@@ -45,8 +46,8 @@
 //!   group adds the other's sums to its half and runs the epilogue on it (ReLU, the ReLU
 //!   derivative, the fused update) straight from the accumulators, so all eight warps store.
 //!   Beside each activation or gradient it stores the transposed copy (`act_t`, `grad_t`), and
-//!   beside each new weight its copies (`w_t`, and `w_op` on the tf32 path), that later products
-//!   read K-major. The
+//!   beside each new weight its copies (`w_t`, and `w_op` on the tf32 and bf16 paths), that later
+//!   products read K-major (on bf16 also the copies `act_bf16`, `grad_bf16`). The
 //!   global values an epilogue reads (the ReLU mask, the old weights) are loaded while the pages
 //!   stream in (`Prefetched`). Loss gradients and SGD updates run on all 256 consumer threads
 //!   after consumer thread 0 has waited for their counters.
@@ -653,7 +654,7 @@ mod dev {
         // four k steps of 32 bytes a row on either format
         const { assert!(PAGE_K == 32 && PAGE_K_BF16 == 2 * PAGE_K) };
         if MT != 1 || NT != 8 {
-            // only `consume::<1, 8, 2, false, true>` calls it (the other instantiations compile it away)
+            // only the tile-64 tf32 and bf16 kernels call it (the other instantiations compile it away)
             thread::trap();
         }
         *acc = [[[0.0f32; 4]; NT]; MT];
@@ -1290,8 +1291,9 @@ mod dev {
         lo: u32,
         hi: u32,
     ) {
-        if cfg.tile != 32 * TM as u32 {
-            // an instantiation for another tile (run's table is wrong): fail the launch
+        if cfg.tile != 32 * TM as u32 || cfg.precision != P {
+            // an instantiation for another tile or data path (the host picked the wrong kernel;
+            // the loader's page extents follow `cfg.precision`): fail the launch
             thread::trap();
         }
         let t = thread::thread_idx_x();
