@@ -70,6 +70,11 @@ impl DataPath {
         }
     }
 
+    /// Whether [`DataPath::operand`] rounds anything (tf32, bf16).
+    fn rounds(self) -> bool {
+        matches!(self, DataPath::Tf32 | DataPath::Bf16)
+    }
+
     /// The tile edges the path's kernel is built for, ascending.
     pub fn tiles(self) -> &'static [u32] {
         kiln_gpu::megakernel::tiles_for(self.code())
@@ -477,8 +482,9 @@ pub struct StepState {
     act: Vec<Vec<f32>>,
     grad: Vec<Vec<f32>>,
     dw: Vec<Vec<f32>>,
-    /// How the products' operands are rounded ([`StepState::with_operands`]); `None`: f32.
-    operand: Option<fn(f32) -> f32>,
+    /// The path whose operand rounding the products use ([`StepState::with_operands`]; the
+    /// CUDA cores' by default: none).
+    rounding: DataPath,
 }
 
 impl StepState {
@@ -502,7 +508,7 @@ impl StepState {
             act: shape.dims.iter().map(|&d| vec![0.0; b * d]).collect(),
             grad: shape.dims.iter().map(|&d| vec![0.0; b * d]).collect(),
             weights,
-            operand: None,
+            rounding: DataPath::CudaCores,
         })
     }
 
@@ -512,11 +518,7 @@ impl StepState {
     /// the order of the f32 sums differs. The weights, the outputs and everything else stay f32.
     /// Without it the interpreter multiplies f32 values (the CUDA-core kernel's arithmetic).
     pub fn with_operands(mut self, path: DataPath) -> StepState {
-        self.operand = match path {
-            DataPath::Tf32 => Some(kiln_gpu::convert::tf32_round_host as fn(f32) -> f32),
-            DataPath::Bf16 => Some(|v| half::bf16::from_f32(v).to_f32()),
-            DataPath::CudaCores | DataPath::Tf32x3 => None,
-        };
+        self.rounding = path;
         self
     }
 }
@@ -570,12 +572,12 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
     // gradients are stored rounded (the batch was rounded by `interpret`), and the weights a
     // product reads are rounded here, the instruction's rows or columns of them (read live, so
     // that an update running too early still shows).
-    let rounding = st.operand;
-    let op = move |v: f32| rounding.map_or(v, |f| f(v));
+    let rounding = st.rounding;
+    let op = move |v: f32| rounding.operand(v);
     let weight_tile = |st: &StepState, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, din: usize| {
-        rounding.map(|f| {
+        rounding.rounds().then(|| {
             let w = &st.weights[l];
-            rows.flat_map(|o| cols.clone().map(move |k| f(w[o * din + k]))).collect::<Vec<f32>>()
+            rows.flat_map(|o| cols.clone().map(move |k| rounding.operand(w[o * din + k]))).collect::<Vec<f32>>()
         })
     };
     match i.opcode {
@@ -682,13 +684,13 @@ pub fn interpret(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, seed: u
     // the batch as the products read it, when operands are rounded
     let x_rounded: Vec<f32>;
     let rounded_inp;
-    let inp = match st.operand {
-        Some(f) => {
-            x_rounded = inp.x.iter().map(|&v| f(v)).collect();
+    let inp = match st.rounding.rounds() {
+        true => {
+            x_rounded = inp.x.iter().map(|&v| st.rounding.operand(v)).collect();
             rounded_inp = StepInputs { x: &x_rounded, ..*inp };
             &rounded_inp
         }
-        None => inp,
+        false => inp,
     };
     let mut counters = vec![0u32; s.counters];
     let mut pc = vec![0usize; s.per_sm.len()];
@@ -759,19 +761,19 @@ pub fn tensor_core_step_supported(dev: &crate::cuda::Device) -> bool {
 }
 
 /// A device buffer of product operands as a step kernel reads them: f32 values (tf32 ones on
-/// [`DataPath::Tf32`]), or on [`DataPath::Bf16`] bf16 bits at the same element indices. The
+/// [`DataPath::Tf32`]), or on [`DataPath::Bf16`] bf16 ones at the same element indices. The
 /// host passes and reads f32 either way (values already rounded as [`DataPath::operand`] does,
 /// so that the narrowing is exact).
 enum OperandBuffer {
     F32(crate::cuda::DeviceBuffer<f32>),
-    Bf16(crate::cuda::DeviceBuffer<u16>),
+    Bf16(crate::cuda::DeviceBuffer<half::bf16>),
 }
 
 impl OperandBuffer {
     /// `n` zeros of `path`'s operand format.
     fn zeros(dev: &crate::cuda::Device, path: DataPath, n: usize) -> Result<OperandBuffer> {
         Ok(match path {
-            DataPath::Bf16 => OperandBuffer::Bf16(dev.zeros::<u16>(n)?),
+            DataPath::Bf16 => OperandBuffer::Bf16(dev.zeros::<half::bf16>(n)?),
             _ => OperandBuffer::F32(dev.zeros::<f32>(n)?),
         })
     }
@@ -779,7 +781,7 @@ impl OperandBuffer {
     /// `v` in `path`'s operand format.
     fn upload(dev: &crate::cuda::Device, path: DataPath, v: &[f32]) -> Result<OperandBuffer> {
         Ok(match path {
-            DataPath::Bf16 => OperandBuffer::Bf16(dev.upload(&bf16_bits(v))?),
+            DataPath::Bf16 => OperandBuffer::Bf16(dev.upload(&to_bf16(v))?),
             _ => OperandBuffer::F32(dev.upload(v)?),
         })
     }
@@ -787,7 +789,7 @@ impl OperandBuffer {
     /// Overwrites the first `v.len()` elements.
     fn write_prefix(&mut self, dev: &crate::cuda::Device, v: &[f32]) -> Result<()> {
         match self {
-            OperandBuffer::Bf16(b) => dev.write_prefix(b, &bf16_bits(v)),
+            OperandBuffer::Bf16(b) => dev.write_prefix(b, &to_bf16(v)),
             OperandBuffer::F32(b) => dev.write_prefix(b, v),
         }
     }
@@ -795,7 +797,7 @@ impl OperandBuffer {
     /// Every element, widened to f32.
     fn download(&self, dev: &crate::cuda::Device) -> Result<Vec<f32>> {
         Ok(match self {
-            OperandBuffer::Bf16(b) => dev.download(b)?.into_iter().map(|h| f32::from_bits((h as u32) << 16)).collect(),
+            OperandBuffer::Bf16(b) => dev.download(b)?.into_iter().map(half::bf16::to_f32).collect(),
             OperandBuffer::F32(b) => dev.download(b)?,
         })
     }
@@ -814,9 +816,9 @@ impl OperandBuffer {
     }
 }
 
-/// The bf16 bits of `v` (rounded to nearest, ties to even: exact for values already rounded).
-fn bf16_bits(v: &[f32]) -> Vec<u16> {
-    v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect()
+/// `v` as bf16 (rounded to nearest, ties to even: exact for values already rounded).
+fn to_bf16(v: &[f32]) -> Vec<half::bf16> {
+    v.iter().map(|&x| half::bf16::from_f32(x)).collect()
 }
 
 /// The schedule and buffers of one model on the GPU: [`GpuStep::step`] runs one training step as a
@@ -1123,11 +1125,8 @@ impl GpuStep {
         let f32_at = |buf: &crate::cuda::DeviceBuffer<f32>, off: u32| buf.addr() + 4 * off as u64;
         // the forward's A and the input gradient's A: bf16 copies on the bf16 path, else the f32
         // arrays themselves (stored rounded on the tf32 path)
-        let (act, grad) = match bf16 {
-            true => (self.act_bf16.addr_of(0), self.grad_bf16.addr_of(0)),
-            false => (f32_at(&self.act, 0), f32_at(&self.grad, 0)),
-        };
-        let elem = if bf16 { 2 } else { 4 };
+        let act = |off| if bf16 { self.act_bf16.addr_of(off) } else { f32_at(&self.act, off) };
+        let grad = |off| if bf16 { self.grad_bf16.addr_of(off) } else { f32_at(&self.grad, off) };
         let mut maps = Vec::new();
         for l in 0..self.shape.layers() {
             // the forward's weights: the rounded copy on tf32 and bf16, else the weights themselves
@@ -1136,9 +1135,9 @@ impl GpuStep {
                 DataPath::CudaCores | DataPath::Tf32x3 => f32_at(&self.weights, w_off[l]),
             };
             let mut layer = [(0u64, spec(1, 1)); map::PER_LAYER as usize];
-            layer[map::ACT as usize] = (act + elem * a_off[l] as u64, spec(b, d[l]));
+            layer[map::ACT as usize] = (act(a_off[l]), spec(b, d[l]));
             layer[map::ACT_T as usize] = (self.act_t.addr_of(t_off[l]), spec(d[l], b));
-            layer[map::GRAD as usize] = (grad + elem * a_off[l + 1] as u64, spec(b, d[l + 1]));
+            layer[map::GRAD as usize] = (grad(a_off[l + 1]), spec(b, d[l + 1]));
             layer[map::GRAD_T as usize] = (self.grad_t.addr_of(t_off[l + 1]), spec(d[l + 1], b));
             layer[map::W as usize] = (w, spec(d[l + 1], d[l]));
             layer[map::W_T as usize] = (self.w_t.addr_of(wt_off[l]), spec(d[l], d[l + 1]));
