@@ -161,9 +161,13 @@ fn the_tile_fits_the_model() {
     assert_eq!(DataPath::Tf32x3.tiles(), &TC_TILES);
     assert_eq!(DataPath::CudaCores.tiles(), &TILES);
     assert_eq!(build(&MlpShape { batch: 16, dims: vec![16, 16] }, 132, DataPath::Tf32).unwrap().tile, 32);
-    // the bf16 path multiplies on wgmma only, at tile 64, whatever the model
-    assert_eq!(DataPath::Bf16.tiles(), &[64]);
+    // the bf16 path multiplies on wgmma only, at tile 64 or 128; 128 only where the widest
+    // forward has a tile for every SM (the large model, not the medium one)
+    assert_eq!(DataPath::Bf16.tiles(), &[64, 128]);
     assert_eq!(build(&MlpShape { batch: 16, dims: vec![16, 16] }, 132, DataPath::Bf16).unwrap().tile, 64);
+    assert_eq!(choose_tile(4096, 1024, 132, DataPath::Bf16.tiles()), 128);
+    assert_eq!(choose_tile(256, 1024, 132, DataPath::Bf16.tiles()), 64);
+    assert_eq!(choose_tile(4096, 1024, 132, &TC_TILES), 64);
 }
 
 #[test]
@@ -245,12 +249,14 @@ impl Barrier {
 }
 
 /// The page ring's protocol run on the host with the kernel's constants and parity functions: a
-/// loader, the `GROUP_WARPS` consumer warps of each page's group and TMA completions interleaved
-/// at random over `uses` page uses. Returns the use at which everything stopped (`uses` when all
-/// consumed) and checks that every consumer read the bytes of the use it waited for.
-fn run_page_ring(uses: u32, free_arrivals: u32, seed: u64) -> (u32, Option<(u32, u32)>) {
+/// loader, the consumer warps that read each slot at `tile` (the page's group, or every warp at
+/// tile 128: [`page_free_arrivals`](kiln::gpu::megakernel::page_free_arrivals)) and TMA
+/// completions interleaved at random over `uses` ring uses, with `free_arrivals` expected on each
+/// free barrier. Returns the use at which everything stopped (`uses` when all consumed) and checks
+/// that every consumer read the bytes of the use it waited for.
+fn run_page_ring(uses: u32, tile: u32, free_arrivals: u32, seed: u64) -> (u32, Option<(u32, u32)>) {
     use kiln::gpu::megakernel::{
-        GROUP_WARPS, PAGE_READY_ARRIVALS, PAGE_STAGES, free_parity, page_slot, ready_parity, stage_tx_bytes,
+        PAGE_READY_ARRIVALS, PAGE_STAGES, free_parity, page_free_arrivals, page_slot, ready_parity, stage_tx_bytes,
     };
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -258,10 +264,10 @@ fn run_page_ring(uses: u32, free_arrivals: u32, seed: u64) -> (u32, Option<(u32,
     let mut ready = vec![Barrier::new(PAGE_READY_ARRIVALS); s];
     let mut free = vec![Barrier::new(free_arrivals); s];
     let mut page = vec![u32::MAX; s];
-    let tx = stage_tx_bytes(64);
+    let tx = stage_tx_bytes(tile);
     let mut loader = 0u32;
     let mut in_flight: Vec<u32> = Vec::new();
-    let mut consumers = vec![0u32; GROUP_WARPS as usize];
+    let mut consumers = vec![0u32; page_free_arrivals(tile) as usize];
     loop {
         // what can move: the loader (its free wait met), a copy landing, a consumer (its ready wait met)
         let mut moves = Vec::new();
@@ -306,9 +312,11 @@ fn run_page_ring(uses: u32, free_arrivals: u32, seed: u64) -> (u32, Option<(u32,
 /// carry every page use through, far past the parity bit's wrap-around, in any interleaving.
 #[test]
 fn the_page_ring_protocol_never_strands_a_waiter() {
-    use kiln::gpu::megakernel::PAGE_FREE_ARRIVALS;
-    for seed in 0..20 {
-        assert_eq!(run_page_ring(5000, PAGE_FREE_ARRIVALS, seed), (5000, None), "seed {seed}");
+    use kiln::gpu::megakernel::page_free_arrivals;
+    for tile in [32, 64, 128] {
+        for seed in 0..20 {
+            assert_eq!(run_page_ring(5000, tile, page_free_arrivals(tile), seed), (5000, None), "tile {tile} seed {seed}");
+        }
     }
 }
 
@@ -316,10 +324,33 @@ fn the_page_ring_protocol_never_strands_a_waiter() {
 /// reuse of page 0, waiting for parity 0: the record the device reports.
 #[test]
 fn one_extra_free_arrival_strands_the_loader_at_the_first_reuse() {
-    use kiln::gpu::megakernel::{PAGE_FREE_ARRIVALS, PAGE_STAGES};
-    for seed in 0..5 {
-        assert_eq!(run_page_ring(100, PAGE_FREE_ARRIVALS + 1, seed), (PAGE_STAGES, Some((0, 0))), "seed {seed}");
+    use kiln::gpu::megakernel::{PAGE_STAGES, page_free_arrivals};
+    for tile in [64, 128] {
+        for seed in 0..5 {
+            let got = run_page_ring(100, tile, page_free_arrivals(tile) + 1, seed);
+            assert_eq!(got, (PAGE_STAGES, Some((0, 0))), "tile {tile} seed {seed}");
+        }
     }
+}
+
+/// How the two page groups share a product, and the ring slots a K block takes: tile 64 and
+/// below split the pages (one group's four warps free a slot holding both pages), tile 128 the
+/// rows (every consumer warp frees each slot, a slot per page, 16 KiB each).
+#[test]
+fn tile_128_splits_rows_and_takes_two_slots_a_block() {
+    use kiln::gpu::megakernel::{
+        CONSUMER_WARPS, GROUP_WARPS, STAGE_BYTES, groups_split_rows, page_bytes, page_free_arrivals,
+        slot_uses_per_block, stage_tx_bytes,
+    };
+    for tile in [32, 64] {
+        assert!(!groups_split_rows(tile));
+        assert_eq!((page_free_arrivals(tile), slot_uses_per_block(tile)), (GROUP_WARPS, 1));
+        assert_eq!(stage_tx_bytes(tile), 2 * page_bytes(tile));
+    }
+    assert!(groups_split_rows(128));
+    assert_eq!((page_free_arrivals(128), slot_uses_per_block(128)), (CONSUMER_WARPS, 2));
+    assert_eq!(stage_tx_bytes(128), STAGE_BYTES);
+    assert_eq!(page_bytes(128), 16 * 1024);
 }
 
 /// The shared-memory layout of the tensor-core kernel: stages 1024-byte aligned (128-byte
@@ -335,8 +366,9 @@ fn tensor_core_layout_constants() {
     assert_eq!(page_bytes(64) % 1024, 0, "the B page starts 1024-byte aligned");
     assert!(2 * page_bytes(TC_TILES[1]) <= STAGE_BYTES);
     // the deepest models (16 layers) and far beyond fit (the layer table's five columns
-    // take 20 bytes a layer: about 115 layers fit, where with three columns this asked for 128)
-    assert!(tc_smem_bytes(100) <= 227 * 1024, "{}", tc_smem_bytes(100));
+    // take 20 bytes a layer, and the row statistics of a tile-128 loss tile 1 KiB: about 90
+    // layers fit)
+    assert!(tc_smem_bytes(80) <= 227 * 1024, "{}", tc_smem_bytes(80));
     assert_eq!(TC_THREADS, 288, "eight consumer warps and one loader warp");
     assert_eq!(PAGE_K * 4, 128, "a K-major page row is one 128-byte swizzle span");
     assert_eq!(PAGE_K_BF16 * 2, 128, "so is a bf16 page row");

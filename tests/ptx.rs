@@ -159,12 +159,12 @@ fn barriers_are_not_duplicated() {
     // them convergent, so each must appear exactly as often as in the source (an asm copy in a
     // divergent arm would hang or fault a warp). The Blackwell GEMM's tensor-memory instructions
     // and its 3 block barriers (ring set-up, TMEM set-up, teardown); the training megakernel's
-    // warpgroup products (the fence, four m64n64k8 tf32 or m64n64k16 bf16 products, the commit
+    // warpgroup products (the fence, four m64n64k8 tf32, m64n64k16 or m64n128k16 bf16 products, the commit
     // and the wait for the page before, one site in the page walk, which a warp that gave up the
     // walk keeps executing with the others; the last wait, once after the walk).
     // (kernel's architecture, kernel, [(PTX needle, count)])
     type Collectives<'a> = (Arch, &'a str, &'a [(&'a str, usize)]);
-    let collectives: [Collectives; 6] = [
+    let collectives: [Collectives; 7] = [
         (
             Arch::Sm100a,
             "gemm_tcgen05_bf16",
@@ -195,6 +195,18 @@ fn barriers_are_not_duplicated() {
                 ("wgmma.fence.sync.aligned", 1),
                 ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", 4),
                 ("wgmma.mma_async.sync.aligned.m64n64k8", 0),
+                ("wgmma.commit_group.sync.aligned", 1),
+                ("wgmma.wait_group.sync.aligned 1", 1),
+                ("wgmma.wait_group.sync.aligned 0", 1),
+            ],
+        ),
+        (
+            Arch::Sm90a,
+            "megakernel_step_bf16_t128",
+            &[
+                ("wgmma.fence.sync.aligned", 1),
+                ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", 4),
+                ("wgmma.mma_async.sync.aligned.m64n64", 0),
                 ("wgmma.commit_group.sync.aligned", 1),
                 ("wgmma.wait_group.sync.aligned 1", 1),
                 ("wgmma.wait_group.sync.aligned 0", 1),

@@ -38,9 +38,14 @@ pub const SLAB: u32 = 2048;
 /// consumer warps each own a `tile/2` square (per page group), at least one 16 x 16 `mma` pair.
 pub const TC_TILES: [u32; 2] = [32, 64];
 
-/// The tile edge of the bf16 data path ([`precision::BF16`]): its consumers multiply on `wgmma`
-/// only, each page group a warpgroup holding the whole 64 x 64 tile.
-pub const BF16_TILES: [u32; 1] = [64];
+/// The tile edges of the bf16 data path ([`precision::BF16`]): its consumers multiply on `wgmma`
+/// only. At 64 each page group is a warpgroup holding the whole 64 x 64 tile (the groups split the
+/// pages); at 128 each holds 64 rows of it (the groups split the rows, [`groups_split_rows`]).
+pub const BF16_TILES: [u32; 2] = [64, 128];
+
+/// Every tile edge some kernel is built for (a schedule's tile must be one of these, and of its
+/// data path's [`tiles_for`]).
+pub const SCHEDULE_TILES: [u32; 4] = [16, 32, 64, 128];
 
 /// The tiles a data path ([`precision`] code) is built for.
 pub const fn tiles_for(precision: u32) -> &'static [u32] {
@@ -52,16 +57,18 @@ pub const fn tiles_for(precision: u32) -> &'static [u32] {
 }
 
 /// The tile for a model: the largest of `tiles` (ascending) whose forward of the widest layer
-/// (`batch` rows by `widest` outputs) still has a tile for every 10 SMs, else the smallest. Bigger
-/// tiles do more math per byte loaded and per wait, and that outweighs idle SMs down to about that
-/// ratio: tuned from the tile sweep in `benches/results/mlp_step.md` (64 rows of 256: tile 32 beat
-/// 16 and 64; 256 rows of 1024: 64 beat 32).
+/// (`batch` rows by `widest` outputs) still has a tile for every 10 SMs (tiles up to 64), or a
+/// tile for every SM (tile 128), else the smallest. Bigger tiles do more math per byte loaded and
+/// per wait, and that outweighs idle SMs down to about that ratio: tuned from the tile sweeps in
+/// `benches/results/mlp_step.md` (64 rows of 256: tile 32 beat 16 and 64; 256 rows of 1024: 64
+/// beat 32 and 128; 4096 rows of 1024: 128 beat 64).
 pub const fn choose_tile(batch: u32, widest: u32, sms: u32, tiles: &[u32]) -> u32 {
     let mut i = tiles.len();
     while i > 1 {
         i -= 1;
         let t = tiles[i];
-        if batch.div_ceil(t) as u64 * widest.div_ceil(t) as u64 * 10 >= sms as u64 {
+        let sms_per_tile = if t > 64 { 1 } else { 10 };
+        if batch.div_ceil(t) as u64 * widest.div_ceil(t) as u64 * sms_per_tile >= sms as u64 {
             return t;
         }
     }
@@ -79,7 +86,8 @@ pub mod precision {
     /// tf32 tail and three products (`a_t b_h + a_h b_t + a_h b_h`): about f32 accuracy at three
     /// times the tensor work.
     pub const TF32X3: u32 = 2;
-    /// `megakernel_step_bf16_t64`: TMA pages and `wgmma` m64n64k16 products with bf16 inputs (8
+    /// `megakernel_step_bf16_t64` / `_t128`: TMA pages and `wgmma` products (m64n64k16 at tile
+    /// 64, m64n128k16 at 128) with bf16 inputs (8
     /// significant bits, as PyTorch's bf16 autocast) and f32 sums; every operand the products
     /// read is stored as bf16 (half the bytes of a page row of f32, twice the K), the weights
     /// themselves kept in f32.
@@ -104,19 +112,25 @@ pub const PAGE_K_BF16: u32 = 64;
 pub const fn page_k(precision: u32) -> u32 {
     if precision == precision::BF16 { PAGE_K_BF16 } else { PAGE_K }
 }
-/// Stages of each block's page ring; a stage is an A page and a B page.
+/// Stages (slots) of each block's page ring. Up to tile 64 a slot holds a K block's A page and B
+/// page; at tile 128 a page fills a slot, and a K block takes two consecutive uses of the ring (A,
+/// then B: [`slot_uses_per_block`]).
 pub const PAGE_STAGES: u32 = 12;
 /// Bytes of one operand page: `tile` rows of [`PAGE_K`] f32 (or [`PAGE_K_BF16`] bf16), K-major (every operand the tensor-core
 /// path reads is stored with K contiguous: see [`map`]).
 pub const fn page_bytes(tile: u32) -> u32 {
     tile * PAGE_K * 4
 }
-/// Bytes between stages: room for the A and B pages of the largest tile.
-pub const STAGE_BYTES: u32 = 2 * page_bytes(TC_TILES[TC_TILES.len() - 1]);
-/// The bytes the loader announces on a stage's ready barrier: both pages, whole (TMA delivers
-/// every byte of a box, zero-filled outside the matrix).
+/// Bytes between stages: room for the A and B pages of tile 64, or one page of tile 128.
+pub const STAGE_BYTES: u32 = 2 * page_bytes(64);
+/// Ring uses (slots) a K block of `tile` takes: 1 while both pages fit a slot, else 2 (A, then B).
+pub const fn slot_uses_per_block(tile: u32) -> u32 {
+    if 2 * page_bytes(tile) <= STAGE_BYTES { 1 } else { 2 }
+}
+/// The bytes the loader announces on a slot's ready barrier: the pages it holds, whole (TMA
+/// delivers every byte of a box, zero-filled outside the matrix).
 pub const fn stage_tx_bytes(tile: u32) -> u32 {
-    2 * page_bytes(tile)
+    2 * page_bytes(tile) / slot_uses_per_block(tile)
 }
 
 /// The ring slot of a block's `use_index`-th page use (counted over all its products in order).
@@ -251,10 +265,23 @@ pub const GROUP_WARPS: u32 = CONSUMER_WARPS / PAGE_GROUPS;
 pub const fn page_group(kt: u32) -> u32 {
     kt % PAGE_GROUPS
 }
-/// Arrivals that free a shared-memory page: one per warp of the group that multiplies it. The
-/// device initializes each page's "free" barrier with this count and each of those warps arrives
-/// exactly once per use, so host tests and the kernel read the same number.
+/// Whether a block's two page groups split a product's rows at `tile` (each a warpgroup
+/// multiplying every page into its own 64 rows: tile 128), rather than its pages ([`page_group`],
+/// then adding their sums: tiles up to 64).
+pub const fn groups_split_rows(tile: u32) -> bool {
+    tile > 64
+}
+/// Arrivals that free a shared-memory page up to tile 64: one per warp of the group that
+/// multiplies it ([`page_free_arrivals`]).
 pub const PAGE_FREE_ARRIVALS: u32 = GROUP_WARPS;
+/// Arrivals that free a slot of the page ring at `tile`: one per warp that reads it, the page's
+/// group's [`PAGE_FREE_ARRIVALS`], or every consumer warp when the groups split rows
+/// ([`groups_split_rows`]). The device initializes each slot's "free" barrier with this count and
+/// each of those warps arrives exactly once per use, so host tests and the kernel read the same
+/// number.
+pub const fn page_free_arrivals(tile: u32) -> u32 {
+    if groups_split_rows(tile) { CONSUMER_WARPS } else { PAGE_FREE_ARRIVALS }
+}
 /// Arrivals that make a page ready: the loader's one `arrive.expect_tx` (the bytes complete it).
 pub const PAGE_READY_ARRIVALS: u32 = 1;
 
@@ -423,12 +450,12 @@ pub struct MegaConfig {
     pub momentum: f32,
     /// A wait longer than this (global-timer nanoseconds) aborts the step.
     pub wait_limit_ns: u32,
-    /// Output tile edge, one of [`TILES`] (the schedule's).
+    /// Output tile edge, one of [`SCHEDULE_TILES`] (the schedule's).
     pub tile: u32,
     /// The data path, a [`precision`] code.
     pub precision: u32,
     /// Fault injection for the hang-proof test: extra arrivals each free barrier expects beyond
-    /// [`PAGE_FREE_ARRIVALS`] (0 in every real step; 1 strands the loader at the first reuse of a page).
+    /// [`page_free_arrivals`] (0 in every real step; 1 strands the loader at the first reuse of a page).
     pub extra_free_arrivals: u32,
     /// Fault injection for the give-up tests: when nonzero, consumer warp `give_up_warp - 1` of
     /// block 0 of the tensor-core kernel gives up where [`give_up_at`](Self::give_up_at) says,

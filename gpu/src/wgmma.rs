@@ -280,6 +280,116 @@ mod device {
         };
     }
 
+    /// The accumulator operands `{0}`..`{63}` of an m64n128 f32 `wgmma`, as the brace list the
+    /// instruction takes.
+    macro_rules! acc_m64n128 {
+        () => {
+            "{{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}}}"
+        };
+    }
+
+    /// One `wgmma.mma_async.m64n128k16.f32.bf16.bf16` line, both operands K-major: accumulators
+    /// [`acc_m64n128`], the descriptor operands named by `$a` and `$b`, scale-d from predicate `p`.
+    macro_rules! wgmma_m64n128k16_bf16_line {
+        ($a:expr, $b:expr) => {
+            concat!(
+                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 ",
+                acc_m64n128!(),
+                ", {",
+                $a,
+                "}, {",
+                $b,
+                "}, p, 1, 1, 0, 0;\n"
+            )
+        };
+    }
+
+    /// [`wgmma_m64n64_chain`] for the 64 accumulators of m64n128 products.
+    macro_rules! wgmma_m64n128_chain {
+        ($line:ident, $d:ident; $($a:ident = $av:expr, $b:ident = $bv:expr);+) => {
+            asm!(
+                concat!(
+                    "{{ .reg .pred p; setp.eq.u32 p, 1, 1;\n",
+                    "wgmma.fence.sync.aligned;\n",
+                    $($line!(stringify!($a), stringify!($b)),)+
+                    "wgmma.commit_group.sync.aligned; }}"
+                ),
+                inout(reg32) $d[0], inout(reg32) $d[1], inout(reg32) $d[2], inout(reg32) $d[3],
+                inout(reg32) $d[4], inout(reg32) $d[5], inout(reg32) $d[6], inout(reg32) $d[7],
+                inout(reg32) $d[8], inout(reg32) $d[9], inout(reg32) $d[10], inout(reg32) $d[11],
+                inout(reg32) $d[12], inout(reg32) $d[13], inout(reg32) $d[14], inout(reg32) $d[15],
+                inout(reg32) $d[16], inout(reg32) $d[17], inout(reg32) $d[18], inout(reg32) $d[19],
+                inout(reg32) $d[20], inout(reg32) $d[21], inout(reg32) $d[22], inout(reg32) $d[23],
+                inout(reg32) $d[24], inout(reg32) $d[25], inout(reg32) $d[26], inout(reg32) $d[27],
+                inout(reg32) $d[28], inout(reg32) $d[29], inout(reg32) $d[30], inout(reg32) $d[31],
+                inout(reg32) $d[32], inout(reg32) $d[33], inout(reg32) $d[34], inout(reg32) $d[35],
+                inout(reg32) $d[36], inout(reg32) $d[37], inout(reg32) $d[38], inout(reg32) $d[39],
+                inout(reg32) $d[40], inout(reg32) $d[41], inout(reg32) $d[42], inout(reg32) $d[43],
+                inout(reg32) $d[44], inout(reg32) $d[45], inout(reg32) $d[46], inout(reg32) $d[47],
+                inout(reg32) $d[48], inout(reg32) $d[49], inout(reg32) $d[50], inout(reg32) $d[51],
+                inout(reg32) $d[52], inout(reg32) $d[53], inout(reg32) $d[54], inout(reg32) $d[55],
+                inout(reg32) $d[56], inout(reg32) $d[57], inout(reg32) $d[58], inout(reg32) $d[59],
+                inout(reg32) $d[60], inout(reg32) $d[61], inout(reg32) $d[62], inout(reg32) $d[63],
+                $($a = in(reg64) $av, $b = in(reg64) $bv,)+
+                options(nostack)
+            )
+        };
+    }
+
+    /// [`mma_m64n64k16x4_bf16`] on a 64 x 128 tile: four warpgroup-wide `D += A B` k steps (k =
+    /// 4 x 16: one 64-deep page of bf16), A 64 rows and B 128 rows, both K-major, f32 accumulators
+    /// (64 per thread, [`super::acc_m64`]), committed as one group and left in flight:
+    /// [`wait_group_m64n128`] waits for them.
+    ///
+    /// PTX: `wgmma.fence.sync.aligned;`, four times
+    /// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {d0..d63}, a_desc[k], b_desc[k], p, 1, 1, 0, 0;`
+    /// (`p` true: accumulate), `wgmma.commit_group.sync.aligned;`
+    ///
+    /// # Safety
+    /// As [`mma_m64n64k8x4_tf32`], with `d` waited for by [`wait_group_m64n128`].
+    #[inline(always)]
+    pub unsafe fn mma_m64n128k16x4_bf16(d: &mut [f32; 64], a: [u64; 4], b: [u64; 4]) {
+        unsafe {
+            wgmma_m64n128_chain!(wgmma_m64n128k16_bf16_line, d; a0 = a[0], b0 = b[0]; a1 = a[1], b1 = b[1]; a2 = a[2], b2 = b[2]; a3 = a[3], b3 = b[3])
+        };
+    }
+
+    /// [`wait_group_m64n64`] for the products of [`mma_m64n128k16x4_bf16`]: waits until at most
+    /// `N` of this warpgroup's groups are in flight, naming the 64 accumulators as operands it
+    /// writes.
+    ///
+    /// PTX: `wgmma.wait_group.sync.aligned N;`
+    ///
+    /// # Safety
+    /// The whole warpgroup calls it, converged.
+    #[inline(always)]
+    pub unsafe fn wait_group_m64n128<const N: u32>(d: &mut [f32; 64]) {
+        unsafe {
+            asm!(
+                // the accumulators are named in a comment: operands the instruction does not take
+                concat!("wgmma.wait_group.sync.aligned {n}; // ", acc_m64n128!()),
+                inout(reg32) d[0], inout(reg32) d[1], inout(reg32) d[2], inout(reg32) d[3],
+                inout(reg32) d[4], inout(reg32) d[5], inout(reg32) d[6], inout(reg32) d[7],
+                inout(reg32) d[8], inout(reg32) d[9], inout(reg32) d[10], inout(reg32) d[11],
+                inout(reg32) d[12], inout(reg32) d[13], inout(reg32) d[14], inout(reg32) d[15],
+                inout(reg32) d[16], inout(reg32) d[17], inout(reg32) d[18], inout(reg32) d[19],
+                inout(reg32) d[20], inout(reg32) d[21], inout(reg32) d[22], inout(reg32) d[23],
+                inout(reg32) d[24], inout(reg32) d[25], inout(reg32) d[26], inout(reg32) d[27],
+                inout(reg32) d[28], inout(reg32) d[29], inout(reg32) d[30], inout(reg32) d[31],
+                inout(reg32) d[32], inout(reg32) d[33], inout(reg32) d[34], inout(reg32) d[35],
+                inout(reg32) d[36], inout(reg32) d[37], inout(reg32) d[38], inout(reg32) d[39],
+                inout(reg32) d[40], inout(reg32) d[41], inout(reg32) d[42], inout(reg32) d[43],
+                inout(reg32) d[44], inout(reg32) d[45], inout(reg32) d[46], inout(reg32) d[47],
+                inout(reg32) d[48], inout(reg32) d[49], inout(reg32) d[50], inout(reg32) d[51],
+                inout(reg32) d[52], inout(reg32) d[53], inout(reg32) d[54], inout(reg32) d[55],
+                inout(reg32) d[56], inout(reg32) d[57], inout(reg32) d[58], inout(reg32) d[59],
+                inout(reg32) d[60], inout(reg32) d[61], inout(reg32) d[62], inout(reg32) d[63],
+                n = const N,
+                options(nostack)
+            )
+        };
+    }
+
     /// Raises this warpgroup's per-thread register budget to `N` (24..=256, a multiple of 8),
     /// waiting until the registers are free: consumer warpgroups take what producers released.
     ///

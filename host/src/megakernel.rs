@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result};
 use kiln_gpu::math;
-use kiln_gpu::megakernel::{Instruction, NO_COUNTER, TILES, choose_tile, opcode, pitch, precision};
+use kiln_gpu::megakernel::{Instruction, NO_COUNTER, SCHEDULE_TILES, choose_tile, opcode, pitch, precision};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// The loss the step differentiates.
@@ -39,11 +39,12 @@ pub enum DataPath {
     /// split into a tf32 head and tail): about f32 accuracy. The default. Tiles 32, 64.
     #[default]
     Tf32x3,
-    /// `megakernel_step_bf16_t64` (sm_90): as [`DataPath::Tf32`] at tile 64, with every operand
-    /// of the products rounded to bf16 (8 significant bits, as PyTorch's bf16 autocast; to
-    /// nearest, ties to even) and stored as bf16, so that a page carries twice the K of an f32
+    /// `megakernel_step_bf16_t64` / `_t128` (sm_90): as [`DataPath::Tf32`] at tile 64, with every
+    /// operand of the products rounded to bf16 (8 significant bits, as PyTorch's bf16 autocast;
+    /// to nearest, ties to even) and stored as bf16, so that a page carries twice the K of an f32
     /// one; f32 sums, f32 weights. [`GpuStep::activations`] reads bf16 values, all but the
-    /// outputs. Tile 64.
+    /// outputs. Tiles 64 and 128 (where each warpgroup owns 64 rows of the tile and multiplies
+    /// with `wgmma` m64n128k16).
     Bf16,
 }
 
@@ -174,7 +175,7 @@ pub struct Schedule {
     pub per_sm: Vec<Vec<Instruction>>,
     /// Number of dependency counters (all start at 0).
     pub counters: usize,
-    /// Output tile edge (one of [`TILES`]).
+    /// Output tile edge (one of [`SCHEDULE_TILES`]).
     pub tile: u32,
     /// Where the updates are applied.
     pub updates: Updates,
@@ -203,11 +204,11 @@ pub fn build(shape: &MlpShape, sms: usize, path: DataPath) -> Result<Schedule> {
     build_with_tile(shape, sms, tile, Updates::default())
 }
 
-/// [`build`] with a given tile edge (one of [`TILES`]) and update placement.
+/// [`build`] with a given tile edge (one of [`SCHEDULE_TILES`]) and update placement.
 pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32, updates: Updates) -> Result<Schedule> {
     let op = "megakernel schedule";
-    if !TILES.contains(&tile) {
-        return Err(Error::shape(op, format!("tile {tile}: the kernel is built for tiles {TILES:?}")));
+    if !SCHEDULE_TILES.contains(&tile) {
+        return Err(Error::shape(op, format!("tile {tile}: the kernels are built for tiles {SCHEDULE_TILES:?}")));
     }
     if shape.dims.len() < 2 || shape.dims.contains(&0) || shape.batch == 0 || sms == 0 {
         return Err(Error::shape(
@@ -1241,8 +1242,8 @@ impl GpuStep {
     pub fn run(&mut self, loss_kind: Loss, lr: f32, momentum: f32) -> Result<()> {
         use kiln_gpu::kernels::megakernel_step::{MEGA_THREADS, MegakernelStep};
         use kiln_gpu::kernels::megakernel_tc::{
-            MegakernelStepBf16T64, MegakernelStepTf32T32, MegakernelStepTf32T64, MegakernelStepTf32x3T32,
-            MegakernelStepTf32x3T64, TC_THREADS, tc_smem_bytes,
+            MegakernelStepBf16T64, MegakernelStepBf16T128, MegakernelStepTf32T32, MegakernelStepTf32T64,
+            MegakernelStepTf32x3T32, MegakernelStepTf32x3T64, TC_THREADS, tc_smem_bytes,
         };
         use kiln_gpu::megakernel::{MegaBuffers, MegaConfig, loss};
         // Zero the dependency counters only: the abort flag and the records after them stay until
@@ -1316,6 +1317,7 @@ impl GpuStep {
                 (DataPath::Tf32x3, 32) => self.launch_step(MegakernelStepTf32x3T32, tc, args),
                 (DataPath::Tf32, _) => self.launch_step(MegakernelStepTf32T64, tc, args),
                 (DataPath::Tf32x3, _) => self.launch_step(MegakernelStepTf32x3T64, tc, args),
+                (DataPath::Bf16, 128) => self.launch_step(MegakernelStepBf16T128, tc, args),
                 (DataPath::Bf16, _) => self.launch_step(MegakernelStepBf16T64, tc, args),
             }?
         }

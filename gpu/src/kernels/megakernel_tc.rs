@@ -65,8 +65,8 @@
 
 use crate::kernel;
 use crate::megakernel::{
-    CONSUMER_WARPS, GROUP_WARPS, MegaBuffers, MegaConfig, PAGE_GROUPS, PAGE_STAGES, STAGE_BYTES, TC_TILES, page_bytes,
-    precision,
+    BF16_TILES, CONSUMER_WARPS, GROUP_WARPS, MegaBuffers, MegaConfig, PAGE_GROUPS, PAGE_STAGES, STAGE_BYTES, TC_TILES,
+    page_bytes, precision,
 };
 
 /// Warps of the loader: one, whose lane 0 issues every load (the other lanes leave at once).
@@ -75,19 +75,22 @@ const LOADER_WARPS: u32 = 1;
 /// thread for it: each scheduler's quarter of the register file, 16 384, shared by up to three of
 /// the nine warps.)
 pub const TC_THREADS: u32 = 32 * (CONSUMER_WARPS + LOADER_WARPS);
-/// Largest tile.
+/// Largest tile whose page groups split the pages (and hand each other sums); also the edge of
+/// the loss tile's quarters at tile 128 (see `LossTile`).
 const MAX_TILE: u32 = TC_TILES[TC_TILES.len() - 1];
+/// Largest tile.
+const BIGGEST_TILE: u32 = BF16_TILES[BF16_TILES.len() - 1];
 /// After the stages, two buffers (used by alternate products) for the sums the page groups hand
-/// each other: in each, a region per group holding the other group's half of the largest tile (one
-/// f32 per output).
+/// each other: in each, a region per group holding the other group's half of a tile-64 product
+/// (one f32 per output).
 const SUMS: u32 = STAGE_BYTES * PAGE_STAGES;
 const SUMS_BYTES: u32 = 4 * MAX_TILE * MAX_TILE;
 /// Barriers: ready and free per stage, the consumers' rendezvous, then one never arrived on (see
 /// `Smem::drained`).
 const BARRIERS: u32 = SUMS + 2 * SUMS_BYTES;
-/// The loss gradient's row statistics (`2 * MAX_TILE` f32), then the "go" word.
+/// The loss gradient's row statistics (`2 * BIGGEST_TILE` f32), then the "go" word.
 const STATS: u32 = BARRIERS + 8 * (2 * PAGE_STAGES + 2);
-const GO: u32 = STATS + 8 * MAX_TILE;
+const GO: u32 = STATS + 8 * BIGGEST_TILE;
 /// The layer table: `dims`, `w_off`, `a_off`, `t_off`, `wt_off` ([`TABLE_COLUMNS`] columns of
 /// `layers + 1` words), copied from global memory once per launch.
 const LAYER_TABLE: u32 = GO + 16;
@@ -98,19 +101,36 @@ pub const fn tc_smem_bytes(layers: u32) -> u32 {
     LAYER_TABLE + 4 * TABLE_COLUMNS * (layers + 1)
 }
 
+/// How a kernel's consumer warps hold a product's outputs (the `L` parameter of its
+/// functions): which rows and columns a warp's accumulators are, and how the two page groups
+/// share the product. (Read by device code only.)
+#[cfg_attr(not(all(target_arch = "nvptx64", target_feature = "sm_90a")), allow(dead_code))]
+mod layout {
+    /// `mma.sync` (`tile_mma`): the groups split the pages; warp `q` of a
+    /// group holds the `tile / 2` square at `(q / 2, q % 2)` of the tile.
+    pub const SQUARES: u32 = 0;
+    /// `wgmma` at tile 64 (`tile_wgmma`): the groups split the pages; warp
+    /// `w` of a group holds rows `16 w .. 16 w + 16`, every column.
+    pub const WIDE: u32 = 1;
+    /// `wgmma` at tile 128 (`tile_wgmma_rows`): the groups split the
+    /// rows (each multiplies every page); warp `w` of group `g` holds rows `64 g + 16 w ..
+    /// 64 g + 16 w + 16`, every column.
+    pub const ROWS: u32 = 2;
+}
+
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod dev {
-    use super::{BARRIERS, GO, LAYER_TABLE, MAX_TILE, STATS, SUMS, SUMS_BYTES, TABLE_COLUMNS};
+    use super::{BARRIERS, GO, LAYER_TABLE, MAX_TILE, STATS, SUMS, SUMS_BYTES, TABLE_COLUMNS, layout};
 
     /// Consumer threads.
     const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
     use crate::kernels::gemm_wgmma::tile_descriptor;
     use crate::kernels::megakernel_step::{aborted, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
-        CONSUMER_WARPS, GROUP_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_FREE_ARRIVALS,
-        PAGE_GROUPS, PAGE_K, PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS,
-        STAGE_BYTES, TC_TILES, free_parity, give_up, loss, loss_partials, map, opcode, page_bytes, page_group, page_k,
-        page_slot, pitch, precision, ready_parity, stage_tx_bytes, trace,
+        CONSUMER_WARPS, GROUP_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_GROUPS, PAGE_K,
+        PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES,
+        free_parity, give_up, groups_split_rows, loss, loss_partials, map, opcode, page_bytes, page_free_arrivals,
+        page_group, page_k, page_slot, pitch, precision, ready_parity, slot_uses_per_block, stage_tx_bytes, trace,
     };
     use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
 
@@ -122,6 +142,7 @@ mod dev {
     /// Role of a stall record: the loader's, or the consumers'.
     const LOADER: u32 = 0;
     const CONSUMER: u32 = 1;
+
 
     /// The block's dynamic shared memory (see the constants above for its layout).
     #[derive(Clone, Copy)]
@@ -135,6 +156,15 @@ mod dev {
         }
         fn b_page(self, slot: u32) -> u32 {
             self.a_page(slot) + STAGE_BYTES / 2
+        }
+        /// The A page of the K block whose first ring use is `u`: the first half of its slot, or,
+        /// with `per` ([`slot_uses_per_block`]) 2, the whole slot.
+        fn a_page_at(self, u: u32) -> u32 {
+            self.a_page(page_slot(u))
+        }
+        /// The B page of that K block: the second half of the slot, or (`per` 2) the next use's slot.
+        fn b_page_at(self, u: u32, per: u32) -> u32 {
+            if per == 1 { self.b_page(page_slot(u)) } else { self.a_page(page_slot(u + 1)) }
         }
         fn ready(self, slot: u32) -> u32 {
             self.base + BARRIERS + 8 * slot
@@ -297,23 +327,31 @@ mod dev {
                 // The producers' generic stores were acquired above; TMA (the async proxy) reads them next.
                 fence::proxy_async_global();
                 let (c0, mut free_wait) = (thread::clock64(), 0u64);
+                // ring uses a K block takes: its pages' slots are those of uses u .. u + per
+                let per = slot_uses_per_block(tile);
                 let mut kt = 0;
                 while kt < p.pages {
-                    let slot = page_slot(u);
                     let w0 = thread::clock64();
-                    if u >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(u)) } {
-                        unsafe {
-                            record_stall(b, cfg, LOADER, idx, PAGE_TAG | PAGE_FREE << 16 | slot, free_parity(u), u)
-                        };
-                        break 'instructions;
+                    let mut v = u;
+                    while v < u + per {
+                        let slot = page_slot(v);
+                        if v >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(v)) } {
+                            unsafe {
+                                record_stall(b, cfg, LOADER, idx, PAGE_TAG | PAGE_FREE << 16 | slot, free_parity(v), v)
+                            };
+                            break 'instructions;
+                        }
+                        unsafe { mbarrier::arrive_expect_tx(sm.ready(slot), stage_tx_bytes(tile)) };
+                        v += 1;
                     }
                     free_wait += thread::clock64() - w0;
+                    // (the B page's barrier is the last use's: the A page's when both share a slot)
+                    let (a_bar, b_bar) = (sm.ready(page_slot(u)), sm.ready(page_slot(u + per - 1)));
                     unsafe {
-                        mbarrier::arrive_expect_tx(sm.ready(slot), stage_tx_bytes(tile));
-                        load_page(sm.a_page(slot), b.maps, p.a_map, p.m0, kt, p.page_k, sm.ready(slot));
-                        load_page(sm.b_page(slot), b.maps, p.b_map, p.n0, kt, p.page_k, sm.ready(slot));
+                        load_page(sm.a_page_at(u), b.maps, p.a_map, p.m0, kt, p.page_k, a_bar);
+                        load_page(sm.b_page_at(u, per), b.maps, p.b_map, p.n0, kt, p.page_k, b_bar);
                     }
-                    u += 1;
+                    u += per;
                     kt += 1;
                 }
                 unsafe {
@@ -437,12 +475,17 @@ mod dev {
         f
     }
 
-    /// Frees a page after this warp's last reads of it: the warp's lanes meet, lane 0 arrives.
+    /// Frees the slots of the K block at ring uses `u .. u + per` after this warp's last reads of
+    /// them: the warp's lanes meet, lane 0 arrives on each.
     #[inline(always)]
-    unsafe fn free_page(sm: Smem, slot: u32) {
+    unsafe fn free_pages(sm: Smem, u: u32, per: u32) {
         crate::sync::sync_warp(u32::MAX);
         if thread::lane_id() == 0 {
-            unsafe { mbarrier::arrive(sm.free(slot)) };
+            let mut v = u;
+            while v < u + per {
+                unsafe { mbarrier::arrive(sm.free(page_slot(v))) };
+                v += 1;
+            }
         }
     }
 
@@ -495,9 +538,11 @@ mod dev {
     }
 
     /// The part of a product's page loop that does not depend on how a page is multiplied: steps
-    /// through the product's pages from use `*u` on and, for each page of this warp's group
-    /// ([`page_group`]), waits for its bytes and runs `multiply(slot, free)` (which frees the
-    /// page when `free`: always, unless the walk only drains).
+    /// through the product's K blocks from ring use `*u` on (each taking [`slot_uses_per_block`]
+    /// uses) and, for each K block this warp's group multiplies (every one when the groups split
+    /// rows, [`groups_split_rows`], else those of [`page_group`]), waits for its pages' bytes and
+    /// runs `multiply(u, free)` with the block's first use `u` (which frees the block's slots when
+    /// `free`: always, unless the walk only drains). `TM` is the tile over 32.
     /// `on_first` runs once the group's first page has arrived (the producers' stores are then
     /// visible, see [`Prefetched`]), and not at all in a group that has no page. Thread 0 stamps
     /// the first page and records its cycles waiting for pages after the first and from the
@@ -520,49 +565,57 @@ mod dev {
     /// `MegaConfig::give_up_warp` with [`give_up::PAGES`] plants the split for the give-up test:
     /// that warp gives up the first page of every walk without waiting.
     #[inline(always)]
-    unsafe fn group_pages<const WARPGROUP: bool>(
+    unsafe fn group_pages<const TM: usize, const WARPGROUP: bool>(
         pages: Pages<'_>,
         on_first: &mut impl FnMut(),
         mut multiply: impl FnMut(u32, bool),
     ) -> bool {
         let Pages { b, cfg, sm, p, u, idx, abandoned } = pages;
+        let tile = 32 * TM as u32;
+        let (rows, per) = (groups_split_rows(tile), slot_uses_per_block(tile));
         let group = thread::warp_id() / GROUP_WARPS;
+        // the K block this group multiplies first
+        let first_kt = if rows { 0 } else { group };
         let (mut ready_wait, mut first) = (0u64, 0u64);
         let pages = p.pages;
         // the page use this warp gave up on, if it did (from the start when it abandoned the step;
-        // the planted fault gives up the group's first page, page `group` of the product)
+        // the planted fault gives up the group's first page)
         const NONE: u32 = u32::MAX;
         let planted = thread::warp_id() + 1 == cfg.give_up_warp
             && cfg.give_up_at == give_up::PAGES
             && thread::block_idx_x() == 0
-            && group < pages;
-        let mut gave_up = if abandoned || planted { *u + group } else { NONE };
+            && first_kt < pages;
+        let mut gave_up = if abandoned || planted { *u + per * first_kt } else { NONE };
         let mut kt = 0;
         while kt < pages {
-            if page_group(kt) != group {
+            if !rows && page_group(kt) != group {
                 // the other group's page
-                *u += 1;
+                *u += per;
                 kt += 1;
                 continue;
             }
-            let slot = page_slot(*u);
-            let (bar, parity) = if gave_up == NONE { (sm.ready(slot), ready_parity(*u)) } else { (sm.drained(), 1) };
             let w0 = thread::clock64();
-            let ok = unsafe { bounded_wait(b, cfg, bar, parity) };
+            let mut v = *u;
+            while v < *u + per {
+                let (bar, parity) =
+                    if gave_up == NONE { (sm.ready(page_slot(v)), ready_parity(v)) } else { (sm.drained(), 1) };
+                let ok = unsafe { bounded_wait(b, cfg, bar, parity) };
+                if !warp::all(u32::MAX, ok) {
+                    // (only while waiting on pages: the drained barrier never fails)
+                    gave_up = v;
+                }
+                v += 1;
+            }
             let w1 = thread::clock64();
-            if kt < PAGE_GROUPS {
+            if kt == first_kt {
                 first = w1;
             } else {
                 ready_wait += w1 - w0;
             }
-            if !warp::all(u32::MAX, ok) {
-                // (only while waiting on pages: the drained barrier never fails)
-                gave_up = *u;
-            }
             if !WARPGROUP && gave_up != NONE {
                 break;
             }
-            if kt < PAGE_GROUPS {
+            if kt == first_kt {
                 on_first();
             }
             if kt == 0 && thread::thread_idx_x() == 0 {
@@ -570,8 +623,8 @@ mod dev {
             }
             // A draining warp frees nothing: its arrivals would run ahead of the pages' phases (a
             // second arrival on a free barrier before the phase of its first has completed).
-            multiply(slot, gave_up == NONE);
-            *u += 1;
+            multiply(*u, gave_up == NONE);
+            *u += per;
             kt += 1;
         }
         if gave_up != NONE {
@@ -595,7 +648,7 @@ mod dev {
     /// at row `(q / 2) 16 MT`, column `(q % 2) 8 NT` of the tile), summed over its group's pages
     /// ([`group_pages`]). False when the step was given up.
     #[inline(always)]
-    unsafe fn tile_mma<const MT: usize, const NT: usize, const P: u32>(
+    unsafe fn tile_mma<const MT: usize, const NT: usize, const TM: usize, const P: u32>(
         pages: Pages<'_>,
         acc: &mut [[[f32; 4]; NT]; MT],
         on_first: &mut impl FnMut(),
@@ -611,17 +664,17 @@ mod dev {
         let b_frag = Frags::<MT>::new(rn, FragKind::BPair);
         *acc = [[[0.0f32; 4]; NT]; MT];
         unsafe {
-            group_pages::<false>(pages, on_first, |slot, free| {
+            group_pages::<TM, false>(pages, on_first, |u, free| {
                 // Two k steps' fragments at a time (the other group's warps on the same scheduler
                 // hide the rest of the latency); the page is freed right after the last loads, so
                 // the loader refills it during the last two steps' math.
-                let (pa, pb) = (sm.a_page(slot), sm.b_page(slot));
+                let (pa, pb) = (sm.a_page_at(u), sm.b_page_at(u, 1));
                 let mut ks = 0;
                 while ks < KSTEPS {
                     let f0 = load_step(&a_frag, &b_frag, pa, pb, ks);
                     let f1 = load_step(&a_frag, &b_frag, pa, pb, ks + 1);
                     if free && ks + 2 == KSTEPS {
-                        free_page(sm, slot);
+                        free_pages(sm, u, 1);
                     }
                     mma_step::<MT, NT, P>(f0, acc);
                     mma_step::<MT, NT, P>(f1, acc);
@@ -643,7 +696,7 @@ mod dev {
     /// until run 139, left the bf16 large model's forward tiles at 3.8 us of work for 16 pages,
     /// with the loader waiting for free pages 80 % of its time.) Warp `w` of the group ends with
     /// rows `16 w .. 16 w + 16`, all 64 columns ([`wgmma::acc_m64`], which is `acc` as `[1][8]`
-    /// `m16n8` tiles: `MT = 1`, `NT = 8`, `WIDE`).
+    /// `m16n8` tiles: `MT = 1`, `NT = 8`, [`layout::WIDE`]).
     #[inline(always)]
     unsafe fn tile_wgmma<const MT: usize, const NT: usize, const P: u32>(
         pages: Pages<'_>,
@@ -660,14 +713,11 @@ mod dev {
         *acc = [[[0.0f32; 4]; NT]; MT];
         // SAFETY (of the cast): [[[f32; 4]; 8]; 1] and [f32; 32] have the same layout.
         let d = unsafe { &mut *(acc as *mut [[[f32; 4]; NT]; MT] as *mut [f32; 32]) };
-        // K-major, 128-byte swizzled, 8-row groups 1024 bytes apart: the GEMM's tile descriptor,
-        // whose k step (16 bf16) is 32 bytes, as 8 tf32 are
-        let desc = |page: u32| -> [u64; 4] { core::array::from_fn(|kk| tile_descriptor(page, kk as u32)) };
         // the page whose products are in flight, and whether to free it (not when draining)
         let mut in_flight: Option<(u32, bool)> = None;
         let ok = unsafe {
-            group_pages::<true>(pages, on_first, |slot, free| {
-                let (a, b) = (desc(sm.a_page(slot)), desc(sm.b_page(slot)));
+            group_pages::<2, true>(pages, on_first, |u, free| {
+                let (a, b) = (page_descriptors(sm.a_page_at(u)), page_descriptors(sm.b_page_at(u, 1)));
                 if P == precision::BF16 {
                     wgmma::mma_m64n64k16x4_bf16(d, a, b);
                 } else {
@@ -675,14 +725,57 @@ mod dev {
                 }
                 wgmma::wait_group_m64n64::<1>(d);
                 if let Some((older, true)) = in_flight {
-                    free_page(sm, older);
+                    free_pages(sm, older, 1);
                 }
-                in_flight = Some((slot, free));
+                in_flight = Some((u, free));
             })
         };
         unsafe { wgmma::wait_group_m64n64::<0>(d) };
         if let Some((last, true)) = in_flight {
-            unsafe { free_page(sm, last) };
+            unsafe { free_pages(sm, last, 1) };
+        }
+        ok
+    }
+
+    /// The four k steps' descriptors of a page at `page`: K-major, 128-byte swizzled, 8-row groups
+    /// 1024 bytes apart (the GEMM's tile descriptor, whose k step, 16 bf16, is 32 bytes, as 8 tf32
+    /// are).
+    #[inline(always)]
+    fn page_descriptors(page: u32) -> [u64; 4] {
+        core::array::from_fn(|kk| tile_descriptor(page, kk as u32))
+    }
+
+    /// [`tile_wgmma`] at tile 128 ([`precision::BF16`], [`layout::ROWS`]): the groups split the
+    /// tile's rows, and each multiplies every K block (an A page of 128 rows and a B page of 128
+    /// rows, a ring slot each) with four `wgmma` m64n128k16 products: A from its own 64 rows of
+    /// the A page (8 KiB in), B the whole B page. Both groups read every page, so every consumer
+    /// warp frees it ([`page_free_arrivals`]), and the two groups' sums never meet: no exchange.
+    /// As in [`tile_wgmma`], a block's products stay in flight while the next block is awaited.
+    /// Warp `w` of group `g` ends with rows `64 g + 16 w .. + 16`, all 128 columns
+    /// ([`wgmma::acc_m64`]).
+    #[inline(always)]
+    unsafe fn tile_wgmma_rows(pages: Pages<'_>, d: &mut [f32; 64], on_first: &mut impl FnMut()) -> bool {
+        let sm = pages.sm;
+        const PER: u32 = slot_uses_per_block(128);
+        const { assert!(PER == 2 && groups_split_rows(128) && page_bytes(128) == STAGE_BYTES) };
+        // the group's 64 rows of the A page: 8 row groups of 1024 bytes
+        let a_rows = (thread::warp_id() / GROUP_WARPS) * 64 * 128;
+        *d = [0.0f32; 64];
+        let mut in_flight: Option<(u32, bool)> = None;
+        let ok = unsafe {
+            group_pages::<4, true>(pages, on_first, |u, free| {
+                let (a, b) = (page_descriptors(sm.a_page_at(u) + a_rows), page_descriptors(sm.b_page_at(u, PER)));
+                wgmma::mma_m64n128k16x4_bf16(d, a, b);
+                wgmma::wait_group_m64n128::<1>(d);
+                if let Some((older, true)) = in_flight {
+                    free_pages(sm, older, PER);
+                }
+                in_flight = Some((u, free));
+            })
+        };
+        unsafe { wgmma::wait_group_m64n128::<0>(d) };
+        if let Some((last, true)) = in_flight {
+            unsafe { free_pages(sm, last, PER) };
         }
         ok
     }
@@ -789,25 +882,35 @@ mod dev {
         })
     }
 
-    /// Where this lane's elements of a group's [`Half`] of instruction `i` sit in the output:
-    /// `(row, column)` of `[s][nj][c]` is `(r + 8 s, c0 + 8 nj + c)`. Warp `w` of a group holds
-    /// the `16 MT x 8 NT` block at block row `w / 2`, column `w % 2` of the tile (`mma.sync`), or,
-    /// `WIDE` (`wgmma`, one block per row of blocks), the 16 rows from `16 w`, every column.
+    /// Where this lane's elements of a [`Half`] of instruction `i` sit in the output: `(row,
+    /// column)` of `[s][nj][c]` is `(r + 8 s, c0 + 8 nj + c)`; `part` is the first loss partial
+    /// ([`loss_partials`]) its columns belong to. By [`layout`]: warp `w` of group `g` holds the
+    /// `16 MT x 8 NT` block at block row `w / 2`, column `w % 2` of the tile, whose rows `8 MT g ..`
+    /// are the group's half ([`layout::SQUARES`]); or the 16 rows from `16 w`, every column, whose
+    /// rows `+8 g` are the group's half ([`layout::WIDE`]); or, [`layout::ROWS`], the 16 rows from
+    /// `64 g + 16 w`, whose columns `64 cols ..` (`8 NT = 64`) are this `Half`: the warp's
+    /// accumulators make two, one per loss partial.
     #[derive(Clone, Copy)]
     struct HalfAt {
         r: u32,
         c0: u32,
+        part: u32,
     }
 
     impl HalfAt {
         #[inline(always)]
-        fn new<const MT: usize, const NT: usize, const WIDE: bool>(cfg: &MegaConfig, i: &Instruction) -> HalfAt {
+        fn new<const MT: usize, const NT: usize, const L: u32>(cfg: &MegaConfig, i: &Instruction, cols: u32) -> HalfAt {
             let (lane, w, g) = (thread::lane_id(), thread::warp_id() % GROUP_WARPS, thread::warp_id() / GROUP_WARPS);
-            let per_row = if WIDE { 1 } else { 2 };
-            let (wr, wc) = (w / per_row, w % per_row);
-            let r = i.tile_row * cfg.tile + wr * 16 * MT as u32 + 8 * MT as u32 * g + lane / 4;
-            let c0 = i.tile_col * cfg.tile + wc * 8 * NT as u32 + 2 * (lane % 4);
-            HalfAt { r, c0 }
+            let (r0, c0) = (i.tile_row * cfg.tile + lane / 4, i.tile_col * cfg.tile + 2 * (lane % 4));
+            match L {
+                layout::SQUARES => {
+                    let (wr, wc) = (w / 2, w % 2);
+                    let r = r0 + wr * 16 * MT as u32 + 8 * MT as u32 * g;
+                    HalfAt { r, c0: c0 + wc * 8 * NT as u32, part: 2 * i.tile_col + wc }
+                }
+                layout::WIDE => HalfAt { r: r0 + w * 16 * MT as u32 + 8 * MT as u32 * g, c0, part: 2 * i.tile_col },
+                _ => HalfAt { r: r0 + 64 * g + 16 * w, c0: c0 + 8 * NT as u32 * cols, part: 2 * i.tile_col + cols },
+            }
         }
         #[inline(always)]
         fn at(self, s: usize, nj: usize, c: usize) -> (u32, u32) {
@@ -824,12 +927,16 @@ mod dev {
     /// - the fused update's old weights, at the instruction's start: only this tile writes them
     ///   during the step. (Its velocities are loaded in the epilogue: a second array held through
     ///   the page loop costs more spills than it saves.)
-    struct Prefetched<const MT: usize, const NT: usize, const WIDE: bool> {
+    ///
+    /// On [`layout::ROWS`] they are loaded after the page walk instead, one [`Half`] at a time
+    /// (held through the walk beside its 64 accumulators, both halves' would take 64 more
+    /// registers).
+    struct Prefetched<const MT: usize, const NT: usize> {
         /// `act[l]` (input gradients) or the old weights (fused updates)
         x: Half<MT, NT>,
     }
 
-    impl<const MT: usize, const NT: usize, const WIDE: bool> Prefetched<MT, NT, WIDE> {
+    impl<const MT: usize, const NT: usize> Prefetched<MT, NT> {
         #[inline(always)]
         fn new() -> Self {
             Prefetched { x: [[[0.0f32; 2]; NT]; MT] }
@@ -837,10 +944,9 @@ mod dev {
 
         /// The fused update's old weights.
         #[inline(always)]
-        unsafe fn load_weights(&mut self, b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) {
+        unsafe fn load_weights(&mut self, b: &MegaBuffers, lt: Layers, i: &Instruction, h: HalfAt) {
             let l = i.layer;
             let (din, dout, w_off) = (lt.dim(l), lt.dim(l + 1), lt.w_off(l));
-            let h = HalfAt::new::<MT, NT, WIDE>(cfg, i);
             for s in 0..MT {
                 for nj in 0..NT {
                     for c in 0..2 {
@@ -856,9 +962,8 @@ mod dev {
 
         /// The input gradient's `act[l]`.
         #[inline(always)]
-        unsafe fn load_act(&mut self, b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) {
+        unsafe fn load_act(&mut self, b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction, h: HalfAt) {
             let (din, a_in) = (lt.dim(i.layer), lt.a_off(i.layer));
-            let h = HalfAt::new::<MT, NT, WIDE>(cfg, i);
             for s in 0..MT {
                 for nj in 0..NT {
                     for c in 0..2 {
@@ -872,27 +977,26 @@ mod dev {
         }
     }
 
-    /// The last forward's share of the cross-entropy row statistics: for each row of the group's
-    /// [`Half`] and each `tile / 2` of its columns (partial `2 tile_col + 0 or 1` of the row, see
-    /// [`loss_partials`]: a warp's `8 NT` columns are one such half, or two when `WIDE`), the
+    /// The last forward's share of the cross-entropy row statistics: for each row of a [`Half`]
+    /// (at `h`) and each `tile / 2` of its columns (partial `h.part`, or `h.part + 0 or 1` on
+    /// [`layout::WIDE`] whose `8 NT` columns are two such halves, see [`loss_partials`]), the
     /// maximum logit `m` and `sum exp(x - m)`, into `b.row_stats`. A quad of lanes holds a row's
     /// columns: each lane reduces its own, then two shuffles. Partials of halves past the last
     /// column are not written (nobody reads them).
     #[inline(always)]
-    unsafe fn write_loss_partials<const MT: usize, const NT: usize, const WIDE: bool>(
+    unsafe fn write_loss_partials<const MT: usize, const NT: usize, const L: u32>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
-        i: &Instruction,
         dout: u32,
+        h: HalfAt,
         mine: &Half<MT, NT>,
     ) {
-        let (lane, w) = (thread::lane_id(), thread::warp_id() % GROUP_WARPS);
+        let lane = thread::lane_id();
         let np = loss_partials(dout, cfg.tile);
-        let h = HalfAt::new::<MT, NT, WIDE>(cfg, i);
-        let halves = if WIDE { 2 } else { 1 };
+        let halves = if L == layout::WIDE { 2 } else { 1 };
         for (s, slab) in mine.iter().enumerate() {
             for half in 0..halves {
-                let p = 2 * i.tile_col + if WIDE { half as u32 } else { w % 2 };
+                let p = h.part + half as u32;
                 let cols = (NT / halves) * half..(NT / halves) * (half + 1);
                 let mut m = f32::NEG_INFINITY;
                 for nj in cols.clone() {
@@ -985,44 +1089,60 @@ mod dev {
         }
     }
 
-    /// Elements of a loss tile per consumer thread, at most (`tile^2 / CONSUMERS`: 16 at tile 64,
-    /// 4 at tile 32).
+    /// Elements of a loss tile's quarter per consumer thread, at most (`sub^2 / CONSUMERS`: 16 at
+    /// tiles 64 and 128, 4 at tile 32; see [`LossTile::SUB`]).
     const LOSS_ELEMS: usize = (MAX_TILE * MAX_TILE / CONSUMERS) as usize;
 
-    /// One consumer thread's share of a `LOSS_GRAD` tile, loaded: element `j` is `e = t + j
-    /// CONSUMERS` of the tile (row `e / tile`, column `e % tile`, so a warp reads 32 neighbouring
-    /// logits), with its logit and, as loaded, its row's class (cross-entropy) or its target's bits
-    /// (mean squared error). Only loads, nothing that uses them, so that all of them (and the row
-    /// partials' loads behind them, [`loss_stats_from_partials`]) can be in flight at once. What
-    /// made the loss tile slow was elsewhere: integer divisions by the run-time tile edge in every
-    /// element's index (loads and partials took 10 300 cycles at tile 64, run 114, whether or not
-    /// the loads came first, run 115; 4 100 with the edge a constant, run 116).
+    /// One consumer thread's share of a quarter `q` of a `LOSS_GRAD` tile, loaded. A tile of up to
+    /// [`MAX_TILE`] is one quarter; at tile 128 the consumers take its four 64 x 64 quarters in
+    /// turn (row-major order), each staged through one sums buffer as a tile 64 is. Element `j`
+    /// is `e = t + j CONSUMERS` of the quarter (row `e / sub`, column `e % sub` of it, so a warp
+    /// reads 32 neighbouring logits), with its logit and, as loaded, its row's class
+    /// (cross-entropy) or its target's bits (mean squared error). Only loads, nothing that uses
+    /// them, so that all of them (and the row partials' loads behind them,
+    /// [`loss_stats_from_partials`]) can be in flight at once. What made the loss tile slow was
+    /// elsewhere: integer divisions by the run-time tile edge in every element's index (loads and
+    /// partials took 10 300 cycles at tile 64, run 114, whether or not the loads came first, run
+    /// 115; 4 100 with the edge a constant, run 116).
     struct LossTile<const MT: usize> {
         logit: [f32; LOSS_ELEMS],
         aux: [u32; LOSS_ELEMS],
+        q: u32,
     }
 
     impl<const MT: usize> LossTile<MT> {
         /// The tile edge, `cfg.tile`, as a constant (so that finding an element's row and column
         /// takes shifts, not integer divisions).
         const TILE: u32 = 32 * MT as u32;
+        /// The edge of a quarter (the tile itself up to [`MAX_TILE`]).
+        const SUB: u32 = if Self::TILE < MAX_TILE { Self::TILE } else { MAX_TILE };
+        /// Quarters of the tile.
+        const QUARTERS: u32 = (Self::TILE / Self::SUB) * (Self::TILE / Self::SUB);
 
-        /// Tile row, global row and column of element `j`, and whether it is live.
+        /// Tile row and column of quarter `q`'s first element.
         #[inline(always)]
-        fn at(cfg: &MegaConfig, i: &Instruction, dout: u32, j: usize) -> (u32, u32, u32, bool) {
-            let tile = Self::TILE;
+        fn origin(q: u32) -> (u32, u32) {
+            let per_row = Self::TILE / Self::SUB;
+            ((q / per_row) * Self::SUB, (q % per_row) * Self::SUB)
+        }
+
+        /// Tile row, global row and column of element `j` of quarter `q`, and whether it is live.
+        #[inline(always)]
+        fn at(cfg: &MegaConfig, i: &Instruction, dout: u32, q: u32, j: usize) -> (u32, u32, u32, bool) {
+            let sub = Self::SUB;
             let e = thread::thread_idx_x() + j as u32 * CONSUMERS;
-            let (r, c) = (e / tile, e % tile);
-            let (tr, tc) = (i.tile_row * tile + r, i.tile_col * tile + c);
-            (r, tr, tc, e < tile * tile && tr < cfg.batch && tc < dout)
+            let (qr, qc) = Self::origin(q);
+            let (r, c) = (qr + e / sub, qc + e % sub);
+            let (tr, tc) = (i.tile_row * Self::TILE + r, i.tile_col * Self::TILE + c);
+            (r, tr, tc, e < sub * sub && tr < cfg.batch && tc < dout)
         }
 
         #[inline(always)]
-        unsafe fn load(b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) -> Self {
+        unsafe fn load(b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction, q: u32) -> Self {
             let (dout, a_out) = (lt.dim(cfg.layers), lt.a_off(cfg.layers));
-            let mut x = LossTile { logit: [0.0; LOSS_ELEMS], aux: [0; LOSS_ELEMS] };
+            let mut x = LossTile { logit: [0.0; LOSS_ELEMS], aux: [0; LOSS_ELEMS], q };
             for j in 0..LOSS_ELEMS {
-                let (_, tr, tc, live) = Self::at(cfg, i, dout, j);
+                let (_, tr, tc, live) = Self::at(cfg, i, dout, q, j);
                 if live {
                     x.logit[j] = unsafe { b.act.as_const().read((a_out + tr * pitch(dout) + tc) as usize) };
                     x.aux[j] = if cfg.loss != loss::MSE {
@@ -1056,7 +1176,7 @@ mod dev {
             let (dout, a_out) = (lt.dim(cfg.layers), lt.a_off(cfg.layers));
             let (inv_batch, mse_scale) = (1.0 / cfg.batch as f32, 2.0 / (cfg.batch * dout) as f32);
             let grad: [f32; LOSS_ELEMS] = core::array::from_fn(|j| {
-                let (r, _, tc, live) = Self::at(cfg, i, dout, j);
+                let (r, _, tc, live) = Self::at(cfg, i, dout, self.q, j);
                 let v = self.logit[j];
                 if !live {
                     0.0
@@ -1068,8 +1188,9 @@ mod dev {
                     (v - f32::from_bits(self.aux[j])) * mse_scale
                 }
             });
+            let (qr, qc) = Self::origin(self.q);
             for (j, &g) in grad.iter().enumerate() {
-                let (r, tr, tc, live) = Self::at(cfg, i, dout, j);
+                let (r, tr, tc, live) = Self::at(cfg, i, dout, self.q, j);
                 if live {
                     let g = rounded_operand::<P>(g);
                     let at = a_out + tr * pitch(dout) + tc;
@@ -1078,21 +1199,23 @@ mod dev {
                         if P == precision::BF16 {
                             store_op::<P>(b.grad_bf16.cast(), at, g);
                         }
-                        shared::st_shared_b32(staged + Self::staged_at(r, tc % Self::TILE), g.to_bits());
+                        let (sr, sc) = (r - qr, tc % Self::TILE - qc);
+                        shared::st_shared_b32(staged + Self::staged_at(sr, sc), g.to_bits());
                     }
                 }
             }
         }
 
-        /// Byte offset of tile element (row `r`, column `c`) in the staged tile: column-major (a
-        /// column of the tile is a row of `grad_t`), each column's words rotated by XOR with the
-        /// column, so that 32 lanes writing one row or reading one column hit 32 banks.
+        /// Byte offset of quarter element (row `r`, column `c`) in the staged quarter:
+        /// column-major (a column of the tile is a row of `grad_t`), each column's words rotated
+        /// by XOR with the column, so that 32 lanes writing one row or reading one column hit 32
+        /// banks.
         #[inline(always)]
         fn staged_at(r: u32, c: u32) -> u32 {
-            4 * (c * Self::TILE + (r ^ (c % 32)))
+            4 * (c * Self::SUB + (r ^ (c % 32)))
         }
 
-        /// `grad_t[L]`, the tile's gradients transposed, from the staged tile (after the
+        /// `grad_t[L]` of quarter `q`, the gradients transposed, from the staged quarter (after the
         /// consumers have met behind [`LossTile::store_grads`]): thread `t` takes elements `t + j
         /// CONSUMERS` in column-major order, so a warp writes 32 neighbouring rows of `grad_t`
         /// (where writing them straight from the row-major registers cost one 32-byte segment per
@@ -1104,14 +1227,16 @@ mod dev {
             lt: Layers,
             i: &Instruction,
             staged: u32,
+            q: u32,
         ) {
-            let tile = Self::TILE;
+            let sub = Self::SUB;
+            let (qr, qc) = Self::origin(q);
             let (dout, t_out) = (lt.dim(cfg.layers), lt.t_off(cfg.layers));
             for j in 0..LOSS_ELEMS {
                 let e = thread::thread_idx_x() + j as u32 * CONSUMERS;
-                let (c, r) = (e / tile, e % tile);
-                let (tr, tc) = (i.tile_row * tile + r, i.tile_col * tile + c);
-                if e < tile * tile && tr < cfg.batch && tc < dout {
+                let (c, r) = (e / sub, e % sub);
+                let (tr, tc) = (i.tile_row * Self::TILE + qr + r, i.tile_col * Self::TILE + qc + c);
+                if e < sub * sub && tr < cfg.batch && tc < dout {
                     let g = f32::from_bits(unsafe { shared::ld_shared_b32(staged + Self::staged_at(r, c)) });
                     unsafe { store_t::<P>(b.grad_t, cfg, t_out, tr, tc, g) };
                 }
@@ -1178,7 +1303,7 @@ mod dev {
         }
     }
 
-    /// Stores the group's [`Half`] of instruction `i` (live outputs only), a pair of columns at a
+    /// Stores a [`Half`] of instruction `i` (at `h`; live outputs only), a pair of columns at a
     /// time ([`store_pair`]): the forward's ReLU on hidden layers, the input gradient's ReLU
     /// derivative, the weight gradient as is, or the fused update's new weights (and
     /// velocities), the last two with the values in `pre`; each operand of a later product also
@@ -1187,13 +1312,14 @@ mod dev {
     /// rows' partial statistics ([`write_loss_partials`]). One loop per opcode, each small enough
     /// to unroll fully (so the arrays stay in registers).
     #[inline(always)]
-    unsafe fn epilogue<const MT: usize, const NT: usize, const P: u32, const WIDE: bool>(
+    unsafe fn epilogue<const MT: usize, const NT: usize, const P: u32, const L: u32>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         lt: Layers,
         i: &Instruction,
+        h: HalfAt,
         mine: &Half<MT, NT>,
-        pre: &Prefetched<MT, NT, WIDE>,
+        pre: &Prefetched<MT, NT>,
     ) {
         let l = i.layer;
         let (din, dout) = (lt.dim(l), lt.dim(l + 1));
@@ -1201,11 +1327,10 @@ mod dev {
         let (w_off, a_in, a_out) = (lt.w_off(l), lt.a_off(l), lt.a_off(l + 1));
         let (t_in, t_out) = (lt.t_off(l), lt.t_off(l + 1));
         let hidden = l + 1 < cfg.layers;
-        let h = HalfAt::new::<MT, NT, WIDE>(cfg, i);
         match i.opcode {
             opcode::LINEAR_FWD => {
                 if !hidden && cfg.loss != loss::MSE {
-                    unsafe { write_loss_partials::<MT, NT, WIDE>(b, cfg, i, dout, mine) };
+                    unsafe { write_loss_partials::<MT, NT, L>(b, cfg, dout, h, mine) };
                 }
                 for_each_pair_in_half(mine, h, |r: u32, c: u32, v: [f32; 2], _| {
                     if r < cfg.batch {
@@ -1278,12 +1403,38 @@ mod dev {
         }
     }
 
-    /// The consumers: every instruction of `lo..hi` in order (see the module docs). Each warp
-    /// accumulates `MT x NT` `m16n8` tiles; `TM` is the tile edge over 32 (the loss tile's, as a
-    /// constant); `P`: the [`precision`] code; `WIDE`: products on [`tile_wgmma`] (its warp
-    /// geometry, see [`HalfAt`]), else on [`tile_mma`].
+    /// The epilogue of column half `C` of a warp's accumulators on [`layout::ROWS`] (`d`, 16
+    /// rows by 128 columns): its [`Half`] (columns `64 C ..`), that half's [`Prefetched`] values,
+    /// loaded now, and [`epilogue`]. `C` is a constant, so that every index into `d` is one and the
+    /// accumulators stay in registers.
     #[inline(always)]
-    unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u32, const WIDE: bool>(
+    unsafe fn rows_epilogue<const MT: usize, const NT: usize, const P: u32, const L: u32, const C: usize>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        lt: Layers,
+        i: &Instruction,
+        d: &[f32; 64],
+    ) {
+        // accumulator 4 j + 2 s + c is row 8 s, column 8 j + c of the lane's ([`wgmma::acc_m64`])
+        let mine: Half<MT, NT> =
+            core::array::from_fn(|s| core::array::from_fn(|nj| core::array::from_fn(|c| d[4 * (NT * C + nj) + 2 * s + c])));
+        let h = HalfAt::new::<MT, NT, L>(cfg, i, C as u32);
+        let mut pre = Prefetched::<MT, NT>::new();
+        match i.opcode {
+            opcode::LINEAR_BWD_INPUT => unsafe { pre.load_act(b, cfg, lt, i, h) },
+            opcode::LINEAR_BWD_WEIGHT_SGD => unsafe { pre.load_weights(b, lt, i, h) },
+            _ => {}
+        }
+        unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, i, h, &mine, &pre) };
+    }
+
+    /// The consumers: every instruction of `lo..hi` in order (see the module docs). Each warp
+    /// accumulates `MT x NT` `m16n8` tiles (on [`layout::ROWS`], where a warp's 64 accumulators
+    /// are two [`Half`]s, `MT x NT` is the shape of one); `TM` is the tile edge over 32 (the loss
+    /// tile's, as a constant); `P`: the [`precision`] code; `L`: the [`layout`], whose products
+    /// run on [`tile_mma`], [`tile_wgmma`] or [`tile_wgmma_rows`].
+    #[inline(always)]
+    unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u32, const L: u32>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
         sm: Smem,
@@ -1333,23 +1484,47 @@ mod dev {
                 idx += 1;
                 continue;
             }
-            if let Some(p) = product {
-                let mut pre = Prefetched::<MT, NT, WIDE>::new();
+            if let Some(p) = product
+                && L == layout::ROWS
+            {
+                // The warp's 64 accumulators (`acc` is `[2][8]` `m16n8` tiles, 64 f32) hold its
+                // 16 rows, all 128 columns: no sums to exchange. Its two column halves are two
+                // [`Half`]s, each with its own prefetch (see [`Prefetched`]) and epilogue.
+                if MT != 2 || NT != 8 || TM != 4 {
+                    // only the tile-128 kernel takes this layout
+                    thread::trap();
+                }
+                // SAFETY (of the cast): [[[f32; 4]; 8]; 2] and [f32; 64] have the same layout.
+                let d = unsafe { &mut *(&mut acc as *mut [[[f32; 4]; NT]; MT] as *mut [f32; 64]) };
+                let pages = Pages { b, cfg, sm, p: &p, u: &mut u, idx, abandoned };
+                if !unsafe { tile_wgmma_rows(pages, d, &mut || {}) } {
+                    abandon!();
+                }
+                if t == 0 {
+                    unsafe { stamp(b, idx, trace::WORK_DONE) };
+                }
+                unsafe {
+                    rows_epilogue::<MT, NT, P, L, 0>(b, cfg, lt, &ins, d);
+                    rows_epilogue::<MT, NT, P, L, 1>(b, cfg, lt, &ins, d);
+                }
+            } else if let Some(p) = product {
+                let h = HalfAt::new::<MT, NT, L>(cfg, &ins, 0);
+                let mut pre = Prefetched::<MT, NT>::new();
                 if ins.opcode == opcode::LINEAR_BWD_WEIGHT_SGD {
-                    unsafe { pre.load_weights(b, cfg, lt, &ins) };
+                    unsafe { pre.load_weights(b, lt, &ins, h) };
                 }
                 let mut on_first = || {
                     if ins.opcode == opcode::LINEAR_BWD_INPUT {
-                        unsafe { pre.load_act(b, cfg, lt, &ins) };
+                        unsafe { pre.load_act(b, cfg, lt, &ins, h) };
                     }
                 };
                 let f = &mut on_first;
                 let pages = Pages { b, cfg, sm, p: &p, u: &mut u, idx, abandoned };
                 let ok = unsafe {
-                    if WIDE {
+                    if L == layout::WIDE {
                         tile_wgmma::<MT, NT, P>(pages, &mut acc, f)
                     } else {
-                        tile_mma::<MT, NT, P>(pages, &mut acc, f)
+                        tile_mma::<MT, NT, TM, P>(pages, &mut acc, f)
                     }
                 };
                 if !ok {
@@ -1378,12 +1553,12 @@ mod dev {
                 if p.pages <= group && ins.opcode == opcode::LINEAR_BWD_INPUT {
                     // A group with no page of its own (k of one page) never ran `on_first`; the
                     // rendezvous just met orders its loads after the other group's first page.
-                    unsafe { pre.load_act(b, cfg, lt, &ins) };
+                    unsafe { pre.load_act(b, cfg, lt, &ins, h) };
                 }
                 if t == 0 {
                     unsafe { stamp(b, idx, trace::WORK_DONE) };
                 }
-                unsafe { epilogue::<MT, NT, P, WIDE>(b, cfg, lt, &ins, &mine, &pre) };
+                unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, &ins, h, &mine, &pre) };
             } else {
                 if t == 0 {
                     let ok = unsafe {
@@ -1404,7 +1579,7 @@ mod dev {
                         let mut done = true;
                         // every global load of the tile (its logits and targets, then the row
                         // partials) in flight together: one round trip to L2
-                        let tile_loss = LossTile::<TM>::load(b, cfg, lt, &ins);
+                        let mut tile_loss = LossTile::<TM>::load(b, cfg, lt, &ins, 0);
                         if cfg.loss != loss::MSE {
                             loss_stats_from_partials::<TM>(b, cfg, lt, &ins, stats);
                             let m0 = thread::clock64();
@@ -1413,14 +1588,22 @@ mod dev {
                         }
                         // the gradients, and their transposed copy through shared memory (the sums
                         // buffers: idle between products, and the meeting before this tile's
-                        // signal keeps the next product's sums from overwriting them early)
-                        let staged = sm.sums(0);
-                        if done {
+                        // signal keeps the next product's sums from overwriting them early), a
+                        // quarter at a time, alternating buffers: quarter q + 2 overwrites
+                        // quarter q's only after the meeting behind quarter q + 1's gradients,
+                        // which every thread reaches after its share of quarter q's transpose
+                        let mut q = 0;
+                        while done && q < LossTile::<TM>::QUARTERS {
+                            if q > 0 {
+                                tile_loss = LossTile::<TM>::load(b, cfg, lt, &ins, q);
+                            }
+                            let staged = sm.sums(q);
                             tile_loss.store_grads::<P>(b, cfg, lt, &ins, stats, staged);
                             done = rendezvous(b, cfg, sm, &mut phase, idx);
-                        }
-                        if done {
-                            LossTile::<TM>::store_transposed::<P>(b, cfg, lt, &ins, staged);
+                            if done {
+                                LossTile::<TM>::store_transposed::<P>(b, cfg, lt, &ins, staged, q);
+                            }
+                            q += 1;
                         }
                         if t == 0 {
                             record(b, idx, trace::READY_WAIT_CLK, met);
@@ -1467,9 +1650,9 @@ mod dev {
     }
 
     /// A kernel's body: barriers initialized by thread 0, then the loader and the consumers, which
-    /// multiply with [`consume`]`::<MT, NT, TM, P, WIDE>` (one instantiation per kernel).
+    /// multiply with [`consume`]`::<MT, NT, TM, P, L>` (one instantiation per kernel).
     #[inline(always)]
-    pub(super) unsafe fn run<const MT: usize, const NT: usize, const TM: usize, const P: u32, const WIDE: bool>(
+    pub(super) unsafe fn run<const MT: usize, const NT: usize, const TM: usize, const P: u32, const L: u32>(
         b: &MegaBuffers,
         cfg: &MegaConfig,
     ) {
@@ -1482,7 +1665,7 @@ mod dev {
             while s < PAGE_STAGES {
                 unsafe {
                     mbarrier::init(sm.ready(s), PAGE_READY_ARRIVALS);
-                    mbarrier::init(sm.free(s), PAGE_FREE_ARRIVALS + cfg.extra_free_arrivals);
+                    mbarrier::init(sm.free(s), page_free_arrivals(32 * TM as u32) + cfg.extra_free_arrivals);
                 }
                 s += 1;
             }
@@ -1503,7 +1686,7 @@ mod dev {
             }
             return;
         }
-        unsafe { consume::<MT, NT, TM, P, WIDE>(b, cfg, sm, lt, lo, hi) }
+        unsafe { consume::<MT, NT, TM, P, L>(b, cfg, sm, lt, lo, hi) }
     }
 }
 
@@ -1519,33 +1702,41 @@ mod dev {
 /// [`precision::TF32`] at tile 32: `mma.sync` m16n8k8, `MT x NT = 1 x 2` tiles a warp.
 #[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_tf32_t32(b: MegaBuffers, cfg: MegaConfig) {
-    unsafe { dev::run::<1, 2, 1, { precision::TF32 }, false>(&b, &cfg) }
+    unsafe { dev::run::<1, 2, 1, { precision::TF32 }, { layout::SQUARES }>(&b, &cfg) }
 }
 
 /// [`precision::TF32X3`] at tile 32: `mma.sync` m16n8k8, three products a k step.
 #[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_tf32x3_t32(b: MegaBuffers, cfg: MegaConfig) {
-    unsafe { dev::run::<1, 2, 1, { precision::TF32X3 }, false>(&b, &cfg) }
+    unsafe { dev::run::<1, 2, 1, { precision::TF32X3 }, { layout::SQUARES }>(&b, &cfg) }
 }
 
 /// [`precision::TF32`] at tile 64: each page group a warpgroup multiplying whole pages with
 /// `wgmma` m64n64k8 (`tile_wgmma`).
 #[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_tf32_t64(b: MegaBuffers, cfg: MegaConfig) {
-    unsafe { dev::run::<1, 8, 2, { precision::TF32 }, true>(&b, &cfg) }
+    unsafe { dev::run::<1, 8, 2, { precision::TF32 }, { layout::WIDE }>(&b, &cfg) }
 }
 
 /// [`precision::TF32X3`] at tile 64: `mma.sync` m16n8k8, `MT x NT = 2 x 4` tiles a warp.
 #[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_tf32x3_t64(b: MegaBuffers, cfg: MegaConfig) {
-    unsafe { dev::run::<2, 4, 2, { precision::TF32X3 }, false>(&b, &cfg) }
+    unsafe { dev::run::<2, 4, 2, { precision::TF32X3 }, { layout::SQUARES }>(&b, &cfg) }
 }
 
 /// [`precision::BF16`] at tile 64: as `megakernel_step_tf32_t64`, with bf16 pages (64 deep in K)
 /// multiplied by `wgmma` m64n64k16.
 #[kernel(arch = "sm_90a", max_threads = 288)]
 pub unsafe fn megakernel_step_bf16_t64(b: MegaBuffers, cfg: MegaConfig) {
-    unsafe { dev::run::<1, 8, 2, { precision::BF16 }, true>(&b, &cfg) }
+    unsafe { dev::run::<1, 8, 2, { precision::BF16 }, { layout::WIDE }>(&b, &cfg) }
+}
+
+/// [`precision::BF16`] at tile 128: the page groups split the rows, each a warpgroup multiplying
+/// every K block (two ring slots: a 128-row A page and a 128-row B page) into its 64 rows with
+/// `wgmma` m64n128k16 (`tile_wgmma_rows`).
+#[kernel(arch = "sm_90a", max_threads = 288)]
+pub unsafe fn megakernel_step_bf16_t128(b: MegaBuffers, cfg: MegaConfig) {
+    unsafe { dev::run::<2, 8, 4, { precision::BF16 }, { layout::ROWS }>(&b, &cfg) }
 }
 
 // The launch bound above is the block.
