@@ -1937,11 +1937,12 @@ fn megakernel_weights_after(
     path: kiln::megakernel::DataPath,
     shape: &kiln::megakernel::MlpShape,
     sms: usize,
+    tile: u32,
     steps: usize,
     traced: bool,
 ) -> Result<(Vec<Vec<f32>>, u32), String> {
-    use kiln::megakernel::{GpuStep, Loss, StepInputs, build};
-    let schedule = build(shape, sms, path).map_err(err)?;
+    use kiln::megakernel::{GpuStep, Loss, StepInputs, Updates, build_with_tile};
+    let schedule = build_with_tile(shape, sms, tile, Updates::default()).map_err(err)?;
     let mut gpu =
         GpuStep::new(Device::shared().map_err(err)?, &schedule, &mk_weights(&shape.dims, 5), path).map_err(err)?;
     gpu.set_trace(traced).map_err(err)?;
@@ -2013,17 +2014,22 @@ fn check_trace(t: &kiln::megakernel::StepTrace, path: kiln::megakernel::DataPath
 /// Bit-identical weights across runs, and across schedules: every output tile is one block's
 /// fixed-order product whichever SM runs it, so the schedule for all SMs and one for 3 SMs (each
 /// block then makes thousands of page uses, far past the one parity bit's wrap-around) agree bit
-/// for bit after 5 steps, on every tensor-core precision and on the CUDA-core path; so does a traced
-/// run, whose last step's stamps must be complete and in order.
+/// for bit after 5 steps, on every tensor-core precision at each of its tiles and on the CUDA-core
+/// path (tile 64); so does a traced run, whose last step's stamps must be complete and in order.
 fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
     use kiln::megakernel::{DataPath, MlpShape};
     let sms = dev.sm_count().map_err(err)?;
     let shape = MlpShape { batch: 200, dims: vec![300, 257, 257, 7] };
-    for path in [DataPath::Tf32x3, DataPath::Tf32, DataPath::Bf16, DataPath::CudaCores] {
-        let (a, tile) = megakernel_weights_after(path, &shape, sms, 5, false)?;
-        let (b, _) = megakernel_weights_after(path, &shape, sms, 5, false)?;
-        let (c, _) = megakernel_weights_after(path, &shape, 3, 5, false)?;
-        let (d, _) = megakernel_weights_after(path, &shape, sms, 5, true)?;
+    // every tile of every path (a tile fixes each output's order of sums: tiles sum differently)
+    let runs = [DataPath::Tf32x3, DataPath::Tf32, DataPath::Bf16, DataPath::CudaCores]
+        .into_iter()
+        .flat_map(|p| p.tiles().iter().map(move |&t| (p, t)))
+        .filter(|&(p, t)| p != DataPath::CudaCores || t == 64);
+    for (path, tile) in runs {
+        let (a, _) = megakernel_weights_after(path, &shape, sms, tile, 5, false)?;
+        let (b, _) = megakernel_weights_after(path, &shape, sms, tile, 5, false)?;
+        let (c, _) = megakernel_weights_after(path, &shape, 3, tile, 5, false)?;
+        let (d, _) = megakernel_weights_after(path, &shape, sms, tile, 5, true)?;
         for (l, (((a, b), c), d)) in a.iter().zip(&b).zip(&c).zip(&d).enumerate() {
             for (what, other) in [("a second run", b), ("the 3-SM schedule", c), ("a traced run", d)] {
                 if let Some(i) = a.iter().zip(other).position(|(x, y)| x.to_bits() != y.to_bits()) {
@@ -2046,7 +2052,8 @@ fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
 /// exactly those operands, transposed: `act_t` and `grad_t` are `act` and `grad` bit for bit,
 /// `w_t` is the updated weights (rounded on tf32 and bf16) and, on tf32 and bf16, `w_op` the
 /// rounded weights; on bf16 its copies of `act` and `grad` are them bit for bit; with fused and
-/// with separate updates. The CUDA-core path keeps no copies: asking for them is an error that
+/// with separate updates. bf16 at tile 128 reads its operands in place and keeps no transposed
+/// copies (and reports none). The CUDA-core path keeps no copies: asking for them is an error that
 /// names the paths that do.
 fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
     use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build_with_tile};
@@ -2089,10 +2096,17 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
                 let rounded: Vec<Vec<f32>> = weights.iter().map(|w| w.iter().map(|&v| operand(v)).collect()).collect();
                 let same =
                     |got: &[f32], want: &[f32]| got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
-                let checks = (0..layers)
-                    .map(|l| ("act", l, &act[l], &copies.act_t[l], batch, dims[l]))
-                    .chain((1..=layers).map(|l| ("grad", l, &grad[l], &copies.grad_t[l], batch, dims[l])))
-                    .chain((0..layers).map(|l| ("weights", l, &rounded[l], &copies.w_t[l], dims[l + 1], dims[l])));
+                // the transposed copies: kept unless the step reads its operands in place (bf16 at
+                // tile 128), and then none of them
+                let (act_t, grad_t, w_t) = match (&copies.act_t, &copies.grad_t, &copies.w_t, gpu.reads_in_place()) {
+                    (Some(a), Some(g), Some(w), false) => (a.clone(), g.clone(), w.clone()),
+                    (None, None, None, true) => (vec![], vec![], vec![]),
+                    _ => return Err(format!("{what}: transposed copies kept where the step reads in place, or missing")),
+                };
+                let checks = (0..act_t.len().min(layers))
+                    .map(|l| ("act", l, &act[l], &act_t[l], batch, dims[l]))
+                    .chain((1..grad_t.len().min(layers + 1)).map(|l| ("grad", l, &grad[l], &grad_t[l], batch, dims[l])))
+                    .chain((0..w_t.len()).map(|l| ("weights", l, &rounded[l], &w_t[l], dims[l + 1], dims[l])));
                 for (name, l, a, t, rows, cols) in checks {
                     if let Some(i) = transposed(a, t, rows, cols) {
                         let (r, c) = (i / cols, i % cols);
@@ -2286,7 +2300,7 @@ fn megakernel_page_fault_stalls(dev: &Device) -> Outcome {
 /// then a correct step runs and the device keeps working. Four blocks, so that block 0 has a
 /// list of several instructions.
 fn megakernel_give_up_split(dev: &Device) -> Outcome {
-    use kiln::gpu::megakernel::{CONSUMER_WARPS, GROUP_WARPS};
+    use kiln::gpu::megakernel::{CONSUMER_WARPS, GROUP_WARPS, groups_split_rows};
     use kiln::megakernel::{DataPath, GiveUp, GpuStep, Loss, MlpShape, StepInputs, Updates, build_with_tile};
     // 300 inputs: ten pages, both groups' on the first instruction
     let shape = MlpShape { batch: 128, dims: vec![300, 64, 64, 4] };
@@ -2305,11 +2319,16 @@ fn megakernel_give_up_split(dev: &Device) -> Outcome {
             }
             for (warp, at) in [(1, GiveUp::Pages), (CONSUMER_WARPS - 2, GiveUp::Pages), (2, GiveUp::Publish)] {
                 let what = format!("{path:?} tile {tile}, warp {warp} at {at:?}");
-                let g = warp / GROUP_WARPS;
+                // the group's first page use: page g when the groups split the pages, the first
+                // K block's A page (use 0) when they split the rows (tile 128)
+                let (rows, g) = (groups_split_rows(tile), warp / GROUP_WARPS);
+                let first = if rows { 0 } else { g };
                 let want = match at {
                     // the group's first page of the first product
-                    GiveUp::Pages => format!("the ready barrier of page {g} with parity 0 (page use {g})"),
-                    // the first product's second meeting (its sums, then its publishing)
+                    GiveUp::Pages => format!("the ready barrier of page {first} with parity 0 (page use {first})"),
+                    // the first product's publishing meeting: its second (after its sums), or its
+                    // first where no sums are exchanged
+                    GiveUp::Publish if rows => "the consumers' rendezvous with parity 0 (meeting 0)".to_string(),
                     GiveUp::Publish => "the consumers' rendezvous with parity 1 (meeting 1)".to_string(),
                 };
                 let want = format!("consumers of block 0 at instruction 0 waited on {want}");

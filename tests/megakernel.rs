@@ -353,6 +353,30 @@ fn tile_128_splits_rows_and_takes_two_slots_a_block() {
     assert_eq!(page_bytes(128), 16 * 1024);
 }
 
+/// Tile 128 on bf16 reads its transposed operands in place, MN-major, through descriptors whose
+/// fields say: 64-column chunks a box (8 KiB) apart, 8-row groups of K 1024 bytes apart, 128-byte
+/// swizzle, and each k step of 16 rows 2048 bytes on. No other path or tile does.
+#[test]
+fn mn_major_pages_at_tile_128() {
+    use kiln::gpu::kernels::megakernel_tc::mn_page_descriptor;
+    use kiln::gpu::megakernel::{MN_BOX, PAGE_K_BF16, precision, reads_in_place};
+    assert!(reads_in_place(precision::BF16, 128));
+    for (p, t) in [(precision::BF16, 64), (precision::TF32, 64), (precision::TF32X3, 32), (precision::TF32, 32)] {
+        assert!(!reads_in_place(p, t), "precision {p} tile {t}");
+    }
+    assert_eq!(MN_BOX * 2, 128, "a box row is one 128-byte swizzle span");
+    let page = 3 * 16 * 1024;
+    for kk in 0..4u32 {
+        let d = mn_page_descriptor(page, kk);
+        let field = |lo: u32, bits: u32| (d >> lo) & ((1 << bits) - 1);
+        assert_eq!(field(0, 14), ((page + kk * 2048) >> 4) as u64, "start, k step {kk}");
+        assert_eq!(field(16, 14), (PAGE_K_BF16 * 128 / 16) as u64, "leading byte offset: a box");
+        assert_eq!(field(32, 14), 1024 / 16, "stride byte offset: 8 rows");
+        assert_eq!(field(49, 3), 0, "base offset");
+        assert_eq!(field(62, 2), 1, "128-byte swizzle");
+    }
+}
+
 /// The shared-memory layout of the tensor-core kernel: stages 1024-byte aligned (128-byte
 /// swizzling computes from address bits), both pages of the largest tile fit a stage, the whole fits
 /// the H200's 227 KiB; row pitches keep every row 16-byte aligned.

@@ -159,6 +159,8 @@ pub const fn free_parity(use_index: u32) -> u32 {
 /// the products' weights are `w_op`, the weights rounded when updated, so that no page loop
 /// converts anything. On [`precision::BF16`] every map is of bf16 (`act_t`, `grad_t`, `w_op` and
 /// `w_t` hold bf16, and `act`, `grad` are read from their bf16 copies `act_bf16`, `grad_bf16`).
+/// The exception: bf16 at tile 128 keeps no transposed copies, and its maps for them describe the
+/// operands themselves, MN-major ([`reads_in_place`]).
 pub mod map {
     /// `act[l]` (`batch x dims[l]`, k = input feature): the forward's A (`act_bf16` on
     /// [`precision::BF16`](super::precision::BF16)).
@@ -177,6 +179,8 @@ pub mod map {
     /// `w_t[l]` (`dims[l] x dims[l + 1]`, n = input feature, k = output feature): the input
     /// gradient's B.
     pub const W_T: u32 = 5;
+    // Where the step reads in place (`reads_in_place`: bf16 at tile 128) `ACT_T`, `GRAD_T` and
+    // `W_T` describe `act_bf16[l]`, `grad_bf16[l + 1]` and `w_op[l]` themselves, MN-major.
     /// Maps per layer.
     pub const PER_LAYER: u32 = 6;
 }
@@ -271,6 +275,18 @@ pub const fn page_group(kt: u32) -> u32 {
 pub const fn groups_split_rows(tile: u32) -> bool {
     tile > 64
 }
+/// Whether data path `precision` at `tile` reads every product operand in place, with no
+/// transposed copies: bf16 at tile 128, whose `wgmma` reads a K-major page or, transposed, an
+/// MN-major one (bf16 has that form, tf32 does not). There the weight gradient reads `grad` and
+/// `act` and the input gradient reads `W` (`w_op`) as they are stored, through the maps
+/// [`map::GRAD_T`], [`map::ACT_T`] and [`map::W_T`], each then loading a page as
+/// `tile / MN_BOX` boxes of [`PAGE_K_BF16`] rows (K) by [`MN_BOX`] columns (M or N).
+pub const fn reads_in_place(precision: u32, tile: u32) -> bool {
+    precision == precision::BF16 && groups_split_rows(tile)
+}
+/// The columns (M or N, 128 bytes of bf16) of one box of an MN-major page ([`reads_in_place`]).
+pub const MN_BOX: u32 = 64;
+
 /// Arrivals that free a shared-memory page up to tile 64: one per warp of the group that
 /// multiplies it ([`page_free_arrivals`]).
 pub const PAGE_FREE_ARRIVALS: u32 = GROUP_WARPS;

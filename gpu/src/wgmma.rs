@@ -288,8 +288,9 @@ mod device {
         };
     }
 
-    /// One `wgmma.mma_async.m64n128k16.f32.bf16.bf16` line, both operands K-major: accumulators
-    /// [`acc_m64n128`], the descriptor operands named by `$a` and `$b`, scale-d from predicate `p`.
+    /// One `wgmma.mma_async.m64n128k16.f32.bf16.bf16` line: accumulators [`acc_m64n128`], the
+    /// descriptor operands named by `$a` and `$b`, scale-d from predicate `p`, and the transpose
+    /// flags from the `const` operands `ta` and `tb` (0: K-major, 1: MN-major).
     macro_rules! wgmma_m64n128k16_bf16_line {
         ($a:expr, $b:expr) => {
             concat!(
@@ -299,14 +300,15 @@ mod device {
                 $a,
                 "}, {",
                 $b,
-                "}, p, 1, 1, 0, 0;\n"
+                "}, p, 1, 1, {ta}, {tb};\n"
             )
         };
     }
 
-    /// [`wgmma_m64n64_chain`] for the 64 accumulators of m64n128 products.
+    /// [`wgmma_m64n64_chain`] for the 64 accumulators of m64n128 products, with the transpose
+    /// flags `$ta`, `$tb` as the `const` operands `ta`, `tb`.
     macro_rules! wgmma_m64n128_chain {
-        ($line:ident, $d:ident; $($a:ident = $av:expr, $b:ident = $bv:expr);+) => {
+        ($line:ident, $d:ident, $ta:expr, $tb:expr; $($a:ident = $av:expr, $b:ident = $bv:expr);+) => {
             asm!(
                 concat!(
                     "{{ .reg .pred p; setp.eq.u32 p, 1, 1;\n",
@@ -331,26 +333,31 @@ mod device {
                 inout(reg32) $d[56], inout(reg32) $d[57], inout(reg32) $d[58], inout(reg32) $d[59],
                 inout(reg32) $d[60], inout(reg32) $d[61], inout(reg32) $d[62], inout(reg32) $d[63],
                 $($a = in(reg64) $av, $b = in(reg64) $bv,)+
+                ta = const $ta,
+                tb = const $tb,
                 options(nostack)
             )
         };
     }
 
     /// [`mma_m64n64k16x4_bf16`] on a 64 x 128 tile: four warpgroup-wide `D += A B` k steps (k =
-    /// 4 x 16: one 64-deep page of bf16), A 64 rows and B 128 rows, both K-major, f32 accumulators
-    /// (64 per thread, [`super::acc_m64`]), committed as one group and left in flight:
-    /// [`wait_group_m64n128`] waits for them.
+    /// 4 x 16: one 64-deep page of bf16), A 64 rows (M) and B 128 rows (N), f32 accumulators (64
+    /// per thread, [`super::acc_m64`]), committed as one group and left in flight:
+    /// [`wait_group_m64n128`] waits for them. `TA` / `TB` (0 or 1) say whether A / B is read
+    /// transposed, MN-major (each descriptor then describes that layout, see
+    /// [`super::smem_descriptor`]), rather than K-major.
     ///
     /// PTX: `wgmma.fence.sync.aligned;`, four times
-    /// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {d0..d63}, a_desc[k], b_desc[k], p, 1, 1, 0, 0;`
+    /// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {d0..d63}, a_desc[k], b_desc[k], p, 1, 1, TA, TB;`
     /// (`p` true: accumulate), `wgmma.commit_group.sync.aligned;`
     ///
     /// # Safety
     /// As [`mma_m64n64k8x4_tf32`], with `d` waited for by [`wait_group_m64n128`].
     #[inline(always)]
-    pub unsafe fn mma_m64n128k16x4_bf16(d: &mut [f32; 64], a: [u64; 4], b: [u64; 4]) {
+    pub unsafe fn mma_m64n128k16x4_bf16<const TA: u32, const TB: u32>(d: &mut [f32; 64], a: [u64; 4], b: [u64; 4]) {
+        const { assert!(TA <= 1 && TB <= 1) };
         unsafe {
-            wgmma_m64n128_chain!(wgmma_m64n128k16_bf16_line, d; a0 = a[0], b0 = b[0]; a1 = a[1], b1 = b[1]; a2 = a[2], b2 = b[2]; a3 = a[3], b3 = b[3])
+            wgmma_m64n128_chain!(wgmma_m64n128k16_bf16_line, d, TA, TB; a0 = a[0], b0 = b[0]; a1 = a[1], b1 = b[1]; a2 = a[2], b2 = b[2]; a3 = a[3], b3 = b[3])
         };
     }
 

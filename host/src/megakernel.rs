@@ -1018,8 +1018,9 @@ impl GpuStep {
             wt_off.push(wttotal as u32);
             wttotal += w[0] * p(l + 1);
         }
-        // (the transposed copies exist on the tensor-core paths only)
-        let tc = path != DataPath::CudaCores;
+        // (the transposed copies exist on the tensor-core paths only, and not where the step
+        // reads its operands in place)
+        let tc = path != DataPath::CudaCores && !kiln_gpu::megakernel::reads_in_place(path.code(), schedule.tile);
         let sizes = [
             ("weights", total),
             ("activations", atotal),
@@ -1100,8 +1101,11 @@ impl GpuStep {
     }
 
     /// The tensor maps of the tensor-core path, in `kiln_gpu::megakernel::map` order per layer:
-    /// every one K-major, a box of `tile` rows by one page's columns (32 f32, or 64 bf16 on
-    /// [`DataPath::Bf16`], whose maps all describe bf16 copies).
+    /// K-major, a box of `tile` rows by one page's columns (32 f32, or 64 bf16 on
+    /// [`DataPath::Bf16`], whose maps all describe bf16 copies). Where the step reads its operands
+    /// in place (`kiln_gpu::megakernel::reads_in_place`: bf16 at tile 128), the maps of the
+    /// transposed operands describe the operands themselves (`act_bf16`, `grad_bf16`, `w_op`),
+    /// MN-major: a box of one page's K rows by `MN_BOX` columns.
     fn encode_maps(
         &self,
         w_off: &[u32],
@@ -1114,15 +1118,23 @@ impl GpuStep {
         use kiln_gpu::swizzle::Swizzle;
         let (d, b, tile) = (&self.shape.dims, self.shape.batch, self.tile);
         let bf16 = self.path == DataPath::Bf16;
+        let page_k = kiln_gpu::megakernel::page_k(self.path.code());
         let spec = |rows: usize, cols: usize| TensorMapSpec {
             dtype: if bf16 { TmaDtype::Bf16 } else { TmaDtype::F32 },
             rows: rows as u64,
             cols: cols as u64,
             row_pitch: pitch(cols as u32) as u64,
             box_rows: tile,
-            box_cols: kiln_gpu::megakernel::page_k(self.path.code()),
+            box_cols: page_k,
             swizzle: Swizzle::B128,
         };
+        // an operand read in place, MN-major: rows are K
+        let mn_spec = |rows: usize, cols: usize| TensorMapSpec {
+            box_rows: page_k,
+            box_cols: kiln_gpu::megakernel::MN_BOX,
+            ..spec(rows, cols)
+        };
+        let in_place = self.reads_in_place();
         let f32_at = |buf: &crate::cuda::DeviceBuffer<f32>, off: u32| buf.addr() + 4 * off as u64;
         // the forward's A and the input gradient's A: bf16 copies on the bf16 path, else the f32
         // arrays themselves (stored rounded on the tf32 path)
@@ -1137,11 +1149,17 @@ impl GpuStep {
             };
             let mut layer = [(0u64, spec(1, 1)); map::PER_LAYER as usize];
             layer[map::ACT as usize] = (act(a_off[l]), spec(b, d[l]));
-            layer[map::ACT_T as usize] = (self.act_t.addr_of(t_off[l]), spec(d[l], b));
             layer[map::GRAD as usize] = (grad(a_off[l + 1]), spec(b, d[l + 1]));
-            layer[map::GRAD_T as usize] = (self.grad_t.addr_of(t_off[l + 1]), spec(d[l + 1], b));
             layer[map::W as usize] = (w, spec(d[l + 1], d[l]));
-            layer[map::W_T as usize] = (self.w_t.addr_of(wt_off[l]), spec(d[l], d[l + 1]));
+            if in_place {
+                layer[map::ACT_T as usize] = (act(a_off[l]), mn_spec(b, d[l]));
+                layer[map::GRAD_T as usize] = (grad(a_off[l + 1]), mn_spec(b, d[l + 1]));
+                layer[map::W_T as usize] = (w, mn_spec(d[l + 1], d[l]));
+            } else {
+                layer[map::ACT_T as usize] = (self.act_t.addr_of(t_off[l]), spec(d[l], b));
+                layer[map::GRAD_T as usize] = (self.grad_t.addr_of(t_off[l + 1]), spec(d[l + 1], b));
+                layer[map::W_T as usize] = (self.w_t.addr_of(wt_off[l]), spec(d[l], d[l + 1]));
+            }
             maps.extend(layer);
         }
         self.dev.tensor_maps(&maps)
@@ -1150,6 +1168,12 @@ impl GpuStep {
     /// The step's data path.
     pub fn path(&self) -> DataPath {
         self.path
+    }
+
+    /// Whether the step reads every product operand in place and keeps no transposed copies
+    /// (`kiln_gpu::megakernel::reads_in_place`: [`DataPath::Bf16`] at tile 128).
+    pub fn reads_in_place(&self) -> bool {
+        kiln_gpu::megakernel::reads_in_place(self.path.code(), self.tile)
     }
 
     /// The output tile edge of the schedule.
@@ -1223,7 +1247,7 @@ impl GpuStep {
         if self.path == DataPath::Bf16 {
             self.act_bf16.write_prefix(&self.dev, &x)?;
         }
-        if self.path != DataPath::CudaCores {
+        if self.path != DataPath::CudaCores && !self.reads_in_place() {
             let xt: Vec<f32> = transpose_padded(inp.x, b, d0).into_iter().map(operand).collect();
             self.act_t.write_prefix(&self.dev, &xt)?;
         }
@@ -1460,7 +1484,11 @@ impl GpuStep {
         let (d, b, layers) = (&self.shape.dims, self.shape.batch, self.shape.layers());
         let per_layer = |flat: Vec<f32>| split_rows(&flat, d.iter().map(|&dim| (dim, b)));
         let dev = &self.dev;
-        let w_t = split_rows(&self.w_t.download(dev)?, (0..layers).map(|l| (d[l], d[l + 1])));
+        let kept = !self.reads_in_place();
+        let w_t = match kept {
+            true => Some(split_rows(&self.w_t.download(dev)?, (0..layers).map(|l| (d[l], d[l + 1])))),
+            false => None,
+        };
         let w_op = match self.path {
             DataPath::Tf32 | DataPath::Bf16 => {
                 Some(split_rows(&self.w_op.download(dev)?, (0..layers).map(|l| (d[l + 1], d[l]))))
@@ -1474,8 +1502,8 @@ impl GpuStep {
             })
         };
         Ok(OperandCopies {
-            act_t: per_layer(self.act_t.download(dev)?),
-            grad_t: per_layer(self.grad_t.download(dev)?),
+            act_t: if kept { Some(per_layer(self.act_t.download(dev)?)) } else { None },
+            grad_t: if kept { Some(per_layer(self.grad_t.download(dev)?)) } else { None },
             w_t,
             w_op,
             act_bf16: bf16(&self.act_bf16)?,
@@ -1486,16 +1514,17 @@ impl GpuStep {
 
 /// The K-major copies of a tensor-core step's operands ([`GpuStep::operand_copies`]), each as its
 /// products read it (rounded to tf32 on [`DataPath::Tf32`], stored as bf16 on
-/// [`DataPath::Bf16`]), unpadded rows.
+/// [`DataPath::Bf16`]), unpadded rows. The transposed copies are `None` where the step keeps
+/// none ([`GpuStep::reads_in_place`]).
 #[derive(Clone, Debug)]
 pub struct OperandCopies {
     /// `act_t[l]`: `act[l]` transposed, `dims[l] x batch`, for `l` in `0..=L`. Written for the
     /// batch (`l = 0`) and the hidden layers; the outputs' (`l = L`) is never read and stays zero.
-    pub act_t: Vec<Vec<f32>>,
+    pub act_t: Option<Vec<Vec<f32>>>,
     /// `grad_t[l]`: `grad[l]` transposed, laid out as `act_t`; layer 0's is never computed.
-    pub grad_t: Vec<Vec<f32>>,
+    pub grad_t: Option<Vec<Vec<f32>>>,
     /// `w_t[l]`: `W[l]` transposed, `dims[l] x dims[l + 1]`.
-    pub w_t: Vec<Vec<f32>>,
+    pub w_t: Option<Vec<Vec<f32>>>,
     /// [`DataPath::Tf32`], [`DataPath::Bf16`]: `W[l]` rounded to the products' format (what the
     /// forward multiplies); `None` on 3xTF32, whose forward reads the weights themselves.
     pub w_op: Option<Vec<Vec<f32>>>,

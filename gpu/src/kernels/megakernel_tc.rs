@@ -96,6 +96,19 @@ const GO: u32 = STATS + 8 * BIGGEST_TILE;
 const LAYER_TABLE: u32 = GO + 16;
 /// Columns of the layer table.
 pub const TABLE_COLUMNS: u32 = 5;
+/// The descriptor of k step `kk` (16 bf16) of one operand page read MN-major
+/// ([`reads_in_place`](crate::megakernel::reads_in_place)), at shared address `page`: the page is
+/// `tile / MN_BOX` boxes of [`PAGE_K_BF16`](crate::megakernel::PAGE_K_BF16) K rows by 64 M (or N)
+/// columns, each row 128 bytes, 128-byte swizzled, the boxes one after another. In the terms of
+/// the descriptor's MN-major form: 64-column chunks of M or N are a box apart (the leading byte
+/// offset, 8 KiB), 8-row groups of K 1024 bytes apart (the stride byte offset), and a k step of 16
+/// rows starts 2048 bytes on.
+pub const fn mn_page_descriptor(page: u32, kk: u32) -> u64 {
+    use crate::megakernel::{MN_BOX, PAGE_K_BF16};
+    let row = 2 * MN_BOX;
+    crate::wgmma::smem_descriptor(page + kk * 16 * row, PAGE_K_BF16 * row, 8 * row, 0, crate::swizzle::Swizzle::B128)
+}
+
 /// Dynamic shared memory of one block for a model of `layers` layers.
 pub const fn tc_smem_bytes(layers: u32) -> u32 {
     LAYER_TABLE + 4 * TABLE_COLUMNS * (layers + 1)
@@ -130,7 +143,8 @@ mod dev {
         CONSUMER_WARPS, GROUP_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_GROUPS, PAGE_K,
         PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES,
         free_parity, give_up, groups_split_rows, loss, loss_partials, map, opcode, page_bytes, page_free_arrivals,
-        page_group, page_k, page_slot, pitch, precision, ready_parity, slot_uses_per_block, stage_tx_bytes, trace,
+        MN_BOX, page_group, page_k, page_slot, pitch, precision, reads_in_place, ready_parity, slot_uses_per_block,
+        stage_tx_bytes, trace,
     };
     use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
 
@@ -238,8 +252,9 @@ mod dev {
     }
 
     /// The product an instruction computes, `C[m][n] = sum_k A(m, k) B(n, k)` over `k < k`, each
-    /// operand one of the step's tensor maps (all K-major: [`map`]), in `pages` K blocks of
-    /// `page_k` ([`page_k`]: 32 f32 or 64 bf16 columns).
+    /// operand one of the step's tensor maps ([`map`]), in `pages` K blocks of `page_k`
+    /// ([`page_k`]: 32 f32 or 64 bf16 columns). Every operand is K-major but where `a_mn` /
+    /// `b_mn` say it is read in place, MN-major ([`reads_in_place`]).
     #[derive(Clone, Copy)]
     struct Product {
         a_map: u32,
@@ -248,6 +263,8 @@ mod dev {
         n0: u32,
         pages: u32,
         page_k: u32,
+        a_mn: bool,
+        b_mn: bool,
     }
 
     /// The product of a `LINEAR_*` instruction (see the table in [`crate::megakernel`]), or `None`.
@@ -257,33 +274,46 @@ mod dev {
         let at = |kind: u32| map::PER_LAYER * l + kind;
         let (m0, n0) = (i.tile_row * cfg.tile, i.tile_col * cfg.tile);
         let dim = |k: u32| lt.dim(k);
-        let (a, b, k) = match i.opcode {
+        // the operands read transposed, MN-major, where the step keeps no transposed copies
+        let mn = reads_in_place(cfg.precision, cfg.tile);
+        let ((a, a_mn), (b, b_mn), k) = match i.opcode {
             // act[l+1] = act[l] W[l]^T: k is the input feature
-            opcode::LINEAR_FWD => (map::ACT, map::W, dim(l)),
+            opcode::LINEAR_FWD => ((map::ACT, false), (map::W, false), dim(l)),
             // grad[l] = grad[l+1] W[l]: k is the output feature, rows of W (columns of w_t)
-            opcode::LINEAR_BWD_INPUT => (map::GRAD, map::W_T, dim(l + 1)),
+            opcode::LINEAR_BWD_INPUT => ((map::GRAD, false), (map::W_T, mn), dim(l + 1)),
             // dW[l] = grad[l+1]^T act[l]: k is the batch row (the fused update's product too)
-            opcode::LINEAR_BWD_WEIGHT | opcode::LINEAR_BWD_WEIGHT_SGD => (map::GRAD_T, map::ACT_T, cfg.batch),
+            opcode::LINEAR_BWD_WEIGHT | opcode::LINEAR_BWD_WEIGHT_SGD => ((map::GRAD_T, mn), (map::ACT_T, mn), cfg.batch),
             _ => return None,
         };
         let page_k = page_k(cfg.precision);
-        Some(Product { a_map: at(a), b_map: at(b), m0, n0, pages: k.div_ceil(page_k), page_k })
+        Some(Product { a_map: at(a), b_map: at(b), m0, n0, pages: k.div_ceil(page_k), page_k, a_mn, b_mn })
     }
 
-    /// Issues the TMA load of one operand's page for K block `kt` of `page_k` columns (rows from
-    /// `m0`): one box of `tile` rows by `page_k` columns.
+    /// Issues the TMA loads of one operand's page for K block `kt` of `page_k` columns (rows, M or
+    /// N, from `m0`): K-major, one box of `tile` rows by `page_k` columns; MN-major (`mn`), `tile /
+    /// MN_BOX` boxes of `page_k` rows (K) by [`MN_BOX`] columns, one after another (see
+    /// [`mn_page_descriptor`](super::mn_page_descriptor)).
     #[inline(always)]
     unsafe fn load_page(
         dst: u32,
         maps: crate::DevicePtr<tma::TensorMap>,
-        m: u32,
-        m0: u32,
+        (m, mn): (u32, bool),
+        (m0, tile): (u32, u32),
         kt: u32,
         page_k: u32,
         bar: u32,
     ) {
         let map = unsafe { maps.as_ptr().add(m as usize) };
-        unsafe { tma::load_2d(dst, map, (kt * page_k) as i32, m0 as i32, bar) };
+        if !mn {
+            unsafe { tma::load_2d(dst, map, (kt * page_k) as i32, m0 as i32, bar) };
+            return;
+        }
+        let mut j = 0;
+        while j < tile / MN_BOX {
+            let at = dst + j * page_k * 2 * MN_BOX;
+            unsafe { tma::load_2d(at, map, (m0 + j * MN_BOX) as i32, (kt * page_k) as i32, bar) };
+            j += 1;
+        }
     }
 
     /// Waits for the phase of `bar` with `parity`, giving up (false) after the step's wait limit or
@@ -348,8 +378,8 @@ mod dev {
                     // (the B page's barrier is the last use's: the A page's when both share a slot)
                     let (a_bar, b_bar) = (sm.ready(page_slot(u)), sm.ready(page_slot(u + per - 1)));
                     unsafe {
-                        load_page(sm.a_page_at(u), b.maps, p.a_map, p.m0, kt, p.page_k, a_bar);
-                        load_page(sm.b_page_at(u, per), b.maps, p.b_map, p.n0, kt, p.page_k, b_bar);
+                        load_page(sm.a_page_at(u), b.maps, (p.a_map, p.a_mn), (p.m0, tile), kt, p.page_k, a_bar);
+                        load_page(sm.b_page_at(u, per), b.maps, (p.b_map, p.b_mn), (p.n0, tile), kt, p.page_k, b_bar);
                     }
                     u += per;
                     kt += 1;
@@ -750,22 +780,39 @@ mod dev {
     /// rows, a ring slot each) with four `wgmma` m64n128k16 products: A from its own 64 rows of
     /// the A page (8 KiB in), B the whole B page. Both groups read every page, so every consumer
     /// warp frees it ([`page_free_arrivals`]), and the two groups' sums never meet: no exchange.
+    /// The operands the product reads in place are MN-major pages ([`Product::a_mn`], `b_mn`):
+    /// the products read them transposed (the group's 64 rows of A are then the A page's second
+    /// box, 8 KiB in as well).
     /// As in [`tile_wgmma`], a block's products stay in flight while the next block is awaited.
     /// Warp `w` of group `g` ends with rows `64 g + 16 w .. + 16`, all 128 columns
     /// ([`wgmma::acc_m64`]).
     #[inline(always)]
     unsafe fn tile_wgmma_rows(pages: Pages<'_>, d: &mut [f32; 64], on_first: &mut impl FnMut()) -> bool {
         let sm = pages.sm;
+        let (a_mn, b_mn) = (pages.p.a_mn, pages.p.b_mn);
         const PER: u32 = slot_uses_per_block(128);
         const { assert!(PER == 2 && groups_split_rows(128) && page_bytes(128) == STAGE_BYTES) };
-        // the group's 64 rows of the A page: 8 row groups of 1024 bytes
+        // the group's 64 rows of the A page: 8 row groups of 1024 bytes, or (MN-major) the
+        // group's box of 64 K rows of 128 bytes
         let a_rows = (thread::warp_id() / GROUP_WARPS) * 64 * 128;
+        let desc = |page: u32, mn: bool| -> [u64; 4] {
+            core::array::from_fn(|kk| {
+                if mn { super::mn_page_descriptor(page, kk as u32) } else { tile_descriptor(page, kk as u32) }
+            })
+        };
         *d = [0.0f32; 64];
         let mut in_flight: Option<(u32, bool)> = None;
         let ok = unsafe {
             group_pages::<4, true>(pages, on_first, |u, free| {
-                let (a, b) = (page_descriptors(sm.a_page_at(u) + a_rows), page_descriptors(sm.b_page_at(u, PER)));
-                wgmma::mma_m64n128k16x4_bf16(d, a, b);
+                let (a, b) = (desc(sm.a_page_at(u) + a_rows, a_mn), desc(sm.b_page_at(u, PER), b_mn));
+                // one asm site per form, every warp of the group on the same one (the forms follow
+                // the instruction)
+                match (a_mn, b_mn) {
+                    (false, false) => wgmma::mma_m64n128k16x4_bf16::<0, 0>(d, a, b),
+                    (false, true) => wgmma::mma_m64n128k16x4_bf16::<0, 1>(d, a, b),
+                    // (A is read in place only with B: the weight gradient)
+                    (true, _) => wgmma::mma_m64n128k16x4_bf16::<1, 1>(d, a, b),
+                }
                 wgmma::wait_group_m64n128::<1>(d);
                 if let Some((older, true)) = in_flight {
                     free_pages(sm, older, PER);
@@ -829,11 +876,13 @@ mod dev {
 
     /// Stores the copies of new weights `w` (row `o`, columns `k..k + N` of `W[l]`, `N` 1 or 2,
     /// columns past the layer's inputs skipped) that the products read, as [`rounded_operand`]s
-    /// ([`store_op`]): `w_t[l][k..][o]` (the input gradients' B) and, on tf32 and bf16,
-    /// `w_op[l][o][k..]` (the forwards' B, a pair in one store; 3xTF32 reads `weights` itself).
+    /// ([`store_op`]): `w_t[l][k..][o]` (the input gradients' B; not where the step reads in
+    /// place, [`reads_in_place`]) and, on tf32 and bf16, `w_op[l][o][k..]` (the forwards' B, a
+    /// pair in one store; 3xTF32 reads `weights` itself).
     #[inline(always)]
     unsafe fn store_weight_copies<const N: usize, const P: u32>(
         b: &MegaBuffers,
+        cfg: &MegaConfig,
         lt: Layers,
         l: u32,
         o: u32,
@@ -849,6 +898,9 @@ mod dev {
             } else {
                 unsafe { store_op::<P>(b.w_op, at, v[0]) };
             }
+        }
+        if reads_in_place(P, cfg.tile) {
+            return;
         }
         for (j, &x) in v.iter().enumerate() {
             if k + (j as u32) < din {
@@ -1327,6 +1379,8 @@ mod dev {
         let (w_off, a_in, a_out) = (lt.w_off(l), lt.a_off(l), lt.a_off(l + 1));
         let (t_in, t_out) = (lt.t_off(l), lt.t_off(l + 1));
         let hidden = l + 1 < cfg.layers;
+        // the transposed copies (none where the step reads its operands in place)
+        let transposed = !reads_in_place(P, cfg.tile);
         match i.opcode {
             opcode::LINEAR_FWD => {
                 if !hidden && cfg.loss != loss::MSE {
@@ -1342,7 +1396,9 @@ mod dev {
                                 if P == precision::BF16 {
                                     store_op_pair::<P>(b.act_bf16.cast(), at, c, dout, v);
                                 }
-                                store_t_pair::<P>(b.act_t, cfg, t_out, r, c, dout, v);
+                                if transposed {
+                                    store_t_pair::<P>(b.act_t, cfg, t_out, r, c, dout, v);
+                                }
                             }
                         } else {
                             unsafe { store_pair(b.act, a_out + r * pout + c, c, dout, v) };
@@ -1360,7 +1416,9 @@ mod dev {
                         if P == precision::BF16 {
                             store_op_pair::<P>(b.grad_bf16.cast(), at, c, din, v);
                         }
-                        store_t_pair::<P>(b.grad_t, cfg, t_in, r, c, din, v);
+                        if transposed {
+                            store_t_pair::<P>(b.grad_t, cfg, t_in, r, c, din, v);
+                        }
                     }
                 }
             }),
@@ -1394,7 +1452,7 @@ mod dev {
                         let w: [f32; 2] = core::array::from_fn(|k| pre.x[s][nj][k] - cfg.lr * step[k]);
                         unsafe {
                             store_pair(b.weights, j, c, din, w);
-                            store_weight_copies::<2, P>(b, lt, l, r, c, w);
+                            store_weight_copies::<2, P>(b, cfg, lt, l, r, c, w);
                         }
                     }
                 })
@@ -1600,7 +1658,7 @@ mod dev {
                             let staged = sm.sums(q);
                             tile_loss.store_grads::<P>(b, cfg, lt, &ins, stats, staged);
                             done = rendezvous(b, cfg, sm, &mut phase, idx);
-                            if done {
+                            if done && !reads_in_place(P, cfg.tile) {
                                 LossTile::<TM>::store_transposed::<P>(b, cfg, lt, &ins, staged, q);
                             }
                             q += 1;
@@ -1612,7 +1670,7 @@ mod dev {
                         done
                     },
                     opcode::SGD_UPDATE => {
-                        let copies = |o, k, w| unsafe { store_weight_copies::<1, P>(b, lt, ins.layer, o, k, [w]) };
+                        let copies = |o, k, w| unsafe { store_weight_copies::<1, P>(b, cfg, lt, ins.layer, o, k, [w]) };
                         unsafe { sgd_update(b, cfg, &ins, cfg.tile, CONSUMERS, t, copies) };
                         true
                     }
