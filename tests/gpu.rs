@@ -2051,7 +2051,7 @@ fn megakernel_tc_bits_repeat(dev: &Device) -> Outcome {
 /// hidden activation keeps low bits. On all three, the K-major copies the products read hold
 /// exactly those operands, transposed: `act_t` and `grad_t` are `act` and `grad` bit for bit,
 /// `w_t` is the updated weights (rounded on tf32 and bf16) and, on tf32 and bf16, `w_op` the
-/// rounded weights; on bf16 its copies of `act` and `grad` are them bit for bit; with fused and
+/// rounded weights; on bf16 its copy of the batch is `act[0]` bit for bit; with fused and
 /// with separate updates. bf16 at tile 128 reads its operands in place and keeps no transposed
 /// copies (and reports none). The CUDA-core path keeps no copies: asking for them is an error that
 /// names the paths that do.
@@ -2130,15 +2130,16 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
                 }
                 match (&copies.act_bf16, &copies.grad_bf16, path) {
                     (Some(act16), Some(grad16), DataPath::Bf16) => {
-                        let pairs = (0..layers).map(|l| ("act", l, &act16[l], &act[l]));
-                        for (name, l, got, want) in pairs.chain((1..=layers).map(|l| ("grad", l, &grad16[l], &grad[l])))
-                        {
-                            if let Some(i) = same(got, want) {
-                                return Err(format!(
-                                    "{what}: the bf16 copy of {name}[{l}] has {:e} at {i}, the f32 array {:e}",
-                                    got[i], want[i]
-                                ));
-                            }
+                        // the hidden activations and the gradients are kept as bf16 only (what
+                        // `activations` and `activation_grads` read); the batch is in both arrays
+                        if act16.len() != layers + 1 || grad16.len() != layers + 1 {
+                            return Err(format!("{what}: bf16 copies of {} and {} layers", act16.len(), grad16.len()));
+                        }
+                        if let Some(i) = same(&act16[0], &act[0]) {
+                            return Err(format!(
+                                "{what}: the bf16 copy of the batch has {:e} at {i}, the f32 array {:e}",
+                                act16[0][i], act[0][i]
+                            ));
                         }
                     }
                     (None, None, DataPath::Tf32 | DataPath::Tf32x3) => {}

@@ -409,9 +409,10 @@ pub struct MegaBuffers {
     pub velocity: crate::DevicePtrMut<f32>,
     /// Weight gradients.
     pub dw: crate::DevicePtrMut<f32>,
-    /// Activations (`act[0]` is the input).
+    /// Activations (`act[0]` is the input). On [`precision::BF16`] only the input and the outputs
+    /// (the logits) are here: the hidden layers are kept in `act_bf16` alone.
     pub act: crate::DevicePtrMut<f32>,
-    /// Activation gradients.
+    /// Activation gradients; unused on [`precision::BF16`], which keeps them in `grad_bf16` alone.
     pub grad: crate::DevicePtrMut<f32>,
     /// The tensor-core path's transposed activations, `act_t[l][feature][row]` (see [`map`]),
     /// stored as the products read them. The four operand copies (this one, `grad_t`, `w_op` and
@@ -426,10 +427,12 @@ pub struct MegaBuffers {
     /// The tensor-core path's transposed weights, `w_t[l][input][output]`, as the products read
     /// them (rounded on [`precision::TF32`] and [`precision::BF16`]).
     pub w_t: crate::DevicePtrMut<f32>,
-    /// [`precision::BF16`]: `act` as bf16 bits, laid out as `act` (the forwards' A); unused on the
-    /// other paths, whose products read `act` itself.
+    /// [`precision::BF16`]: the activations the products read, as bf16 bits, laid out as `act`
+    /// (the input and the hidden layers; the only copy of the hidden ones); unused on the other
+    /// paths, whose products read `act` itself.
     pub act_bf16: crate::DevicePtrMut<u16>,
-    /// [`precision::BF16`]: `grad` as bf16 bits, laid out as `grad` (the input gradients' A).
+    /// [`precision::BF16`]: the activation gradients as bf16 bits, laid out as `grad` (their only
+    /// copy).
     pub grad_bf16: crate::DevicePtrMut<u16>,
     /// MSE targets.
     pub y: crate::DevicePtr<f32>,

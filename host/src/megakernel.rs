@@ -1075,7 +1075,8 @@ impl GpuStep {
             dw: dev.zeros::<f32>(total)?,
             weights: dev.upload(&flat_w)?,
             act: dev.zeros::<f32>(atotal)?,
-            grad: dev.zeros::<f32>(atotal)?,
+            // (the bf16 path keeps its gradients in `grad_bf16` alone)
+            grad: dev.zeros::<f32>(if bf16 { 1 } else { atotal })?,
             act_t: OperandBuffer::zeros(&dev, path, if tc { ttotal } else { 1 })?,
             grad_t: OperandBuffer::zeros(&dev, path, if tc { ttotal } else { 1 })?,
             w_op: OperandBuffer::upload(&dev, path, &w_op)?,
@@ -1444,8 +1445,14 @@ impl GpuStep {
     /// one.
     pub fn activations(&mut self) -> Result<Vec<Vec<f32>>> {
         self.check()?;
-        let flat = self.dev.download(&self.act)?;
-        Ok(self.per_layer_rows(&flat))
+        let mut act = self.per_layer_rows(&self.dev.download(&self.act)?);
+        if self.path == DataPath::Bf16 {
+            // the hidden layers are kept as bf16 only
+            let bf16 = self.per_layer_rows(&self.act_bf16.download(&self.dev)?);
+            let last = act.len() - 1;
+            act[1..last].clone_from_slice(&bf16[1..last]);
+        }
+        Ok(act)
     }
 
     /// The last step's gradients of the loss by the activations, laid out as
@@ -1453,7 +1460,11 @@ impl GpuStep {
     /// [`DataPath::Tf32`] they are tf32 values, on [`DataPath::Bf16`] bf16 ones.
     pub fn activation_grads(&mut self) -> Result<Vec<Vec<f32>>> {
         self.check()?;
-        let flat = self.dev.download(&self.grad)?;
+        // (kept as bf16 only on the bf16 path)
+        let flat = match self.path {
+            DataPath::Bf16 => self.grad_bf16.download(&self.dev)?,
+            _ => self.dev.download(&self.grad)?,
+        };
         Ok(self.per_layer_rows(&flat))
     }
 

@@ -1014,15 +1014,29 @@ mod dev {
 
         /// The input gradient's `act[l]`.
         #[inline(always)]
-        unsafe fn load_act(&mut self, b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction, h: HalfAt) {
+        /// On [`precision::BF16`] from its only copy, `act_bf16` (a pair of bf16 in one 4-byte
+        /// load; the padding past a row's last column reads as whatever it holds, and masks a
+        /// column that is never stored).
+        unsafe fn load_act<const P: u32>(
+            &mut self,
+            b: &MegaBuffers,
+            cfg: &MegaConfig,
+            lt: Layers,
+            i: &Instruction,
+            h: HalfAt,
+        ) {
             let (din, a_in) = (lt.dim(i.layer), lt.a_off(i.layer));
             for s in 0..MT {
                 for nj in 0..NT {
-                    for c in 0..2 {
-                        let (r, col) = h.at(s, nj, c);
-                        if r < cfg.batch && col < din {
-                            self.x[s][nj][c] = unsafe { b.act.as_const().read((a_in + r * pitch(din) + col) as usize) };
-                        }
+                    let (r, col) = h.at(s, nj, 0);
+                    if r < cfg.batch && col < din {
+                        let at = a_in + r * pitch(din) + col;
+                        self.x[s][nj] = if P == precision::BF16 {
+                            let bits = unsafe { b.act_bf16.as_const().cast::<u32>().read((at / 2) as usize) };
+                            [f32::from_bits(bits << 16), f32::from_bits(bits & 0xffff_0000)]
+                        } else {
+                            unsafe { load_pair(b.act.as_const(), at, col, din) }
+                        };
                     }
                 }
             }
@@ -1247,9 +1261,10 @@ mod dev {
                     let g = rounded_operand::<P>(g);
                     let at = a_out + tr * pitch(dout) + tc;
                     unsafe {
-                        b.grad.write(at as usize, g);
                         if P == precision::BF16 {
                             store_op::<P>(b.grad_bf16.cast(), at, g);
+                        } else {
+                            b.grad.write(at as usize, g);
                         }
                         let (sr, sc) = (r - qr, tc % Self::TILE - qc);
                         shared::st_shared_b32(staged + Self::staged_at(sr, sc), g.to_bits());
@@ -1392,9 +1407,11 @@ mod dev {
                             let v = v.map(|x| rounded_operand::<P>(x.max(0.0)));
                             let at = a_out + r * pout + c;
                             unsafe {
-                                store_pair(b.act, at, c, dout, v);
+                                // (on bf16 the hidden activations are kept as bf16 only)
                                 if P == precision::BF16 {
                                     store_op_pair::<P>(b.act_bf16.cast(), at, c, dout, v);
+                                } else {
+                                    store_pair(b.act, at, c, dout, v);
                                 }
                                 if transposed {
                                     store_t_pair::<P>(b.act_t, cfg, t_out, r, c, dout, v);
@@ -1412,9 +1429,11 @@ mod dev {
                         core::array::from_fn(|k| if pre.x[s][nj][k] > 0.0 { rounded_operand::<P>(v[k]) } else { 0.0 });
                     let at = a_in + r * pin + c;
                     unsafe {
-                        store_pair(b.grad, at, c, din, v);
+                        // (on bf16 the gradients are kept as bf16 only)
                         if P == precision::BF16 {
                             store_op_pair::<P>(b.grad_bf16.cast(), at, c, din, v);
+                        } else {
+                            store_pair(b.grad, at, c, din, v);
                         }
                         if transposed {
                             store_t_pair::<P>(b.grad_t, cfg, t_in, r, c, din, v);
@@ -1479,7 +1498,7 @@ mod dev {
         let h = HalfAt::new::<MT, NT, L>(cfg, i, C as u32);
         let mut pre = Prefetched::<MT, NT>::new();
         match i.opcode {
-            opcode::LINEAR_BWD_INPUT => unsafe { pre.load_act(b, cfg, lt, i, h) },
+            opcode::LINEAR_BWD_INPUT => unsafe { pre.load_act::<P>(b, cfg, lt, i, h) },
             opcode::LINEAR_BWD_WEIGHT_SGD => unsafe { pre.load_weights(b, lt, i, h) },
             _ => {}
         }
@@ -1573,7 +1592,7 @@ mod dev {
                 }
                 let mut on_first = || {
                     if ins.opcode == opcode::LINEAR_BWD_INPUT {
-                        unsafe { pre.load_act(b, cfg, lt, &ins, h) };
+                        unsafe { pre.load_act::<P>(b, cfg, lt, &ins, h) };
                     }
                 };
                 let f = &mut on_first;
@@ -1611,7 +1630,7 @@ mod dev {
                 if p.pages <= group && ins.opcode == opcode::LINEAR_BWD_INPUT {
                     // A group with no page of its own (k of one page) never ran `on_first`; the
                     // rendezvous just met orders its loads after the other group's first page.
-                    unsafe { pre.load_act(b, cfg, lt, &ins, h) };
+                    unsafe { pre.load_act::<P>(b, cfg, lt, &ins, h) };
                 }
                 if t == 0 {
                     unsafe { stamp(b, idx, trace::WORK_DONE) };
