@@ -159,7 +159,8 @@ fn barriers_are_not_duplicated() {
     // them convergent, so each must appear exactly as often as in the source (an asm copy in a
     // divergent arm would hang or fault a warp). The Blackwell GEMM's tensor-memory instructions
     // and its 3 block barriers (ring set-up, TMEM set-up, teardown); the training megakernel's
-    // warpgroup products (the fence, four m64n64k8 tf32, m64n64k16 or m64n128k16 bf16 products, the commit
+    // warpgroup products (the fence, four m64n64k8 tf32, m64n64k16 or m64n128k16 bf16 products (the
+    // last in three forms: which operands are read transposed), the commit
     // and the wait for the page before, one site in the page walk, which a warp that gave up the
     // walk keeps executing with the others; the last wait, once after the walk).
     // (kernel's architecture, kernel, [(PTX needle, count)])
@@ -204,10 +205,15 @@ fn barriers_are_not_duplicated() {
             Arch::Sm90a,
             "megakernel_step_bf16_t128",
             &[
-                ("wgmma.fence.sync.aligned", 1),
-                ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", 4),
+                // three forms of the page's products (one site each, picked per instruction):
+                // both operands K-major, B read transposed (MN-major), both transposed
+                ("wgmma.fence.sync.aligned", 3),
+                ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", 12),
+                ("p, 1, 1, 0, 0;", 4),
+                ("p, 1, 1, 0, 1;", 4),
+                ("p, 1, 1, 1, 1;", 4),
                 ("wgmma.mma_async.sync.aligned.m64n64", 0),
-                ("wgmma.commit_group.sync.aligned", 1),
+                ("wgmma.commit_group.sync.aligned", 3),
                 ("wgmma.wait_group.sync.aligned 1", 1),
                 ("wgmma.wait_group.sync.aligned 0", 1),
             ],
