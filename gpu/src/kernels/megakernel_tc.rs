@@ -269,13 +269,14 @@ mod dev {
 
     /// The product of a `LINEAR_*` instruction (see the table in [`crate::megakernel`]), or `None`.
     #[inline(always)]
-    fn product(cfg: &MegaConfig, lt: Layers, i: &Instruction) -> Option<Product> {
+    fn product<const TM: usize, const P: u32>(cfg: &MegaConfig, lt: Layers, i: &Instruction) -> Option<Product> {
         let l = i.layer;
         let at = |kind: u32| map::PER_LAYER * l + kind;
         let (m0, n0) = (i.tile_row * cfg.tile, i.tile_col * cfg.tile);
         let dim = |k: u32| lt.dim(k);
         // the operands read transposed, MN-major, where the step keeps no transposed copies
-        let mn = reads_in_place(cfg.precision, cfg.tile);
+        // (from the kernel's tile and data path, constants: the consumers trap where `cfg` differs)
+        let mn = reads_in_place(P, 32 * TM as u32);
         let ((a, a_mn), (b, b_mn), k) = match i.opcode {
             // act[l+1] = act[l] W[l]^T: k is the input feature
             opcode::LINEAR_FWD => ((map::ACT, false), (map::W, false), dim(l)),
@@ -285,7 +286,7 @@ mod dev {
             opcode::LINEAR_BWD_WEIGHT | opcode::LINEAR_BWD_WEIGHT_SGD => ((map::GRAD_T, mn), (map::ACT_T, mn), cfg.batch),
             _ => return None,
         };
-        let page_k = page_k(cfg.precision);
+        let page_k = page_k(P);
         Some(Product { a_map: at(a), b_map: at(b), m0, n0, pages: k.div_ceil(page_k), page_k, a_mn, b_mn })
     }
 
@@ -335,15 +336,23 @@ mod dev {
     /// after recording a stall; then it waits (briefly) for the loads it issued, so that no copy lands
     /// in the shared memory of a block that has exited.
     #[inline(always)]
-    unsafe fn load_pages(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, lt: Layers, lo: u32, hi: u32) {
-        let tile = cfg.tile;
+    unsafe fn load_pages<const TM: usize, const P: u32>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        sm: Smem,
+        lt: Layers,
+        lo: u32,
+        hi: u32,
+    ) {
+        // the kernel's tile (the consumers trap where `cfg.tile` differs), a constant
+        let tile = 32 * TM as u32;
         let mut u = 0u32;
         let mut idx = lo;
         let mut next = unsafe { prefetch(b, lo, hi) };
         'instructions: while idx < hi {
             let ins = next;
             next = unsafe { prefetch(b, idx + 1, hi) };
-            if let Some(p) = product(cfg, lt, &ins) {
+            if let Some(p) = product::<TM, P>(cfg, lt, &ins) {
                 unsafe { stamp(b, idx, trace::LOADER_START) };
                 // (the fused update's second wait, its write-after-read guard, is met here too:
                 // the consumers write W only after pages this loader issued after it)
@@ -1555,7 +1564,7 @@ mod dev {
             if t == 0 {
                 unsafe { stamp(b, idx, trace::START) };
             }
-            let product = product(cfg, lt, &ins);
+            let product = product::<TM, P>(cfg, lt, &ins);
             let is_product = product.is_some();
             if abandoned && !is_product {
                 idx += 1;
@@ -1759,7 +1768,7 @@ mod dev {
         let (lo, hi) = unsafe { (b.sm_offsets.read(block as usize), b.sm_offsets.read(block as usize + 1)) };
         if thread::warp_id() >= CONSUMER_WARPS {
             if thread::lane_id() == 0 {
-                unsafe { load_pages(b, cfg, sm, lt, lo, hi) };
+                unsafe { load_pages::<TM, P>(b, cfg, sm, lt, lo, hi) };
             }
             return;
         }
