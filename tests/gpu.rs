@@ -2101,7 +2101,11 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
                 let (act_t, grad_t, w_t) = match (&copies.act_t, &copies.grad_t, &copies.w_t, gpu.reads_in_place()) {
                     (Some(a), Some(g), Some(w), false) => (a.clone(), g.clone(), w.clone()),
                     (None, None, None, true) => (vec![], vec![], vec![]),
-                    _ => return Err(format!("{what}: transposed copies kept where the step reads in place, or missing")),
+                    _ => {
+                        return Err(format!(
+                            "{what}: transposed copies kept where the step reads in place, or missing"
+                        ));
+                    }
                 };
                 let checks = (0..act_t.len().min(layers))
                     .map(|l| ("act", l, &act[l], &act_t[l], batch, dims[l]))

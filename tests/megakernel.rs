@@ -315,7 +315,11 @@ fn the_page_ring_protocol_never_strands_a_waiter() {
     use kiln::gpu::megakernel::page_free_arrivals;
     for tile in [32, 64, 128] {
         for seed in 0..20 {
-            assert_eq!(run_page_ring(5000, tile, page_free_arrivals(tile), seed), (5000, None), "tile {tile} seed {seed}");
+            assert_eq!(
+                run_page_ring(5000, tile, page_free_arrivals(tile), seed),
+                (5000, None),
+                "tile {tile} seed {seed}"
+            );
         }
     }
 }

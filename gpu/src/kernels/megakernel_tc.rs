@@ -36,18 +36,25 @@
 //!   `w` of a group then holds rows `16 w .. 16 w + 16` of the tile, every column. (Medium model
 //!   0.151 -> 0.130 ms, large 2.34 -> 1.94 ms, H200 run 124; with the give-up path that keeps
 //!   it hang-proof, 0.138 and 2.04 ms in run 130's form, 0.130-0.132 and 1.95 ms in run 133's:
-//!   see `group_pages`.) [`precision::BF16`] (tile 64 only) takes the same path with pages of
+//!   see `group_pages`.) [`precision::BF16`] at tile 64 takes the same path with pages of
 //!   bf16, 64 deep in K in the same 128-byte rows, and four `wgmma` m64n64k16 per page; every
 //!   operand it reads is stored as bf16 (`store_op`: the transposed copies and the weights'
-//!   copies in bf16, and bf16 copies of `act` and `grad` beside the f32 arrays, which hold the
-//!   same values rounded). Medium 0.127 -> 0.100 ms, large 1.92 -> 1.35 ms (H200 run 139).
-//!   Each group then finishes half of every warp square (its `Half`): it leaves the other half's
+//!   copies in bf16, and the hidden activations and the gradients in `act_bf16` and `grad_bf16`
+//!   only). Medium 0.127 -> 0.100 ms, large 1.92 -> 1.35 ms (H200 run 139).
+//!   [`precision::BF16`] at tile 128 (`tile_wgmma_rows`, [`layout`] `ROWS`) splits the rows
+//!   instead: each warpgroup multiplies every K block (a 128-row A page and a 128-row B page, a
+//!   ring slot each) into its own 64 rows with four `wgmma` m64n128k16, so no sums are
+//!   exchanged; and it keeps no transposed copies, reading `grad`, `act` and `w_op` in place,
+//!   MN-major, with the products' transpose flags ([`reads_in_place`](crate::megakernel::reads_in_place),
+//!   [`mn_page_descriptor`]). Large 1.35 -> 0.92 ms (H200 runs 140, 154).
+//!   Up to tile 64 each group then finishes half of every warp square (its `Half`): it leaves the other half's
 //!   sums in shared memory (two buffers, alternating per product), the consumers meet, and each
 //!   group adds the other's sums to its half and runs the epilogue on it (ReLU, the ReLU
 //!   derivative, the fused update) straight from the accumulators, so all eight warps store.
 //!   Beside each activation or gradient it stores the transposed copy (`act_t`, `grad_t`), and
 //!   beside each new weight its copies (`w_t`, and `w_op` on the tf32 and bf16 paths), that later
-//!   products read K-major (on bf16 also the copies `act_bf16`, `grad_bf16`). The
+//!   products read K-major (on bf16 the copies `act_bf16`, `grad_bf16` instead of `act`, `grad`;
+//!   at tile 128 no transposed copies). The
 //!   global values an epilogue reads (the ReLU mask, the old weights) are loaded while the pages
 //!   stream in (`Prefetched`). Loss gradients and SGD updates run on all 256 consumer threads
 //!   after consumer thread 0 has waited for their counters.
@@ -140,10 +147,10 @@ mod dev {
     use crate::kernels::gemm_wgmma::tile_descriptor;
     use crate::kernels::megakernel_step::{aborted, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
-        CONSUMER_WARPS, GROUP_WARPS, Instruction, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_GROUPS, PAGE_K,
-        PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES,
+        CONSUMER_WARPS, GROUP_WARPS, Instruction, MN_BOX, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_GROUPS,
+        PAGE_K, PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES,
         free_parity, give_up, groups_split_rows, loss, loss_partials, map, opcode, page_bytes, page_free_arrivals,
-        MN_BOX, page_group, page_k, page_slot, pitch, precision, reads_in_place, ready_parity, slot_uses_per_block,
+        page_group, page_k, page_slot, pitch, precision, reads_in_place, ready_parity, slot_uses_per_block,
         stage_tx_bytes, trace,
     };
     use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
@@ -156,7 +163,6 @@ mod dev {
     /// Role of a stall record: the loader's, or the consumers'.
     const LOADER: u32 = 0;
     const CONSUMER: u32 = 1;
-
 
     /// The block's dynamic shared memory (see the constants above for its layout).
     #[derive(Clone, Copy)]
@@ -283,7 +289,9 @@ mod dev {
             // grad[l] = grad[l+1] W[l]: k is the output feature, rows of W (columns of w_t)
             opcode::LINEAR_BWD_INPUT => ((map::GRAD, false), (map::W_T, mn), dim(l + 1)),
             // dW[l] = grad[l+1]^T act[l]: k is the batch row (the fused update's product too)
-            opcode::LINEAR_BWD_WEIGHT | opcode::LINEAR_BWD_WEIGHT_SGD => ((map::GRAD_T, mn), (map::ACT_T, mn), cfg.batch),
+            opcode::LINEAR_BWD_WEIGHT | opcode::LINEAR_BWD_WEIGHT_SGD => {
+                ((map::GRAD_T, mn), (map::ACT_T, mn), cfg.batch)
+            }
             _ => return None,
         };
         let page_k = page_k(P);
@@ -1502,8 +1510,9 @@ mod dev {
         d: &[f32; 64],
     ) {
         // accumulator 4 j + 2 s + c is row 8 s, column 8 j + c of the lane's ([`wgmma::acc_m64`])
-        let mine: Half<MT, NT> =
-            core::array::from_fn(|s| core::array::from_fn(|nj| core::array::from_fn(|c| d[4 * (NT * C + nj) + 2 * s + c])));
+        let mine: Half<MT, NT> = core::array::from_fn(|s| {
+            core::array::from_fn(|nj| core::array::from_fn(|c| d[4 * (NT * C + nj) + 2 * s + c]))
+        });
         let h = HalfAt::new::<MT, NT, L>(cfg, i, C as u32);
         let mut pre = Prefetched::<MT, NT>::new();
         match i.opcode {
