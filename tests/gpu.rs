@@ -2331,9 +2331,10 @@ fn megakernel_give_up_split(dev: &Device) -> Outcome {
                 let want = match at {
                     // the group's first page of the first product
                     GiveUp::Pages => format!("the ready barrier of page {first} with parity 0 (page use {first})"),
-                    // the first product's publishing meeting: its second (after its sums), or its
-                    // first where no sums are exchanged
-                    GiveUp::Publish if rows => "the consumers' rendezvous with parity 0 (meeting 0)".to_string(),
+                    // the first product's publishing meeting: its second (after its sums); at tile
+                    // 128, where the first product (a hidden forward) is handed to the storer
+                    // instead, the hand-off of its staged tile
+                    GiveUp::Publish if rows => "the staged-tile hand-off with parity 0 (staged tile 0)".to_string(),
                     GiveUp::Publish => "the consumers' rendezvous with parity 1 (meeting 1)".to_string(),
                 };
                 let want = format!("consumers of block 0 at instruction 0 waited on {want}");

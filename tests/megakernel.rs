@@ -386,7 +386,7 @@ fn mn_major_pages_at_tile_128() {
 /// the H200's 227 KiB; row pitches keep every row 16-byte aligned.
 #[test]
 fn tensor_core_layout_constants() {
-    use kiln::gpu::kernels::megakernel_tc::{TC_THREADS, tc_smem_bytes};
+    use kiln::gpu::kernels::megakernel_tc::{TC_THREADS, tc_smem_bytes, tc_threads};
     use kiln::gpu::megakernel::{
         PAGE_K, PAGE_K_BF16, STAGE_BYTES, page_bytes, page_k, pitch, precision, record_offset,
     };
@@ -398,6 +398,10 @@ fn tensor_core_layout_constants() {
     // layers fit)
     assert!(tc_smem_bytes(80) <= 227 * 1024, "{}", tc_smem_bytes(80));
     assert_eq!(TC_THREADS, 288, "eight consumer warps and one loader warp");
+    assert_eq!(tc_threads(precision::BF16, 128), 320, "and a storer warp where the tiles are stored through TMA");
+    for (p, t) in [(precision::BF16, 64), (precision::TF32, 64), (precision::TF32, 32), (precision::TF32X3, 64)] {
+        assert_eq!(tc_threads(p, t), TC_THREADS, "path {p} tile {t}");
+    }
     assert_eq!(PAGE_K * 4, 128, "a K-major page row is one 128-byte swizzle span");
     assert_eq!(PAGE_K_BF16 * 2, 128, "so is a bf16 page row");
     assert_eq!(page_k(precision::BF16), PAGE_K_BF16);
@@ -482,4 +486,49 @@ fn interpreter_rounds_operands_as_the_path_does() {
     let (rounded, f32_operands) = (worst(DataPath::Bf16), worst(DataPath::CudaCores));
     assert!(rounded < 1e-4, "bf16 operands: off by {rounded} of the largest update");
     assert!(f32_operands > 1e-3, "f32 operands should part from the bf16 reference: {f32_operands}");
+}
+
+/// The staged tile of the tile-128 kernel (`stores_through_tma`): element (row, column) of the
+/// 128 x 128 bf16 tile sits where TMA's 128-byte swizzle puts it in one of two 64-column boxes
+/// (so the storer's two box stores write the tile as the maps describe it), every element has its
+/// own two bytes, and a warp's store of one accumulator pair (rows `r0 + lane / 4`, columns `c0 +
+/// 2 (lane % 4)`, as `wgmma::acc_m64` lays them out) hits each of the 32 banks once.
+#[test]
+fn staged_tile_layout() {
+    use kiln::gpu::kernels::megakernel_tc::{STAGE_BOX_BYTES, staged_offset};
+    use kiln::gpu::megakernel::{MN_BOX, precision, staged, stores_through_tma};
+    use kiln::gpu::swizzle::{Swizzle, tile_offset};
+    assert_eq!(STAGE_BOX_BYTES, 128 * 128);
+    let mut seen = vec![false; 2 * STAGE_BOX_BYTES as usize / 2];
+    for r in 0..128u32 {
+        for c in 0..128u32 {
+            let at = staged_offset(r, c);
+            let (boxed, within) = (at / STAGE_BOX_BYTES, at % STAGE_BOX_BYTES);
+            assert_eq!(boxed, c / MN_BOX, "({r}, {c})");
+            assert_eq!(within, tile_offset(Swizzle::B128, r, c % MN_BOX, 128, 2), "({r}, {c})");
+            assert!(!std::mem::replace(&mut seen[at as usize / 2], true), "({r}, {c}) shares its bytes");
+        }
+    }
+    for r0 in [0u32, 8, 16, 72, 120] {
+        for j in 0..16u32 {
+            let mut banks: Vec<u32> = (0..32u32)
+                .map(|lane| {
+                    let at = staged_offset(r0 + lane / 4, 8 * j + 2 * (lane % 4));
+                    assert_eq!(at % 4, 0, "a pair is one aligned word");
+                    at / 4 % 32
+                })
+                .collect();
+            banks.sort_unstable();
+            banks.dedup();
+            assert_eq!(banks.len(), 32, "rows {r0}.., columns {}..: bank conflicts", 8 * j);
+        }
+    }
+    // only bf16 at tile 128 stages, and only the hidden forwards and the input gradients
+    assert!(stores_through_tma(precision::BF16, 128));
+    assert!(!stores_through_tma(precision::BF16, 64) && !stores_through_tma(precision::TF32, 64));
+    assert!(staged(opcode::LINEAR_FWD, 2, 4) && !staged(opcode::LINEAR_FWD, 3, 4));
+    assert!(staged(opcode::LINEAR_BWD_INPUT, 1, 4));
+    for op in [opcode::LOSS_GRAD, opcode::LINEAR_BWD_WEIGHT, opcode::LINEAR_BWD_WEIGHT_SGD, opcode::SGD_UPDATE] {
+        assert!(!staged(op, 0, 4), "opcode {op}");
+    }
 }

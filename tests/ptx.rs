@@ -165,7 +165,7 @@ fn barriers_are_not_duplicated() {
     // walk keeps executing with the others; the last wait, once after the walk).
     // (kernel's architecture, kernel, [(PTX needle, count)])
     type Collectives<'a> = (Arch, &'a str, &'a [(&'a str, usize)]);
-    let collectives: [Collectives; 7] = [
+    let collectives: [Collectives; 9] = [
         (
             Arch::Sm100a,
             "gemm_tcgen05_bf16",
@@ -216,8 +216,18 @@ fn barriers_are_not_duplicated() {
                 ("wgmma.commit_group.sync.aligned", 3),
                 ("wgmma.wait_group.sync.aligned 1", 1),
                 ("wgmma.wait_group.sync.aligned 0", 1),
+                // the storer's two boxes a staged tile, released once read, published once
+                // written; the consumers' one proxy fence before handing a tile over
+                ("cp.async.bulk.tensor.2d.global.shared::cta", 2),
+                ("cp.async.bulk.commit_group", 1),
+                ("cp.async.bulk.wait_group.read 0", 1),
+                ("cp.async.bulk.wait_group 0", 1),
+                ("fence.proxy.async.shared::cta", 1),
             ],
         ),
+        // only the tile-128 kernel stores through TMA
+        (Arch::Sm90a, "megakernel_step_bf16_t64", &[("cp.async.bulk.tensor.2d.global", 0)]),
+        (Arch::Sm90a, "megakernel_step_tf32_t64", &[("cp.async.bulk.tensor.2d.global", 0)]),
         // the step's other kernels multiply on mma.sync only
         (Arch::Sm90a, "megakernel_step_tf32_t32", &[("wgmma.", 0)]),
         (Arch::Sm90a, "megakernel_step_tf32x3_t32", &[("wgmma.", 0)]),

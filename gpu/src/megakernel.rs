@@ -195,6 +195,15 @@ pub const PAGE_READY: u32 = 1;
 pub const PAGE_FREE: u32 = 2;
 /// Record kind: a consumer warp waited for the others at an instruction boundary.
 pub const RENDEZVOUS: u32 = 3;
+/// Record kind: the storer waited for the consumers to stage a tile ([`stores_through_tma`]); the
+/// slot bits are 0 and the fourth word counts the block's staged tiles.
+pub const STAGED: u32 = 4;
+/// Record kind: the consumers (or the loader, before a ReLU mask) waited for the storer to free
+/// the staging buffer ([`stores_through_tma`]).
+pub const STAGE_FREE: u32 = 5;
+/// Record kind: the consumers waited for an input gradient's ReLU mask to land in the staging
+/// buffer ([`stores_through_tma`]); the fourth word counts the block's masks.
+pub const MASK_READY: u32 = 6;
 /// Stall records per block (after the counters and the abort flag): the loader's, then the
 /// consumers' (the CUDA-core kernel uses only the first).
 pub const RECORDS_PER_BLOCK: u32 = 2;
@@ -284,6 +293,27 @@ pub const fn groups_split_rows(tile: u32) -> bool {
 pub const fn reads_in_place(precision: u32, tile: u32) -> bool {
     precision == precision::BF16 && groups_split_rows(tile)
 }
+/// Whether data path `precision` at `tile` hands its activation and gradient tiles to a storer
+/// warp through shared memory, which writes them with TMA and publishes them, while the consumers
+/// go on to the next instruction: bf16 at tile 128 (where the staged tile, 128 x 128 bf16, fills
+/// the shared memory the page groups use for their sums at smaller tiles). The instructions
+/// staged are those of [`staged`]; there the input gradient's ReLU mask (`act[l]`) also arrives
+/// in the staging buffer, loaded with TMA by the loader, instead of by the consumers' loads.
+pub const fn stores_through_tma(precision: u32, tile: u32) -> bool {
+    reads_in_place(precision, tile)
+}
+
+/// Whether an instruction stages its output tile where the step [`stores_through_tma`]: a hidden
+/// layer's forward (`act[l + 1]`, bf16) and every input gradient (`grad[l]`, bf16). (The last
+/// forward writes f32 logits and the loss partials; the weight tiles write f32 weights.)
+pub const fn staged(op: u32, layer: u32, layers: u32) -> bool {
+    match op {
+        opcode::LINEAR_FWD => layer + 1 < layers,
+        opcode::LINEAR_BWD_INPUT => true,
+        _ => false,
+    }
+}
+
 /// The columns (M or N, 128 bytes of bf16) of one box of an MN-major page ([`reads_in_place`]).
 pub const MN_BOX: u32 = 64;
 

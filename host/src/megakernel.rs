@@ -1268,7 +1268,7 @@ impl GpuStep {
         use kiln_gpu::kernels::megakernel_step::{MEGA_THREADS, MegakernelStep};
         use kiln_gpu::kernels::megakernel_tc::{
             MegakernelStepBf16T64, MegakernelStepBf16T128, MegakernelStepTf32T32, MegakernelStepTf32T64,
-            MegakernelStepTf32x3T32, MegakernelStepTf32x3T64, TC_THREADS, tc_smem_bytes,
+            MegakernelStepTf32x3T32, MegakernelStepTf32x3T64, tc_smem_bytes, tc_threads,
         };
         use kiln_gpu::megakernel::{MegaBuffers, MegaConfig, loss};
         // Zero the dependency counters only: the abort flag and the records after them stay until
@@ -1329,7 +1329,8 @@ impl GpuStep {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
-        let (mega, tc) = (launch(MEGA_THREADS, 0), launch(TC_THREADS, tc_smem_bytes(cfg.layers)));
+        let tc_block = tc_threads(cfg.precision, cfg.tile);
+        let (mega, tc) = (launch(MEGA_THREADS, 0), launch(tc_block, tc_smem_bytes(cfg.layers)));
         let args = (bufs, cfg);
         // The step's kernel: one per data path and, on tensor cores, per tile (the schedule's,
         // which `GpuStep::new` checked is one of the path's).
@@ -1369,7 +1370,8 @@ impl GpuStep {
     /// [`Error::Stalled`] (then clears the flag).
     pub fn check(&mut self) -> Result<()> {
         use kiln_gpu::megakernel::{
-            PAGE_FREE, PAGE_READY, PAGE_TAG, RECORD_WORDS, RECORDS_PER_BLOCK, RENDEZVOUS, record_offset,
+            MASK_READY, PAGE_FREE, PAGE_READY, PAGE_TAG, RECORD_WORDS, RECORDS_PER_BLOCK, RENDEZVOUS, STAGE_FREE,
+            STAGED, record_offset,
         };
         self.steps_since_check = 0;
         let c = self.dev.download(&self.counter_buf)?;
@@ -1404,6 +1406,11 @@ impl GpuStep {
                             format!("the free barrier of page {slot} with parity {} (page use {})", r[2], r[3])
                         }
                         RENDEZVOUS => format!("the consumers' rendezvous with parity {} (meeting {})", r[2], r[3]),
+                        STAGED => format!("the staged-tile hand-off with parity {} (staged tile {})", r[2], r[3]),
+                        STAGE_FREE => {
+                            format!("the storer's release of the staging buffer with parity {} (staged tile {})", r[2], r[3])
+                        }
+                        MASK_READY => format!("the ReLU mask's barrier with parity {} (mask {})", r[2], r[3]),
                         other => format!("barrier kind {other}, slot {slot}, parity {}", r[2]),
                     }
                 };

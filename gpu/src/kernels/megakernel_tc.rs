@@ -72,8 +72,8 @@
 
 use crate::kernel;
 use crate::megakernel::{
-    BF16_TILES, CONSUMER_WARPS, GROUP_WARPS, MegaBuffers, MegaConfig, PAGE_GROUPS, PAGE_STAGES, STAGE_BYTES, TC_TILES,
-    page_bytes, precision,
+    BF16_TILES, CONSUMER_WARPS, GROUP_WARPS, MN_BOX, MegaBuffers, MegaConfig, PAGE_GROUPS, PAGE_STAGES, STAGE_BYTES,
+    TC_TILES, page_bytes, precision, stores_through_tma,
 };
 
 /// Warps of the loader: one, whose lane 0 issues every load (the other lanes leave at once).
@@ -82,6 +82,14 @@ const LOADER_WARPS: u32 = 1;
 /// thread for it: each scheduler's quarter of the register file, 16 384, shared by up to three of
 /// the nine warps.)
 pub const TC_THREADS: u32 = 32 * (CONSUMER_WARPS + LOADER_WARPS);
+/// Threads per block of a kernel that [`stores_through_tma`]: one storer warp more, whose lane 0
+/// writes the staged tiles (the other lanes leave at once). (Ten warps still put at most three on
+/// a scheduler: the same register budget.)
+pub const TC_THREADS_STORER: u32 = TC_THREADS + 32;
+/// The block of the tensor-core kernel for data path `precision` at `tile`.
+pub const fn tc_threads(precision: u32, tile: u32) -> u32 {
+    if stores_through_tma(precision, tile) { TC_THREADS_STORER } else { TC_THREADS }
+}
 /// Largest tile whose page groups split the pages (and hand each other sums); also the edge of
 /// the loss tile's quarters at tile 128 (see `LossTile`).
 const MAX_TILE: u32 = TC_TILES[TC_TILES.len() - 1];
@@ -92,11 +100,14 @@ const BIGGEST_TILE: u32 = BF16_TILES[BF16_TILES.len() - 1];
 /// (one f32 per output).
 const SUMS: u32 = STAGE_BYTES * PAGE_STAGES;
 const SUMS_BYTES: u32 = 4 * MAX_TILE * MAX_TILE;
-/// Barriers: ready and free per stage, the consumers' rendezvous, then one never arrived on (see
-/// `Smem::drained`).
+/// Barriers: ready and free per stage, the consumers' rendezvous, one never arrived on (see
+/// `Smem::drained`), then the staged tiles' three (see [`stores_through_tma`]): staged
+/// (consumers to storer), stage free (storer to consumers and loader), mask ready (the loader's
+/// TMA of a ReLU mask).
 const BARRIERS: u32 = SUMS + 2 * SUMS_BYTES;
+const BARRIER_COUNT: u32 = 2 * PAGE_STAGES + 5;
 /// The loss gradient's row statistics (`2 * BIGGEST_TILE` f32), then the "go" word.
-const STATS: u32 = BARRIERS + 8 * (2 * PAGE_STAGES + 2);
+const STATS: u32 = BARRIERS + 8 * BARRIER_COUNT;
 const GO: u32 = STATS + 8 * BIGGEST_TILE;
 /// The layer table: `dims`, `w_off`, `a_off`, `t_off`, `wt_off` ([`TABLE_COLUMNS`] columns of
 /// `layers + 1` words), copied from global memory once per launch.
@@ -114,6 +125,18 @@ pub const fn mn_page_descriptor(page: u32, kk: u32) -> u64 {
     use crate::megakernel::{MN_BOX, PAGE_K_BF16};
     let row = 2 * MN_BOX;
     crate::wgmma::smem_descriptor(page + kk * 16 * row, PAGE_K_BF16 * row, 8 * row, 0, crate::swizzle::Swizzle::B128)
+}
+
+/// Bytes of one box of a staged tile ([`stores_through_tma`]): [`BIGGEST_TILE`] rows of 128 bytes
+/// ([`MN_BOX`] bf16), 128-byte swizzled, as the `ACT` and `GRAD` maps' boxes at tile 128.
+pub const STAGE_BOX_BYTES: u32 = BIGGEST_TILE * 2 * MN_BOX;
+/// Byte offset of element (row `r`, column `c`) of a staged tile (a [`BIGGEST_TILE`]-square of
+/// bf16) in the staging buffer: box `c / MN_BOX`, in which row `r` is 128 bytes at `128 r` whose
+/// 16-byte chunks are XORed with `r % 8` (TMA's 128-byte swizzle; the buffer is 1024-byte
+/// aligned). A warp's pair stores of one accumulator register pair (8 rows, 4 lanes of 4 bytes
+/// each) then hit 32 different banks.
+pub const fn staged_offset(r: u32, c: u32) -> u32 {
+    (c / MN_BOX) * STAGE_BOX_BYTES + crate::swizzle::Swizzle::B128.apply(r * 2 * MN_BOX + 2 * (c % MN_BOX))
 }
 
 /// Dynamic shared memory of one block for a model of `layers` layers.
@@ -140,18 +163,21 @@ mod layout {
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod dev {
-    use super::{BARRIERS, GO, LAYER_TABLE, MAX_TILE, STATS, SUMS, SUMS_BYTES, TABLE_COLUMNS, layout};
+    use super::{
+        BARRIERS, BIGGEST_TILE, GO, LAYER_TABLE, MAX_TILE, STAGE_BOX_BYTES, STATS, SUMS, SUMS_BYTES, TABLE_COLUMNS,
+        layout, staged_offset,
+    };
 
     /// Consumer threads.
     const CONSUMERS: u32 = 32 * CONSUMER_WARPS;
     use crate::kernels::gemm_wgmma::tile_descriptor;
     use crate::kernels::megakernel_step::{aborted, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
-        CONSUMER_WARPS, GROUP_WARPS, Instruction, MN_BOX, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE, PAGE_GROUPS,
-        PAGE_K, PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS, STAGE_BYTES, TC_TILES,
-        free_parity, give_up, groups_split_rows, loss, loss_partials, map, opcode, page_bytes, page_free_arrivals,
-        page_group, page_k, page_slot, pitch, precision, reads_in_place, ready_parity, slot_uses_per_block,
-        stage_tx_bytes, trace,
+        CONSUMER_WARPS, GROUP_WARPS, Instruction, MASK_READY, MN_BOX, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE,
+        PAGE_GROUPS, PAGE_K, PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS,
+        STAGE_BYTES, STAGE_FREE, STAGED, TC_TILES, free_parity, give_up, groups_split_rows, loss, loss_partials, map,
+        opcode, page_bytes, page_free_arrivals, page_group, page_k, page_parity, page_slot, pitch, precision,
+        reads_in_place, ready_parity, slot_uses_per_block, stage_tx_bytes, staged, stores_through_tma, trace,
     };
     use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
 
@@ -200,6 +226,26 @@ mod dev {
         /// of on pages (see [`group_pages`]).
         fn drained(self) -> u32 {
             self.base + BARRIERS + 8 * (2 * PAGE_STAGES + 1)
+        }
+        /// Staged tiles ([`stores_through_tma`]): the consumers' hand-off to the storer (every
+        /// consumer thread arrives once per staged tile).
+        fn staged(self) -> u32 {
+            self.base + BARRIERS + 8 * (2 * PAGE_STAGES + 2)
+        }
+        /// The storer's release of the staging buffer once its stores have read it (one arrival
+        /// per staged tile).
+        fn stage_free(self) -> u32 {
+            self.base + BARRIERS + 8 * (2 * PAGE_STAGES + 3)
+        }
+        /// An input gradient's ReLU mask in the staging buffer: the loader's `arrive.expect_tx`,
+        /// completed by the bytes.
+        fn mask_ready(self) -> u32 {
+            self.base + BARRIERS + 8 * (2 * PAGE_STAGES + 4)
+        }
+        /// The staging buffer: a staged tile's two boxes ([`staged_offset`]), over the two sums
+        /// buffers (which the tile-128 kernel, whose groups split rows, does not use for sums).
+        fn staging(self) -> u32 {
+            self.base + SUMS
         }
         /// The sums the page groups hand each other for the `n`-th product of the block (buffer
         /// `n % 2`, a region per group).
@@ -355,6 +401,8 @@ mod dev {
         // the kernel's tile (the consumers trap where `cfg.tile` differs), a constant
         let tile = 32 * TM as u32;
         let mut u = 0u32;
+        // staged tiles met so far, and ReLU masks loaded (see `stores_through_tma`)
+        let (mut stages, mut masks) = (0u32, 0u32);
         let mut idx = lo;
         let mut next = unsafe { prefetch(b, lo, hi) };
         'instructions: while idx < hi {
@@ -406,10 +454,37 @@ mod dev {
                     record(b, idx, trace::FREE_WAIT_CLK, free_wait);
                     record(b, idx, trace::ISSUE_CLK, thread::clock64() - c0);
                 }
+                if stores_through_tma(P, tile) && staged(ins.opcode, ins.layer, cfg.layers) {
+                    if ins.opcode == opcode::LINEAR_BWD_INPUT {
+                        // The input gradient's ReLU mask, `act[l]` at the output tile, into the
+                        // staging buffer once the storer has read the last staged tile out of
+                        // it: after this instruction's pages, so that waiting for the buffer
+                        // (the tile before this one is staged at its end) never holds them back.
+                        if stages > 0 && !unsafe { bounded_wait(b, cfg, sm.stage_free(), page_parity(stages - 1)) } {
+                            let what = PAGE_TAG | STAGE_FREE << 16;
+                            unsafe { record_stall(b, cfg, LOADER, idx, what, page_parity(stages - 1), stages - 1) };
+                            break 'instructions;
+                        }
+                        let act = unsafe { b.maps.as_ptr().add((map::PER_LAYER * ins.layer + map::ACT) as usize) };
+                        unsafe { mbarrier::arrive_expect_tx(sm.mask_ready(), 2 * STAGE_BOX_BYTES) };
+                        let mut j = 0;
+                        while j < 2 {
+                            let (x, y) = ((p.n0 + j * MN_BOX) as i32, p.m0 as i32);
+                            unsafe { tma::load_2d(sm.staging() + j * STAGE_BOX_BYTES, act, x, y, sm.mask_ready()) };
+                            j += 1;
+                        }
+                        masks += 1;
+                    }
+                    stages += 1;
+                }
             }
             idx += 1;
         }
         if idx < hi {
+            // Gave up: let the last mask land, if one was loaded.
+            if masks > 0 {
+                let _ = unsafe { mbarrier::wait_parity_bounded(sm.mask_ready(), page_parity(masks - 1), 10_000_000) };
+            }
             // Gave up: let the copies in flight (the last use of each slot) land before exiting.
             let mut back = 1;
             while back <= PAGE_STAGES && back <= u {
@@ -1283,8 +1358,13 @@ mod dev {
                         } else {
                             b.grad.write(at as usize, g);
                         }
-                        let (sr, sc) = (r - qr, tc % Self::TILE - qc);
-                        shared::st_shared_b32(staged + Self::staged_at(sr, sc), g.to_bits());
+                        // (staged for the transpose only where the step keeps transposed copies;
+                        // where it reads in place the buffer is the storer's, see
+                        // `stores_through_tma`, and may still be read by its last store)
+                        if !reads_in_place(P, Self::TILE) {
+                            let (sr, sc) = (r - qr, tc % Self::TILE - qc);
+                            shared::st_shared_b32(staged + Self::staged_at(sr, sc), g.to_bits());
+                        }
                     }
                 }
             }
@@ -1523,6 +1603,89 @@ mod dev {
         unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, i, h, &mine, &pre) };
     }
 
+    /// Writes a warp's share of a staged tile ([`stores_through_tma`]; its accumulators `d` on
+    /// [`layout::ROWS`]: warp `w` of group `g` holds rows `64 g + 16 w ..` of the tile, all 128
+    /// columns, [`wgmma::acc_m64`]) into the staging buffer at `stage`, as the bf16 operands
+    /// later products read ([`rounded_operand`], two columns in one 4-byte store, at
+    /// [`staged_offset`]): the forward's ReLU, or (`BWD`) the input gradient where the ReLU mask
+    /// that the loader put in the same place (`act[l]`, bf16) is positive, else 0. Each lane
+    /// reads the mask at exactly the words it then overwrites, so no other thread's stores race
+    /// with its reads. Rows and columns past the matrix are written too (the mask there is TMA's
+    /// zero fill): the tensor map's bounds clip them from the store.
+    #[inline(always)]
+    unsafe fn stage_tile<const BWD: bool>(stage: u32, d: &[f32; 64]) {
+        let (lane, w, g) = (thread::lane_id(), thread::warp_id() % GROUP_WARPS, thread::warp_id() / GROUP_WARPS);
+        let r0 = 64 * g + 16 * w + lane / 4;
+        for j in 0..16 {
+            for s in 0..2 {
+                let (r, c) = (r0 + 8 * s as u32, 8 * j as u32 + 2 * (lane % 4));
+                let at = stage + staged_offset(r, c);
+                let (x0, x1) = (d[4 * j + 2 * s], d[4 * j + 2 * s + 1]);
+                let v = if BWD {
+                    let mask = unsafe { shared::ld_shared_b32(at) };
+                    let on = |bits: u32| f32::from_bits(bits) > 0.0;
+                    [if on(mask << 16) { x0 } else { 0.0 }, if on(mask & 0xffff_0000) { x1 } else { 0.0 }]
+                } else {
+                    [x0.max(0.0), x1.max(0.0)]
+                };
+                let bits = |x: f32| convert::f32_to_bf16_bits(x) as u32;
+                unsafe { shared::st_shared_b32(at, bits(v[1]) << 16 | bits(v[0])) };
+            }
+        }
+    }
+
+    /// The storer (one thread; kernels that [`stores_through_tma`]): for each staged instruction
+    /// of `lo..hi` ([`staged`]), in order, waits for the consumers to stage its tile
+    /// ([`stage_tile`]), stores its two boxes with TMA (`act[l + 1]` through layer `l + 1`'s
+    /// [`map::ACT`], or `grad[l]` through layer `l - 1`'s [`map::GRAD`]: the maps the products
+    /// read them with), frees the staging buffer as soon as the stores have read it, and once
+    /// they are written, fences them for the other proxies and signals the instruction's
+    /// counters (what the consumers do themselves for other instructions). Gives up (recording
+    /// the stall as the consumers') when a wait passes the step's limit or another block aborts.
+    #[inline(always)]
+    unsafe fn store_tiles(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, lo: u32, hi: u32) {
+        let mut stages = 0u32;
+        let mut idx = lo;
+        let mut next = unsafe { prefetch(b, lo, hi) };
+        while idx < hi {
+            let ins = next;
+            next = unsafe { prefetch(b, idx + 1, hi) };
+            if staged(ins.opcode, ins.layer, cfg.layers) {
+                let parity = page_parity(stages);
+                if !unsafe { bounded_wait(b, cfg, sm.staged(), parity) } {
+                    unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | STAGED << 16, parity, stages) };
+                    return;
+                }
+                let l = ins.layer;
+                let at = if ins.opcode == opcode::LINEAR_FWD {
+                    map::PER_LAYER * (l + 1) + map::ACT
+                } else {
+                    map::PER_LAYER * (l - 1) + map::GRAD
+                };
+                let out = unsafe { b.maps.as_ptr().add(at as usize) };
+                let (m0, n0) = (ins.tile_row * BIGGEST_TILE, ins.tile_col * BIGGEST_TILE);
+                let mut j = 0;
+                while j < 2 {
+                    let src = sm.staging() + j * STAGE_BOX_BYTES;
+                    unsafe { tma::store_2d(out, (n0 + j * MN_BOX) as i32, m0 as i32, src) };
+                    j += 1;
+                }
+                tma::commit_group();
+                tma::wait_group_read::<0>();
+                unsafe { mbarrier::arrive(sm.stage_free()) };
+                tma::wait_group::<0>();
+                // the async proxy wrote the tile; the next readers acquire it through the counters
+                fence::proxy_async_global();
+                unsafe {
+                    signal(b, &ins);
+                    stamp(b, idx, trace::SIGNALED);
+                }
+                stages += 1;
+            }
+            idx += 1;
+        }
+    }
+
     /// The consumers: every instruction of `lo..hi` in order (see the module docs). Each warp
     /// accumulates `MT x NT` `m16n8` tiles (on [`layout::ROWS`], where a warp's 64 accumulators
     /// are two [`Half`]s, `MT x NT` is the shape of one); `TM` is the tile edge over 32 (the loss
@@ -1546,6 +1709,9 @@ mod dev {
         let go = shared::dynamic_smem::<u32>(GO as usize);
         let stats = shared::dynamic_smem::<f32>(STATS as usize);
         let (mut u, mut phase, mut products) = (0u32, 0u32, 0u32);
+        // tiles staged for the storer, and ReLU masks taken from the staging buffer
+        // (`stores_through_tma`): the loader and the storer count the same
+        let (mut stages, mut masks) = (0u32, 0u32);
         let group = thread::warp_id() / GROUP_WARPS;
         let mut acc = [[[0.0f32; 4]; NT]; MT];
         let mut idx = lo;
@@ -1597,6 +1763,51 @@ mod dev {
                 }
                 if t == 0 {
                     unsafe { stamp(b, idx, trace::WORK_DONE) };
+                }
+                if stores_through_tma(P, 32 * TM as u32) && staged(ins.opcode, ins.layer, cfg.layers) {
+                    // Hand the tile to the storer: wait until the staging buffer is free (the
+                    // storer has read the last staged tile out of it) or, on an input gradient,
+                    // holds this tile's ReLU mask (which the loader loads only into a free
+                    // buffer); write the tile's bf16 outputs there; fence them for the async
+                    // proxy and arrive. The storer writes and publishes the tile; the consumers
+                    // go straight on to the next instruction.
+                    let bwd = ins.opcode == opcode::LINEAR_BWD_INPUT;
+                    let (bar, n, kind) = if bwd {
+                        (sm.mask_ready(), masks, MASK_READY)
+                    } else {
+                        (sm.stage_free(), stages.wrapping_sub(1), STAGE_FREE)
+                    };
+                    let ok = (!bwd && stages == 0) || unsafe { bounded_wait(b, cfg, bar, page_parity(n)) };
+                    if !warp::all(u32::MAX, ok) {
+                        if thread::lane_id() == 0 {
+                            unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | kind << 16, page_parity(n), n) };
+                        }
+                        abandon!();
+                    }
+                    unsafe {
+                        if bwd {
+                            stage_tile::<true>(sm.staging(), d);
+                        } else {
+                            stage_tile::<false>(sm.staging(), d);
+                        }
+                    }
+                    fence::proxy_async_shared_cta();
+                    unsafe { mbarrier::arrive(sm.staged()) };
+                    masks += bwd as u32;
+                    stages += 1;
+                    if planted {
+                        // the give-up test's warp: arrived (the others go on), then gives up
+                        if thread::lane_id() == 0 {
+                            let parity = page_parity(stages - 1);
+                            unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | STAGED << 16, parity, stages - 1) };
+                        }
+                        abandon!();
+                    }
+                    if t == 0 {
+                        unsafe { stamp(b, idx, trace::STORED) };
+                    }
+                    idx += 1;
+                    continue;
                 }
                 unsafe {
                     rows_epilogue::<MT, NT, P, L, 0>(b, cfg, lt, &ins, d);
@@ -1686,19 +1897,28 @@ mod dev {
                         // signal keeps the next product's sums from overwriting them early), a
                         // quarter at a time, alternating buffers: quarter q + 2 overwrites
                         // quarter q's only after the meeting behind quarter q + 1's gradients,
-                        // which every thread reaches after its share of quarter q's transpose
+                        // which every thread reaches after its share of quarter q's transpose.
+                        // Where the step keeps no transposed copies (tile 128: the only tile of
+                        // several quarters) nothing is staged, so the quarters need no meeting.
+                        // (Loading the next quarter before this one's gradients, to hide its
+                        // round trip, made ptxas spill in the products' epilogues: 400 bytes
+                        // against 160.)
+                        let quarters = LossTile::<TM>::QUARTERS;
+                        let transposes = !reads_in_place(P, LossTile::<TM>::TILE);
                         let mut q = 0;
-                        while done && q < LossTile::<TM>::QUARTERS {
-                            if q > 0 {
-                                tile_loss = LossTile::<TM>::load(b, cfg, lt, &ins, q);
-                            }
+                        while done && q < quarters {
                             let staged = sm.sums(q);
                             tile_loss.store_grads::<P>(b, cfg, lt, &ins, stats, staged);
-                            done = rendezvous(b, cfg, sm, &mut phase, idx);
-                            if done && !reads_in_place(P, cfg.tile) {
-                                LossTile::<TM>::store_transposed::<P>(b, cfg, lt, &ins, staged, q);
+                            if transposes {
+                                done = rendezvous(b, cfg, sm, &mut phase, idx);
+                                if done {
+                                    LossTile::<TM>::store_transposed::<P>(b, cfg, lt, &ins, staged, q);
+                                }
                             }
                             q += 1;
+                            if q < quarters {
+                                tile_loss = LossTile::<TM>::load(b, cfg, lt, &ins, q);
+                            }
                         }
                         if t == 0 {
                             record(b, idx, trace::READY_WAIT_CLK, met);
@@ -1767,6 +1987,9 @@ mod dev {
             unsafe {
                 mbarrier::init(sm.rendezvous(), CONSUMERS);
                 mbarrier::init(sm.drained(), 1);
+                mbarrier::init(sm.staged(), CONSUMERS);
+                mbarrier::init(sm.stage_free(), 1);
+                mbarrier::init(sm.mask_ready(), PAGE_READY_ARRIVALS);
             }
             fence::mbarrier_init_release_cluster();
         }
@@ -1777,7 +2000,11 @@ mod dev {
         let (lo, hi) = unsafe { (b.sm_offsets.read(block as usize), b.sm_offsets.read(block as usize + 1)) };
         if thread::warp_id() >= CONSUMER_WARPS {
             if thread::lane_id() == 0 {
-                unsafe { load_pages::<TM, P>(b, cfg, sm, lt, lo, hi) };
+                if thread::warp_id() == CONSUMER_WARPS {
+                    unsafe { load_pages::<TM, P>(b, cfg, sm, lt, lo, hi) };
+                } else if stores_through_tma(P, 32 * TM as u32) {
+                    unsafe { store_tiles(b, cfg, sm, lo, hi) };
+                }
             }
             return;
         }
@@ -1829,16 +2056,19 @@ pub unsafe fn megakernel_step_bf16_t64(b: MegaBuffers, cfg: MegaConfig) {
 /// [`precision::BF16`] at tile 128: the page groups split the rows, each a warpgroup multiplying
 /// every K block (two ring slots: a 128-row A page and a 128-row B page) into its 64 rows with
 /// `wgmma` m64n128k16 (`tile_wgmma_rows`).
-#[kernel(arch = "sm_90a", max_threads = 288)]
+#[kernel(arch = "sm_90a", max_threads = 320)]
 pub unsafe fn megakernel_step_bf16_t128(b: MegaBuffers, cfg: MegaConfig) {
     unsafe { dev::run::<2, 8, 4, { precision::BF16 }, { layout::ROWS }>(&b, &cfg) }
 }
 
 // The launch bound above is the block.
-const _: () = assert!(TC_THREADS == 288 && (CONSUMER_WARPS * 32).is_multiple_of(128));
+const _: () = assert!(TC_THREADS == 288 && TC_THREADS_STORER == 320 && (CONSUMER_WARPS * 32).is_multiple_of(128));
 // The sums go through exactly two groups (one writes, one adds).
 const _: () = assert!(PAGE_GROUPS == 2 && GROUP_WARPS == 4);
 // The page layout must hold the largest tile's two pages.
 const _: () = assert!(2 * page_bytes(MAX_TILE) <= STAGE_BYTES);
 // A loss tile's staged gradients fit in one sums buffer.
 const _: () = assert!(4 * MAX_TILE * MAX_TILE <= SUMS_BYTES);
+// A staged tile (two boxes) fits in the two sums buffers, which start 1024-byte aligned (the
+// swizzle's atoms).
+const _: () = assert!(2 * STAGE_BOX_BYTES <= 2 * SUMS_BYTES && SUMS.is_multiple_of(1024));
