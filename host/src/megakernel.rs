@@ -1408,7 +1408,10 @@ impl GpuStep {
                         RENDEZVOUS => format!("the consumers' rendezvous with parity {} (meeting {})", r[2], r[3]),
                         STAGED => format!("the staged-tile hand-off with parity {} (staged tile {})", r[2], r[3]),
                         STAGE_FREE => {
-                            format!("the storer's release of the staging buffer with parity {} (staged tile {})", r[2], r[3])
+                            format!(
+                                "the storer's release of the staging buffer with parity {} (staged tile {})",
+                                r[2], r[3]
+                            )
                         }
                         MASK_READY => format!("the ReLU mask's barrier with parity {} (mask {})", r[2], r[3]),
                         other => format!("barrier kind {other}, slot {slot}, parity {}", r[2]),
