@@ -1664,7 +1664,7 @@ fn mega_check(what: &str, got: &[f32], want: &[f32], w0: &[f32], bound: MegaBoun
 /// weights nudged by the relative size of the path's rounding (f32's for 3xTF32 and the CUDA cores,
 /// tf32's for tf32; f32's for bf16 too, whose reference rounds the weights to bf16 where products
 /// read them, so there a nudge survives only for weights near a rounding midpoint and the shadows
-/// mostly repeat the interpreter: bf16 is held to the fixed bound), each shadow with its own signs, and the resulting update applied to the
+/// mostly repeat the interpreter), each shadow with its own signs, and the resulting update applied to the
 /// un-nudged weights: a shadow parts from the interpreter only through what such errors do to the
 /// updates. That can be a ReLU whose input is within rounding of 0 flipping, after which the
 /// trajectories part: on the H200, with one seed, a 3-layer 3xTF32 model ended 7.5 % off in norm
@@ -1673,7 +1673,8 @@ fn mega_check(what: &str, got: &[f32], want: &[f32], w0: &[f32], bound: MegaBoun
 /// [`Shadows::nearest`] checks the GPU with the fixed bound against whichever trajectory (the
 /// interpreter's or a shadow's) it is nearest, which stays sharp however many shadows there are;
 /// [`Shadows::widen`] lets the GPU be as far from the interpreter as twice the farthest shadow, or
-/// the fixed bound, whichever is larger (the random-shapes test, with two).
+/// the fixed bound, whichever is larger (the random-shapes test, with two, or eight on bf16, where
+/// a shadow parts rarely but then far: see there).
 struct Shadows {
     states: Vec<kiln::megakernel::StepState>,
     nudge: f32,
@@ -2192,8 +2193,11 @@ fn megakernel_tc_random_shapes(dev: &Device) -> Outcome {
         let batch = log_uniform(&mut rng, 4096.0).max(1);
         let mut dims: Vec<usize> = (0..=layers).map(|_| log_uniform(&mut rng, 4096.0).max(1)).collect();
         // cap the reference's work (3 products per layer, 2 steps; the interpreter runs three times
-        // with the two shadows, within the bundle's 60 s a test)
-        while 6 * batch * dims.windows(2).map(|w| w[0] * w[1]).sum::<usize>() > 600_000_000 {
+        // with the two shadows, nine with bf16's eight, so bf16's cap is a third: the test stays
+        // within the bundle's 60 s; with the full cap on bf16 it took 35-52 s, H100 run 159)
+        let shadow_count = if path == DataPath::Bf16 { 8 } else { 2 };
+        let cap = 600_000_000 * 3 / (1 + shadow_count);
+        while 6 * batch * dims.windows(2).map(|w| w[0] * w[1]).sum::<usize>() > cap {
             let widest = (0..dims.len()).max_by_key(|&i| dims[i]).unwrap_or(0);
             dims[widest] = dims[widest] / 2 + 1;
         }
@@ -2202,7 +2206,12 @@ fn megakernel_tc_random_shapes(dev: &Device) -> Outcome {
         let w0 = mk_weights(&dims, case);
         let mut gpu = GpuStep::new(dev_arc()?, &schedule, &w0, path).map_err(err)?;
         let mut cpu = reference_state(&shape, &w0, path)?;
-        let mut shadows = Shadows::new(&shape, &w0, path, 2)?;
+        // Two shadows, or eight on bf16: there a nudge survives the operands' rounding only
+        // rarely, so few shadows part, but one that does can part far. Seed 1795635434547174198
+        // case 5 (bf16, batch 17, dims [389, 3, 57, 2558, 152, 54, 25, 13]) was 6.96 % off at
+        // layer 4 on the GPU (H100 runs 156-157, the same value on two builds), where the first
+        // two shadows part by at most 1 % and shadow 4 (of twelve, replayed on the CPU) by 12.3 %.
+        let mut shadows = Shadows::new(&shape, &w0, path, shadow_count)?;
         let loss = if (case / 3) % 2 == 0 { Loss::Mse } else { Loss::CrossEntropy };
         for step in 0..2 {
             let x = testing::uniform(&mut rng, batch * dims[0]);
