@@ -298,7 +298,7 @@ pub const fn reads_in_place(precision: u32, tile: u32) -> bool {
 /// go on to the next instruction: bf16 at tile 128 (where the staged tile, 128 x 128 bf16, fills
 /// the shared memory the page groups use for their sums at smaller tiles). The instructions
 /// staged are those of [`staged`]; there the input gradient's ReLU mask (`act[l]`) also arrives
-/// in the staging buffer, loaded with TMA by the loader, instead of by the consumers' loads.
+/// in the staging buffer, loaded with TMA by the storer, instead of by the consumers' loads.
 pub const fn stores_through_tma(precision: u32, tile: u32) -> bool {
     reads_in_place(precision, tile)
 }
@@ -309,6 +309,9 @@ pub const fn stores_through_tma(precision: u32, tile: u32) -> bool {
 pub const fn staged(op: u32, layer: u32, layers: u32) -> bool {
     match op {
         opcode::LINEAR_FWD => layer + 1 < layers,
+        // (every one the schedule has: it computes no gradient of the step's input, so there is
+        // no layer-0 input gradient. Asking `layer > 0` here made ptxas spill more in the
+        // tile-128 kernel: 220 bytes against 152.)
         opcode::LINEAR_BWD_INPUT => true,
         _ => false,
     }

@@ -70,11 +70,12 @@
 //!   stores the two boxes with TMA through the maps the later products read them with, frees the
 //!   buffer once the stores have read it (*stage free*), and once they are written signals the
 //!   instruction's counters. An input gradient's ReLU mask (`act[l]` at the output tile) is put
-//!   in the staging buffer by the loader's TMA, after the instruction's pages and once the buffer
-//!   is free (*mask ready*); each consumer thread reads its mask where it then writes its
-//!   gradient. Before writing the buffer, consumers wait for *stage free* (forward) or *mask
-//!   ready* (input gradient), so no phase of the three barriers can run a lap ahead of a waiter.
-//!   Large model 0.93 -> 0.66 ms (H100 runs 156-158).
+//!   in the staging buffer by the storer's TMA once it has read the last staged tile out of it
+//!   (*mask ready*); each consumer thread reads its mask where it then writes its gradient.
+//!   Before writing the buffer, consumers wait for *stage free* (forward) or *mask ready* (input
+//!   gradient), so no phase of the three barriers can run a lap ahead of a waiter, nor a waiter
+//!   two phases ahead of a barrier. Large model 0.93 -> 0.66 ms (H100 runs 156-158, with the
+//!   loader loading the masks; see `store_tiles`).
 //! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
 //!   block has raised the abort flag. The consumers meet on an mbarrier (all 256 arrive) rather than `bar.sync`,
 //!   so a warp that gave up can never strand the others. A stall writes the waiter's record (the
@@ -117,8 +118,8 @@ const SUMS: u32 = STAGE_BYTES * PAGE_STAGES;
 const SUMS_BYTES: u32 = 4 * MAX_TILE * MAX_TILE;
 /// Barriers: ready and free per stage, the consumers' rendezvous, one never arrived on (see
 /// `Smem::drained`), then the staged tiles' three (see [`stores_through_tma`]): staged
-/// (consumers to storer), stage free (storer to consumers and loader), mask ready (the loader's
-/// TMA of a ReLU mask).
+/// (consumers to storer), stage free (storer to consumers), mask ready (the storer's TMA of a
+/// ReLU mask).
 const BARRIERS: u32 = SUMS + 2 * SUMS_BYTES;
 const BARRIER_COUNT: u32 = 2 * PAGE_STAGES + 5;
 /// The loss gradient's row statistics (`2 * BIGGEST_TILE` f32), then the "go" word.
@@ -416,8 +417,6 @@ mod dev {
         // the kernel's tile (the consumers trap where `cfg.tile` differs), a constant
         let tile = 32 * TM as u32;
         let mut u = 0u32;
-        // staged tiles met so far, and ReLU masks loaded (see `stores_through_tma`)
-        let (mut stages, mut masks) = (0u32, 0u32);
         let mut idx = lo;
         let mut next = unsafe { prefetch(b, lo, hi) };
         'instructions: while idx < hi {
@@ -469,37 +468,10 @@ mod dev {
                     record(b, idx, trace::FREE_WAIT_CLK, free_wait);
                     record(b, idx, trace::ISSUE_CLK, thread::clock64() - c0);
                 }
-                if stores_through_tma(P, tile) && staged(ins.opcode, ins.layer, cfg.layers) {
-                    if ins.opcode == opcode::LINEAR_BWD_INPUT {
-                        // The input gradient's ReLU mask, `act[l]` at the output tile, into the
-                        // staging buffer once the storer has read the last staged tile out of
-                        // it: after this instruction's pages, so that waiting for the buffer
-                        // (the tile before this one is staged at its end) never holds them back.
-                        if stages > 0 && !unsafe { bounded_wait(b, cfg, sm.stage_free(), page_parity(stages - 1)) } {
-                            let what = PAGE_TAG | STAGE_FREE << 16;
-                            unsafe { record_stall(b, cfg, LOADER, idx, what, page_parity(stages - 1), stages - 1) };
-                            break 'instructions;
-                        }
-                        let act = unsafe { b.maps.as_ptr().add((map::PER_LAYER * ins.layer + map::ACT) as usize) };
-                        unsafe { mbarrier::arrive_expect_tx(sm.mask_ready(), 2 * STAGE_BOX_BYTES) };
-                        let mut j = 0;
-                        while j < 2 {
-                            let (x, y) = ((p.n0 + j * MN_BOX) as i32, p.m0 as i32);
-                            unsafe { tma::load_2d(sm.staging() + j * STAGE_BOX_BYTES, act, x, y, sm.mask_ready()) };
-                            j += 1;
-                        }
-                        masks += 1;
-                    }
-                    stages += 1;
-                }
             }
             idx += 1;
         }
         if idx < hi {
-            // Gave up: let the last mask land, if one was loaded.
-            if masks > 0 {
-                let _ = unsafe { mbarrier::wait_parity_bounded(sm.mask_ready(), page_parity(masks - 1), 10_000_000) };
-            }
             // Gave up: let the copies in flight (the last use of each slot) land before exiting.
             let mut back = 1;
             while back <= PAGE_STAGES && back <= u {
@@ -1650,35 +1622,68 @@ mod dev {
     }
 
     /// The storer (one thread; kernels that [`stores_through_tma`]): for each staged instruction
-    /// of `lo..hi` ([`staged`]), in order, waits for the consumers to stage its tile
-    /// ([`stage_tile`]), stores its two boxes with TMA (`act[l + 1]` through layer `l + 1`'s
-    /// [`map::ACT`], or `grad[l]` through layer `l - 1`'s [`map::GRAD`]: the maps the products
-    /// read them with), frees the staging buffer as soon as the stores have read it, and once
-    /// they are written, fences them for the other proxies and signals the instruction's
-    /// counters (what the consumers do themselves for other instructions). Gives up (recording
-    /// the stall as the consumers') when a wait passes the step's limit or another block aborts.
+    /// of `lo..hi` ([`staged`]), in order:
+    /// - on an input gradient, puts its ReLU mask (`act[l]` at the output tile, through layer
+    ///   `l`'s [`map::ACT`]) into the staging buffer with TMA, completing *mask ready*: the
+    ///   buffer is free, since the storer itself is the one that frees it (its stores of the last
+    ///   staged tile have read it) and the consumers write it only after *stage free* or the
+    ///   mask. First it acquires the instruction's dependency counter, as the loader does for the
+    ///   pages (the forward that wrote `act[l]` precedes the gradients it waits for);
+    /// - waits for the consumers to stage the tile ([`stage_tile`]);
+    /// - stores its two boxes with TMA (`act[l + 1]` through layer `l + 1`'s [`map::ACT`], or
+    ///   `grad[l]` through layer `l - 1`'s [`map::GRAD`]: the maps the products read them with),
+    ///   frees the buffer (*stage free*) as soon as the stores have read it, and once they are
+    ///   written fences them for the other proxies and signals the instruction's counters (what
+    ///   the consumers do themselves for other instructions).
+    ///
+    /// (Until run 158 the loader loaded the masks, after waiting for *stage free* of the tile
+    /// before: a loader running two staged tiles ahead of the stores, as small K allows, would
+    /// wait on a parity two phases ahead of the barrier and pass at once. The storer never
+    /// runs ahead of its own frees.) Gives up (recording the stall as the consumers') when a wait
+    /// passes the step's limit or another block aborts; a mask it loaded lands before it returns.
     #[inline(always)]
     unsafe fn store_tiles(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, lo: u32, hi: u32) {
-        let mut stages = 0u32;
+        let (mut stages, mut masks) = (0u32, 0u32);
         let mut idx = lo;
         let mut next = unsafe { prefetch(b, lo, hi) };
         while idx < hi {
             let ins = next;
             next = unsafe { prefetch(b, idx + 1, hi) };
             if staged(ins.opcode, ins.layer, cfg.layers) {
+                let l = ins.layer;
+                let (m0, n0) = (ins.tile_row * BIGGEST_TILE, ins.tile_col * BIGGEST_TILE);
+                if ins.opcode == opcode::LINEAR_BWD_INPUT {
+                    if !unsafe { wait(b, cfg, ins.wait, ins.wait_value, idx, CONSUMER) } {
+                        return;
+                    }
+                    // the producers' generic stores were acquired above; TMA reads them next
+                    fence::proxy_async_global();
+                    let act = unsafe { b.maps.as_ptr().add((map::PER_LAYER * l + map::ACT) as usize) };
+                    unsafe { mbarrier::arrive_expect_tx(sm.mask_ready(), 2 * STAGE_BOX_BYTES) };
+                    let mut j = 0;
+                    while j < 2 {
+                        let dst = sm.staging() + j * STAGE_BOX_BYTES;
+                        unsafe { tma::load_2d(dst, act, (n0 + j * MN_BOX) as i32, m0 as i32, sm.mask_ready()) };
+                        j += 1;
+                    }
+                    masks += 1;
+                }
                 let parity = page_parity(stages);
                 if !unsafe { bounded_wait(b, cfg, sm.staged(), parity) } {
                     unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | STAGED << 16, parity, stages) };
+                    if masks > 0 {
+                        // let the last mask land before the block may exit
+                        let last = page_parity(masks - 1);
+                        let _ = unsafe { mbarrier::wait_parity_bounded(sm.mask_ready(), last, 10_000_000) };
+                    }
                     return;
                 }
-                let l = ins.layer;
                 let at = if ins.opcode == opcode::LINEAR_FWD {
                     map::PER_LAYER * (l + 1) + map::ACT
                 } else {
                     map::PER_LAYER * (l - 1) + map::GRAD
                 };
                 let out = unsafe { b.maps.as_ptr().add(at as usize) };
-                let (m0, n0) = (ins.tile_row * BIGGEST_TILE, ins.tile_col * BIGGEST_TILE);
                 let mut j = 0;
                 while j < 2 {
                     let src = sm.staging() + j * STAGE_BOX_BYTES;
@@ -1782,7 +1787,7 @@ mod dev {
                 if stores_through_tma(P, 32 * TM as u32) && staged(ins.opcode, ins.layer, cfg.layers) {
                     // Hand the tile to the storer: wait until the staging buffer is free (the
                     // storer has read the last staged tile out of it) or, on an input gradient,
-                    // holds this tile's ReLU mask (which the loader loads only into a free
+                    // holds this tile's ReLU mask (which the storer loads only into a free
                     // buffer); write the tile's bf16 outputs there; fence them for the async
                     // proxy and arrive. The storer writes and publishes the tile; the consumers
                     // go straight on to the next instruction.
