@@ -198,8 +198,8 @@ pub const RENDEZVOUS: u32 = 3;
 /// Record kind: the storer waited for the consumers to stage a tile ([`stores_through_tma`]); the
 /// slot bits are 0 and the fourth word counts the block's staged tiles.
 pub const STAGED: u32 = 4;
-/// Record kind: the consumers (or the loader, before a ReLU mask) waited for the storer to free
-/// the staging buffer ([`stores_through_tma`]).
+/// Record kind: the consumers waited for the storer to free the staging buffer
+/// ([`stores_through_tma`]).
 pub const STAGE_FREE: u32 = 5;
 /// Record kind: the consumers waited for an input gradient's ReLU mask to land in the staging
 /// buffer ([`stores_through_tma`]); the fourth word counts the block's masks.

@@ -253,7 +253,7 @@ mod dev {
         fn stage_free(self) -> u32 {
             self.base + BARRIERS + 8 * (2 * PAGE_STAGES + 3)
         }
-        /// An input gradient's ReLU mask in the staging buffer: the loader's `arrive.expect_tx`,
+        /// An input gradient's ReLU mask in the staging buffer: the storer's `arrive.expect_tx`,
         /// completed by the bytes.
         fn mask_ready(self) -> u32 {
             self.base + BARRIERS + 8 * (2 * PAGE_STAGES + 4)
@@ -1595,7 +1595,7 @@ mod dev {
     /// columns, [`wgmma::acc_m64`]) into the staging buffer at `stage`, as the bf16 operands
     /// later products read ([`rounded_operand`], two columns in one 4-byte store, at
     /// [`staged_offset`]): the forward's ReLU, or (`BWD`) the input gradient where the ReLU mask
-    /// that the loader put in the same place (`act[l]`, bf16) is positive, else 0. Each lane
+    /// that the storer put in the same place (`act[l]`, bf16) is positive, else 0. Each lane
     /// reads the mask at exactly the words it then overwrites, so no other thread's stores race
     /// with its reads. Rows and columns past the matrix are written too (the mask there is TMA's
     /// zero fill): the tensor map's bounds clip them from the store.
@@ -1730,7 +1730,7 @@ mod dev {
         let stats = shared::dynamic_smem::<f32>(STATS as usize);
         let (mut u, mut phase, mut products) = (0u32, 0u32, 0u32);
         // tiles staged for the storer, and ReLU masks taken from the staging buffer
-        // (`stores_through_tma`): the loader and the storer count the same
+        // (`stores_through_tma`): the storer counts the same
         let (mut stages, mut masks) = (0u32, 0u32);
         let group = thread::warp_id() / GROUP_WARPS;
         let mut acc = [[[0.0f32; 4]; NT]; MT];
