@@ -1791,14 +1791,23 @@ mod dev {
                     // buffer); write the tile's bf16 outputs there; fence them for the async
                     // proxy and arrive. The storer writes and publishes the tile; the consumers
                     // go straight on to the next instruction.
+                    // (An input gradient's mask implies the buffer was freed, since the storer
+                    // loads it only then; its consumers still wait for *stage free* too, which
+                    // returns at once, so that every phase of that barrier is waited for before
+                    // the storer completes the next: compute-sanitizer's synccheck reports a
+                    // phase completed over one nobody waited for, "Missing wait", run 160.)
                     let bwd = ins.opcode == opcode::LINEAR_BWD_INPUT;
-                    let (bar, n, kind) = if bwd {
-                        (sm.mask_ready(), masks, MASK_READY)
-                    } else {
-                        (sm.stage_free(), stages.wrapping_sub(1), STAGE_FREE)
-                    };
-                    let ok = (!bwd && stages == 0) || unsafe { bounded_wait(b, cfg, bar, page_parity(n)) };
-                    if !warp::all(u32::MAX, ok) {
+                    let mut failed = None;
+                    for (bar, n, kind, needed) in [
+                        (sm.stage_free(), stages.wrapping_sub(1), STAGE_FREE, stages > 0),
+                        (sm.mask_ready(), masks, MASK_READY, bwd),
+                    ] {
+                        let ok = !needed || failed.is_some() || unsafe { bounded_wait(b, cfg, bar, page_parity(n)) };
+                        if failed.is_none() && !warp::all(u32::MAX, ok) {
+                            failed = Some((n, kind));
+                        }
+                    }
+                    if let Some((n, kind)) = failed {
                         if thread::lane_id() == 0 {
                             unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | kind << 16, page_parity(n), n) };
                         }
