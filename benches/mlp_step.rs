@@ -63,7 +63,7 @@ fn main() {
                     Ok("separate") => Updates::Separate,
                     _ => Updates::Fused,
                 };
-                let sched = build_with_tile(&shape, sms, tile, updates).expect("schedule");
+                let sched = build_with_tile(&shape, sms, tile, updates, path.weight_reads()).expect("schedule");
                 let mut mega = match GpuStep::new(dev.clone(), &sched, &weights, path) {
                     Ok(m) => m,
                     Err(e) => {

@@ -1805,7 +1805,7 @@ fn megakernel_vs_interpreter(
         let (batch, loss, momentum) = (*batch, *loss, *momentum);
         for (&tile, &placement) in path.tiles().iter().flat_map(|t| updates.iter().map(move |u| (t, u))) {
             let shape = MlpShape { batch, dims: dims.clone() };
-            let schedule = build_with_tile(&shape, sms.min(64), tile, placement).map_err(err)?;
+            let schedule = build_with_tile(&shape, sms.min(64), tile, placement, path.weight_reads()).map_err(err)?;
             let w0 = mk_weights(dims, 11);
             let mut gpu = GpuStep::new(dev.clone(), &schedule, &w0, path).map_err(err)?;
             let mut cpu = reference_state(&shape, &w0, path)?;
@@ -1943,7 +1943,7 @@ fn megakernel_weights_after(
     traced: bool,
 ) -> Result<(Vec<Vec<f32>>, u32), String> {
     use kiln::megakernel::{GpuStep, Loss, StepInputs, Updates, build_with_tile};
-    let schedule = build_with_tile(shape, sms, tile, Updates::default()).map_err(err)?;
+    let schedule = build_with_tile(shape, sms, tile, Updates::default(), path.weight_reads()).map_err(err)?;
     let mut gpu =
         GpuStep::new(Device::shared().map_err(err)?, &schedule, &mk_weights(&shape.dims, 5), path).map_err(err)?;
     gpu.set_trace(traced).map_err(err)?;
@@ -2086,7 +2086,7 @@ fn megakernel_tf32_operands_rounded(dev: &Device) -> Outcome {
         let paths = [DataPath::Tf32, DataPath::Tf32x3, DataPath::Bf16];
         for (path, updates) in paths.into_iter().flat_map(|p| BOTH_UPDATES.map(|u| (p, u))) {
             for &tile in path.tiles() {
-                let schedule = build_with_tile(&shape, sms, tile, updates).map_err(err)?;
+                let schedule = build_with_tile(&shape, sms, tile, updates, path.weight_reads()).map_err(err)?;
                 let mut gpu = GpuStep::new(dev_arc()?, &schedule, &mk_weights(&dims, 3), path).map_err(err)?;
                 gpu.step(&inp).map_err(err)?;
                 let (act, grad) = (gpu.activations().map_err(err)?, gpu.activation_grads().map_err(err)?);
@@ -2322,7 +2322,7 @@ fn megakernel_give_up_split(dev: &Device) -> Outcome {
     let inp = StepInputs { x: &x, y: &y, classes: &[], loss: Loss::Mse, lr: 0.1, momentum: 0.0 };
     for path in [DataPath::Tf32, DataPath::Tf32x3, DataPath::Bf16] {
         for &tile in path.tiles() {
-            let schedule = build_with_tile(&shape, 4, tile, Updates::Fused).map_err(err)?;
+            let schedule = build_with_tile(&shape, 4, tile, Updates::Fused, path.weight_reads()).map_err(err)?;
             let mut gpu = GpuStep::new(dev_arc()?, &schedule, &mk_weights(&shape.dims, 2), path).map_err(err)?;
             // Every stall here is planted: none waits for the limit (the others see the abort),
             // but under compute-sanitizer an honest wait can take far longer than usual.

@@ -2,7 +2,9 @@
 //! layer-by-layer autograd path: no deadlock for any shape, and the same weights after 1 and 3 steps.
 
 use kiln::gpu::megakernel::{NO_COUNTER, TC_TILES, TILES, choose_tile, opcode};
-use kiln::megakernel::{DataPath, Loss, MlpShape, StepInputs, StepState, Updates, build, build_with_tile, interpret};
+use kiln::megakernel::{
+    DataPath, Loss, MlpShape, StepInputs, StepState, Updates, WeightReads, build, build_with_tile, interpret,
+};
 use kiln::nn::{Linear, Module, ReLU, Sequential};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::tensor::{DType, Tensor};
@@ -32,7 +34,7 @@ fn compare(
     loss: Loss,
     sms: usize,
     tile: u32,
-    updates: Updates,
+    (updates, reads): (Updates, WeightReads),
     steps: usize,
     momentum: f32,
     seed: u64,
@@ -40,7 +42,7 @@ fn compare(
     kiln::deterministic::set_deterministic(true);
     let model = reference_model(&shape.dims, seed);
     let weights: Vec<Vec<f32>> = model.parameters().iter().map(|p| p.to_vec_f32()).collect();
-    let schedule = build_with_tile(shape, sms, tile, updates).map_err(|e| e.to_string())?;
+    let schedule = build_with_tile(shape, sms, tile, updates, reads).map_err(|e| e.to_string())?;
     let mut state = StepState::new(shape, weights).map_err(|e| e.to_string())?;
     let mut opt = Sgd::new(model.named_parameters(), 0.05, momentum as f64, 0.0, false);
     let mut rng = Tensor::rng(seed + 100);
@@ -76,13 +78,13 @@ fn one_and_three_steps_match_autograd() {
         let shape = MlpShape { batch: 100, dims: vec![37, 130, 65, 10] };
         for tile in TILES {
             for updates in [Updates::Fused, Updates::Separate] {
-                for steps in [1, 3] {
-                    let worst = compare(&shape, loss, 7, tile, updates, steps, momentum, 1).unwrap();
-                    eprintln!("{loss:?} momentum {momentum} tile {tile} {updates:?} steps {steps}: worst {worst:e}");
-                    assert!(
-                        worst < 1e-5,
-                        "{loss:?} momentum {momentum} tile {tile} {updates:?} after {steps} steps: {worst}"
-                    );
+                for reads in [WeightReads::InPlace, WeightReads::StepStartCopy] {
+                    for steps in [1, 3] {
+                        let worst = compare(&shape, loss, 7, tile, (updates, reads), steps, momentum, 1).unwrap();
+                        let what = format!("{loss:?} momentum {momentum} tile {tile} {updates:?} {reads:?}");
+                        eprintln!("{what} steps {steps}: worst {worst:e}");
+                        assert!(worst < 1e-5, "{what} after {steps} steps: {worst}");
+                    }
                 }
             }
         }
@@ -99,7 +101,7 @@ fn instruction_counts() {
     assert_eq!(s.order.len(), 6 + 3 + 3 + 6 + 2 + 2);
     assert_eq!(s.per_sm.iter().map(|v| v.len()).sum::<usize>(), s.order.len());
     // separate updates: the weight gradients (1x2) + (2x1), then as many updates
-    let sep = build_with_tile(&shape, 4, 64, Updates::Separate).unwrap();
+    let sep = build_with_tile(&shape, 4, 64, Updates::Separate, WeightReads::InPlace).unwrap();
     assert_eq!(sep.order.len(), 6 + 3 + 3 + 2 + 2 + 6 + 2 + 2);
     let count = |s: &kiln::megakernel::Schedule, op: u32| s.order.iter().filter(|i| i.opcode == op).count();
     assert_eq!(count(&s, opcode::LINEAR_BWD_WEIGHT_SGD), 4);
@@ -116,13 +118,26 @@ fn instruction_counts() {
             assert!(guard.is_empty() && i.wait2 == NO_COUNTER, "{i:?}");
         }
     }
+    // the tensor-core paths read a copy of the weights the updates do not write: no guard
+    for path in [DataPath::Tf32, DataPath::Tf32x3, DataPath::Bf16] {
+        let s = build(&shape, 4, path).unwrap();
+        assert_eq!(s.weight_reads, WeightReads::StepStartCopy);
+        assert!(s.order.iter().all(|i| i.wait2 == NO_COUNTER), "{path:?}");
+    }
     assert!(build(&MlpShape { batch: 0, dims: vec![2, 3] }, 4, DataPath::CudaCores).is_err());
     assert!(build(&MlpShape { batch: 4, dims: vec![2] }, 4, DataPath::CudaCores).is_err());
-    assert!(build_with_tile(&shape, 4, 48, Updates::Fused).unwrap_err().to_string().contains("tile 48"));
+    assert!(
+        build_with_tile(&shape, 4, 48, Updates::Fused, WeightReads::InPlace)
+            .unwrap_err()
+            .to_string()
+            .contains("tile 48")
+    );
 }
 
-/// A fused update is the weight gradient and the update of the same tile in the same arithmetic:
-/// the interpreter gives the same weights, bit for bit, whichever schedule it runs.
+/// A fused update is the weight gradient and the update of the same tile in the same arithmetic,
+/// and an input gradient reading the step's first weights (no write-after-read guard, the
+/// tensor-core paths' double-buffered copies) reads what the guarded schedule's would: the
+/// interpreter gives the same weights, bit for bit, whichever schedule it runs.
 #[test]
 fn fused_and_separate_updates_agree_bit_for_bit() {
     let shape = MlpShape { batch: 45, dims: vec![33, 70, 40, 7] };
@@ -135,14 +150,16 @@ fn fused_and_separate_updates_agree_bit_for_bit() {
         let inputs = StepInputs { x: &x, y: &y, classes: &classes, loss, lr: 0.05, momentum };
         let mut out = Vec::new();
         for updates in [Updates::Fused, Updates::Separate] {
-            let s = build_with_tile(&shape, 5, 32, updates).unwrap();
-            let mut st = StepState::new(&shape, weights.clone()).unwrap();
-            for step in 0..3 {
-                interpret(&s, &mut st, &inputs, step).unwrap();
+            for reads in [WeightReads::InPlace, WeightReads::StepStartCopy] {
+                let s = build_with_tile(&shape, 5, 32, updates, reads).unwrap();
+                let mut st = StepState::new(&shape, weights.clone()).unwrap();
+                for step in 0..3 {
+                    interpret(&s, &mut st, &inputs, step).unwrap();
+                }
+                out.push(st.weights.clone());
             }
-            out.push(st.weights.clone());
         }
-        assert_eq!(out[0], out[1], "{loss:?}");
+        assert!(out.iter().all(|w| *w == out[0]), "{loss:?}");
         assert_ne!(out[0], weights, "the steps changed the weights");
     }
 }
@@ -190,11 +207,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
 
     #[test]
-    fn random_shapes_never_deadlock_and_match(batch in 1usize..200, widths in prop::collection::vec(1usize..150, 2..5), sms in 1usize..17, tile in prop::sample::select(TILES.to_vec()), fused in any::<bool>(), seed in 0u64..1000) {
+    fn random_shapes_never_deadlock_and_match(batch in 1usize..200, widths in prop::collection::vec(1usize..150, 2..5), sms in 1usize..17, tile in prop::sample::select(TILES.to_vec()), fused in any::<bool>(), copy in any::<bool>(), seed in 0u64..1000) {
         let shape = MlpShape { batch, dims: widths };
         let updates = if fused { Updates::Fused } else { Updates::Separate };
-        let worst = compare(&shape, Loss::CrossEntropy, sms, tile, updates, 1, 0.0, seed).map_err(TestCaseError::fail)?;
-        prop_assert!(worst < 1e-5, "{shape:?} on {sms} SMs, tile {tile}, {updates:?}: {worst}");
+        let reads = if copy { WeightReads::StepStartCopy } else { WeightReads::InPlace };
+        let worst = compare(&shape, Loss::CrossEntropy, sms, tile, (updates, reads), 1, 0.0, seed).map_err(TestCaseError::fail)?;
+        prop_assert!(worst < 1e-5, "{shape:?} on {sms} SMs, tile {tile}, {updates:?}, {reads:?}: {worst}");
     }
 }
 
@@ -204,7 +222,9 @@ fn a_one_unit_hidden_layer_matches() {
     let shape = MlpShape { batch: 37, dims: vec![92, 1, 2] };
     for seed in [450, 451, 452] {
         for sms in [1, 3] {
-            let worst = compare(&shape, Loss::CrossEntropy, sms, 64, Updates::Fused, 1, 0.0, seed).unwrap();
+            let worst =
+                compare(&shape, Loss::CrossEntropy, sms, 64, (Updates::Fused, WeightReads::InPlace), 1, 0.0, seed)
+                    .unwrap();
             assert!(worst < 1e-5, "seed {seed} on {sms} SMs: {worst}");
         }
     }
@@ -765,7 +785,7 @@ fn staging_hand_off_protocol() {
     {
         let shape = MlpShape { batch, dims };
         let layers = shape.layers() as u32;
-        let sched = build_with_tile(&shape, sms, 128, Updates::Fused).unwrap();
+        let sched = build_with_tile(&shape, sms, 128, Updates::Fused, WeightReads::StepStartCopy).unwrap();
         for list in &sched.per_sm {
             let tiles: Vec<bool> = list
                 .iter()

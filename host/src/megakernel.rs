@@ -80,6 +80,32 @@ impl DataPath {
     pub fn tiles(self) -> &'static [u32] {
         kiln_gpu::megakernel::tiles_for(self.code())
     }
+
+    /// What the path's input gradients read `W[l]` from: the tensor-core paths read a copy
+    /// (`w_t`, or at bf16 tile 128 `w_op`) that [`GpuStep`] keeps twice, so the step's updates
+    /// write the other copy; the CUDA cores read the weights the updates overwrite.
+    pub fn weight_reads(self) -> WeightReads {
+        match self {
+            DataPath::CudaCores => WeightReads::InPlace,
+            DataPath::Tf32 | DataPath::Tf32x3 | DataPath::Bf16 => WeightReads::StepStartCopy,
+        }
+    }
+}
+
+/// What a step's input gradients read the weights `W[l]` from, which decides whether the update
+/// of `W[l]` must wait for them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightReads {
+    /// The weights the step's updates overwrite ([`DataPath::CudaCores`]): each update of `W[l]`
+    /// waits for every input gradient of layer `l`, which reads the old `W[l]` (a
+    /// write-after-read guard, the instructions' second wait). Correct on every path.
+    #[default]
+    InPlace,
+    /// A copy of the weights as the step started, which no update of the step writes (the
+    /// tensor-core paths: [`GpuStep`] keeps the products' weight copies twice and alternates
+    /// them, the updates writing the copy the next step reads): no guard, so a layer's updates
+    /// can run beside its input gradients.
+    StepStartCopy,
 }
 
 /// Parses `cuda-cores`, `tf32`, `tf32x3` or `bf16` (the main job's `--mega-path`).
@@ -179,6 +205,8 @@ pub struct Schedule {
     pub tile: u32,
     /// Where the updates are applied.
     pub updates: Updates,
+    /// What the input gradients read the weights from (whether the updates wait for them).
+    pub weight_reads: WeightReads,
 }
 
 fn instr(op: u32, layer: u32, tr: u32, tc: u32) -> Instruction {
@@ -196,16 +224,25 @@ fn instr(op: u32, layer: u32, tr: u32, tc: u32) -> Instruction {
 }
 
 /// Builds the schedule of one training step for `shape` on `sms` multiprocessors, with the tile
-/// [`choose_tile`] picks for it among `path`'s tiles and fused updates.
+/// [`choose_tile`] picks for it among `path`'s tiles, fused updates, and the path's
+/// [`DataPath::weight_reads`].
 pub fn build(shape: &MlpShape, sms: usize, path: DataPath) -> Result<Schedule> {
     let widest = shape.dims.iter().skip(1).copied().max().unwrap_or(1);
     let clamp = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
     let tile = choose_tile(clamp(shape.batch), clamp(widest), clamp(sms), path.tiles());
-    build_with_tile(shape, sms, tile, Updates::default())
+    build_with_tile(shape, sms, tile, Updates::default(), path.weight_reads())
 }
 
-/// [`build`] with a given tile edge (one of [`SCHEDULE_TILES`]) and update placement.
-pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32, updates: Updates) -> Result<Schedule> {
+/// [`build`] with a given tile edge (one of [`SCHEDULE_TILES`]), update placement and what the
+/// input gradients read the weights from (a [`WeightReads::StepStartCopy`] schedule runs on the
+/// tensor-core paths only; [`WeightReads::InPlace`] on every path).
+pub fn build_with_tile(
+    shape: &MlpShape,
+    sms: usize,
+    tile: u32,
+    updates: Updates,
+    weight_reads: WeightReads,
+) -> Result<Schedule> {
     let op = "megakernel schedule";
     if !SCHEDULE_TILES.contains(&tile) {
         return Err(Error::shape(op, format!("tile {tile}: the kernels are built for tiles {SCHEDULE_TILES:?}")));
@@ -264,10 +301,11 @@ pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32, updates: Updates
             i
         })
     };
-    // The update of W[l] also waits for every input gradient of layer l, which reads the old W[l]
-    // (a write-after-read hazard a counter on dW alone would miss).
+    // Where the input gradients read the weights the updates overwrite, the update of W[l] also
+    // waits for every input gradient of layer l, which reads the old W[l] (a write-after-read
+    // hazard a counter on dW alone would miss).
     let war_guard = |l: u32, i: &mut Instruction| {
-        if l > 0 {
+        if l > 0 && weight_reads == WeightReads::InPlace {
             (i.wait2, i.wait2_value) = (c.grad_total(l), rbs * w(l));
         }
     };
@@ -293,20 +331,41 @@ pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32, updates: Updates
             order.extend(tail);
         }
         Updates::Fused => {
-            // Layer l's fused tiles can start once its input gradients are done, the same moment
-            // as layer l - 1's input gradients, which go first.
-            for l in (0..layers).rev() {
-                if l > 0 {
-                    input_gradients(l, &mut order);
+            // Two orders of the backward, the one whose list schedule is estimated faster kept
+            // (a tie keeps the first, the order measured until run 160):
+            // - "late": layer l's fused tiles after layer l - 1's input gradients. Under a
+            //   write-after-read guard they can start once layer l's input gradients are done,
+            //   the same moment as layer l - 1's, which go first.
+            // - "early": layer l's fused tiles right after layer l's input gradients. Without the
+            //   guard they can start once layer l + 1's are done, beside layer l's; then the last
+            //   layers' weight tiles are not all left to the end of the step. (Estimated for the
+            //   4096 x 1024 x 8 model at tile 128: 6104 against 6512, 6 % shorter; 256 x 1024 x 4
+            //   at tile 64: 412 against 436; 64 x 256 x 4 at tile 32: a tie.)
+            let forward = order.len();
+            let mut best: Option<(f64, Vec<Instruction>)> = None;
+            for early in [false, true] {
+                let mut order = order[..forward].to_vec();
+                for l in (0..layers).rev() {
+                    if l > 0 {
+                        input_gradients(l, &mut order);
+                    }
+                    let fused = if early { Some(l) } else { (l + 1 < layers).then_some(l + 1) };
+                    if let Some(f) = fused {
+                        order.extend(weight_tiles(f, opcode::LINEAR_BWD_WEIGHT_SGD).map(|mut i| {
+                            war_guard(f, &mut i);
+                            i
+                        }));
+                    }
                 }
-                if l + 1 < layers {
-                    order.extend(weight_tiles(l + 1, opcode::LINEAR_BWD_WEIGHT_SGD).map(|mut i| {
-                        war_guard(l + 1, &mut i);
-                        i
-                    }));
+                if !early {
+                    order.extend(weight_tiles(0, opcode::LINEAR_BWD_WEIGHT_SGD));
+                }
+                let (_, estimate) = list_schedule(&order, sms, c.count(), |i| estimated_cost(shape, tile, i));
+                if best.as_ref().is_none_or(|(b, _)| estimate < *b) {
+                    best = Some((estimate, order));
                 }
             }
-            order.extend(weight_tiles(0, opcode::LINEAR_BWD_WEIGHT_SGD));
+            order = best.map(|(_, o)| o).unwrap_or_default();
         }
     }
     // The list schedule where the estimate says it is faster than dealing the order round-robin
@@ -316,7 +375,7 @@ pub fn build_with_tile(shape: &MlpShape, sms: usize, tile: u32, updates: Updates
     let (listed, estimate) = list_schedule(&order, sms, c.count(), cost);
     let dealt = round_robin(&order, sms);
     let per_sm = if estimate < estimated_time(&dealt, c.count(), cost) { listed } else { dealt };
-    Ok(Schedule { shape: shape.clone(), order, per_sm, counters: c.count(), tile, updates })
+    Ok(Schedule { shape: shape.clone(), order, per_sm, counters: c.count(), tile, updates, weight_reads })
 }
 
 /// An instruction's estimated time, in units of one 64 x 64 product over one [`PAGE_K`] page (about
@@ -564,7 +623,9 @@ fn warp_order_sum(values: impl Iterator<Item = f32>) -> f32 {
 /// Executes one instruction on the CPU (the reference semantics of each opcode, in the device's
 /// arithmetic: the same FMA chains, `kiln_gpu::math::exp` and the same summation order, so that the
 /// device's results can be compared bit for bit).
-fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instruction) {
+/// Input gradients read the weights from `step_start` where given (see [`WeightReads`]), else
+/// from `st`.
+fn execute(s: &Schedule, st: &mut StepState, step_start: Option<&[Vec<f32>]>, inp: &StepInputs<'_>, i: &Instruction) {
     let d = &s.shape.dims;
     let b = s.shape.batch;
     let l = i.layer as usize;
@@ -575,9 +636,8 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
     // that an update running too early still shows).
     let rounding = st.rounding;
     let op = move |v: f32| rounding.operand(v);
-    let weight_tile = |st: &StepState, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, din: usize| {
+    let weight_tile = |w: &[f32], rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, din: usize| {
         rounding.rounds().then(|| {
-            let w = &st.weights[l];
             rows.flat_map(|o| cols.clone().map(move |k| rounding.operand(w[o * din + k]))).collect::<Vec<f32>>()
         })
     };
@@ -586,7 +646,7 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
             let (din, dout) = (d[l], d[l + 1]);
             let outs = tile_range(i.tile_col, dout, s.tile);
             // the tile's weight rows, rounded: row `o - outs.start`
-            let w = weight_tile(st, outs.clone(), 0..din, din);
+            let w = weight_tile(&st.weights[l], outs.clone(), 0..din, din);
             for r in tile_range(i.tile_row, b, s.tile) {
                 for o in outs.clone() {
                     let mut acc = 0.0f32;
@@ -638,12 +698,13 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
             let (din, dout) = (d[l], d[l + 1]);
             let ins = tile_range(i.tile_col, din, s.tile);
             // the tile's weight columns, rounded: element (o, k) at `o * ins.len() + k - ins.start`
-            let w = weight_tile(st, 0..dout, ins.clone(), din);
+            let weights = step_start.map_or(&st.weights[l], |w| &w[l]);
+            let w = weight_tile(weights, 0..dout, ins.clone(), din);
             for r in tile_range(i.tile_row, b, s.tile) {
                 for k in ins.clone() {
                     let mut acc = 0.0f32;
                     for o in 0..dout {
-                        let wv = w.as_ref().map_or(st.weights[l][o * din + k], |w| w[o * ins.len() + k - ins.start]);
+                        let wv = w.as_ref().map_or(weights[o * din + k], |w| w[o * ins.len() + k - ins.start]);
                         acc = st.grad[l + 1][r * dout + o].mul_add(wv, acc);
                     }
                     // relu'(pre) from the post-activation: the hidden act[l] is relu(pre)
@@ -655,7 +716,7 @@ fn execute(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, i: &Instructi
             // the weight gradient of the tile, then its update: what the device computes in one
             // instruction, in the same arithmetic
             for op in [opcode::LINEAR_BWD_WEIGHT, opcode::SGD_UPDATE] {
-                execute(s, st, inp, &Instruction { opcode: op, ..*i });
+                execute(s, st, step_start, inp, &Instruction { opcode: op, ..*i });
             }
         }
         opcode::SGD_UPDATE => {
@@ -693,6 +754,10 @@ pub fn interpret(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, seed: u
         }
         false => inp,
     };
+    // the weights the input gradients read: on a schedule without write-after-read guards, the
+    // step's first (the device reads a copy the updates do not write); else the live ones, so
+    // that an update running before an input gradient that reads its weights still shows
+    let step_start = (s.weight_reads == WeightReads::StepStartCopy).then(|| st.weights.clone());
     let mut counters = vec![0u32; s.counters];
     let mut pc = vec![0usize; s.per_sm.len()];
     let mut rng = StdRng::seed_from_u64(seed);
@@ -725,7 +790,7 @@ pub fn interpret(s: &Schedule, st: &mut StepState, inp: &StepInputs<'_>, seed: u
         }
         let m = runnable[rng.random_range(0..runnable.len())];
         let i = s.per_sm[m][pc[m]];
-        execute(s, st, inp, &i);
+        execute(s, st, step_start.as_deref(), inp, &i);
         for c in [i.signal, i.signal2] {
             if c != NO_COUNTER {
                 counters[c as usize] += 1;
@@ -858,8 +923,13 @@ pub struct GpuStep {
     /// `w_op` also on 3xTF32, which multiplies `weights` itself).
     act_t: OperandBuffer,
     grad_t: OperandBuffer,
-    w_op: OperandBuffer,
-    w_t: OperandBuffer,
+    /// The weights' copies, twice ([`WeightReads::StepStartCopy`]): a step's products read
+    /// `[front]` (through `maps[front]`) and its updates write `[1 - front]`, the copy the next
+    /// step reads, so no update waits for the input gradients that read the old weights.
+    w_op: [OperandBuffer; 2],
+    w_t: [OperandBuffer; 2],
+    /// Which of the weights' copies the next step reads.
+    front: usize,
     /// [`DataPath::Bf16`]: `act` and `grad` as bf16, what its forwards and input gradients read
     /// (one element each on the other paths).
     act_bf16: OperandBuffer,
@@ -869,8 +939,8 @@ pub struct GpuStep {
     /// The tensor-core path's cross-entropy row-statistic partials (`kiln_gpu::megakernel::loss_partials`).
     row_stats: crate::cuda::DeviceBuffer<f32>,
     /// The tensor maps of the tensor-core path (`map::PER_LAYER` per layer), absent on the
-    /// CUDA-core path.
-    maps: Option<crate::cuda::DeviceTensorMap>,
+    /// CUDA-core path: `[c]` reads the weights' copies `w_op[c]`, `w_t[c]`.
+    maps: Option<[crate::cuda::DeviceTensorMap; 2]>,
     extra_free_arrivals: u32,
     give_up_warp: u32,
     give_up_at: u32,
@@ -949,6 +1019,16 @@ impl GpuStep {
                     "a schedule with tile {} for the {path:?} path, which takes tiles {:?}: build it with `build(.., {path:?})`",
                     schedule.tile,
                     path.tiles()
+                ),
+            });
+        }
+        if schedule.weight_reads == WeightReads::StepStartCopy && path.weight_reads() == WeightReads::InPlace {
+            return Err(Error::Unsupported {
+                op: "megakernel",
+                what: format!(
+                    "a schedule without write-after-read guards (WeightReads::StepStartCopy) for the {path:?} path, \
+                     whose input gradients read the weights the updates overwrite: build it with `build(.., {path:?})` \
+                     or WeightReads::InPlace"
                 ),
             });
         }
@@ -1079,8 +1159,9 @@ impl GpuStep {
             grad: dev.zeros::<f32>(if bf16 { 1 } else { atotal })?,
             act_t: OperandBuffer::zeros(&dev, path, if tc { ttotal } else { 1 })?,
             grad_t: OperandBuffer::zeros(&dev, path, if tc { ttotal } else { 1 })?,
-            w_op: OperandBuffer::upload(&dev, path, &w_op)?,
-            w_t: OperandBuffer::upload(&dev, path, &w_t)?,
+            w_op: [OperandBuffer::upload(&dev, path, &w_op)?, OperandBuffer::upload(&dev, path, &w_op)?],
+            w_t: [OperandBuffer::upload(&dev, path, &w_t)?, OperandBuffer::upload(&dev, path, &w_t)?],
+            front: 0,
             act_bf16: OperandBuffer::zeros(&dev, path, if bf16 { atotal } else { 1 })?,
             grad_bf16: OperandBuffer::zeros(&dev, path, if bf16 { atotal } else { 1 })?,
             maps: None,
@@ -1096,7 +1177,10 @@ impl GpuStep {
             dev,
         };
         if path != DataPath::CudaCores {
-            step.maps = Some(step.encode_maps(&w_off, &a_off, &t_off, &wt_off)?);
+            step.maps = Some([
+                step.encode_maps(&w_off, &a_off, &t_off, &wt_off, 0)?,
+                step.encode_maps(&w_off, &a_off, &t_off, &wt_off, 1)?,
+            ]);
         }
         Ok(step)
     }
@@ -1106,13 +1190,15 @@ impl GpuStep {
     /// [`DataPath::Bf16`], whose maps all describe bf16 copies). Where the step reads its operands
     /// in place (`kiln_gpu::megakernel::reads_in_place`: bf16 at tile 128), the maps of the
     /// transposed operands describe the operands themselves (`act_bf16`, `grad_bf16`, `w_op`),
-    /// MN-major: a box of one page's K rows by `MN_BOX` columns.
+    /// MN-major: a box of one page's K rows by `MN_BOX` columns. The weights' maps describe copy
+    /// `copy` (`w_op[copy]`, `w_t[copy]`).
     fn encode_maps(
         &self,
         w_off: &[u32],
         a_off: &[u32],
         t_off: &[u32],
         wt_off: &[u32],
+        copy: usize,
     ) -> Result<crate::cuda::DeviceTensorMap> {
         use crate::cuda::{TensorMapSpec, TmaDtype};
         use kiln_gpu::megakernel::map;
@@ -1145,7 +1231,7 @@ impl GpuStep {
         for l in 0..self.shape.layers() {
             // the forward's weights: the rounded copy on tf32 and bf16, else the weights themselves
             let w = match self.path {
-                DataPath::Tf32 | DataPath::Bf16 => self.w_op.addr_of(w_off[l]),
+                DataPath::Tf32 | DataPath::Bf16 => self.w_op[copy].addr_of(w_off[l]),
                 DataPath::CudaCores | DataPath::Tf32x3 => f32_at(&self.weights, w_off[l]),
             };
             let mut layer = [(0u64, spec(1, 1)); map::PER_LAYER as usize];
@@ -1159,7 +1245,7 @@ impl GpuStep {
             } else {
                 layer[map::ACT_T as usize] = (self.act_t.addr_of(t_off[l]), spec(d[l], b));
                 layer[map::GRAD_T as usize] = (self.grad_t.addr_of(t_off[l + 1]), spec(d[l + 1], b));
-                layer[map::W_T as usize] = (self.w_t.addr_of(wt_off[l]), spec(d[l], d[l + 1]));
+                layer[map::W_T as usize] = (self.w_t[copy].addr_of(wt_off[l]), spec(d[l], d[l + 1]));
             }
             maps.extend(layer);
         }
@@ -1277,7 +1363,9 @@ impl GpuStep {
             let mut deps = self.counter_buf.slice_mut().slice_mut(..self.counters);
             self.dev.stream().memset_zeros(&mut deps).map_err(Error::driver("zeroing the megakernel's counters"))?;
         }
-        let maps = self.maps.as_ref().map_or(kiln_gpu::DevicePtr::from_addr(0), |m| m.ptr());
+        // the products read the weights' copies `front`; the updates write the other
+        let (front, back) = (self.front, 1 - self.front);
+        let maps = self.maps.as_ref().map_or(kiln_gpu::DevicePtr::from_addr(0), |m| m[front].ptr());
         let bufs = MegaBuffers {
             instructions: kiln_gpu::DevicePtr::from_addr(self.instructions.addr()),
             sm_offsets: self.sm_offsets.ptr(),
@@ -1294,8 +1382,8 @@ impl GpuStep {
             grad: self.grad.ptr_mut(),
             act_t: self.act_t.ptr_mut(),
             grad_t: self.grad_t.ptr_mut(),
-            w_op: self.w_op.ptr_mut(),
-            w_t: self.w_t.ptr_mut(),
+            w_op: self.w_op[back].ptr_mut(),
+            w_t: self.w_t[back].ptr_mut(),
             act_bf16: self.act_bf16.ptr_mut().cast(),
             grad_bf16: self.grad_bf16.ptr_mut().cast(),
             y: self.y.ptr(),
@@ -1347,6 +1435,8 @@ impl GpuStep {
                 (DataPath::Bf16, _) => self.launch_step(MegakernelStepBf16T64, tc, args),
             }?
         }
+        // the copies this step's updates write are the next step's
+        self.front = back;
         self.steps_since_check += 1;
         if self.check_every != 0 && self.steps_since_check >= self.check_every {
             self.check()?;
@@ -1507,12 +1597,12 @@ impl GpuStep {
         let dev = &self.dev;
         let kept = !self.reads_in_place();
         let w_t = match kept {
-            true => Some(split_rows(&self.w_t.download(dev)?, (0..layers).map(|l| (d[l], d[l + 1])))),
+            true => Some(split_rows(&self.w_t[self.front].download(dev)?, (0..layers).map(|l| (d[l], d[l + 1])))),
             false => None,
         };
         let w_op = match self.path {
             DataPath::Tf32 | DataPath::Bf16 => {
-                Some(split_rows(&self.w_op.download(dev)?, (0..layers).map(|l| (d[l + 1], d[l]))))
+                Some(split_rows(&self.w_op[self.front].download(dev)?, (0..layers).map(|l| (d[l + 1], d[l]))))
             }
             DataPath::CudaCores | DataPath::Tf32x3 => None,
         };
