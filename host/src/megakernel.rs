@@ -331,34 +331,42 @@ pub fn build_with_tile(
             order.extend(tail);
         }
         Updates::Fused => {
-            // Two orders of the backward, the one whose list schedule is estimated faster kept
-            // (a tie keeps the first, the order measured until run 160):
-            // - "late": layer l's fused tiles after layer l - 1's input gradients. Under a
-            //   write-after-read guard they can start once layer l's input gradients are done,
-            //   the same moment as layer l - 1's, which go first.
-            // - "early": layer l's fused tiles right after layer l's input gradients. Without the
-            //   guard they can start once layer l + 1's are done, beside layer l's; then the last
-            //   layers' weight tiles are not all left to the end of the step. (Estimated for the
-            //   4096 x 1024 x 8 model at tile 128: 6104 against 6512, 6 % shorter; 256 x 1024 x 4
-            //   at tile 64: 412 against 436; 64 x 256 x 4 at tile 32: a tie.)
+            // The backward's order: each layer's input gradients, top down, with each layer's
+            // fused tiles placed "early" (right after the layer's own input gradients) or "late"
+            // (after the next layer down's). Under a write-after-read guard a layer's fused
+            // tiles can start once its input gradients are done, the same moment as the next
+            // layer down's, which go first: late. Without the guard they can start once the
+            // layer above's input gradients are done, beside the layer's own: early, except
+            // that the last layers' input gradients are the step's critical path (the weight
+            // tiles of layer 0 wait for all of them), so weight work placed beside them
+            // lengthens the step. Layers from `k` up go early, the others late; the `k` whose
+            // list schedule is estimated fastest is kept (ties: the larger, all late being the
+            // order measured until run 160). Estimates, 4096 x 1024 x 8 at tile 128: 6512 all
+            // late, 6372 from k = 2 (and all early); 256 x 1024 x 4 at tile 64: 436 against
+            // 432 from k = 2; 64 x 256 x 4 at tile 32: all tie.
             let forward = order.len();
             let mut best: Option<(f64, Vec<Instruction>)> = None;
-            for early in [false, true] {
+            for k in (0..=layers).rev() {
                 let mut order = order[..forward].to_vec();
+                let fused = |l: u32, order: &mut Vec<Instruction>| {
+                    order.extend(weight_tiles(l, opcode::LINEAR_BWD_WEIGHT_SGD).map(|mut i| {
+                        war_guard(l, &mut i);
+                        i
+                    }))
+                };
                 for l in (0..layers).rev() {
                     if l > 0 {
                         input_gradients(l, &mut order);
                     }
-                    let fused = if early { Some(l) } else { (l + 1 < layers).then_some(l + 1) };
-                    if let Some(f) = fused {
-                        order.extend(weight_tiles(f, opcode::LINEAR_BWD_WEIGHT_SGD).map(|mut i| {
-                            war_guard(f, &mut i);
-                            i
-                        }));
+                    if l >= k {
+                        fused(l, &mut order);
+                    }
+                    if l + 1 < layers.min(k) {
+                        fused(l + 1, &mut order);
                     }
                 }
-                if !early {
-                    order.extend(weight_tiles(0, opcode::LINEAR_BWD_WEIGHT_SGD));
+                if k > 0 {
+                    fused(0, &mut order);
                 }
                 let (_, estimate) = list_schedule(&order, sms, c.count(), |i| estimated_cost(shape, tile, i));
                 if best.as_ref().is_none_or(|(b, _)| estimate < *b) {
