@@ -72,9 +72,10 @@
 //!   instruction's counters. An input gradient's ReLU mask (`act[l]` at the output tile) is put
 //!   in the staging buffer by the storer's TMA once it has read the last staged tile out of it
 //!   (*mask ready*); each consumer thread reads its mask where it then writes its gradient.
-//!   Before writing the buffer, consumers wait for *stage free* (forward) or *mask ready* (input
-//!   gradient), so no phase of the three barriers can run a lap ahead of a waiter, nor a waiter
-//!   two phases ahead of a barrier. Large model 0.93 -> 0.66 ms (H100 runs 156-158, with the
+//!   Before writing the buffer, consumers wait for *stage free* of the tile before (every staged
+//!   tile but the first) and, on an input gradient, *mask ready*, so no phase of the three
+//!   barriers can run a lap ahead of a waiter, nor a waiter two phases ahead of a barrier, and
+//!   every phase of *stage free* is waited for (synccheck, run 160). Large model 0.93 -> 0.66 ms (H100 runs 156-158, with the
 //!   loader loading the masks; see `store_tiles`).
 //! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
 //!   block has raised the abort flag. The consumers meet on an mbarrier (all 256 arrive) rather than `bar.sync`,
