@@ -19,22 +19,3 @@ pub fn launder(x: u32) -> u32 {
     #[cfg(not(target_arch = "nvptx64"))]
     x
 }
-
-/// Asks the L2 cache to fetch the line holding `p` (global memory), without waiting for it: a
-/// later load of the line then hits L2 instead of going to device memory.
-///
-/// PTX: `prefetch.global.L2 [p];`
-///
-/// # Safety
-/// `p` must point into global memory that the kernel may read (a prefetch changes no value, but
-/// its address must be a valid global address).
-#[inline(always)]
-pub unsafe fn prefetch_l2<T>(p: *const T) {
-    #[cfg(target_arch = "nvptx64")]
-    // SAFETY: the caller passes a readable global address; a prefetch has no other effect.
-    unsafe {
-        core::arch::asm!("prefetch.global.L2 [{p}];", p = in(reg64) p, options(nostack, readonly, preserves_flags))
-    };
-    #[cfg(not(target_arch = "nvptx64"))]
-    let _ = p;
-}

@@ -261,6 +261,9 @@ pub fn build_with_tile(
     let c = Counters { row_blocks: rbs, layers };
     let w = |l: u32| tiles(shape.dims[l as usize], tile);
     let mut order = Vec::new();
+    let cost = |i: &Instruction| estimated_cost(shape, tile, i);
+    // the order's list schedule and its estimate, where a branch below already made them
+    let mut scheduled = None;
     for l in 0..layers {
         for rb in 0..rbs {
             for cb in 0..w(l + 1) {
@@ -345,7 +348,7 @@ pub fn build_with_tile(
             // late, 6372 from k = 2 (and all early); 256 x 1024 x 4 at tile 64: 436 against
             // 432 from k = 2; 64 x 256 x 4 at tile 32: all tie.
             let forward = order.len();
-            let mut best: Option<(f64, Vec<Instruction>)> = None;
+            let mut best: Option<(Vec<Instruction>, (Vec<Vec<Instruction>>, f64))> = None;
             for k in (0..=layers).rev() {
                 let mut order = order[..forward].to_vec();
                 let fused = |l: u32, order: &mut Vec<Instruction>| {
@@ -368,19 +371,20 @@ pub fn build_with_tile(
                 if k > 0 {
                     fused(0, &mut order);
                 }
-                let (_, estimate) = list_schedule(&order, sms, c.count(), |i| estimated_cost(shape, tile, i));
-                if best.as_ref().is_none_or(|(b, _)| estimate < *b) {
-                    best = Some((estimate, order));
+                let listed = list_schedule(&order, sms, c.count(), cost);
+                if best.as_ref().is_none_or(|(_, (_, b))| listed.1 < *b) {
+                    best = Some((order, listed));
                 }
             }
-            order = best.map(|(_, o)| o).unwrap_or_default();
+            if let Some((o, listed)) = best {
+                (order, scheduled) = (o, Some(listed));
+            }
         }
     }
     // The list schedule where the estimate says it is faster than dealing the order round-robin
     // (on a tie, round-robin: the 64 x 256 x 4 model ties, and measured 0.042 ms round-robin
     // against 0.043 listed, run 117).
-    let cost = |i: &Instruction| estimated_cost(shape, tile, i);
-    let (listed, estimate) = list_schedule(&order, sms, c.count(), cost);
+    let (listed, estimate) = scheduled.unwrap_or_else(|| list_schedule(&order, sms, c.count(), cost));
     let dealt = round_robin(&order, sms);
     let per_sm = if estimate < estimated_time(&dealt, c.count(), cost) { listed } else { dealt };
     Ok(Schedule { shape: shape.clone(), order, per_sm, counters: c.count(), tile, updates, weight_reads })

@@ -75,8 +75,8 @@
 //!   Before writing the buffer, consumers wait for *stage free* of the tile before (every staged
 //!   tile but the first) and, on an input gradient, *mask ready*, so no phase of the three
 //!   barriers can run a lap ahead of a waiter, nor a waiter two phases ahead of a barrier, and
-//!   every phase of *stage free* is waited for (synccheck, run 160). Large model 0.93 -> 0.66 ms (H100 runs 156-158, with the
-//!   loader loading the masks; see `store_tiles`).
+//!   every phase of *stage free* is waited for (synccheck, run 160). Large model 0.93 -> 0.66
+//!   ms (H100 runs 156-158, with the loader loading the masks; see `store_tiles`).
 //! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
 //!   block has raised the abort flag. The consumers meet on an mbarrier (all 256 arrive) rather than `bar.sync`,
 //!   so a warp that gave up can never strand the others. A stall writes the waiter's record (the
@@ -1591,31 +1591,6 @@ mod dev {
         unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, i, h, &mine, &pre) };
     }
 
-    /// Before a fused update's page walk on [`layout::ROWS`] (tile 128): asks L2 for the lines of
-    /// the old weights (and, with momentum, the velocities) that this thread's epilogue reads,
-    /// so that its loads, 40 us of products later, hit L2 rather than device memory (the arrays
-    /// are last touched a step before and are evicted by then). A warp's 16 rows of the tile are
-    /// 512 bytes, four 128-byte lines, each: lane `4 r + q` asks for line `q` of its two rows.
-    #[inline(always)]
-    unsafe fn prefetch_update(b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) {
-        let (lane, w, g) = (thread::lane_id(), thread::warp_id() % GROUP_WARPS, thread::warp_id() / GROUP_WARPS);
-        let l = i.layer;
-        let (din, dout, w_off) = (lt.dim(l), lt.dim(l + 1), lt.w_off(l));
-        let col = i.tile_col * BIGGEST_TILE + 32 * (lane % 4);
-        for s in 0..2 {
-            let r = i.tile_row * BIGGEST_TILE + 64 * g + 16 * w + lane / 4 + 8 * s;
-            if r < dout && col < din {
-                let j = (w_off + r * pitch(din) + col) as usize;
-                unsafe {
-                    crate::hint::prefetch_l2(b.weights.as_const().as_ptr().add(j));
-                    if cfg.momentum != 0.0 {
-                        crate::hint::prefetch_l2(b.velocity.as_const().as_ptr().add(j));
-                    }
-                }
-            }
-        }
-    }
-
     /// Writes a warp's share of a staged tile ([`stores_through_tma`]; its accumulators `d` on
     /// [`layout::ROWS`]: warp `w` of group `g` holds rows `64 g + 16 w ..` of the tile, all 128
     /// columns, [`wgmma::acc_m64`]) into the staging buffer at `stage`, as the bf16 operands
@@ -1803,9 +1778,6 @@ mod dev {
                 }
                 // SAFETY (of the cast): [[[f32; 4]; 8]; 2] and [f32; 64] have the same layout.
                 let d = unsafe { &mut *(&mut acc as *mut [[[f32; 4]; NT]; MT] as *mut [f32; 64]) };
-                if ins.opcode == opcode::LINEAR_BWD_WEIGHT_SGD {
-                    unsafe { prefetch_update(b, cfg, lt, &ins) };
-                }
                 let pages = Pages { b, cfg, sm, p: &p, u: &mut u, idx, abandoned };
                 if !unsafe { tile_wgmma_rows(pages, d, &mut || {}) } {
                     abandon!();
