@@ -10,6 +10,8 @@
 //! `KILN_BENCH_PATHS=cuda-cores,tf32,tf32x3,bf16` and `KILN_BENCH_TILES=32,64` pick a subset (for a profiler run, for example).
 //! `KILN_BENCH_TRACE=1` also runs one traced megakernel step per model, path and tile (after its
 //! timing) and prints where its time went, phase by phase (`kiln::megakernel::StepTrace`);
+//! `KILN_BENCH_SMS=n` schedules the megakernel for `n` SMs (default: all);
+//! `KILN_BENCH_MEGAKERNEL_ONLY=1` times the megakernel alone (no layer-by-layer step, no JSON entry).
 //! `KILN_BENCH_TRACE_DIR=dir` also writes each trace's stamps there as CSV.
 
 use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, Updates, build, build_with_tile};
@@ -27,7 +29,10 @@ const LR: f32 = 0.01;
 
 fn main() {
     let Some(dev) = timing::gpu_or_skip("mlp_step bench") else { return };
-    let sms = dev.sm_count().expect("SM count");
+    // KILN_BENCH_SMS=n: schedule the megakernel for n SMs instead of all (to see how a tile's
+    // speed depends on how many SMs share the L2, for example)
+    let all_sms = dev.sm_count().expect("SM count");
+    let sms = std::env::var("KILN_BENCH_SMS").ok().and_then(|v| v.parse().ok()).unwrap_or(all_sms).clamp(1, all_sms);
     println!("device: {}, per training step, f32, median of samples of back-to-back steps", dev.name());
     let mut json = format!("{{\"device\":\"{}\",\"models\":[", dev.name());
     let models = MODELS.iter().filter(|(b, w, l)| timing::wanted("KILN_BENCH_MODELS", &format!("{b}x{w}x{l}")));
@@ -101,6 +106,10 @@ fn main() {
             paths_text.push(format!("{path:?} {ms:.3} (tile {chosen}; {})", tiles_text.join(", ")));
         }
 
+        if std::env::var("KILN_BENCH_MEGAKERNEL_ONLY").is_ok_and(|v| v == "1") {
+            println!("b{batch} w{width} d{layers} on {sms} SMs: megakernel ms/step {}", paths_text.join("; "));
+            continue;
+        }
         // kiln layer by layer (autograd on the CUDA backend).
         let td = TDev::Cuda(Arc::clone(&dev));
         let mut model = Sequential::new();

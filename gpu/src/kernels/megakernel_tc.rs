@@ -1240,8 +1240,9 @@ mod dev {
     const LOSS_ELEMS: usize = (MAX_TILE * MAX_TILE / CONSUMERS) as usize;
 
     /// One consumer thread's share of a quarter `q` of a `LOSS_GRAD` tile, loaded. A tile of up to
-    /// [`MAX_TILE`] is one quarter; at tile 128 the consumers take its four 64 x 64 quarters in
-    /// turn (row-major order), each staged through one sums buffer as a tile 64 is. Element `j`
+    /// [`MAX_TILE`] is one quarter (a tile of 128 would be four 64 x 64 quarters in turn, each
+    /// staged through one sums buffer as a tile 64 is; since run 165 the tile-128 kernel takes
+    /// [`loss_rows`] instead, and only its compiled-away arm still names quarters). Element `j`
     /// is `e = t + j CONSUMERS` of the quarter (row `e / sub`, column `e % sub` of it, so a warp
     /// reads 32 neighbouring logits), with its logit and, as loaded, its row's class
     /// (cross-entropy) or its target's bits (mean squared error). Only loads, nothing that uses
@@ -1393,6 +1394,132 @@ mod dev {
                     unsafe { store_t::<P>(b.grad_t, cfg, t_out, tr, tc, g) };
                 }
             }
+        }
+    }
+
+    /// Rows of a loss tile at [`BIGGEST_TILE`] each consumer warp takes (`loss_rows`).
+    const LOSS_WARP_ROWS: u32 = BIGGEST_TILE / CONSUMER_WARPS;
+    /// Rows of a warp's share of a loss tile loaded at a time (`loss_rows`): a chunk's logits are
+    /// 4 registers a row, and the next chunk's are loaded while this one's gradients are stored.
+    /// (Measured on the large model, H100 run 165: 2 rows, 8.3 us a loss tile and 0.627-0.630 ms
+    /// a step; 4 rows, 9.5 us and 0.633-0.641 ms, with more spills elsewhere in the kernel.)
+    const LOSS_CHUNK: usize = 2;
+
+    /// A `LOSS_GRAD` tile at [`BIGGEST_TILE`] (bf16, tile 128, where the step reads its operands in
+    /// place and keeps no transposed copies): `grad[L] = dLoss / d act[L]` into `grad_bf16`.
+    /// Each consumer warp takes [`LOSS_WARP_ROWS`] (16) whole rows of the tile, a row at a time
+    /// as one coalesced 512-byte load (lane `j` holds columns `4 j .. 4 j + 4`), and finds its
+    /// rows' cross-entropy statistics itself from the last forward's partials
+    /// ([`write_loss_partials`]): lane `j` combines every other partial of row `j / 2` and the
+    /// pair of lanes combine by a shuffle; each row's class is one load, shared by shuffles. The
+    /// logits come [`LOSS_CHUNK`] rows at a time, the next chunk's loads issued before this
+    /// chunk's gradients are stored. The gradients are stored as bf16 ([`rounded_operand`]),
+    /// four to a lane in one 8-byte store where all four are live. (The quarter-wise `LossTile`
+    /// took 15.8 us a tile here, H100 run 162, this 8.3 us, run 165.) Nothing is staged in
+    /// shared memory, so the warps never meet.
+    #[inline(always)]
+    unsafe fn loss_rows<const P: u32>(b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) {
+        const CHUNKS: usize = LOSS_WARP_ROWS as usize / LOSS_CHUNK;
+        let (lane, w) = (thread::lane_id(), thread::warp_id());
+        let (dout, a_out) = (lt.dim(cfg.layers), lt.a_off(cfg.layers));
+        let pout = pitch(dout);
+        let row0 = i.tile_row * BIGGEST_TILE + w * LOSS_WARP_ROWS;
+        let col = i.tile_col * BIGGEST_TILE + 4 * lane;
+        let ce = cfg.loss != loss::MSE;
+        // the row statistics: lane j combines partials j % 2, j % 2 + 2, ... of row j / 2
+        let (mut m, mut z) = (f32::NEG_INFINITY, 0.0f32);
+        // each lane's row's class (lanes 0..16: row j), broadcast by shuffles below
+        let mut class = u32::MAX;
+        if ce {
+            let row = row0 + lane / 2;
+            let np = if row < cfg.batch { loss_partials(dout, BIGGEST_TILE) } else { 0 };
+            const PARTIAL_LOADS: u32 = 8;
+            let mut p0 = lane % 2;
+            while p0 < np {
+                let part: [[f32; 2]; PARTIAL_LOADS as usize] = core::array::from_fn(|j| {
+                    let p = p0 + 2 * j as u32;
+                    if p < np {
+                        unsafe { b.row_stats.as_const().read2((2 * (row * np + p)) as usize) }
+                    } else {
+                        [f32::NEG_INFINITY, 0.0]
+                    }
+                });
+                for q in part.iter() {
+                    (m, z) = combine((m, z), (q[0], q[1]));
+                }
+                p0 += 2 * PARTIAL_LOADS;
+            }
+            (m, z) = combine((m, z), (warp::shfl_xor_f32(u32::MAX, m, 1), warp::shfl_xor_f32(u32::MAX, z, 1)));
+            let own = row0 + lane % LOSS_WARP_ROWS;
+            if lane < LOSS_WARP_ROWS && own < cfg.batch {
+                class = unsafe { b.classes.read(own as usize) };
+            }
+        }
+        let live = col < dout;
+        // one chunk of rows' logits (and, for mean squared error, targets), loaded
+        let load = |c: usize| -> ([[f32; 4]; LOSS_CHUNK], [[f32; 4]; LOSS_CHUNK]) {
+            let mut x = [[0.0f32; 4]; LOSS_CHUNK];
+            let mut y = [[0.0f32; 4]; LOSS_CHUNK];
+            for (k, (xk, yk)) in x.iter_mut().zip(y.iter_mut()).enumerate() {
+                let r = row0 + (c * LOSS_CHUNK + k) as u32;
+                if r < cfg.batch && live {
+                    // (rows start 16-byte aligned and `pitch(dout)` covers the four columns)
+                    *xk = unsafe { b.act.as_const().read4(((a_out + r * pout + col) / 4) as usize) };
+                    if !ce {
+                        for (e, v) in yk.iter_mut().enumerate() {
+                            if col + (e as u32) < dout {
+                                *v = unsafe { b.y.read((r * dout + col + e as u32) as usize) };
+                            }
+                        }
+                    }
+                }
+            }
+            (x, y)
+        };
+        let (inv_batch, mse_scale) = (1.0 / cfg.batch as f32, 2.0 / (cfg.batch * dout) as f32);
+        let mut cur = load(0);
+        for c in 0..CHUNKS {
+            let ahead = if c + 1 < CHUNKS { load(c + 1) } else { cur };
+            for k in 0..LOSS_CHUNK {
+                let j = (c * LOSS_CHUNK + k) as u32;
+                let r = row0 + j;
+                // (the same on every lane: a row is a warp's)
+                if r >= cfg.batch {
+                    continue;
+                }
+                // (every lane shuffles, live columns or not)
+                let (rm, rz) = (warp::shfl_idx_f32(u32::MAX, m, 2 * j), warp::shfl_idx_f32(u32::MAX, z, 2 * j));
+                let rc = warp::shfl_idx_u32(u32::MAX, class, j);
+                if !live {
+                    continue;
+                }
+                let g: [f32; 4] = core::array::from_fn(|e| {
+                    let v = cur.0[k][e];
+                    let g = if ce {
+                        let target = (rc == col + e as u32) as u32 as f32;
+                        (math::exp_fast(v - rm) * (1.0 / rz) - target) * inv_batch
+                    } else {
+                        (v - cur.1[k][e]) * mse_scale
+                    };
+                    rounded_operand::<P>(g)
+                });
+                let at = a_out + r * pout + col;
+                let bits = |e: usize| g[e].to_bits() >> 16;
+                unsafe {
+                    if col + 3 < dout {
+                        let lo = bits(0) | bits(1) << 16;
+                        let hi = bits(2) | bits(3) << 16;
+                        b.grad_bf16.cast::<u64>().write((at / 4) as usize, (hi as u64) << 32 | lo as u64);
+                    } else {
+                        for e in 0..4 {
+                            if col + (e as u32) < dout {
+                                b.grad_bf16.write((at + e as u32) as usize, bits(e) as u16);
+                            }
+                        }
+                    }
+                }
+            }
+            cur = ahead;
         }
     }
 
@@ -1911,6 +2038,17 @@ mod dev {
                     abandon!();
                 }
                 let done = match ins.opcode {
+                    opcode::LOSS_GRAD if LossTile::<TM>::TILE == BIGGEST_TILE => unsafe {
+                        // (shuffles in `loss_rows` need every lane: rows and columns are
+                        // warp-uniform there, so none has left)
+                        let c0 = thread::clock64();
+                        loss_rows::<P>(b, cfg, lt, &ins);
+                        if t == 0 {
+                            record(b, idx, trace::READY_WAIT_CLK, 0);
+                            record(b, idx, trace::WORK_CLK, thread::clock64() - c0);
+                        }
+                        true
+                    },
                     opcode::LOSS_GRAD => unsafe {
                         let (c0, mut met) = (thread::clock64(), 0u64);
                         let mut done = true;
