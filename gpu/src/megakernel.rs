@@ -181,9 +181,32 @@ pub mod map {
     pub const W_T: u32 = 5;
     // Where the step reads in place (`reads_in_place`: bf16 at tile 128) `ACT_T`, `GRAD_T` and
     // `W_T` describe `act_bf16[l]`, `grad_bf16[l + 1]` and `w_op[l]` themselves, MN-major.
+    /// `weights[l]` itself, f32 (`dims[l + 1] x dims[l]`), in boxes of `tile` rows by
+    /// [`OLD_W_BOX_COLS`](super::OLD_W_BOX_COLS) columns, 128-byte swizzled: the fused update's
+    /// old weights, where the loader stages them ([`epilogue_slot_uses`](super::epilogue_slot_uses)).
+    pub const OLD_W: u32 = 6;
     /// Maps per layer.
-    pub const PER_LAYER: u32 = 6;
+    pub const PER_LAYER: u32 = 7;
 }
+
+/// Columns of one box of the fused update's old weights staged through the ring
+/// ([`epilogue_slot_uses`]): 32 f32, one 128-byte swizzle span.
+pub const OLD_W_BOX_COLS: u32 = 32;
+
+/// Ring uses an instruction takes after its product's K blocks, on data path `precision` at
+/// `tile` (the loader fills them and the consumers wait for, read and free them as they do
+/// pages, so both count the same uses): where the step reads its operands in place (bf16 at tile
+/// 128), a fused update's old weights, `tile / OLD_W_BOX_COLS` boxes of `tile` rows by
+/// [`OLD_W_BOX_COLS`] f32, a slot each, which the loader issues right behind the product's last
+/// K block, so that they are in shared memory when the epilogue needs them instead of loaded
+/// then (behind the next tile's pages, which the loader has issued by then: the epilogue took
+/// 8 us of a 47-us tile, H100 runs 162-165). None elsewhere.
+pub const fn epilogue_slot_uses(opcode: u32, precision: u32, tile: u32) -> u32 {
+    if opcode == opcode::LINEAR_BWD_WEIGHT_SGD && reads_in_place(precision, tile) { tile / OLD_W_BOX_COLS } else { 0 }
+}
+
+// a box of old weights fills a slot exactly, as a page of that tile does
+const _: () = assert!(BF16_TILES[1] * OLD_W_BOX_COLS * 4 == stage_tx_bytes(BF16_TILES[1]));
 
 /// A stall record's second word for a page wait: this tag, the barrier kind
 /// ([`PAGE_READY`]/[`PAGE_FREE`]/[`RENDEZVOUS`] in bits 16..24) and the ring slot (low bits); the

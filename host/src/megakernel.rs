@@ -1203,7 +1203,8 @@ impl GpuStep {
     /// in place (`kiln_gpu::megakernel::reads_in_place`: bf16 at tile 128), the maps of the
     /// transposed operands describe the operands themselves (`act_bf16`, `grad_bf16`, `w_op`),
     /// MN-major: a box of one page's K rows by `MN_BOX` columns. The weights' maps describe copy
-    /// `copy` (`w_op[copy]`, `w_t[copy]`).
+    /// `copy` (`w_op[copy]`, `w_t[copy]`); `OLD_W`, the f32 weights, boxes of `tile` rows by
+    /// `OLD_W_BOX_COLS` f32.
     fn encode_maps(
         &self,
         w_off: &[u32],
@@ -1259,6 +1260,14 @@ impl GpuStep {
                 layer[map::GRAD_T as usize] = (self.grad_t.addr_of(t_off[l + 1]), spec(d[l + 1], b));
                 layer[map::W_T as usize] = (self.w_t[copy].addr_of(wt_off[l]), spec(d[l], d[l + 1]));
             }
+            // the f32 weights themselves, for the fused update's old weights (read where
+            // `epilogue_slot_uses` stages them; the same in both copies' maps)
+            let old_w = TensorMapSpec {
+                dtype: TmaDtype::F32,
+                box_cols: kiln_gpu::megakernel::OLD_W_BOX_COLS,
+                ..spec(d[l + 1], d[l])
+            };
+            layer[map::OLD_W as usize] = (f32_at(&self.weights, w_off[l]), old_w);
             maps.extend(layer);
         }
         self.dev.tensor_maps(&maps)

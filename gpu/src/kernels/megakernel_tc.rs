@@ -190,11 +190,12 @@ mod dev {
     use crate::kernels::gemm_wgmma::tile_descriptor;
     use crate::kernels::megakernel_step::{aborted, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
-        CONSUMER_WARPS, GROUP_WARPS, Instruction, MASK_READY, MN_BOX, MegaBuffers, MegaConfig, NO_COUNTER, PAGE_FREE,
-        PAGE_GROUPS, PAGE_K, PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES, PAGE_TAG, RENDEZVOUS,
-        STAGE_BYTES, STAGE_FREE, STAGED, TC_TILES, free_parity, give_up, groups_split_rows, loss, loss_partials, map,
-        opcode, page_bytes, page_free_arrivals, page_group, page_k, page_parity, page_slot, pitch, precision,
-        reads_in_place, ready_parity, slot_uses_per_block, stage_tx_bytes, staged, stores_through_tma, trace,
+        CONSUMER_WARPS, GROUP_WARPS, Instruction, MASK_READY, MN_BOX, MegaBuffers, MegaConfig, NO_COUNTER,
+        OLD_W_BOX_COLS, PAGE_FREE, PAGE_GROUPS, PAGE_K, PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES,
+        PAGE_TAG, RENDEZVOUS, STAGE_BYTES, STAGE_FREE, STAGED, TC_TILES, epilogue_slot_uses, free_parity, give_up,
+        groups_split_rows, loss, loss_partials, map, opcode, page_bytes, page_free_arrivals, page_group, page_k,
+        page_parity, page_slot, pitch, precision, reads_in_place, ready_parity, slot_uses_per_block, stage_tx_bytes,
+        staged, stores_through_tma, trace,
     };
     use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
 
@@ -463,6 +464,26 @@ mod dev {
                     }
                     u += per;
                     kt += 1;
+                }
+                // the epilogue's operand, right behind the product's last K block (see
+                // `epilogue_slot_uses`): the fused update's old weights, a box a slot
+                let mut j = 0;
+                while j < epilogue_slot_uses(ins.opcode, P, tile) {
+                    let slot = page_slot(u);
+                    if u >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(u)) } {
+                        unsafe {
+                            record_stall(b, cfg, LOADER, idx, PAGE_TAG | PAGE_FREE << 16 | slot, free_parity(u), u)
+                        };
+                        break 'instructions;
+                    }
+                    let old_w = unsafe { b.maps.as_ptr().add((map::PER_LAYER * ins.layer + map::OLD_W) as usize) };
+                    let col = (p.n0 + j * OLD_W_BOX_COLS) as i32;
+                    unsafe {
+                        mbarrier::arrive_expect_tx(sm.ready(slot), stage_tx_bytes(tile));
+                        tma::load_2d(sm.a_page(slot), old_w, col, p.m0 as i32, sm.ready(slot));
+                    }
+                    u += 1;
+                    j += 1;
                 }
                 unsafe {
                     stamp(b, idx, trace::LOADER_ISSUED);
@@ -1092,6 +1113,19 @@ mod dev {
             }
         }
 
+        /// The fused update's old weights from the ring ([`OldWeights`]): a pair a shared load.
+        /// (Rows and columns past the layer read TMA's zero fill; the epilogue stores none of them.)
+        #[inline(always)]
+        unsafe fn read_staged_weights(&mut self, w: OldWeights, h: HalfAt) {
+            for s in 0..MT {
+                for nj in 0..NT {
+                    let (r, col) = h.at(s, nj, 0);
+                    let v = unsafe { shared::ld_shared_v2(w.at(r, col)) };
+                    self.x[s][nj] = v.map(f32::from_bits);
+                }
+            }
+        }
+
         /// The input gradient's `act[l]`.
         #[inline(always)]
         /// On [`precision::BF16`] from its only copy, `act_bf16` (a pair of bf16 in one 4-byte
@@ -1703,6 +1737,7 @@ mod dev {
         lt: Layers,
         i: &Instruction,
         d: &[f32; 64],
+        old_w: Option<OldWeights>,
     ) {
         // accumulator 4 j + 2 s + c is row 8 s, column 8 j + c of the lane's ([`wgmma::acc_m64`])
         let mine: Half<MT, NT> = core::array::from_fn(|s| {
@@ -1712,10 +1747,34 @@ mod dev {
         let mut pre = Prefetched::<MT, NT>::new();
         match i.opcode {
             opcode::LINEAR_BWD_INPUT => unsafe { pre.load_act::<P>(b, cfg, lt, i, h) },
-            opcode::LINEAR_BWD_WEIGHT_SGD => unsafe { pre.load_weights(b, lt, i, h) },
+            opcode::LINEAR_BWD_WEIGHT_SGD => match old_w {
+                Some(w) => unsafe { pre.read_staged_weights(w, h) },
+                None => unsafe { pre.load_weights(b, lt, i, h) },
+            },
             _ => {}
         }
         unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, i, h, &mine, &pre) };
+    }
+
+    /// A fused update's old weights staged in the ring ([`epilogue_slot_uses`]): box `j`
+    /// (columns `n0 + 32 j ..` of the tile at `(m0, n0)`) in the slot of use `u + j`, its rows of
+    /// 128 bytes 128-byte swizzled.
+    #[derive(Clone, Copy)]
+    struct OldWeights {
+        sm: Smem,
+        u: u32,
+        m0: u32,
+        n0: u32,
+    }
+
+    impl OldWeights {
+        /// The shared address of the pair at (row `r`, even column `c`) of the weights.
+        #[inline(always)]
+        fn at(self, r: u32, c: u32) -> u32 {
+            let (rt, ct) = (r - self.m0, c - self.n0);
+            let slot = self.sm.a_page(page_slot(self.u + ct / OLD_W_BOX_COLS));
+            slot + crate::swizzle::Swizzle::B128.apply(rt * 4 * OLD_W_BOX_COLS + 4 * (ct % OLD_W_BOX_COLS))
+        }
     }
 
     /// Writes a warp's share of a staged tile ([`stores_through_tma`]; its accumulators `d` on
@@ -1906,7 +1965,10 @@ mod dev {
                 // SAFETY (of the cast): [[[f32; 4]; 8]; 2] and [f32; 64] have the same layout.
                 let d = unsafe { &mut *(&mut acc as *mut [[[f32; 4]; NT]; MT] as *mut [f32; 64]) };
                 let pages = Pages { b, cfg, sm, p: &p, u: &mut u, idx, abandoned };
+                // the ring uses of the epilogue's operand, behind the product's pages
+                let extra = epilogue_slot_uses(ins.opcode, P, 32 * TM as u32);
                 if !unsafe { tile_wgmma_rows(pages, d, &mut || {}) } {
+                    u += extra;
                     abandon!();
                 }
                 if t == 0 {
@@ -1967,9 +2029,33 @@ mod dev {
                     idx += 1;
                     continue;
                 }
+                // the fused update's old weights, staged in the ring (see `epilogue_slot_uses`)
+                let mut old_w = None;
+                if extra > 0 {
+                    let mut ok = true;
+                    let mut v = u;
+                    while v < u + extra {
+                        ok &= unsafe { bounded_wait(b, cfg, sm.ready(page_slot(v)), ready_parity(v)) };
+                        v += 1;
+                    }
+                    if !warp::all(u32::MAX, ok) {
+                        if thread::lane_id() == 0 {
+                            let what = PAGE_TAG | PAGE_READY << 16 | page_slot(u);
+                            unsafe { record_stall(b, cfg, CONSUMER, idx, what, ready_parity(u), u) };
+                        }
+                        u += extra;
+                        abandon!();
+                    }
+                    old_w = Some(OldWeights { sm, u, m0: ins.tile_row * 128, n0: ins.tile_col * 128 });
+                }
                 unsafe {
-                    rows_epilogue::<MT, NT, P, L, 0>(b, cfg, lt, &ins, d);
-                    rows_epilogue::<MT, NT, P, L, 1>(b, cfg, lt, &ins, d);
+                    rows_epilogue::<MT, NT, P, L, 0>(b, cfg, lt, &ins, d, old_w);
+                    rows_epilogue::<MT, NT, P, L, 1>(b, cfg, lt, &ins, d, old_w);
+                }
+                if extra > 0 {
+                    // (this warp's reads of them are done)
+                    unsafe { free_pages(sm, u, extra) };
+                    u += extra;
                 }
             } else if let Some(p) = product {
                 let h = HalfAt::new::<MT, NT, L>(cfg, &ins, 0);
