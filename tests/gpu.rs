@@ -1956,16 +1956,22 @@ fn megakernel_weights_after(
         gpu.step(&inp).map_err(err)?;
     }
     if traced {
-        check_trace(&gpu.trace().map_err(err)?, path, schedule.order.len())?;
+        check_trace(&gpu.trace().map_err(err)?, path, schedule.tile, schedule.order.len())?;
     }
     Ok((gpu.weights().map_err(err)?, schedule.tile))
 }
 
 /// A traced step's stamps are complete and in order: every instruction signalled; each stamp the
 /// data path writes for its kind of instruction is present, and they follow the instruction's life
-/// (`kiln_gpu::megakernel::trace`).
-fn check_trace(t: &kiln::megakernel::StepTrace, path: kiln::megakernel::DataPath, instructions: usize) -> Outcome {
-    use kiln::gpu::megakernel::{opcode, trace as at};
+/// (`kiln_gpu::megakernel::trace`). The loader stamps the products, and the loss tiles whose
+/// logits it stages (`box_slot_uses`: bf16 at tile 128).
+fn check_trace(
+    t: &kiln::megakernel::StepTrace,
+    path: kiln::megakernel::DataPath,
+    tile: u32,
+    instructions: usize,
+) -> Outcome {
+    use kiln::gpu::megakernel::{box_slot_uses, opcode, trace as at};
     if t.records.len() != instructions || t.unfinished() != 0 {
         return Err(format!(
             "trace of {} instructions, {} unfinished; want {instructions}, 0",
@@ -1974,7 +1980,8 @@ fn check_trace(t: &kiln::megakernel::StepTrace, path: kiln::megakernel::DataPath
         ));
     }
     for (k, r) in t.records.iter().enumerate() {
-        let product = !matches!(r.instruction.opcode, opcode::LOSS_GRAD | opcode::SGD_UPDATE);
+        let product = !matches!(r.instruction.opcode, opcode::LOSS_GRAD | opcode::SGD_UPDATE)
+            || box_slot_uses(r.instruction.opcode, path.code(), tile) > 0;
         let chain: &[u32] = match path {
             kiln::megakernel::DataPath::CudaCores => &[at::START, at::FIRST, at::STORED, at::SIGNALED],
             _ => &[at::START, at::FIRST, at::WORK_DONE, at::STORED, at::SIGNALED],

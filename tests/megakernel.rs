@@ -328,12 +328,13 @@ fn run_page_ring(uses: u32, tile: u32, free_arrivals: u32, seed: u64) -> (u32, O
     }
 }
 
-/// The ring uses of a fused update's old weights (`epilogue_slot_uses`): four slots of 32 f32
-/// columns by 128 rows behind each fused update's pages where the step reads in place (bf16 at
-/// tile 128), a slot's bytes each; none on any other instruction, path or tile.
+/// The ring uses of f32 boxes (`box_slot_uses`): four slots of 32 f32 columns by 128 rows for
+/// each fused update (its old weights, behind its pages) and each loss tile (its logits) where the
+/// step reads in place (bf16 at tile 128), a slot's bytes each; none on any other instruction,
+/// path or tile.
 #[test]
-fn old_weights_take_four_slots_at_tile_128_only() {
-    use kiln::gpu::megakernel::{OLD_W_BOX_COLS, STAGE_BYTES, epilogue_slot_uses, precision, stage_tx_bytes};
+fn f32_boxes_take_four_slots_at_tile_128_only() {
+    use kiln::gpu::megakernel::{F32_BOX_COLS, STAGE_BYTES, box_slot_uses, precision, stage_tx_bytes};
     let ops = [
         opcode::LINEAR_FWD,
         opcode::LOSS_GRAD,
@@ -345,13 +346,13 @@ fn old_weights_take_four_slots_at_tile_128_only() {
     for p in [precision::TF32, precision::TF32X3, precision::BF16] {
         for tile in [32, 64, 128] {
             for op in ops {
-                let want =
-                    if op == opcode::LINEAR_BWD_WEIGHT_SGD && p == precision::BF16 && tile == 128 { 4 } else { 0 };
-                assert_eq!(epilogue_slot_uses(op, p, tile), want, "opcode {op} precision {p} tile {tile}");
+                let boxed = matches!(op, opcode::LINEAR_BWD_WEIGHT_SGD | opcode::LOSS_GRAD);
+                let want = if boxed && p == precision::BF16 && tile == 128 { 4 } else { 0 };
+                assert_eq!(box_slot_uses(op, p, tile), want, "opcode {op} precision {p} tile {tile}");
             }
         }
     }
-    assert_eq!(128 * OLD_W_BOX_COLS * 4, stage_tx_bytes(128));
+    assert_eq!(128 * F32_BOX_COLS * 4, stage_tx_bytes(128));
     assert_eq!(stage_tx_bytes(128), STAGE_BYTES);
 }
 

@@ -182,31 +182,41 @@ pub mod map {
     // Where the step reads in place (`reads_in_place`: bf16 at tile 128) `ACT_T`, `GRAD_T` and
     // `W_T` describe `act_bf16[l]`, `grad_bf16[l + 1]` and `w_op[l]` themselves, MN-major.
     /// `weights[l]` itself, f32 (`dims[l + 1] x dims[l]`), in boxes of `tile` rows by
-    /// [`OLD_W_BOX_COLS`](super::OLD_W_BOX_COLS) columns, 128-byte swizzled: the fused update's
-    /// old weights, where the loader stages them ([`epilogue_slot_uses`](super::epilogue_slot_uses)).
+    /// [`F32_BOX_COLS`](super::F32_BOX_COLS) columns, 128-byte swizzled: the fused update's
+    /// old weights, where the loader stages them ([`box_slot_uses`](super::box_slot_uses)).
     pub const OLD_W: u32 = 6;
+    /// The logits, `act[L]` (f32, `batch x dims[L]`), boxed as `OLD_W`: the loss gradient's input,
+    /// where the loader stages it ([`box_slot_uses`](super::box_slot_uses)). (The same map in
+    /// every layer's maps; the kernels read the last layer's.)
+    pub const LOGITS: u32 = 7;
     /// Maps per layer.
-    pub const PER_LAYER: u32 = 7;
+    pub const PER_LAYER: u32 = 8;
 }
 
-/// Columns of one box of the fused update's old weights staged through the ring
-/// ([`epilogue_slot_uses`]): 32 f32, one 128-byte swizzle span.
-pub const OLD_W_BOX_COLS: u32 = 32;
+/// Columns of one box of f32 staged through the ring ([`box_slot_uses`]): 32 f32, one
+/// 128-byte swizzle span.
+pub const F32_BOX_COLS: u32 = 32;
 
-/// Ring uses an instruction takes after its product's K blocks, on data path `precision` at
-/// `tile` (the loader fills them and the consumers wait for, read and free them as they do
-/// pages, so both count the same uses): where the step reads its operands in place (bf16 at tile
-/// 128), a fused update's old weights, `tile / OLD_W_BOX_COLS` boxes of `tile` rows by
-/// [`OLD_W_BOX_COLS`] f32, a slot each, which the loader issues right behind the product's last
-/// K block, so that they are in shared memory when the epilogue needs them instead of loaded
-/// then (behind the next tile's pages, which the loader has issued by then: the epilogue took
-/// 8 us of a 47-us tile, H100 runs 162-165). None elsewhere.
-pub const fn epilogue_slot_uses(opcode: u32, precision: u32, tile: u32) -> u32 {
-    if opcode == opcode::LINEAR_BWD_WEIGHT_SGD && reads_in_place(precision, tile) { tile / OLD_W_BOX_COLS } else { 0 }
+/// Ring uses of f32 boxes that an instruction reads from shared memory, on data path `precision`
+/// at `tile` (the loader fills them, and the consumers wait for, read and free them as they do
+/// pages, so both count the same uses). Only where the step reads its operands in place (bf16 at
+/// tile 128): `tile / F32_BOX_COLS` boxes of `tile` rows by [`F32_BOX_COLS`] f32, a slot each, of
+/// - a fused update's old weights ([`map::OLD_W`]), which the loader issues right behind the
+///   product's last K block, so that they are in shared memory when the epilogue needs them
+///   instead of loaded then (behind the next tile's pages, which the loader has issued by then:
+///   the epilogue took 8.2 us of a 47-us tile, 6.4 us with the boxes, H100 run 166);
+/// - a loss gradient's logits ([`map::LOGITS`]), which the loader issues once the last forward's
+///   row block is done, behind the pages before it (a loss tile that loaded its logits itself
+///   waited for memory once per two rows: 8.3 us a tile, H100 run 165).
+///
+/// None elsewhere.
+pub const fn box_slot_uses(opcode: u32, precision: u32, tile: u32) -> u32 {
+    let boxed = opcode == opcode::LINEAR_BWD_WEIGHT_SGD || opcode == opcode::LOSS_GRAD;
+    if boxed && reads_in_place(precision, tile) { tile / F32_BOX_COLS } else { 0 }
 }
 
-// a box of old weights fills a slot exactly, as a page of that tile does
-const _: () = assert!(BF16_TILES[1] * OLD_W_BOX_COLS * 4 == stage_tx_bytes(BF16_TILES[1]));
+// a box of f32 fills a slot exactly, as a page of that tile does
+const _: () = assert!(BF16_TILES[1] * F32_BOX_COLS * 4 == stage_tx_bytes(BF16_TILES[1]));
 
 /// A stall record's second word for a page wait: this tag, the barrier kind
 /// ([`PAGE_READY`]/[`PAGE_FREE`]/[`RENDEZVOUS`] in bits 16..24) and the ring slot (low bits); the

@@ -58,7 +58,11 @@
 //!   at tile 128 no transposed copies). The
 //!   global values an epilogue reads (the ReLU mask, the old weights) are loaded while the pages
 //!   stream in (`Prefetched`). Loss gradients and SGD updates run on all 256 consumer threads
-//!   after consumer thread 0 has waited for their counters.
+//!   after consumer thread 0 has waited for their counters. At tile 128 the loader also stages
+//!   f32 boxes in the ring ([`box_slot_uses`](crate::megakernel::box_slot_uses)): a fused
+//!   update's old weights behind its pages, and a loss tile's logits (after acquiring the tile's
+//!   counter itself, so the consumers wait for the boxes alone); the consumers read and free them
+//!   as pages.
 //! - Publishing: every consumer thread fences its stores for the async proxy (another block's TMA
 //!   reads them next), the consumers meet at a rendezvous barrier, and consumer thread 0 signals.
 //! - Staged tiles ([`stores_through_tma`]: bf16 at tile 128; the instructions of
@@ -190,9 +194,9 @@ mod dev {
     use crate::kernels::gemm_wgmma::tile_descriptor;
     use crate::kernels::megakernel_step::{aborted, record, record_stall, sgd_update, signal, stamp, wait};
     use crate::megakernel::{
-        CONSUMER_WARPS, GROUP_WARPS, Instruction, MASK_READY, MN_BOX, MegaBuffers, MegaConfig, NO_COUNTER,
-        OLD_W_BOX_COLS, PAGE_FREE, PAGE_GROUPS, PAGE_K, PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES,
-        PAGE_TAG, RENDEZVOUS, STAGE_BYTES, STAGE_FREE, STAGED, TC_TILES, epilogue_slot_uses, free_parity, give_up,
+        CONSUMER_WARPS, F32_BOX_COLS, GROUP_WARPS, Instruction, MASK_READY, MN_BOX, MegaBuffers, MegaConfig,
+        NO_COUNTER, PAGE_FREE, PAGE_GROUPS, PAGE_K, PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES,
+        PAGE_TAG, RENDEZVOUS, STAGE_BYTES, STAGE_FREE, STAGED, TC_TILES, box_slot_uses, free_parity, give_up,
         groups_split_rows, loss, loss_partials, map, opcode, page_bytes, page_free_arrivals, page_group, page_k,
         page_parity, page_slot, pitch, precision, reads_in_place, ready_parity, slot_uses_per_block, stage_tx_bytes,
         staged, stores_through_tma, trace,
@@ -424,7 +428,9 @@ mod dev {
         'instructions: while idx < hi {
             let ins = next;
             next = unsafe { prefetch(b, idx + 1, hi) };
-            if let Some(p) = product::<TM, P>(cfg, lt, &ins) {
+            let product = product::<TM, P>(cfg, lt, &ins);
+            let boxes = box_slot_uses(ins.opcode, P, tile);
+            if product.is_some() || boxes > 0 {
                 unsafe { stamp(b, idx, trace::LOADER_START) };
                 // (the fused update's second wait, its write-after-read guard, is met here too:
                 // the consumers write W only after pages this loader issued after it)
@@ -440,8 +446,10 @@ mod dev {
                 let (c0, mut free_wait) = (thread::clock64(), 0u64);
                 // ring uses a K block takes: its pages' slots are those of uses u .. u + per
                 let per = slot_uses_per_block(tile);
-                let mut kt = 0;
-                while kt < p.pages {
+                let (mut kt, pages) = (0, product.map_or(0, |p| p.pages));
+                while let Some(p) = product
+                    && kt < pages
+                {
                     let w0 = thread::clock64();
                     let mut v = u;
                     while v < u + per {
@@ -465,10 +473,16 @@ mod dev {
                     u += per;
                     kt += 1;
                 }
-                // the epilogue's operand, right behind the product's last K block (see
-                // `epilogue_slot_uses`): the fused update's old weights, a box a slot
+                // f32 boxes (see `box_slot_uses`), a box a slot: a fused update's old weights,
+                // right behind its product's last K block, or a loss tile's logits
+                let at = if ins.opcode == opcode::LOSS_GRAD {
+                    map::PER_LAYER * (cfg.layers - 1) + map::LOGITS
+                } else {
+                    map::PER_LAYER * ins.layer + map::OLD_W
+                };
+                let (m0, n0) = (ins.tile_row * tile, ins.tile_col * tile);
                 let mut j = 0;
-                while j < epilogue_slot_uses(ins.opcode, P, tile) {
+                while j < boxes {
                     let slot = page_slot(u);
                     if u >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(u)) } {
                         unsafe {
@@ -476,11 +490,11 @@ mod dev {
                         };
                         break 'instructions;
                     }
-                    let old_w = unsafe { b.maps.as_ptr().add((map::PER_LAYER * ins.layer + map::OLD_W) as usize) };
-                    let col = (p.n0 + j * OLD_W_BOX_COLS) as i32;
+                    let map = unsafe { b.maps.as_ptr().add(at as usize) };
+                    let col = (n0 + j * F32_BOX_COLS) as i32;
                     unsafe {
                         mbarrier::arrive_expect_tx(sm.ready(slot), stage_tx_bytes(tile));
-                        tma::load_2d(sm.a_page(slot), old_w, col, p.m0 as i32, sm.ready(slot));
+                        tma::load_2d(sm.a_page(slot), map, col, m0 as i32, sm.ready(slot));
                     }
                     u += 1;
                     j += 1;
@@ -1113,10 +1127,10 @@ mod dev {
             }
         }
 
-        /// The fused update's old weights from the ring ([`OldWeights`]): a pair a shared load.
+        /// The fused update's old weights from the ring ([`F32Boxes`]): a pair a shared load.
         /// (Rows and columns past the layer read TMA's zero fill; the epilogue stores none of them.)
         #[inline(always)]
-        unsafe fn read_staged_weights(&mut self, w: OldWeights, h: HalfAt) {
+        unsafe fn read_staged_weights(&mut self, w: F32Boxes, h: HalfAt) {
             for s in 0..MT {
                 for nj in 0..NT {
                     let (r, col) = h.at(s, nj, 0);
@@ -1433,26 +1447,34 @@ mod dev {
 
     /// Rows of a loss tile at [`BIGGEST_TILE`] each consumer warp takes (`loss_rows`).
     const LOSS_WARP_ROWS: u32 = BIGGEST_TILE / CONSUMER_WARPS;
-    /// Rows of a warp's share of a loss tile loaded at a time (`loss_rows`): a chunk's logits are
-    /// 4 registers a row, and the next chunk's are loaded while this one's gradients are stored.
-    /// (Measured on the large model, H100 run 165: 2 rows, 8.3 us a loss tile and 0.627-0.630 ms
-    /// a step; 4 rows, 9.5 us and 0.633-0.641 ms, with more spills elsewhere in the kernel.)
+    /// Rows of a warp's share of a loss tile whose targets (mean squared error) are loaded at a
+    /// time (`loss_rows`): 4 registers a row, the next chunk's loaded while this one's gradients
+    /// are stored. (When the logits came the same way, H100 run 165: 2 rows, 8.3 us a loss tile
+    /// and 0.627-0.630 ms a large step; 4 rows, 9.5 us and 0.633-0.641 ms.)
     const LOSS_CHUNK: usize = 2;
 
     /// A `LOSS_GRAD` tile at [`BIGGEST_TILE`] (bf16, tile 128, where the step reads its operands in
-    /// place and keeps no transposed copies): `grad[L] = dLoss / d act[L]` into `grad_bf16`.
-    /// Each consumer warp takes [`LOSS_WARP_ROWS`] (16) whole rows of the tile, a row at a time
-    /// as one coalesced 512-byte load (lane `j` holds columns `4 j .. 4 j + 4`), and finds its
-    /// rows' cross-entropy statistics itself from the last forward's partials
+    /// place and keeps no transposed copies): `grad[L] = dLoss / d act[L]` into `grad_bf16`, from
+    /// the logits the loader staged in the ring (`logits`, [`box_slot_uses`]). Each consumer warp
+    /// takes [`LOSS_WARP_ROWS`] (16) whole rows of the tile, a row at a time as one conflict-free
+    /// 512-byte shared read (lane `j` holds columns `4 j .. 4 j + 4`), and finds its rows'
+    /// cross-entropy statistics itself from the last forward's partials
     /// ([`write_loss_partials`]): lane `j` combines every other partial of row `j / 2` and the
-    /// pair of lanes combine by a shuffle; each row's class is one load, shared by shuffles. The
-    /// logits come [`LOSS_CHUNK`] rows at a time, the next chunk's loads issued before this
-    /// chunk's gradients are stored. The gradients are stored as bf16 ([`rounded_operand`]),
-    /// four to a lane in one 8-byte store where all four are live. (The quarter-wise `LossTile`
-    /// took 15.8 us a tile here, H100 run 162, this 8.3 us, run 165.) Nothing is staged in
-    /// shared memory, so the warps never meet.
+    /// pair of lanes combine by a shuffle; each row's class is one load, shared by shuffles.
+    /// Mean squared error's targets come [`LOSS_CHUNK`] rows at a time, the next chunk's loads
+    /// issued before this chunk's gradients are stored. The gradients are stored as bf16
+    /// ([`rounded_operand`]), four to a lane in one 8-byte store where all four are live. (The
+    /// quarter-wise `LossTile` took 15.8 us a tile here, H100 run 162; this function loading the
+    /// logits from global memory itself, two rows ahead, 8.3 us, run 165.) Nothing else is
+    /// staged in shared memory, so the warps never meet.
     #[inline(always)]
-    unsafe fn loss_rows<const P: u32>(b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction) {
+    unsafe fn loss_rows<const P: u32>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        lt: Layers,
+        i: &Instruction,
+        logits: F32Boxes,
+    ) {
         const CHUNKS: usize = LOSS_WARP_ROWS as usize / LOSS_CHUNK;
         let (lane, w) = (thread::lane_id(), thread::warp_id());
         let (dout, a_out) = (lt.dim(cfg.layers), lt.a_off(cfg.layers));
@@ -1490,30 +1512,25 @@ mod dev {
             }
         }
         let live = col < dout;
-        // one chunk of rows' logits (and, for mean squared error, targets), loaded
-        let load = |c: usize| -> ([[f32; 4]; LOSS_CHUNK], [[f32; 4]; LOSS_CHUNK]) {
-            let mut x = [[0.0f32; 4]; LOSS_CHUNK];
+        // one chunk of rows' targets (mean squared error), loaded; the logits are in shared memory
+        let load_y = |c: usize| -> [[f32; 4]; LOSS_CHUNK] {
             let mut y = [[0.0f32; 4]; LOSS_CHUNK];
-            for (k, (xk, yk)) in x.iter_mut().zip(y.iter_mut()).enumerate() {
+            for (k, yk) in y.iter_mut().enumerate() {
                 let r = row0 + (c * LOSS_CHUNK + k) as u32;
-                if r < cfg.batch && live {
-                    // (rows start 16-byte aligned and `pitch(dout)` covers the four columns)
-                    *xk = unsafe { b.act.as_const().read4(((a_out + r * pout + col) / 4) as usize) };
-                    if !ce {
-                        for (e, v) in yk.iter_mut().enumerate() {
-                            if col + (e as u32) < dout {
-                                *v = unsafe { b.y.read((r * dout + col + e as u32) as usize) };
-                            }
+                if !ce && r < cfg.batch && live {
+                    for (e, v) in yk.iter_mut().enumerate() {
+                        if col + (e as u32) < dout {
+                            *v = unsafe { b.y.read((r * dout + col + e as u32) as usize) };
                         }
                     }
                 }
             }
-            (x, y)
+            y
         };
         let (inv_batch, mse_scale) = (1.0 / cfg.batch as f32, 2.0 / (cfg.batch * dout) as f32);
-        let mut cur = load(0);
+        let mut cur = load_y(0);
         for c in 0..CHUNKS {
-            let ahead = if c + 1 < CHUNKS { load(c + 1) } else { cur };
+            let ahead = if c + 1 < CHUNKS { load_y(c + 1) } else { cur };
             for k in 0..LOSS_CHUNK {
                 let j = (c * LOSS_CHUNK + k) as u32;
                 let r = row0 + j;
@@ -1527,13 +1544,14 @@ mod dev {
                 if !live {
                     continue;
                 }
+                let x = unsafe { shared::ld_shared_v4(logits.at(r, col)) }.map(f32::from_bits);
                 let g: [f32; 4] = core::array::from_fn(|e| {
-                    let v = cur.0[k][e];
+                    let v = x[e];
                     let g = if ce {
                         let target = (rc == col + e as u32) as u32 as f32;
                         (math::exp_fast(v - rm) * (1.0 / rz) - target) * inv_batch
                     } else {
-                        (v - cur.1[k][e]) * mse_scale
+                        (v - cur[k][e]) * mse_scale
                     };
                     rounded_operand::<P>(g)
                 });
@@ -1737,7 +1755,7 @@ mod dev {
         lt: Layers,
         i: &Instruction,
         d: &[f32; 64],
-        old_w: Option<OldWeights>,
+        old_w: Option<F32Boxes>,
     ) {
         // accumulator 4 j + 2 s + c is row 8 s, column 8 j + c of the lane's ([`wgmma::acc_m64`])
         let mine: Half<MT, NT> = core::array::from_fn(|s| {
@@ -1756,24 +1774,25 @@ mod dev {
         unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, i, h, &mine, &pre) };
     }
 
-    /// A fused update's old weights staged in the ring ([`epilogue_slot_uses`]): box `j`
-    /// (columns `n0 + 32 j ..` of the tile at `(m0, n0)`) in the slot of use `u + j`, its rows of
-    /// 128 bytes 128-byte swizzled.
+    /// f32 boxes staged in the ring ([`box_slot_uses`]: a fused update's old weights, a loss
+    /// tile's logits): box `j` (columns `n0 + 32 j ..` of the tile at `(m0, n0)`) in the slot of
+    /// use `u + j`, its rows of 128 bytes 128-byte swizzled.
     #[derive(Clone, Copy)]
-    struct OldWeights {
+    struct F32Boxes {
         sm: Smem,
         u: u32,
         m0: u32,
         n0: u32,
     }
 
-    impl OldWeights {
-        /// The shared address of the pair at (row `r`, even column `c`) of the weights.
+    impl F32Boxes {
+        /// The shared address of element (row `r`, column `c`) of the matrix (`r`, `c` inside the
+        /// tile).
         #[inline(always)]
         fn at(self, r: u32, c: u32) -> u32 {
             let (rt, ct) = (r - self.m0, c - self.n0);
-            let slot = self.sm.a_page(page_slot(self.u + ct / OLD_W_BOX_COLS));
-            slot + crate::swizzle::Swizzle::B128.apply(rt * 4 * OLD_W_BOX_COLS + 4 * (ct % OLD_W_BOX_COLS))
+            let slot = self.sm.a_page(page_slot(self.u + ct / F32_BOX_COLS));
+            slot + crate::swizzle::Swizzle::B128.apply(rt * 4 * F32_BOX_COLS + 4 * (ct % F32_BOX_COLS))
         }
     }
 
@@ -1949,6 +1968,8 @@ mod dev {
             let product = product::<TM, P>(cfg, lt, &ins);
             let is_product = product.is_some();
             if abandoned && !is_product {
+                // (its boxes' ring uses counted, as a drained walk counts a product's pages)
+                u += box_slot_uses(ins.opcode, P, 32 * TM as u32);
                 idx += 1;
                 continue;
             }
@@ -1966,7 +1987,7 @@ mod dev {
                 let d = unsafe { &mut *(&mut acc as *mut [[[f32; 4]; NT]; MT] as *mut [f32; 64]) };
                 let pages = Pages { b, cfg, sm, p: &p, u: &mut u, idx, abandoned };
                 // the ring uses of the epilogue's operand, behind the product's pages
-                let extra = epilogue_slot_uses(ins.opcode, P, 32 * TM as u32);
+                let extra = box_slot_uses(ins.opcode, P, 32 * TM as u32);
                 if !unsafe { tile_wgmma_rows(pages, d, &mut || {}) } {
                     u += extra;
                     abandon!();
@@ -2029,7 +2050,7 @@ mod dev {
                     idx += 1;
                     continue;
                 }
-                // the fused update's old weights, staged in the ring (see `epilogue_slot_uses`)
+                // the fused update's old weights, staged in the ring (see `box_slot_uses`)
                 let mut old_w = None;
                 if extra > 0 {
                     let mut ok = true;
@@ -2046,7 +2067,7 @@ mod dev {
                         u += extra;
                         abandon!();
                     }
-                    old_w = Some(OldWeights { sm, u, m0: ins.tile_row * 128, n0: ins.tile_col * 128 });
+                    old_w = Some(F32Boxes { sm, u, m0: ins.tile_row * 128, n0: ins.tile_col * 128 });
                 }
                 unsafe {
                     rows_epilogue::<MT, NT, P, L, 0>(b, cfg, lt, &ins, d, old_w);
@@ -2110,30 +2131,62 @@ mod dev {
                 }
                 unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, &ins, h, &mine, &pre) };
             } else {
-                if t == 0 {
-                    let ok = unsafe {
-                        wait(b, cfg, ins.wait, ins.wait_value, idx, CONSUMER)
-                            && wait(b, cfg, ins.wait2, ins.wait2_value, idx, CONSUMER)
-                    };
-                    if ok {
-                        unsafe { stamp(b, idx, trace::FIRST) };
+                // f32 boxes the loader stages for this instruction (see `box_slot_uses`): the
+                // loader acquired its dependencies before issuing them, so their arrival is the
+                // consumers' wait
+                let boxes = box_slot_uses(ins.opcode, P, 32 * TM as u32);
+                if boxes == 0 {
+                    if t == 0 {
+                        let ok = unsafe {
+                            wait(b, cfg, ins.wait, ins.wait_value, idx, CONSUMER)
+                                && wait(b, cfg, ins.wait2, ins.wait2_value, idx, CONSUMER)
+                        };
+                        if ok {
+                            unsafe { stamp(b, idx, trace::FIRST) };
+                        }
+                        unsafe { *go = ok as u32 };
                     }
-                    unsafe { *go = ok as u32 };
-                }
-                if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } || unsafe { *go } == 0 {
-                    abandon!();
+                    if !unsafe { rendezvous(b, cfg, sm, &mut phase, idx) } || unsafe { *go } == 0 {
+                        abandon!();
+                    }
                 }
                 let done = match ins.opcode {
-                    opcode::LOSS_GRAD if LossTile::<TM>::TILE == BIGGEST_TILE => unsafe {
-                        // (shuffles in `loss_rows` need every lane: rows and columns are
-                        // warp-uniform there, so none has left)
+                    opcode::LOSS_GRAD if boxes > 0 => unsafe {
+                        // the logits' boxes; then each warp's rows (shuffles in `loss_rows` need
+                        // every lane: rows and columns are warp-uniform there, so none has left)
                         let c0 = thread::clock64();
-                        loss_rows::<P>(b, cfg, lt, &ins);
+                        let mut ok = true;
+                        let mut v = u;
+                        while v < u + boxes {
+                            ok &= bounded_wait(b, cfg, sm.ready(page_slot(v)), ready_parity(v));
+                            v += 1;
+                        }
+                        let ok = warp::all(u32::MAX, ok);
+                        let c1 = thread::clock64();
+                        if ok {
+                            if t == 0 {
+                                stamp(b, idx, trace::FIRST);
+                            }
+                            let (m0, n0) = (ins.tile_row * BIGGEST_TILE, ins.tile_col * BIGGEST_TILE);
+                            loss_rows::<P>(b, cfg, lt, &ins, F32Boxes { sm, u, m0, n0 });
+                            free_pages(sm, u, boxes);
+                        } else if thread::lane_id() == 0 {
+                            record_stall(
+                                b,
+                                cfg,
+                                CONSUMER,
+                                idx,
+                                PAGE_TAG | PAGE_READY << 16 | page_slot(u),
+                                ready_parity(u),
+                                u,
+                            );
+                        }
+                        u += boxes;
                         if t == 0 {
-                            record(b, idx, trace::READY_WAIT_CLK, 0);
+                            record(b, idx, trace::READY_WAIT_CLK, c1 - c0);
                             record(b, idx, trace::WORK_CLK, thread::clock64() - c0);
                         }
-                        true
+                        ok
                     },
                     opcode::LOSS_GRAD => unsafe {
                         let (c0, mut met) = (thread::clock64(), 0u64);
