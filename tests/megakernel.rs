@@ -329,9 +329,8 @@ fn run_page_ring(uses: u32, tile: u32, free_arrivals: u32, seed: u64) -> (u32, O
 }
 
 /// The ring uses of f32 boxes (`box_slot_uses`): four slots of 32 f32 columns by 128 rows for
-/// each fused update (its old weights, behind its pages) and each loss tile (its logits) where the
-/// step reads in place (bf16 at tile 128), a slot's bytes each; none on any other instruction,
-/// path or tile.
+/// each loss tile (its logits) where the step reads in place (bf16 at tile 128), a slot's bytes
+/// each; none on any other instruction, path or tile.
 #[test]
 fn f32_boxes_take_four_slots_at_tile_128_only() {
     use kiln::gpu::megakernel::{F32_BOX_COLS, STAGE_BYTES, box_slot_uses, precision, stage_tx_bytes};
@@ -346,8 +345,7 @@ fn f32_boxes_take_four_slots_at_tile_128_only() {
     for p in [precision::TF32, precision::TF32X3, precision::BF16] {
         for tile in [32, 64, 128] {
             for op in ops {
-                let boxed = matches!(op, opcode::LINEAR_BWD_WEIGHT_SGD | opcode::LOSS_GRAD);
-                let want = if boxed && p == precision::BF16 && tile == 128 { 4 } else { 0 };
+                let want = if op == opcode::LOSS_GRAD && p == precision::BF16 && tile == 128 { 4 } else { 0 };
                 assert_eq!(box_slot_uses(op, p, tile), want, "opcode {op} precision {p} tile {tile}");
             }
         }

@@ -181,16 +181,13 @@ pub mod map {
     pub const W_T: u32 = 5;
     // Where the step reads in place (`reads_in_place`: bf16 at tile 128) `ACT_T`, `GRAD_T` and
     // `W_T` describe `act_bf16[l]`, `grad_bf16[l + 1]` and `w_op[l]` themselves, MN-major.
-    /// `weights[l]` itself, f32 (`dims[l + 1] x dims[l]`), in boxes of `tile` rows by
-    /// [`F32_BOX_COLS`](super::F32_BOX_COLS) columns, 128-byte swizzled: the fused update's
-    /// old weights, where the loader stages them ([`box_slot_uses`](super::box_slot_uses)).
-    pub const OLD_W: u32 = 6;
-    /// The logits, `act[L]` (f32, `batch x dims[L]`), boxed as `OLD_W`: the loss gradient's input,
-    /// where the loader stages it ([`box_slot_uses`](super::box_slot_uses)). (The same map in
-    /// every layer's maps; the kernels read the last layer's.)
-    pub const LOGITS: u32 = 7;
+    /// The logits, `act[L]` (f32, `batch x dims[L]`), in boxes of `tile` rows by
+    /// [`F32_BOX_COLS`](super::F32_BOX_COLS) columns, 128-byte swizzled: the loss gradient's
+    /// input, where the loader stages it ([`box_slot_uses`](super::box_slot_uses)). (The same map
+    /// in every layer's maps; the kernels read the last layer's.)
+    pub const LOGITS: u32 = 6;
     /// Maps per layer.
-    pub const PER_LAYER: u32 = 8;
+    pub const PER_LAYER: u32 = 7;
 }
 
 /// Columns of one box of f32 staged through the ring ([`box_slot_uses`]): 32 f32, one
@@ -199,20 +196,17 @@ pub const F32_BOX_COLS: u32 = 32;
 
 /// Ring uses of f32 boxes that an instruction reads from shared memory, on data path `precision`
 /// at `tile` (the loader fills them, and the consumers wait for, read and free them as they do
-/// pages, so both count the same uses). Only where the step reads its operands in place (bf16 at
-/// tile 128): `tile / F32_BOX_COLS` boxes of `tile` rows by [`F32_BOX_COLS`] f32, a slot each, of
-/// - a fused update's old weights ([`map::OLD_W`]), which the loader issues right behind the
-///   product's last K block, so that they are in shared memory when the epilogue needs them
-///   instead of loaded then (behind the next tile's pages, which the loader has issued by then:
-///   the epilogue took 8.2 us of a 47-us tile, 6.4 us with the boxes, H100 run 166);
-/// - a loss gradient's logits ([`map::LOGITS`]), which the loader issues once the last forward's
-///   row block is done, behind the pages before it (a loss tile that loaded its logits itself
-///   waited for memory once per two rows: 8.3 us a tile, H100 run 165).
+/// pages, so both count the same uses): where the step reads its operands in place (bf16 at tile
+/// 128), a loss gradient's logits ([`map::LOGITS`]), `tile / F32_BOX_COLS` boxes of `tile` rows by
+/// [`F32_BOX_COLS`] f32, a slot each, which the loader issues once the last forward's row block is
+/// done, behind the pages before it. None elsewhere.
 ///
-/// None elsewhere.
+/// (H100 run 169, large model, same call: loss tiles loading their logits themselves, 0.621-0.627
+/// ms a step; with the boxes, 0.617-0.621. A fused update's old weights staged the same way,
+/// behind its pages, took its epilogue from 8.2 to 6.4-7.0 us a tile but not the step, 0.624-0.626
+/// against 0.621-0.627, with more spills, 164/180 bytes stored/loaded against 132/140: not kept.)
 pub const fn box_slot_uses(opcode: u32, precision: u32, tile: u32) -> u32 {
-    let boxed = opcode == opcode::LINEAR_BWD_WEIGHT_SGD || opcode == opcode::LOSS_GRAD;
-    if boxed && reads_in_place(precision, tile) { tile / F32_BOX_COLS } else { 0 }
+    if opcode == opcode::LOSS_GRAD && reads_in_place(precision, tile) { tile / F32_BOX_COLS } else { 0 }
 }
 
 // a box of f32 fills a slot exactly, as a page of that tile does

@@ -1203,8 +1203,8 @@ impl GpuStep {
     /// in place (`kiln_gpu::megakernel::reads_in_place`: bf16 at tile 128), the maps of the
     /// transposed operands describe the operands themselves (`act_bf16`, `grad_bf16`, `w_op`),
     /// MN-major: a box of one page's K rows by `MN_BOX` columns. The weights' maps describe copy
-    /// `copy` (`w_op[copy]`, `w_t[copy]`); `OLD_W` and `LOGITS`, the f32 weights and logits,
-    /// boxes of `tile` rows by `F32_BOX_COLS` f32.
+    /// `copy` (`w_op[copy]`, `w_t[copy]`); `LOGITS`, the f32 logits, boxes of `tile` rows by
+    /// `F32_BOX_COLS` f32.
     fn encode_maps(
         &self,
         w_off: &[u32],
@@ -1260,16 +1260,15 @@ impl GpuStep {
                 layer[map::GRAD_T as usize] = (self.grad_t.addr_of(t_off[l + 1]), spec(d[l + 1], b));
                 layer[map::W_T as usize] = (self.w_t[copy].addr_of(wt_off[l]), spec(d[l], d[l + 1]));
             }
-            // the f32 weights themselves, for the fused update's old weights, and the logits
-            // (read where `box_slot_uses` stages them; the same in both copies' maps)
-            let boxes = |rows: usize, cols: usize| TensorMapSpec {
+            // the logits, f32 (read where `box_slot_uses` stages them; the same in every layer's
+            // and both copies' maps)
+            let last = self.shape.layers();
+            let boxes = TensorMapSpec {
                 dtype: TmaDtype::F32,
                 box_cols: kiln_gpu::megakernel::F32_BOX_COLS,
-                ..spec(rows, cols)
+                ..spec(b, d[last])
             };
-            let last = self.shape.layers();
-            layer[map::OLD_W as usize] = (f32_at(&self.weights, w_off[l]), boxes(d[l + 1], d[l]));
-            layer[map::LOGITS as usize] = (f32_at(&self.act, a_off[last]), boxes(b, d[last]));
+            layer[map::LOGITS as usize] = (f32_at(&self.act, a_off[last]), boxes);
             maps.extend(layer);
         }
         self.dev.tensor_maps(&maps)

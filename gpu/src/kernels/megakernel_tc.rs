@@ -59,10 +59,9 @@
 //!   global values an epilogue reads (the ReLU mask, the old weights) are loaded while the pages
 //!   stream in (`Prefetched`). Loss gradients and SGD updates run on all 256 consumer threads
 //!   after consumer thread 0 has waited for their counters. At tile 128 the loader also stages
-//!   f32 boxes in the ring ([`box_slot_uses`](crate::megakernel::box_slot_uses)): a fused
-//!   update's old weights behind its pages, and a loss tile's logits (after acquiring the tile's
-//!   counter itself, so the consumers wait for the boxes alone); the consumers read and free them
-//!   as pages.
+//!   each loss tile's logits in the ring as f32 boxes
+//!   ([`box_slot_uses`](crate::megakernel::box_slot_uses)), after acquiring the tile's counter
+//!   itself, so the consumers wait for the boxes alone; they read and free them as pages.
 //! - Publishing: every consumer thread fences its stores for the async proxy (another block's TMA
 //!   reads them next), the consumers meet at a rendezvous barrier, and consumer thread 0 signals.
 //! - Staged tiles ([`stores_through_tma`]: bf16 at tile 128; the instructions of
@@ -473,13 +472,8 @@ mod dev {
                     u += per;
                     kt += 1;
                 }
-                // f32 boxes (see `box_slot_uses`), a box a slot: a fused update's old weights,
-                // right behind its product's last K block, or a loss tile's logits
-                let at = if ins.opcode == opcode::LOSS_GRAD {
-                    map::PER_LAYER * (cfg.layers - 1) + map::LOGITS
-                } else {
-                    map::PER_LAYER * ins.layer + map::OLD_W
-                };
+                // f32 boxes (see `box_slot_uses`), a box a slot: a loss tile's logits
+                let at = map::PER_LAYER * (cfg.layers - 1) + map::LOGITS;
                 let (m0, n0) = (ins.tile_row * tile, ins.tile_col * tile);
                 let mut j = 0;
                 while j < boxes {
@@ -1127,19 +1121,6 @@ mod dev {
             }
         }
 
-        /// The fused update's old weights from the ring ([`F32Boxes`]): a pair a shared load.
-        /// (Rows and columns past the layer read TMA's zero fill; the epilogue stores none of them.)
-        #[inline(always)]
-        unsafe fn read_staged_weights(&mut self, w: F32Boxes, h: HalfAt) {
-            for s in 0..MT {
-                for nj in 0..NT {
-                    let (r, col) = h.at(s, nj, 0);
-                    let v = unsafe { shared::ld_shared_v2(w.at(r, col)) };
-                    self.x[s][nj] = v.map(f32::from_bits);
-                }
-            }
-        }
-
         /// The input gradient's `act[l]`.
         #[inline(always)]
         /// On [`precision::BF16`] from its only copy, `act_bf16` (a pair of bf16 in one 4-byte
@@ -1755,7 +1736,6 @@ mod dev {
         lt: Layers,
         i: &Instruction,
         d: &[f32; 64],
-        old_w: Option<F32Boxes>,
     ) {
         // accumulator 4 j + 2 s + c is row 8 s, column 8 j + c of the lane's ([`wgmma::acc_m64`])
         let mine: Half<MT, NT> = core::array::from_fn(|s| {
@@ -1765,17 +1745,13 @@ mod dev {
         let mut pre = Prefetched::<MT, NT>::new();
         match i.opcode {
             opcode::LINEAR_BWD_INPUT => unsafe { pre.load_act::<P>(b, cfg, lt, i, h) },
-            opcode::LINEAR_BWD_WEIGHT_SGD => match old_w {
-                Some(w) => unsafe { pre.read_staged_weights(w, h) },
-                None => unsafe { pre.load_weights(b, lt, i, h) },
-            },
+            opcode::LINEAR_BWD_WEIGHT_SGD => unsafe { pre.load_weights(b, lt, i, h) },
             _ => {}
         }
         unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, i, h, &mine, &pre) };
     }
 
-    /// f32 boxes staged in the ring ([`box_slot_uses`]: a fused update's old weights, a loss
-    /// tile's logits): box `j` (columns `n0 + 32 j ..` of the tile at `(m0, n0)`) in the slot of
+    /// f32 boxes staged in the ring ([`box_slot_uses`]: a loss tile's logits): box `j` (columns `n0 + 32 j ..` of the tile at `(m0, n0)`) in the slot of
     /// use `u + j`, its rows of 128 bytes 128-byte swizzled.
     #[derive(Clone, Copy)]
     struct F32Boxes {
@@ -1986,10 +1962,7 @@ mod dev {
                 // SAFETY (of the cast): [[[f32; 4]; 8]; 2] and [f32; 64] have the same layout.
                 let d = unsafe { &mut *(&mut acc as *mut [[[f32; 4]; NT]; MT] as *mut [f32; 64]) };
                 let pages = Pages { b, cfg, sm, p: &p, u: &mut u, idx, abandoned };
-                // the ring uses of the epilogue's operand, behind the product's pages
-                let extra = box_slot_uses(ins.opcode, P, 32 * TM as u32);
                 if !unsafe { tile_wgmma_rows(pages, d, &mut || {}) } {
-                    u += extra;
                     abandon!();
                 }
                 if t == 0 {
@@ -2050,33 +2023,9 @@ mod dev {
                     idx += 1;
                     continue;
                 }
-                // the fused update's old weights, staged in the ring (see `box_slot_uses`)
-                let mut old_w = None;
-                if extra > 0 {
-                    let mut ok = true;
-                    let mut v = u;
-                    while v < u + extra {
-                        ok &= unsafe { bounded_wait(b, cfg, sm.ready(page_slot(v)), ready_parity(v)) };
-                        v += 1;
-                    }
-                    if !warp::all(u32::MAX, ok) {
-                        if thread::lane_id() == 0 {
-                            let what = PAGE_TAG | PAGE_READY << 16 | page_slot(u);
-                            unsafe { record_stall(b, cfg, CONSUMER, idx, what, ready_parity(u), u) };
-                        }
-                        u += extra;
-                        abandon!();
-                    }
-                    old_w = Some(F32Boxes { sm, u, m0: ins.tile_row * 128, n0: ins.tile_col * 128 });
-                }
                 unsafe {
-                    rows_epilogue::<MT, NT, P, L, 0>(b, cfg, lt, &ins, d, old_w);
-                    rows_epilogue::<MT, NT, P, L, 1>(b, cfg, lt, &ins, d, old_w);
-                }
-                if extra > 0 {
-                    // (this warp's reads of them are done)
-                    unsafe { free_pages(sm, u, extra) };
-                    u += extra;
+                    rows_epilogue::<MT, NT, P, L, 0>(b, cfg, lt, &ins, d);
+                    rows_epilogue::<MT, NT, P, L, 1>(b, cfg, lt, &ins, d);
                 }
             } else if let Some(p) = product {
                 let h = HalfAt::new::<MT, NT, L>(cfg, &ins, 0);
