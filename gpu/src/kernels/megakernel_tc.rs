@@ -407,6 +407,20 @@ mod dev {
         if idx < hi { unsafe { b.instructions.read(idx as usize) } } else { Instruction::default() }
     }
 
+    /// The loader takes ring use `v` (instruction `idx`) for `bytes` of copies: from the second lap
+    /// on, waits until the consumers have freed the slot's previous use, then announces the bytes
+    /// on its ready barrier. False (after recording the stall) when the wait gave up.
+    #[inline(always)]
+    unsafe fn claim_slot(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, v: u32, idx: u32, bytes: u32) -> bool {
+        let slot = page_slot(v);
+        if v >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(v)) } {
+            unsafe { record_stall(b, cfg, LOADER, idx, PAGE_TAG | PAGE_FREE << 16 | slot, free_parity(v), v) };
+            return false;
+        }
+        unsafe { mbarrier::arrive_expect_tx(sm.ready(slot), bytes) };
+        true
+    }
+
     /// The loader (one thread): fills pages for every product of `lo..hi`, in order. Returns early
     /// after recording a stall; then it waits (briefly) for the loads it issued, so that no copy lands
     /// in the shared memory of a block that has exited.
@@ -452,14 +466,9 @@ mod dev {
                     let w0 = thread::clock64();
                     let mut v = u;
                     while v < u + per {
-                        let slot = page_slot(v);
-                        if v >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(v)) } {
-                            unsafe {
-                                record_stall(b, cfg, LOADER, idx, PAGE_TAG | PAGE_FREE << 16 | slot, free_parity(v), v)
-                            };
+                        if !unsafe { claim_slot(b, cfg, sm, v, idx, stage_tx_bytes(tile)) } {
                             break 'instructions;
                         }
-                        unsafe { mbarrier::arrive_expect_tx(sm.ready(slot), stage_tx_bytes(tile)) };
                         v += 1;
                     }
                     free_wait += thread::clock64() - w0;
@@ -477,19 +486,12 @@ mod dev {
                 let (m0, n0) = (ins.tile_row * tile, ins.tile_col * tile);
                 let mut j = 0;
                 while j < boxes {
-                    let slot = page_slot(u);
-                    if u >= PAGE_STAGES && !unsafe { bounded_wait(b, cfg, sm.free(slot), free_parity(u)) } {
-                        unsafe {
-                            record_stall(b, cfg, LOADER, idx, PAGE_TAG | PAGE_FREE << 16 | slot, free_parity(u), u)
-                        };
+                    if !unsafe { claim_slot(b, cfg, sm, u, idx, stage_tx_bytes(tile)) } {
                         break 'instructions;
                     }
-                    let map = unsafe { b.maps.as_ptr().add(at as usize) };
+                    let (slot, map) = (page_slot(u), unsafe { b.maps.as_ptr().add(at as usize) });
                     let col = (n0 + j * F32_BOX_COLS) as i32;
-                    unsafe {
-                        mbarrier::arrive_expect_tx(sm.ready(slot), stage_tx_bytes(tile));
-                        tma::load_2d(sm.a_page(slot), map, col, m0 as i32, sm.ready(slot));
-                    }
+                    unsafe { tma::load_2d(sm.a_page(slot), map, col, m0 as i32, sm.ready(slot)) };
                     u += 1;
                     j += 1;
                 }
@@ -1751,8 +1753,9 @@ mod dev {
         unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, i, h, &mine, &pre) };
     }
 
-    /// f32 boxes staged in the ring ([`box_slot_uses`]: a loss tile's logits): box `j` (columns `n0 + 32 j ..` of the tile at `(m0, n0)`) in the slot of
-    /// use `u + j`, its rows of 128 bytes 128-byte swizzled.
+    /// f32 boxes staged in the ring ([`box_slot_uses`]: a loss tile's logits): box `j` (columns
+    /// `n0 + 32 j ..` of the tile at `(m0, n0)`) in the slot of use `u + j`, its rows of 128 bytes
+    /// 128-byte swizzled.
     #[derive(Clone, Copy)]
     struct F32Boxes {
         sm: Smem,
