@@ -736,8 +736,14 @@ mod dev {
                 continue;
             }
             let w0 = thread::clock64();
-            let mut v = *u;
-            while v < *u + per {
+            // The block's slots last first: the loader issues them in order, so the last lands
+            // last, and the others' waits then return at once. (In order, at tile 128, each block
+            // took a second wait that blocked for the B page after waking for the A page: the
+            // large step 0.610-0.611 ms against 0.580-0.588 last first, H200 run 179.)
+            let mut n = per;
+            while n > 0 {
+                n -= 1;
+                let v = *u + n;
                 let (bar, parity) =
                     if gave_up == NONE { (sm.ready(page_slot(v)), ready_parity(v)) } else { (sm.drained(), 1) };
                 let ok = unsafe { bounded_wait(b, cfg, bar, parity) };
@@ -745,7 +751,6 @@ mod dev {
                     // (only while waiting on pages: the drained barrier never fails)
                     gave_up = v;
                 }
-                v += 1;
             }
             let w1 = thread::clock64();
             if kt == first_kt {
