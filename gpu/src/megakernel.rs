@@ -119,7 +119,7 @@ pub const fn page_k(precision: u32) -> u32 {
 /// Eight, not more: every step measured faster with 8 than with 12 (H200 run 183, ms per step,
 /// small / medium / large: tf32 0.042 / 0.121 / 2.030 against 0.043 / 0.130 / 2.188, bf16 0.048 /
 /// 0.098 / 0.518-0.525 against 0.049 / 0.102 / 0.586-0.590), while 10 changed nothing (0.583 for
-/// the large step), 6 was slower (0.634-0.639) and 4 much slower (0.90). With 8 slots a block asks
+/// the large step, run 182), 6 was slower (0.634-0.639) and 4 much slower (0.90). With 8 slots a block asks
 /// for about 162 KiB of shared memory, under the 164 KiB carveout, which leaves the SM's L1 about
 /// 92 KiB instead of the 28 KiB beside a 228 KiB carveout (a likely reason, not measured apart:
 /// the tile-128 kernel spills about 150 bytes a thread, and every step reads its epilogues'

@@ -730,8 +730,9 @@ mod dev {
         if planted && !abandoned && thread::lane_id() == 0 {
             // The planted fault's record, at once: it stands for a wait that gave up here, and the
             // stalls it causes (the storer's, whose hand-off this warp never joins, records as the
-            // consumers') may reach their limits before this walk ends (a ring of 8 slots drains
-            // later than one of 12: H200 run 183). A real give-up records after the walk, below.
+            // consumers') may reach their limits before this walk ends (with a ring of 8 or 10
+            // slots the storer's record came first: H200 runs 174, 183). A real give-up records
+            // after the walk, below.
             let what = PAGE_TAG | PAGE_READY << 16 | page_slot(gave_up);
             unsafe { record_stall(b, cfg, CONSUMER, idx, what, ready_parity(gave_up), gave_up) };
         }
