@@ -116,14 +116,14 @@ pub const fn page_k(precision: u32) -> u32 {
 /// page; at tile 128 a page fills a slot, and a K block takes two consecutive uses of the ring (A,
 /// then B: [`slot_uses_per_block`]).
 ///
-/// Eight, not more: every step measured faster with 8 than with 12 (H200 run 183, ms per step,
-/// small / medium / large: tf32 0.042 / 0.121 / 2.030 against 0.043 / 0.130 / 2.188, bf16 0.048 /
-/// 0.098 / 0.518-0.525 against 0.049 / 0.102 / 0.586-0.590), while 10 changed nothing (0.583 for
-/// the large step, run 182), 6 was slower (0.634-0.639) and 4 much slower (0.90). With 8 slots a block asks
-/// for about 162 KiB of shared memory, under the 164 KiB carveout, which leaves the SM's L1 about
-/// 92 KiB instead of the 28 KiB beside a 228 KiB carveout (a likely reason, not measured apart:
-/// the tile-128 kernel spills about 150 bytes a thread, and every step reads its epilogues'
-/// operands and instructions through L1).
+/// Eight: every step measured faster with 8 than with 12 (H200 run 183, ms per step, small /
+/// medium / large: tf32 0.042 / 0.121 / 2.030 against 0.043 / 0.130 / 2.188, bf16 0.048 / 0.098 /
+/// 0.518-0.525 against 0.049 / 0.102 / 0.586-0.590), and the large step with any other length
+/// slower: 10 as 12 (0.583, run 182), 7 0.624-0.627 (run 186), 6 0.634-0.639, 4 0.90 (run 183).
+/// Why is not known. Not the L1 share of the SM's shared memory: the runs above gave the kernels
+/// the shared memory of 12 slots, and padding it from 162 KiB to 210 KiB with 8 slots changes
+/// nothing (run 185). The host sizes shared memory from this constant, so host and PTX must be
+/// built with the same value.
 pub const PAGE_STAGES: u32 = 8;
 /// Bytes of one operand page: `tile` rows of [`PAGE_K`] f32 (or [`PAGE_K_BF16`] bf16), K-major (every operand the tensor-core
 /// path reads is stored with K contiguous: see [`map`]).
