@@ -458,10 +458,13 @@ fn tensor_core_layout_constants() {
     for d in 1..100u32 {
         assert!(pitch(d) >= d && pitch(d) % 8 == 0 && pitch(d) < d + 8);
     }
-    // records: the abort flag right after the counters, then two per block
-    assert_eq!(record_offset(10, 0, 0), 11);
-    assert_eq!(record_offset(10, 0, 1), 15);
-    assert_eq!(record_offset(10, 1, 0), 19);
+    // records: the abort flag right after the counters, then one per role and block (loader,
+    // consumers, storer)
+    use kiln::gpu::megakernel::role;
+    assert_eq!(record_offset(10, 0, role::LOADER), 11);
+    assert_eq!(record_offset(10, 0, role::CONSUMERS), 15);
+    assert_eq!(record_offset(10, 0, role::STORER), 19);
+    assert_eq!(record_offset(10, 1, role::LOADER), 23);
 }
 
 /// `--mega-path` names, and the error for an unknown one says the choices.

@@ -240,13 +240,24 @@ pub const STAGE_FREE: u32 = 5;
 /// Record kind: the consumers waited for an input gradient's ReLU mask to land in the staging
 /// buffer ([`stores_through_tma`]); the fourth word counts the block's masks.
 pub const MASK_READY: u32 = 6;
-/// Stall records per block (after the counters and the abort flag): the loader's, then the
-/// consumers' (the CUDA-core kernel uses only the first).
-pub const RECORDS_PER_BLOCK: u32 = 2;
+/// Whose stall record a block writes ([`record_offset`]): each role's first stall only, so that
+/// a stall one role causes in another (a storer waiting for consumers that gave up) never hides
+/// the other's own record.
+pub mod role {
+    /// The loader of the tensor-core kernels, or the whole block of the CUDA-core kernel.
+    pub const LOADER: u32 = 0;
+    /// The consumer warps.
+    pub const CONSUMERS: u32 = 1;
+    /// The storer warp (kernels that [`stores_through_tma`](super::stores_through_tma)).
+    pub const STORER: u32 = 2;
+}
+/// Stall records per block (after the counters and the abort flag): one per [`role`] (the
+/// CUDA-core kernel uses only the first).
+pub const RECORDS_PER_BLOCK: u32 = 3;
 /// Words per stall record: 1 + instruction index, what was waited on, value seen, value wanted.
 pub const RECORD_WORDS: u32 = 4;
-/// Word offset of block `block`'s record for `role` (0: loader or whole block, 1: consumers) in
-/// the counter buffer of a step with `counters` dependency counters.
+/// Word offset of block `block`'s record for `role` (a [`role`]) in the counter buffer of a step
+/// with `counters` dependency counters.
 pub const fn record_offset(counters: u32, block: u32, role: u32) -> u32 {
     counters + 1 + RECORD_WORDS * (RECORDS_PER_BLOCK * block + role)
 }

@@ -1499,12 +1499,11 @@ impl GpuStep {
                 if r[0] == 0 {
                     continue;
                 }
-                let who = if self.path == DataPath::CudaCores {
-                    "block"
-                } else if role == 0 {
-                    "loader of block"
-                } else {
-                    "consumers of block"
+                let who = match role {
+                    _ if self.path == DataPath::CudaCores => "block",
+                    kiln_gpu::megakernel::role::LOADER => "loader of block",
+                    kiln_gpu::megakernel::role::CONSUMERS => "consumers of block",
+                    _ => "storer of block",
                 };
                 let what = if r[1] & PAGE_TAG == 0 {
                     format!("counter {} (saw {}, wanted {})", r[1], r[2], r[3])

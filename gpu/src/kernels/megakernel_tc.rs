@@ -83,7 +83,7 @@
 //! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
 //!   block has raised the abort flag. The consumers meet on an mbarrier (all 256 arrive) rather than `bar.sync`,
 //!   so a warp that gave up can never strand the others. A stall writes the waiter's record (the
-//!   loader's and the consumers' are separate, each the first stall's): instruction, page slot and
+//!   loader's, the consumers' and the storer's are separate, each the first stall's): instruction, page slot and
 //!   barrier kind, parity. A consumer warp that gave up abandons the step but does not leave: it
 //!   walks the rest of its list running only the products' page walks, which drain, so that the
 //!   rest of its warpgroup never waits for it in a `wgmma` (see `group_pages` and `consume`).
@@ -207,9 +207,10 @@ mod dev {
     // the page loop takes k steps in pairs
     const _: () = assert!(KSTEPS >= 2 && KSTEPS.is_multiple_of(2));
 
-    /// Role of a stall record: the loader's, or the consumers'.
-    const LOADER: u32 = 0;
-    const CONSUMER: u32 = 1;
+    /// Roles of the stall records ([`role`](crate::megakernel::role)).
+    const LOADER: u32 = crate::megakernel::role::LOADER;
+    const CONSUMER: u32 = crate::megakernel::role::CONSUMERS;
+    const STORER: u32 = crate::megakernel::role::STORER;
 
     /// The block's dynamic shared memory (see the constants above for its layout).
     #[derive(Clone, Copy)]
@@ -405,6 +406,16 @@ mod dev {
     #[inline(always)]
     unsafe fn prefetch(b: &MegaBuffers, idx: u32, hi: u32) -> Instruction {
         if idx < hi { unsafe { b.instructions.read(idx as usize) } } else { Instruction::default() }
+    }
+
+    /// Records (lane 0 of the calling warp) that the consumers of instruction `idx` gave up
+    /// waiting for the bytes of ring use `v`.
+    #[inline(always)]
+    unsafe fn record_page_stall(b: &MegaBuffers, cfg: &MegaConfig, idx: u32, v: u32) {
+        if thread::lane_id() == 0 {
+            let what = PAGE_TAG | PAGE_READY << 16 | page_slot(v);
+            unsafe { record_stall(b, cfg, CONSUMER, idx, what, ready_parity(v), v) };
+        }
     }
 
     /// The loader takes ring use `v` (instruction `idx`) for `bytes` of copies: from the second lap
@@ -697,8 +708,10 @@ mod dev {
     /// (the step is abandoned: what it multiplies no longer matters), so that the other three
     /// never wait in a `wgmma` for it; it waits on [`Smem::drained`] instead, which returns at
     /// once, so the walk's loop has one wait, one `multiply` and no branch around either. Either
-    /// way the stall is recorded after the walk (unless the warp had already abandoned the step
-    /// before it, [`Pages::abandoned`]: then the walk only drains), and the walk returns false.
+    /// way the stall is recorded after the walk ([`record_page_stall`]; not at all if the warp had
+    /// already abandoned the step before it, [`Pages::abandoned`]: then the walk only drains), and
+    /// the walk returns false. (Recorded in the loop instead, where the warp gives up, the large
+    /// step took 0.536-0.538 ms against 0.517-0.518: H200 run 187.)
     /// (Other shapes measured, medium model: a named barrier per page making the four agree
     /// first, 2 % slower, run 128; a branch skipping the wait once given up, 6 %, run 130; that
     /// with the stall recorded in the loop, 9 %, run 129.)
@@ -727,14 +740,11 @@ mod dev {
             && thread::block_idx_x() == 0
             && first_kt < pages;
         let mut gave_up = if abandoned || planted { *u + per * first_kt } else { NONE };
-        if planted && !abandoned && thread::lane_id() == 0 {
-            // The planted fault's record, at once: it stands for a wait that gave up here, and the
-            // stalls it causes (the storer's, whose hand-off this warp never joins, records as the
-            // consumers') may reach their limits before this walk ends (with a ring of 8 or 10
-            // slots the storer's record came first: H200 runs 174, 183). A real give-up records
-            // after the walk, below.
-            let what = PAGE_TAG | PAGE_READY << 16 | page_slot(gave_up);
-            unsafe { record_stall(b, cfg, CONSUMER, idx, what, ready_parity(gave_up), gave_up) };
+        if planted && !abandoned {
+            // The planted fault's record, at once: it stands for a wait that gave up here, and
+            // the other consumer warps, which it strands, may give up (and record) before this
+            // walk ends (with a ring of 8 or 10 slots, H200 runs 174 and 183).
+            unsafe { record_page_stall(b, cfg, idx, gave_up) };
         }
         let mut kt = 0;
         while kt < pages {
@@ -783,9 +793,8 @@ mod dev {
             kt += 1;
         }
         if gave_up != NONE {
-            if thread::lane_id() == 0 && !abandoned {
-                let what = PAGE_TAG | PAGE_READY << 16 | page_slot(gave_up);
-                unsafe { record_stall(b, cfg, CONSUMER, idx, what, ready_parity(gave_up), gave_up) };
+            if !abandoned && !planted {
+                unsafe { record_page_stall(b, cfg, idx, gave_up) };
             }
             return false;
         }
@@ -1838,7 +1847,7 @@ mod dev {
     /// (Until run 158 the loader loaded the masks, after waiting for *stage free* of the tile
     /// before: a loader running two staged tiles ahead of the stores, as small K allows, would
     /// wait on a parity two phases ahead of the barrier and pass at once. The storer never
-    /// runs ahead of its own frees.) Gives up (recording the stall as the consumers') when a wait
+    /// runs ahead of its own frees.) Gives up (recording the stall as the storer's) when a wait
     /// passes the step's limit or another block aborts; a mask it loaded lands before it returns.
     #[inline(always)]
     unsafe fn store_tiles(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, lo: u32, hi: u32) {
@@ -1852,7 +1861,7 @@ mod dev {
                 let l = ins.layer;
                 let (m0, n0) = (ins.tile_row * BIGGEST_TILE, ins.tile_col * BIGGEST_TILE);
                 if ins.opcode == opcode::LINEAR_BWD_INPUT {
-                    if !unsafe { wait(b, cfg, ins.wait, ins.wait_value, idx, CONSUMER) } {
+                    if !unsafe { wait(b, cfg, ins.wait, ins.wait_value, idx, STORER) } {
                         return;
                     }
                     // the producers' generic stores were acquired above; TMA reads them next
@@ -1869,7 +1878,7 @@ mod dev {
                 }
                 let parity = page_parity(stages);
                 if !unsafe { bounded_wait(b, cfg, sm.staged(), parity) } {
-                    unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | STAGED << 16, parity, stages) };
+                    unsafe { record_stall(b, cfg, STORER, idx, PAGE_TAG | STAGED << 16, parity, stages) };
                     if masks > 0 {
                         // let the last mask land before the block may exit
                         let last = page_parity(masks - 1);
@@ -2136,16 +2145,8 @@ mod dev {
                             let (m0, n0) = (ins.tile_row * BIGGEST_TILE, ins.tile_col * BIGGEST_TILE);
                             loss_rows::<P>(b, cfg, lt, &ins, F32Boxes { sm, u, m0, n0 });
                             free_pages(sm, u, boxes);
-                        } else if thread::lane_id() == 0 {
-                            record_stall(
-                                b,
-                                cfg,
-                                CONSUMER,
-                                idx,
-                                PAGE_TAG | PAGE_READY << 16 | page_slot(u),
-                                ready_parity(u),
-                                u,
-                            );
+                        } else {
+                            record_page_stall(b, cfg, idx, u);
                         }
                         u += boxes;
                         if t == 0 {
