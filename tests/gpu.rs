@@ -2372,32 +2372,42 @@ fn megakernel_give_up_split(dev: &Device) -> Outcome {
 }
 
 /// A model whose layer table would push the tensor-core kernel's shared memory past the device's
-/// opt-in limit (12 bytes a layer after the page ring: a few hundred layers) is refused by
-/// `GpuStep::new` with a typed error that says what to change; the deepest model that fits runs.
+/// opt-in limit (20 bytes a layer after the page ring, and at bf16 tile 128 the weight buffer: a
+/// few thousand layers, or 91) is refused by `GpuStep::new` with a typed error that says what to
+/// change; the deepest model that fits runs. On tf32 (tile 32) and bf16 at tile 128.
 fn megakernel_too_deep(dev: &Device) -> Outcome {
     use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
     use kiln::gpu::kernels::megakernel_tc::tc_smem_bytes;
-    use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, build};
+    use kiln::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, Updates, build_with_tile};
     let max_smem = dev.attribute(OPTIN).map_err(err)?.max(0) as u32;
-    let fits = (1..4096u32).take_while(|&l| tc_smem_bytes(l) <= max_smem).last().ok_or("no depth fits")?;
-    for (layers, ok) in [(fits, true), (fits + 1, false)] {
-        let shape = MlpShape { batch: 2, dims: vec![3; layers as usize + 1] };
-        let schedule = build(&shape, 4, DataPath::Tf32).map_err(err)?;
-        match (GpuStep::new(dev_arc()?, &schedule, &mk_weights(&shape.dims, 3), DataPath::Tf32), ok) {
-            (Ok(mut gpu), true) => {
-                let x = vec![0.5f32; 2 * 3];
-                let inp =
-                    StepInputs { x: &x, y: &[], classes: &[0, 1], loss: Loss::CrossEntropy, lr: 0.1, momentum: 0.0 };
-                gpu.step(&inp).map_err(|e| format!("{layers} layers (the deepest that fits): {e}"))?;
-            }
-            (Err(kiln::Error::Unsupported { what, .. }), false)
-                if what.contains(&format!("{layers} layers")) && what.contains("use fewer layers") => {}
-            (other, _) => {
-                return Err(format!(
-                    "{layers} layers ({} bytes of shared memory, the device allows {max_smem}): got {:?}",
-                    tc_smem_bytes(layers),
-                    other.map(|_| "a step")
-                ));
+    for (path, tile) in [(DataPath::Tf32, 32), (DataPath::Bf16, 128)] {
+        let bytes = |l: u32| tc_smem_bytes(l, path.code(), tile);
+        let fits = (1..8192u32).take_while(|&l| bytes(l) <= max_smem).last().ok_or("no depth fits")?;
+        for (layers, ok) in [(fits, true), (fits + 1, false)] {
+            let shape = MlpShape { batch: 2, dims: vec![3; layers as usize + 1] };
+            let schedule = build_with_tile(&shape, 4, tile, Updates::Fused, path.weight_reads()).map_err(err)?;
+            match (GpuStep::new(dev_arc()?, &schedule, &mk_weights(&shape.dims, 3), path), ok) {
+                (Ok(mut gpu), true) => {
+                    let x = vec![0.5f32; 2 * 3];
+                    let inp = StepInputs {
+                        x: &x,
+                        y: &[],
+                        classes: &[0, 1],
+                        loss: Loss::CrossEntropy,
+                        lr: 0.1,
+                        momentum: 0.0,
+                    };
+                    gpu.step(&inp).map_err(|e| format!("{path:?} {layers} layers (the deepest that fits): {e}"))?;
+                }
+                (Err(kiln::Error::Unsupported { what, .. }), false)
+                    if what.contains(&format!("{layers} layers")) && what.contains("use fewer layers") => {}
+                (other, _) => {
+                    return Err(format!(
+                        "{path:?} {layers} layers ({} bytes of shared memory, the device allows {max_smem}): got {:?}",
+                        bytes(layers),
+                        other.map(|_| "a step")
+                    ));
+                }
             }
         }
     }

@@ -440,9 +440,13 @@ fn tensor_core_layout_constants() {
     assert_eq!(page_bytes(64) % 1024, 0, "the B page starts 1024-byte aligned");
     assert!(2 * page_bytes(TC_TILES[1]) <= STAGE_BYTES);
     // the issue's deepest models (16 layers) and far beyond fit (the layer table's five columns
-    // take 20 bytes a layer, and the row statistics of a tile-128 loss tile 1 KiB: about 90
-    // layers fit)
-    assert!(tc_smem_bytes(80) <= 227 * 1024, "{}", tc_smem_bytes(80));
+    // take 20 bytes a layer; bf16 at tile 128 also has a 64 KiB weight buffer: 91 layers fit
+    // there, thousands elsewhere)
+    let max = 227 * 1024;
+    assert!(tc_smem_bytes(91, precision::BF16, 128) <= max, "{}", tc_smem_bytes(91, precision::BF16, 128));
+    assert!(tc_smem_bytes(92, precision::BF16, 128) > max, "{}", tc_smem_bytes(92, precision::BF16, 128));
+    assert!(tc_smem_bytes(2000, precision::TF32, 64) <= max && tc_smem_bytes(2000, precision::BF16, 64) <= max);
+    assert_eq!(kiln::gpu::kernels::megakernel_tc::weight_buffer_offset(91) % 1024, 0);
     assert_eq!(TC_THREADS, 288, "eight consumer warps and one loader warp");
     assert_eq!(tc_threads(precision::BF16, 128), 320, "and a storer warp where the tiles are stored through TMA");
     for (p, t) in [(precision::BF16, 64), (precision::TF32, 64), (precision::TF32, 32), (precision::TF32X3, 64)] {
@@ -572,12 +576,13 @@ fn staged_tile_layout() {
             assert_eq!(banks.len(), 32, "rows {r0}.., columns {}..: bank conflicts", 8 * j);
         }
     }
-    // only bf16 at tile 128 stages, and only the hidden forwards and the input gradients
+    // only bf16 at tile 128 stages, and only the hidden forwards, the input gradients and the
+    // fused updates
     assert!(stores_through_tma(precision::BF16, 128));
     assert!(!stores_through_tma(precision::BF16, 64) && !stores_through_tma(precision::TF32, 64));
     assert!(staged(opcode::LINEAR_FWD, 2, 4) && !staged(opcode::LINEAR_FWD, 3, 4));
-    assert!(staged(opcode::LINEAR_BWD_INPUT, 1, 4));
-    for op in [opcode::LOSS_GRAD, opcode::LINEAR_BWD_WEIGHT, opcode::LINEAR_BWD_WEIGHT_SGD, opcode::SGD_UPDATE] {
+    assert!(staged(opcode::LINEAR_BWD_INPUT, 1, 4) && staged(opcode::LINEAR_BWD_WEIGHT_SGD, 0, 4));
+    for op in [opcode::LOSS_GRAD, opcode::LINEAR_BWD_WEIGHT, opcode::SGD_UPDATE] {
         assert!(!staged(op, 0, 4), "opcode {op}");
     }
 }
@@ -841,4 +846,116 @@ fn staging_hand_off_protocol() {
     assert!(caught > 0, "the model misses the first build's early mask");
     assert!(skipped_wait > 0, "the model misses consumers that do not wait for the buffer's release");
     assert!(unwaited > 0, "the model misses release phases nobody waits for (input gradients not waiting)");
+}
+
+/// The weight buffer's protocol (bf16 at tile 128, [`staged`] fused updates), modelled with
+/// random interleavings of its three parties over `updates` staged updates: the loader waits for
+/// *weights free* of the update before (unless `loader_waits` is false) and issues the old
+/// weights, which land later (completing *weights ready*); the consumers wait for *weights
+/// ready* (a parity wait) and write the new weights in place; the storer, once the consumers have
+/// staged them, stores them, and once its stores have read the buffer arrives on *weights free*.
+/// An error names a copy that landed over weights not yet stored, or a wait that passed a phase
+/// early (a lap ahead).
+fn weight_buffer_model(updates: u32, loader_waits: bool, rng: &mut impl rand::Rng) -> Result<(), String> {
+    // the buffer: which update's weights it holds, and whether they are the new ones, stored
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Held {
+        Empty,
+        Old(u32),
+        New(u32),
+        Stored(u32),
+    }
+    let parity_wait = |completed: u32, phase: u32| -> Option<Result<(), String>> {
+        if completed & 1 == phase & 1 {
+            return None;
+        }
+        Some(if completed > phase { Ok(()) } else { Err(format!("a wait for phase {phase} passed at {completed}")) })
+    };
+    let (mut ready, mut free) = (0u32, 0u32);
+    let mut held = Held::Empty;
+    // the loader's next update, the copies in flight, the consumers' and the storer's next update
+    let (mut ld, mut landing, mut c, mut st) = (0u32, Vec::<u32>::new(), 0u32, 0u32);
+    let mut store_reading: Option<u32> = None;
+    loop {
+        let mut steps: Vec<u8> = Vec::new();
+        if ld < updates {
+            match if ld > 0 && loader_waits { parity_wait(free, ld - 1) } else { Some(Ok(())) } {
+                Some(Ok(())) => steps.push(0),
+                Some(Err(e)) => return Err(format!("loader: {e}")),
+                None => {}
+            }
+        }
+        if !landing.is_empty() {
+            steps.push(1);
+        }
+        if c < updates {
+            match parity_wait(ready, c) {
+                Some(Ok(())) => steps.push(2),
+                Some(Err(e)) => return Err(format!("consumers: {e}")),
+                None => {}
+            }
+        }
+        if st < c && store_reading.is_none() {
+            steps.push(3);
+        }
+        if store_reading.is_some() {
+            steps.push(4);
+        }
+        if steps.is_empty() {
+            return if ld == updates && c == updates && st == updates && landing.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("stuck: loader {ld}, consumers {c}, storer {st}"))
+            };
+        }
+        match steps[rng.random_range(0..steps.len())] {
+            0 => {
+                landing.push(ld);
+                ld += 1;
+            }
+            1 => {
+                let n = landing.remove(0);
+                if n > 0 && held != Held::Stored(n - 1) {
+                    return Err(format!("update {n}'s old weights landed over {held:?}"));
+                }
+                held = Held::Old(n);
+                ready += 1;
+            }
+            2 => {
+                if held != Held::Old(c) {
+                    return Err(format!("the consumers of update {c} read {held:?}"));
+                }
+                held = Held::New(c);
+                c += 1;
+            }
+            3 => {
+                store_reading = Some(st);
+                st += 1;
+            }
+            _ => {
+                let n = store_reading.take().unwrap_or(u32::MAX);
+                if held != Held::New(n) {
+                    return Err(format!("the storer of update {n} read {held:?}"));
+                }
+                held = Held::Stored(n);
+                free += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn weight_buffer_protocol() {
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut caught = 0;
+    for updates in 1..8 {
+        for _ in 0..300 {
+            if let Err(e) = weight_buffer_model(updates, true, &mut rng) {
+                panic!("{updates} updates: {e}");
+            }
+            caught += weight_buffer_model(updates, false, &mut rng).is_err() as usize;
+        }
+    }
+    assert!(caught > 0, "the model misses a loader that does not wait for the storer's release");
 }

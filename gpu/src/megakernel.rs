@@ -195,8 +195,17 @@ pub mod map {
     /// input, where the loader stages it ([`box_slot_uses`](super::box_slot_uses)). (The same map
     /// in every layer's maps; the kernels read the last layer's.)
     pub const LOGITS: u32 = 6;
+    /// `weights[l]`, the f32 weights themselves (`dims[l + 1] x dims[l]`), in boxes of `tile`
+    /// rows by [`F32_BOX_COLS`](super::F32_BOX_COLS) columns, 128-byte swizzled: where a fused
+    /// update stages its tile ([`staged`](super::staged)), the loader loads the old weights
+    /// through it and the storer stores the new ones.
+    pub const WEIGHTS: u32 = 7;
+    /// The copy of `W[l]` the updates write (`w_op` of the next step: the other copy from the one
+    /// [`W`] describes), as [`W`] describes it: the storer stores a staged fused update's rounded
+    /// weights through it.
+    pub const W_NEXT: u32 = 8;
     /// Maps per layer.
-    pub const PER_LAYER: u32 = 7;
+    pub const PER_LAYER: u32 = 9;
 }
 
 /// Columns of one box of f32 staged through the ring ([`box_slot_uses`]): 32 f32, one
@@ -240,6 +249,12 @@ pub const STAGE_FREE: u32 = 5;
 /// Record kind: the consumers waited for an input gradient's ReLU mask to land in the staging
 /// buffer ([`stores_through_tma`]); the fourth word counts the block's masks.
 pub const MASK_READY: u32 = 6;
+/// Record kind: the consumers waited for a staged fused update's old weights to land in the
+/// weight buffer ([`staged`]); the fourth word counts the block's staged updates.
+pub const WEIGHTS_READY: u32 = 7;
+/// Record kind: the loader waited for the storer to release the weight buffer (its stores of the
+/// last staged update's weights have read it); the fourth word counts the block's staged updates.
+pub const WEIGHTS_FREE: u32 = 8;
 /// Whose stall record a block writes ([`record_offset`]): each role's first stall only, so that
 /// a stall one role causes in another (a storer waiting for consumers that gave up) never hides
 /// the other's own record.
@@ -351,17 +366,26 @@ pub const fn stores_through_tma(precision: u32, tile: u32) -> bool {
 }
 
 /// Whether an instruction stages its output tile where the step [`stores_through_tma`]: a hidden
-/// layer's forward (`act[l + 1]`, bf16) and every input gradient (`grad[l]`, bf16). (The last
-/// forward writes f32 logits and the loss partials; the weight tiles write f32 weights.)
+/// layer's forward (`act[l + 1]`, bf16), every input gradient (`grad[l]`, bf16) and every fused
+/// update (its new weights, f32 in the weight buffer, where the loader loaded the old ones
+/// through [`map::WEIGHTS`], and bf16 in the staging buffer, `w_op`'s next copy). (The last
+/// forward writes f32 logits and the loss partials; the separate weight gradients write f32 `dW`.)
 pub const fn staged(op: u32, layer: u32, layers: u32) -> bool {
     match op {
         opcode::LINEAR_FWD => layer + 1 < layers,
         // (every one the schedule has: it computes no gradient of the step's input, so there is
         // no layer-0 input gradient. Asking `layer > 0` here made ptxas spill more in the
         // tile-128 kernel: 220 bytes against 152.)
-        opcode::LINEAR_BWD_INPUT => true,
+        opcode::LINEAR_BWD_INPUT | opcode::LINEAR_BWD_WEIGHT_SGD => true,
         _ => false,
     }
+}
+
+/// Bytes of the weight buffer of a kernel that [`stores_through_tma`]: one staged fused update's
+/// f32 weights, `tile / F32_BOX_COLS` boxes of `tile` rows by [`F32_BOX_COLS`] f32 (the
+/// [`map::WEIGHTS`] boxes), one after another.
+pub const fn weight_buffer_bytes(tile: u32) -> u32 {
+    4 * tile * tile
 }
 
 /// The columns (M or N, 128 bytes of bf16) of one box of an MN-major page ([`reads_in_place`]).

@@ -83,6 +83,22 @@ mod device {
         [a, b, c, d]
     }
 
+    /// Loads 8 bytes from a shared-window address.
+    ///
+    /// PTX: `ld.shared.v2.u32 {a, b}, [addr];`
+    ///
+    /// # Safety
+    /// `addr` must be an 8-byte-aligned shared address inside the block's allocation.
+    #[inline(always)]
+    pub unsafe fn ld_shared_v2(addr: SharedAddr) -> [u32; 2] {
+        let (a, b): (u32, u32);
+        unsafe {
+            asm!("ld.shared.v2.u32 {{{a}, {b}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, p = in(reg32) addr,
+                options(nostack, readonly))
+        };
+        [a, b]
+    }
+
     /// Loads 4 bytes from a shared-window address.
     ///
     /// PTX: `ld.shared.b32 v, [addr];`

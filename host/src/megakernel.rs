@@ -1055,13 +1055,14 @@ impl GpuStep {
         }
         if path != DataPath::CudaCores {
             use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
-            let need = kiln_gpu::kernels::megakernel_tc::tc_smem_bytes(shape.layers() as u32);
+            let need =
+                kiln_gpu::kernels::megakernel_tc::tc_smem_bytes(shape.layers() as u32, path.code(), schedule.tile);
             let max_smem = dev.attribute(OPTIN)?.max(0) as u32;
             if need > max_smem {
                 return Err(Error::Unsupported {
                     op: "megakernel",
                     what: format!(
-                        "{} layers: the {path:?} kernel's shared memory (its page ring and a {}-byte table entry per layer) would be {need} bytes, over this GPU's {max_smem}: use fewer layers or DataPath::CudaCores",
+                        "{} layers: the {path:?} kernel's shared memory (its page ring, a {}-byte table entry per layer and, bf16 at tile 128, a weight buffer) would be {need} bytes, over this GPU's {max_smem}: use fewer layers or DataPath::CudaCores",
                         shape.layers(),
                         4 * kiln_gpu::kernels::megakernel_tc::TABLE_COLUMNS
                     ),
@@ -1234,6 +1235,13 @@ impl GpuStep {
             box_cols: kiln_gpu::megakernel::MN_BOX,
             ..spec(rows, cols)
         };
+        // `base` describing a `rows x cols` matrix instead
+        let spec_rows = |base: TensorMapSpec, rows: usize, cols: usize| TensorMapSpec {
+            rows: rows as u64,
+            cols: cols as u64,
+            row_pitch: pitch(cols as u32) as u64,
+            ..base
+        };
         let in_place = self.reads_in_place();
         let f32_at = |buf: &crate::cuda::DeviceBuffer<f32>, off: u32| buf.addr() + 4 * off as u64;
         // the forward's A and the input gradient's A: bf16 copies on the bf16 path, else the f32
@@ -1269,6 +1277,17 @@ impl GpuStep {
                 ..spec(b, d[last])
             };
             layer[map::LOGITS as usize] = (f32_at(&self.act, a_off[last]), boxes);
+            // the weights themselves, f32, in the same boxes (where a fused update stages its
+            // tile: `kiln_gpu::megakernel::staged`), and the copy the updates write; elsewhere
+            // unread (the CUDA-core and 3xTF32 paths' products read `weights`, which the updates
+            // write, so there the next copy is the same array)
+            let f32_boxes = TensorMapSpec { dtype: TmaDtype::F32, ..boxes };
+            layer[map::WEIGHTS as usize] = (f32_at(&self.weights, w_off[l]), spec_rows(f32_boxes, d[l + 1], d[l]));
+            let next = match self.path {
+                DataPath::Tf32 | DataPath::Bf16 => self.w_op[1 - copy].addr_of(w_off[l]),
+                DataPath::CudaCores | DataPath::Tf32x3 => f32_at(&self.weights, w_off[l]),
+            };
+            layer[map::W_NEXT as usize] = (next, spec(d[l + 1], d[l]));
             maps.extend(layer);
         }
         self.dev.tensor_maps(&maps)
@@ -1440,7 +1459,8 @@ impl GpuStep {
             shared_mem_bytes: smem,
         };
         let tc_block = tc_threads(cfg.precision, cfg.tile);
-        let (mega, tc) = (launch(MEGA_THREADS, 0), launch(tc_block, tc_smem_bytes(cfg.layers)));
+        let (mega, tc) =
+            (launch(MEGA_THREADS, 0), launch(tc_block, tc_smem_bytes(cfg.layers, cfg.precision, cfg.tile)));
         let args = (bufs, cfg);
         // The step's kernel: one per data path and, on tensor cores, per tile (the schedule's,
         // which `GpuStep::new` checked is one of the path's).
@@ -1483,7 +1503,7 @@ impl GpuStep {
     pub fn check(&mut self) -> Result<()> {
         use kiln_gpu::megakernel::{
             MASK_READY, PAGE_FREE, PAGE_READY, PAGE_TAG, RECORD_WORDS, RECORDS_PER_BLOCK, RENDEZVOUS, STAGE_FREE,
-            STAGED, record_offset,
+            STAGED, WEIGHTS_FREE, WEIGHTS_READY, record_offset,
         };
         self.steps_since_check = 0;
         let c = self.dev.download(&self.counter_buf)?;
@@ -1525,6 +1545,13 @@ impl GpuStep {
                             )
                         }
                         MASK_READY => format!("the ReLU mask's barrier with parity {} (mask {})", r[2], r[3]),
+                        WEIGHTS_READY => {
+                            format!("the old weights' barrier with parity {} (staged update {})", r[2], r[3])
+                        }
+                        WEIGHTS_FREE => format!(
+                            "the storer's release of the weight buffer with parity {} (staged update {})",
+                            r[2], r[3]
+                        ),
                         other => format!("barrier kind {other}, slot {slot}, parity {}", r[2]),
                     }
                 };

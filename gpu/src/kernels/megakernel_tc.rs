@@ -80,6 +80,13 @@
 //!   barriers can run a lap ahead of a waiter, nor a waiter two phases ahead of a barrier, and
 //!   every phase of *stage free* is waited for (synccheck, run 160). Large model 0.93 -> 0.66
 //!   ms (H100 runs 156-158, with the loader loading the masks; see `store_tiles`).
+//!   A fused update is staged too: halfway through its pages the loader loads the tile's old
+//!   f32 weights into a weight buffer of their own ([`weight_buffer_offset`], through
+//!   [`map::WEIGHTS`](crate::megakernel::map::WEIGHTS), *weights ready*), once the storer has
+//!   stored the last staged update's out of it (*weights free*); the consumers read them there,
+//!   write the new weights back in place and their bf16 copy into the staging buffer, and the
+//!   storer stores both (`weights` and the next `w_op`). (Loading and storing the weights from
+//!   the consumers cost a fused update 7 to 9 us of its 40, H200 run 190.)
 //! - Hang-proof: every wait is bounded (the step's `wait_limit_ns`) and also gives up when another
 //!   block has raised the abort flag. The consumers meet on an mbarrier (all 256 arrive) rather than `bar.sync`,
 //!   so a warp that gave up can never strand the others. A stall writes the waiter's record (the
@@ -93,7 +100,7 @@
 use crate::kernel;
 use crate::megakernel::{
     BF16_TILES, CONSUMER_WARPS, GROUP_WARPS, MN_BOX, MegaBuffers, MegaConfig, PAGE_GROUPS, PAGE_STAGES, STAGE_BYTES,
-    TC_TILES, page_bytes, precision, stores_through_tma,
+    TC_TILES, page_bytes, precision, stores_through_tma, weight_buffer_bytes,
 };
 
 /// Warps of the loader: one, whose lane 0 issues every load (the other lanes leave at once).
@@ -121,11 +128,12 @@ const BIGGEST_TILE: u32 = BF16_TILES[BF16_TILES.len() - 1];
 const SUMS: u32 = STAGE_BYTES * PAGE_STAGES;
 const SUMS_BYTES: u32 = 4 * MAX_TILE * MAX_TILE;
 /// Barriers: ready and free per stage, the consumers' rendezvous, one never arrived on (see
-/// `Smem::drained`), then the staged tiles' three (see [`stores_through_tma`]): staged
+/// `Smem::drained`), then the staged tiles' five (see [`stores_through_tma`]): staged
 /// (consumers to storer), stage free (storer to consumers), mask ready (the storer's TMA of a
-/// ReLU mask).
+/// ReLU mask), weights ready (the loader's TMA of a staged update's old weights), weights free
+/// (storer to loader).
 const BARRIERS: u32 = SUMS + 2 * SUMS_BYTES;
-const BARRIER_COUNT: u32 = 2 * PAGE_STAGES + 5;
+const BARRIER_COUNT: u32 = 2 * PAGE_STAGES + 7;
 /// The loss gradient's row statistics (`2 * BIGGEST_TILE` f32), then the "go" word.
 const STATS: u32 = BARRIERS + 8 * BARRIER_COUNT;
 const GO: u32 = STATS + 8 * BIGGEST_TILE;
@@ -150,6 +158,10 @@ pub const fn mn_page_descriptor(page: u32, kk: u32) -> u64 {
 /// Bytes of one box of a staged tile ([`stores_through_tma`]): [`BIGGEST_TILE`] rows of 128 bytes
 /// ([`MN_BOX`] bf16), 128-byte swizzled, as the `ACT` and `GRAD` maps' boxes at tile 128.
 pub const STAGE_BOX_BYTES: u32 = BIGGEST_TILE * 2 * MN_BOX;
+/// Bytes of one box of the weight buffer ([`map::WEIGHTS`](crate::megakernel::map::WEIGHTS)):
+/// [`BIGGEST_TILE`] rows of [`F32_BOX_COLS`](crate::megakernel::F32_BOX_COLS) f32 (128 bytes),
+/// 128-byte swizzled.
+pub const F32_BOX_BYTES: u32 = BIGGEST_TILE * 4 * crate::megakernel::F32_BOX_COLS;
 /// Byte offset of element (row `r`, column `c`) of a staged tile (a [`BIGGEST_TILE`]-square of
 /// bf16) in the staging buffer: box `c / MN_BOX`, in which row `r` is 128 bytes at `128 r` whose
 /// 16-byte chunks are XORed with `r % 8` (TMA's 128-byte swizzle; the buffer is 1024-byte
@@ -159,9 +171,22 @@ pub const fn staged_offset(r: u32, c: u32) -> u32 {
     (c / MN_BOX) * STAGE_BOX_BYTES + crate::swizzle::Swizzle::B128.apply(r * 2 * MN_BOX + 2 * (c % MN_BOX))
 }
 
-/// Dynamic shared memory of one block for a model of `layers` layers.
-pub const fn tc_smem_bytes(layers: u32) -> u32 {
-    LAYER_TABLE + 4 * TABLE_COLUMNS * (layers + 1)
+/// Byte offset of the weight buffer ([`weight_buffer_bytes`]) of a kernel that
+/// [`stores_through_tma`], for a model of `layers` layers: after the layer table, 1024-byte
+/// aligned (for TMA's 128-byte swizzle).
+pub const fn weight_buffer_offset(layers: u32) -> u32 {
+    (LAYER_TABLE + 4 * TABLE_COLUMNS * (layers + 1)).div_ceil(1024) * 1024
+}
+
+/// Dynamic shared memory of one block of the kernel for data path `precision` at `tile`, for a
+/// model of `layers` layers: the layer table's end, or, where the kernel [`stores_through_tma`],
+/// the weight buffer's.
+pub const fn tc_smem_bytes(layers: u32, precision: u32, tile: u32) -> u32 {
+    if stores_through_tma(precision, tile) {
+        weight_buffer_offset(layers) + weight_buffer_bytes(tile)
+    } else {
+        LAYER_TABLE + 4 * TABLE_COLUMNS * (layers + 1)
+    }
 }
 
 /// How a kernel's consumer warps hold a product's outputs (the `L` parameter of its
@@ -184,8 +209,8 @@ mod layout {
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod dev {
     use super::{
-        BARRIERS, BIGGEST_TILE, GO, LAYER_TABLE, MAX_TILE, STAGE_BOX_BYTES, STATS, SUMS, SUMS_BYTES, TABLE_COLUMNS,
-        layout, staged_offset,
+        BARRIERS, BIGGEST_TILE, F32_BOX_BYTES, GO, LAYER_TABLE, MAX_TILE, STAGE_BOX_BYTES, STATS, SUMS, SUMS_BYTES,
+        TABLE_COLUMNS, layout, staged_offset,
     };
 
     /// Consumer threads.
@@ -195,10 +220,10 @@ mod dev {
     use crate::megakernel::{
         CONSUMER_WARPS, F32_BOX_COLS, GROUP_WARPS, Instruction, MASK_READY, MN_BOX, MegaBuffers, MegaConfig,
         NO_COUNTER, PAGE_FREE, PAGE_GROUPS, PAGE_K, PAGE_K_BF16, PAGE_READY, PAGE_READY_ARRIVALS, PAGE_STAGES,
-        PAGE_TAG, RENDEZVOUS, STAGE_BYTES, STAGE_FREE, STAGED, TC_TILES, box_slot_uses, free_parity, give_up,
-        groups_split_rows, loss, loss_partials, map, opcode, page_bytes, page_free_arrivals, page_group, page_k,
-        page_parity, page_slot, pitch, precision, reads_in_place, ready_parity, slot_uses_per_block, stage_tx_bytes,
-        staged, stores_through_tma, trace,
+        PAGE_TAG, RENDEZVOUS, STAGE_BYTES, STAGE_FREE, STAGED, TC_TILES, WEIGHTS_FREE, WEIGHTS_READY, box_slot_uses,
+        free_parity, give_up, groups_split_rows, loss, loss_partials, map, opcode, page_bytes, page_free_arrivals,
+        page_group, page_k, page_parity, page_slot, pitch, precision, reads_in_place, ready_parity,
+        slot_uses_per_block, stage_tx_bytes, staged, stores_through_tma, trace, weight_buffer_bytes,
     };
     use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
 
@@ -216,6 +241,8 @@ mod dev {
     #[derive(Clone, Copy)]
     struct Smem {
         base: shared::SharedAddr,
+        /// The weight buffer ([`weight_buffer_offset`](super::weight_buffer_offset) from `base`).
+        weights: shared::SharedAddr,
     }
 
     impl Smem {
@@ -263,6 +290,16 @@ mod dev {
         /// completed by the bytes.
         fn mask_ready(self) -> u32 {
             self.base + BARRIERS + 8 * (2 * PAGE_STAGES + 4)
+        }
+        /// A staged fused update's old weights in the weight buffer: the loader's
+        /// `arrive.expect_tx`, completed by the bytes.
+        fn weights_ready(self) -> u32 {
+            self.base + BARRIERS + 8 * (2 * PAGE_STAGES + 5)
+        }
+        /// The storer's release of the weight buffer once its stores of the new weights have read
+        /// it (one arrival per staged update).
+        fn weights_free(self) -> u32 {
+            self.base + BARRIERS + 8 * (2 * PAGE_STAGES + 6)
         }
         /// The staging buffer: a staged tile's two boxes ([`staged_offset`]), over the two sums
         /// buffers (which the tile-128 kernel, whose groups split rows, does not use for sums).
@@ -446,7 +483,8 @@ mod dev {
     ) {
         // the kernel's tile (the consumers trap where `cfg.tile` differs), a constant
         let tile = 32 * TM as u32;
-        let mut u = 0u32;
+        // ring uses, and staged updates whose old weights were loaded
+        let (mut u, mut updates) = (0u32, 0u32);
         let mut idx = lo;
         let mut next = unsafe { prefetch(b, lo, hi) };
         'instructions: while idx < hi {
@@ -471,9 +509,20 @@ mod dev {
                 // ring uses a K block takes: its pages' slots are those of uses u .. u + per
                 let per = slot_uses_per_block(tile);
                 let (mut kt, pages) = (0, product.map_or(0, |p| p.pages));
+                // a staged update's old weights, loaded halfway through its pages: late enough
+                // that the storer has long stored the last update's out of the buffer (the
+                // consumers staged it before their first page of this one), early enough to land
+                // before the last page
+                let weights = ins.opcode == opcode::LINEAR_BWD_WEIGHT_SGD && stores_through_tma(P, tile);
                 while let Some(p) = product
                     && kt < pages
                 {
+                    if weights && kt == pages / 2 {
+                        if !unsafe { load_weights(b, cfg, sm, &ins, updates, idx) } {
+                            break 'instructions;
+                        }
+                        updates += 1;
+                    }
                     let w0 = thread::clock64();
                     let mut v = u;
                     while v < u + per {
@@ -515,14 +564,45 @@ mod dev {
             idx += 1;
         }
         if idx < hi {
-            // Gave up: let the copies in flight (the last use of each slot) land before exiting.
+            // Gave up: let the copies in flight (the last use of each slot, the last weights) land
+            // before exiting.
             let mut back = 1;
             while back <= PAGE_STAGES && back <= u {
                 let v = u - back;
                 let _ = unsafe { mbarrier::wait_parity_bounded(sm.ready(page_slot(v)), ready_parity(v), 10_000_000) };
                 back += 1;
             }
+            if updates > 0 {
+                let last = page_parity(updates - 1);
+                let _ = unsafe { mbarrier::wait_parity_bounded(sm.weights_ready(), last, 10_000_000) };
+            }
         }
+    }
+
+    /// The loader loads the old weights of the `n`-th staged fused update of the block (instruction
+    /// `idx`, `ins`) into the weight buffer: once the storer has released the buffer from the
+    /// update before (its phase `n - 1` of *weights free*), announces the bytes on *weights
+    /// ready* and issues the tile's [`map::WEIGHTS`] boxes. The weights are this tile's alone
+    /// during the step (no other instruction writes them), so no counter guards them. False
+    /// (after recording the stall) when the wait gave up.
+    #[inline(always)]
+    unsafe fn load_weights(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, ins: &Instruction, n: u32, idx: u32) -> bool {
+        if n > 0 && !unsafe { bounded_wait(b, cfg, sm.weights_free(), page_parity(n - 1)) } {
+            let what = PAGE_TAG | WEIGHTS_FREE << 16;
+            unsafe { record_stall(b, cfg, LOADER, idx, what, page_parity(n - 1), n - 1) };
+            return false;
+        }
+        let tile = BIGGEST_TILE;
+        let map = unsafe { b.maps.as_ptr().add((map::PER_LAYER * ins.layer + map::WEIGHTS) as usize) };
+        let (m0, n0) = (ins.tile_row * tile, ins.tile_col * tile);
+        unsafe { mbarrier::arrive_expect_tx(sm.weights_ready(), weight_buffer_bytes(tile)) };
+        let mut j = 0;
+        while j < tile / F32_BOX_COLS {
+            let col = (n0 + j * F32_BOX_COLS) as i32;
+            unsafe { tma::load_2d(sm.weights + j * F32_BOX_BYTES, map, col, m0 as i32, sm.weights_ready()) };
+            j += 1;
+        }
+        true
     }
 
     /// The consumers' barrier: every consumer thread arrives (so each thread's own shared and global
@@ -1114,9 +1194,11 @@ mod dev {
     ///   during the step. (Its velocities are loaded in the epilogue: a second array held through
     ///   the page loop costs more spills than it saves.)
     ///
-    /// On [`layout::ROWS`] they are loaded after the page walk instead, one [`Half`] at a time
-    /// (held through the walk beside its 64 accumulators, both halves' would take 64 more
-    /// registers).
+    /// On [`layout::ROWS`] an input gradient's mask arrives in the staging buffer instead
+    /// ([`store_tiles`]) and a fused update's old weights in the weight buffer ([`stage_update`]);
+    /// the one epilogue there that loads anything, an input gradient's of a kernel that does not
+    /// stage (none is built), loads its [`Half`] after the page walk (held through the walk beside
+    /// its 64 accumulators, both halves' would take 64 more registers).
     struct Prefetched<const MT: usize, const NT: usize> {
         /// `act[l]` (input gradients) or the old weights (fused updates)
         x: Half<MT, NT>,
@@ -1768,10 +1850,9 @@ mod dev {
         });
         let h = HalfAt::new::<MT, NT, L>(cfg, i, C as u32);
         let mut pre = Prefetched::<MT, NT>::new();
-        match i.opcode {
-            opcode::LINEAR_BWD_INPUT => unsafe { pre.load_act::<P>(b, cfg, lt, i, h) },
-            opcode::LINEAR_BWD_WEIGHT_SGD => unsafe { pre.load_weights(b, lt, i, h) },
-            _ => {}
+        // (a fused update never gets here: the only kernel of this layout stages it)
+        if i.opcode == opcode::LINEAR_BWD_INPUT {
+            unsafe { pre.load_act::<P>(b, cfg, lt, i, h) };
         }
         unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, i, h, &mine, &pre) };
     }
@@ -1829,6 +1910,90 @@ mod dev {
         }
     }
 
+    /// Applies a staged fused update ([`staged`]: the weight gradient `d` of instruction `i`, a
+    /// warp's share of it on [`layout::ROWS`] as in [`stage_tile`]): reads the old weights where
+    /// the loader put them (the weight buffer, [`map::WEIGHTS`] boxes: element (row `r`, column
+    /// `c`) of the tile in box `c / 32`, row `r` 128 bytes at `128 r` whose 16-byte chunks are
+    /// XORed with `r % 8`), writes the new ones back in their place (f32, for the storer's store of
+    /// `weights`) and, rounded to bf16 ([`rounded_operand`]), into the staging buffer (the storer
+    /// stores it into the next step's `w_op`). With momentum the velocities are read and written
+    /// in global memory, half the columns at a time (all of a half's loads first: a store to
+    /// `velocity` between them would, as far as the compiler knows, wait for each in turn). The
+    /// tile's rows and columns past the matrix are written too: the loads read them as TMA's zero
+    /// fill, and the tensor maps' bounds clip them from the stores.
+    #[inline(always)]
+    unsafe fn stage_update(b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction, sm: Smem, d: &[f32; 64]) {
+        unsafe {
+            stage_update_half::<0>(b, cfg, lt, i, sm, d);
+            stage_update_half::<1>(b, cfg, lt, i, sm, d);
+        }
+    }
+
+    /// [`stage_update`] of the columns `64 H ..` of the warp's rows. `H` is a constant, so that
+    /// every index into `d` is one and the accumulators stay in registers.
+    #[inline(always)]
+    unsafe fn stage_update_half<const H: usize>(
+        b: &MegaBuffers,
+        cfg: &MegaConfig,
+        lt: Layers,
+        i: &Instruction,
+        sm: Smem,
+        d: &[f32; 64],
+    ) {
+        let (lane, w, g) = (thread::lane_id(), thread::warp_id() % GROUP_WARPS, thread::warp_id() / GROUP_WARPS);
+        let r0 = 64 * g + 16 * w + lane / 4;
+        let l = i.layer;
+        let (din, dout, w_off) = (lt.dim(l), lt.dim(l + 1), lt.w_off(l));
+        let (m0, n0) = (i.tile_row * BIGGEST_TILE, i.tile_col * BIGGEST_TILE);
+        let momentum = cfg.momentum != 0.0;
+        // (row, column) in the tile of a lane's pair `s` of accumulator column block `j`
+        let at = |j: usize, s: usize| (r0 + 8 * s as u32, 8 * j as u32 + 2 * (lane % 4));
+        // the velocities' element index of a tile position, and whether it is in the matrix
+        let vel_at = |r: u32, c: u32| (w_off + (m0 + r) * pitch(din) + n0 + c, m0 + r < dout);
+        let half = H;
+        {
+            let mut vel = [[0.0f32; 2]; 16];
+            if momentum {
+                for jj in 0..8 {
+                    for s in 0..2 {
+                        let (r, c) = at(8 * half + jj, s);
+                        let (v, live) = vel_at(r, c);
+                        if live {
+                            vel[2 * jj + s] = unsafe { load_pair(b.velocity.as_const(), v, n0 + c, din) };
+                        }
+                    }
+                }
+            }
+            for jj in 0..8 {
+                for s in 0..2 {
+                    let j = 8 * half + jj;
+                    let (r, c) = at(j, s);
+                    let grad = [d[4 * j + 2 * s], d[4 * j + 2 * s + 1]];
+                    let step = if momentum {
+                        let st: [f32; 2] = core::array::from_fn(|k| cfg.momentum * vel[2 * jj + s][k] + grad[k]);
+                        let (v, live) = vel_at(r, c);
+                        if live {
+                            unsafe { store_pair(b.velocity, v, n0 + c, din, st) };
+                        }
+                        st
+                    } else {
+                        grad
+                    };
+                    let f32_at = sm.weights
+                        + (c / F32_BOX_COLS) * F32_BOX_BYTES
+                        + crate::swizzle::Swizzle::B128.apply(r * 4 * F32_BOX_COLS + 4 * (c % F32_BOX_COLS));
+                    let old = unsafe { shared::ld_shared_v2(f32_at) }.map(f32::from_bits);
+                    let new: [f32; 2] = core::array::from_fn(|k| old[k] - cfg.lr * step[k]);
+                    unsafe { shared::st_shared_v2(f32_at, new.map(f32::to_bits)) };
+                    let bits = |x: f32| rounded_operand::<{ precision::BF16 }>(x).to_bits() >> 16;
+                    unsafe {
+                        shared::st_shared_b32(sm.staging() + staged_offset(r, c), bits(new[1]) << 16 | bits(new[0]))
+                    };
+                }
+            }
+        }
+    }
+
     /// The storer (one thread; kernels that [`stores_through_tma`]): for each staged instruction
     /// of `lo..hi` ([`staged`]), in order:
     /// - on an input gradient, puts its ReLU mask (`act[l]` at the output tile, through layer
@@ -1839,10 +2004,12 @@ mod dev {
     ///   pages (the forward that wrote `act[l]` precedes the gradients it waits for);
     /// - waits for the consumers to stage the tile ([`stage_tile`]);
     /// - stores its two boxes with TMA (`act[l + 1]` through layer `l + 1`'s [`map::ACT`], or
-    ///   `grad[l]` through layer `l - 1`'s [`map::GRAD`]: the maps the products read them with),
-    ///   frees the buffer (*stage free*) as soon as the stores have read it, and once they are
-    ///   written fences them for the other proxies and signals the instruction's counters (what
-    ///   the consumers do themselves for other instructions).
+    ///   `grad[l]` through layer `l - 1`'s [`map::GRAD`]: the maps the products read them with;
+    ///   a fused update's rounded weights through [`map::W_NEXT`], and its f32 weights from the
+    ///   weight buffer through [`map::WEIGHTS`]), frees the buffer (*stage free*, and *weights
+    ///   free*) as soon as the stores have read it, and once they are written fences them for the
+    ///   other proxies and signals the instruction's counters (what the consumers do themselves
+    ///   for other instructions; a fused update has none: the next step reads its weights).
     ///
     /// (Until run 158 the loader loaded the masks, after waiting for *stage free* of the tile
     /// before: a loader running two staged tiles ahead of the stores, as small K allows, would
@@ -1886,10 +2053,11 @@ mod dev {
                     }
                     return;
                 }
-                let at = if ins.opcode == opcode::LINEAR_FWD {
-                    map::PER_LAYER * (l + 1) + map::ACT
-                } else {
-                    map::PER_LAYER * (l - 1) + map::GRAD
+                let update = ins.opcode == opcode::LINEAR_BWD_WEIGHT_SGD;
+                let at = match ins.opcode {
+                    opcode::LINEAR_FWD => map::PER_LAYER * (l + 1) + map::ACT,
+                    opcode::LINEAR_BWD_INPUT => map::PER_LAYER * (l - 1) + map::GRAD,
+                    _ => map::PER_LAYER * l + map::W_NEXT,
                 };
                 let out = unsafe { b.maps.as_ptr().add(at as usize) };
                 let mut j = 0;
@@ -1898,9 +2066,22 @@ mod dev {
                     unsafe { tma::store_2d(out, (n0 + j * MN_BOX) as i32, m0 as i32, src) };
                     j += 1;
                 }
+                if update {
+                    // the new f32 weights, from the weight buffer
+                    let out = unsafe { b.maps.as_ptr().add((map::PER_LAYER * l + map::WEIGHTS) as usize) };
+                    let mut j = 0;
+                    while j < BIGGEST_TILE / F32_BOX_COLS {
+                        let src = sm.weights + j * F32_BOX_BYTES;
+                        unsafe { tma::store_2d(out, (n0 + j * F32_BOX_COLS) as i32, m0 as i32, src) };
+                        j += 1;
+                    }
+                }
                 tma::commit_group();
                 tma::wait_group_read::<0>();
                 unsafe { mbarrier::arrive(sm.stage_free()) };
+                if update {
+                    unsafe { mbarrier::arrive(sm.weights_free()) };
+                }
                 tma::wait_group::<0>();
                 // the async proxy wrote the tile; the next readers acquire it through the counters
                 fence::proxy_async_global();
@@ -1937,9 +2118,9 @@ mod dev {
         let go = shared::dynamic_smem::<u32>(GO as usize);
         let stats = shared::dynamic_smem::<f32>(STATS as usize);
         let (mut u, mut phase, mut products) = (0u32, 0u32, 0u32);
-        // tiles staged for the storer, and ReLU masks taken from the staging buffer
-        // (`stores_through_tma`): the storer counts the same
-        let (mut stages, mut masks) = (0u32, 0u32);
+        // tiles staged for the storer, ReLU masks taken from the staging buffer and staged
+        // updates (`stores_through_tma`): the storer counts the same, the loader the updates
+        let (mut stages, mut masks, mut updates) = (0u32, 0u32, 0u32);
         let group = thread::warp_id() / GROUP_WARPS;
         let mut acc = [[[0.0f32; 4]; NT]; MT];
         let mut idx = lo;
@@ -2006,7 +2187,10 @@ mod dev {
                     // returns at once, so that every phase of that barrier is waited for before
                     // the storer completes the next: compute-sanitizer's synccheck reports a
                     // phase completed over one nobody waited for, "Missing wait", run 160.)
+                    // (A staged update also waits for its old weights, which the loader loaded
+                    // into the weight buffer: `load_weights`.)
                     let bwd = ins.opcode == opcode::LINEAR_BWD_INPUT;
+                    let update = ins.opcode == opcode::LINEAR_BWD_WEIGHT_SGD;
                     let (bar, n, kind) = if bwd {
                         (sm.mask_ready(), masks, MASK_READY)
                     } else {
@@ -2018,6 +2202,11 @@ mod dev {
                         let last = stages - 1;
                         ok = unsafe { bounded_wait(b, cfg, sm.stage_free(), page_parity(last)) };
                     }
+                    let (mut kind, mut n) = (kind, n);
+                    if ok && update {
+                        (kind, n) = (WEIGHTS_READY, updates);
+                        ok = unsafe { bounded_wait(b, cfg, sm.weights_ready(), page_parity(updates)) };
+                    }
                     if !warp::all(u32::MAX, ok) {
                         if thread::lane_id() == 0 {
                             unsafe { record_stall(b, cfg, CONSUMER, idx, PAGE_TAG | kind << 16, page_parity(n), n) };
@@ -2027,6 +2216,8 @@ mod dev {
                     unsafe {
                         if bwd {
                             stage_tile::<true>(sm.staging(), d);
+                        } else if update {
+                            stage_update(b, cfg, lt, &ins, sm, d);
                         } else {
                             stage_tile::<false>(sm.staging(), d);
                         }
@@ -2034,6 +2225,7 @@ mod dev {
                     fence::proxy_async_shared_cta();
                     unsafe { mbarrier::arrive(sm.staged()) };
                     masks += bwd as u32;
+                    updates += update as u32;
                     stages += 1;
                     if planted {
                         // the give-up test's warp: arrived (the others go on), then gives up
@@ -2246,7 +2438,8 @@ mod dev {
         b: &MegaBuffers,
         cfg: &MegaConfig,
     ) {
-        let sm = Smem { base: shared::dynamic_smem_addr() };
+        let base = shared::dynamic_smem_addr();
+        let sm = Smem { base, weights: base + super::weight_buffer_offset(cfg.layers) };
         if sm.base % 1024 != 0 {
             thread::trap();
         }
@@ -2265,6 +2458,8 @@ mod dev {
                 mbarrier::init(sm.staged(), CONSUMERS);
                 mbarrier::init(sm.stage_free(), 1);
                 mbarrier::init(sm.mask_ready(), PAGE_READY_ARRIVALS);
+                mbarrier::init(sm.weights_ready(), PAGE_READY_ARRIVALS);
+                mbarrier::init(sm.weights_free(), 1);
             }
             fence::mbarrier_init_release_cluster();
         }
