@@ -1768,12 +1768,16 @@ const BOTH_UPDATES: [kiln::megakernel::Updates; 2] =
 /// The default placement only (the long runs).
 const FUSED: [kiln::megakernel::Updates; 1] = [kiln::megakernel::Updates::Fused];
 
-/// The interpreter's state for a comparison with `path`'s kernel: on [`DataPath::Bf16`] it
-/// rounds the products' operands to bf16 as the kernel does ([`StepState::with_operands`]), so
-/// that only the order of the f32 sums (and what that moves) parts them; on the other paths it
-/// multiplies f32 values (the bounds of the tf32 tests were set against that reference).
+/// The interpreter's state for a comparison with `path`'s kernel: on [`DataPath::Bf16`] and
+/// [`DataPath::Tf32`] it rounds the products' operands as the kernel does
+/// ([`StepState::with_operands`]), so that only the order of the f32 sums (and what that moves)
+/// parts them; on the others it multiplies f32 values. (Until run 195 the tf32 reference
+/// multiplied f32 values too; on deep, narrow models the operands' rounding then grew past the
+/// per-layer bound: `megakernel_tc_random_shapes_sm90` at seeds 1795654894369148781 (run 187) and
+/// 1795658016780995336 (run 194), 0.18 and 0.20 of the update's norm against 0.15 and 0.18.)
 ///
 /// [`DataPath::Bf16`]: kiln::megakernel::DataPath::Bf16
+/// [`DataPath::Tf32`]: kiln::megakernel::DataPath::Tf32
 /// [`StepState::with_operands`]: kiln::megakernel::StepState::with_operands
 fn reference_state(
     shape: &kiln::megakernel::MlpShape,
@@ -1781,7 +1785,7 @@ fn reference_state(
     path: kiln::megakernel::DataPath,
 ) -> Result<kiln::megakernel::StepState, String> {
     use kiln::megakernel::{DataPath, StepState};
-    let rounding = if path == DataPath::Bf16 { DataPath::Bf16 } else { DataPath::CudaCores };
+    let rounding = if matches!(path, DataPath::Bf16 | DataPath::Tf32) { path } else { DataPath::CudaCores };
     Ok(StepState::new(shape, w0.to_vec()).map_err(err)?.with_operands(rounding))
 }
 
@@ -2202,8 +2206,10 @@ fn megakernel_tc_random_shapes(dev: &Device) -> Outcome {
         // cap the reference's work (3 products per layer, 2 steps; the interpreter runs three times
         // with the two shadows, nine with bf16's eight, so bf16's cap is a third: the test stays
         // within the bundle's 60 s; with the full cap on bf16 it took 35-52 s, H100 run 159)
+        // (and the tf32 interpreter, which rounds every operand, half: with the full cap its
+        // cases took 18-49 s, run 195)
         let shadow_count = if path == DataPath::Bf16 { 8 } else { 2 };
-        let cap = 600_000_000 * 3 / (1 + shadow_count);
+        let cap = 600_000_000 * 3 / (1 + shadow_count) / if path == DataPath::Tf32 { 2 } else { 1 };
         while 6 * batch * dims.windows(2).map(|w| w[0] * w[1]).sum::<usize>() > cap {
             let widest = (0..dims.len()).max_by_key(|&i| dims[i]).unwrap_or(0);
             dims[widest] = dims[widest] / 2 + 1;
