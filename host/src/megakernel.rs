@@ -1456,13 +1456,6 @@ impl GpuStep {
             box_cols: kiln_gpu::megakernel::MN_BOX,
             ..spec(rows, cols)
         };
-        // `base` describing a `rows x cols` matrix instead
-        let spec_rows = |base: TensorMapSpec, rows: usize, cols: usize| TensorMapSpec {
-            rows: rows as u64,
-            cols: cols as u64,
-            row_pitch: pitch(cols as u32) as u64,
-            ..base
-        };
         let in_place = self.reads_in_place();
         let f32_at = |buf: &crate::cuda::DeviceBuffer<f32>, off: u32| buf.addr() + 4 * off as u64;
         // the forward's A and the input gradient's A: bf16 copies on the bf16 path, else the f32
@@ -1489,21 +1482,19 @@ impl GpuStep {
                 layer[map::GRAD_T as usize] = (self.grad_t.addr_of(t_off[l + 1]), spec(d[l + 1], b));
                 layer[map::W_T as usize] = (self.w_t[copy].addr_of(wt_off[l]), spec(d[l], d[l + 1]));
             }
-            // the logits, f32 (read where `box_slot_uses` stages them; the same in every layer's
-            // and both copies' maps)
-            let last = self.shape.layers();
-            let boxes = TensorMapSpec {
+            // f32 in boxes of `F32_BOX_COLS`: the logits (read where `box_slot_uses` stages them;
+            // the same in every layer's and both copies' maps) and the weights themselves (where
+            // a fused update stages its tile: `kiln_gpu::megakernel::staged`)
+            let boxes = |rows: usize, cols: usize| TensorMapSpec {
                 dtype: TmaDtype::F32,
                 box_cols: kiln_gpu::megakernel::F32_BOX_COLS,
-                ..spec(b, d[last])
+                ..spec(rows, cols)
             };
-            layer[map::LOGITS as usize] = (f32_at(&self.act, a_off[last]), boxes);
-            // the weights themselves, f32, in the same boxes (where a fused update stages its
-            // tile: `kiln_gpu::megakernel::staged`), and the copy the updates write; elsewhere
-            // unread (the CUDA-core and 3xTF32 paths' products read `weights`, which the updates
-            // write, so there the next copy is the same array)
-            let f32_boxes = TensorMapSpec { dtype: TmaDtype::F32, ..boxes };
-            layer[map::WEIGHTS as usize] = (f32_at(&self.weights, w_off[l]), spec_rows(f32_boxes, d[l + 1], d[l]));
+            let last = self.shape.layers();
+            layer[map::LOGITS as usize] = (f32_at(&self.act, a_off[last]), boxes(b, d[last]));
+            layer[map::WEIGHTS as usize] = (f32_at(&self.weights, w_off[l]), boxes(d[l + 1], d[l]));
+            // the copy the updates write; elsewhere unread (the CUDA-core and 3xTF32 paths'
+            // products read `weights`, which the updates write, so there it is the same array)
             let next = match self.path {
                 DataPath::Tf32 | DataPath::Bf16 => self.w_op[1 - copy].addr_of(w_off[l]),
                 DataPath::CudaCores | DataPath::Tf32x3 => f32_at(&self.weights, w_off[l]),

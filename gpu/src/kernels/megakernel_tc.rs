@@ -162,6 +162,13 @@ pub const STAGE_BOX_BYTES: u32 = BIGGEST_TILE * 2 * MN_BOX;
 /// [`BIGGEST_TILE`] rows of [`F32_BOX_COLS`](crate::megakernel::F32_BOX_COLS) f32 (128 bytes),
 /// 128-byte swizzled.
 pub const F32_BOX_BYTES: u32 = BIGGEST_TILE * 4 * crate::megakernel::F32_BOX_COLS;
+/// Byte offset of element (row `r`, column `c`) of a row of f32 boxes (the logits staged in the
+/// ring, the weight buffer) inside its box, box `c / F32_BOX_COLS`: row `r` is 128 bytes at
+/// `128 r` whose 16-byte chunks are XORed with `r % 8` (TMA's 128-byte swizzle).
+pub const fn f32_box_offset(r: u32, c: u32) -> u32 {
+    use crate::megakernel::F32_BOX_COLS;
+    crate::swizzle::Swizzle::B128.apply(r * 4 * F32_BOX_COLS + 4 * (c % F32_BOX_COLS))
+}
 /// Byte offset of element (row `r`, column `c`) of a staged tile (a [`BIGGEST_TILE`]-square of
 /// bf16) in the staging buffer: box `c / MN_BOX`, in which row `r` is 128 bytes at `128 r` whose
 /// 16-byte chunks are XORed with `r % 8` (TMA's 128-byte swizzle; the buffer is 1024-byte
@@ -210,7 +217,7 @@ mod layout {
 mod dev {
     use super::{
         BARRIERS, BIGGEST_TILE, F32_BOX_BYTES, GO, LAYER_TABLE, MAX_TILE, STAGE_BOX_BYTES, STATS, SUMS, SUMS_BYTES,
-        TABLE_COLUMNS, layout, staged_offset,
+        TABLE_COLUMNS, f32_box_offset, layout, staged_offset,
     };
 
     /// Consumer threads.
@@ -1875,7 +1882,7 @@ mod dev {
         fn at(self, r: u32, c: u32) -> u32 {
             let (rt, ct) = (r - self.m0, c - self.n0);
             let slot = self.sm.a_page(page_slot(self.u + ct / F32_BOX_COLS));
-            slot + crate::swizzle::Swizzle::B128.apply(rt * 4 * F32_BOX_COLS + 4 * (ct % F32_BOX_COLS))
+            slot + f32_box_offset(rt, ct)
         }
     }
 
@@ -1950,46 +1957,39 @@ mod dev {
         let at = |j: usize, s: usize| (r0 + 8 * s as u32, 8 * j as u32 + 2 * (lane % 4));
         // the velocities' element index of a tile position, and whether it is in the matrix
         let vel_at = |r: u32, c: u32| (w_off + (m0 + r) * pitch(din) + n0 + c, m0 + r < dout);
-        let half = H;
-        {
-            let mut vel = [[0.0f32; 2]; 16];
-            if momentum {
-                for jj in 0..8 {
-                    for s in 0..2 {
-                        let (r, c) = at(8 * half + jj, s);
-                        let (v, live) = vel_at(r, c);
-                        if live {
-                            vel[2 * jj + s] = unsafe { load_pair(b.velocity.as_const(), v, n0 + c, din) };
-                        }
+        let mut vel = [[0.0f32; 2]; 16];
+        if momentum {
+            for jj in 0..8 {
+                for s in 0..2 {
+                    let (r, c) = at(8 * H + jj, s);
+                    let (v, live) = vel_at(r, c);
+                    if live {
+                        vel[2 * jj + s] = unsafe { load_pair(b.velocity.as_const(), v, n0 + c, din) };
                     }
                 }
             }
-            for jj in 0..8 {
-                for s in 0..2 {
-                    let j = 8 * half + jj;
-                    let (r, c) = at(j, s);
-                    let grad = [d[4 * j + 2 * s], d[4 * j + 2 * s + 1]];
-                    let step = if momentum {
-                        let st: [f32; 2] = core::array::from_fn(|k| cfg.momentum * vel[2 * jj + s][k] + grad[k]);
-                        let (v, live) = vel_at(r, c);
-                        if live {
-                            unsafe { store_pair(b.velocity, v, n0 + c, din, st) };
-                        }
-                        st
-                    } else {
-                        grad
-                    };
-                    let f32_at = sm.weights
-                        + (c / F32_BOX_COLS) * F32_BOX_BYTES
-                        + crate::swizzle::Swizzle::B128.apply(r * 4 * F32_BOX_COLS + 4 * (c % F32_BOX_COLS));
-                    let old = unsafe { shared::ld_shared_v2(f32_at) }.map(f32::from_bits);
-                    let new: [f32; 2] = core::array::from_fn(|k| old[k] - cfg.lr * step[k]);
-                    unsafe { shared::st_shared_v2(f32_at, new.map(f32::to_bits)) };
-                    let bits = |x: f32| rounded_operand::<{ precision::BF16 }>(x).to_bits() >> 16;
-                    unsafe {
-                        shared::st_shared_b32(sm.staging() + staged_offset(r, c), bits(new[1]) << 16 | bits(new[0]))
-                    };
-                }
+        }
+        for jj in 0..8 {
+            for s in 0..2 {
+                let j = 8 * H + jj;
+                let (r, c) = at(j, s);
+                let grad = [d[4 * j + 2 * s], d[4 * j + 2 * s + 1]];
+                let step = if momentum {
+                    let st: [f32; 2] = core::array::from_fn(|k| cfg.momentum * vel[2 * jj + s][k] + grad[k]);
+                    let (v, live) = vel_at(r, c);
+                    if live {
+                        unsafe { store_pair(b.velocity, v, n0 + c, din, st) };
+                    }
+                    st
+                } else {
+                    grad
+                };
+                let f32_at = sm.weights + (c / F32_BOX_COLS) * F32_BOX_BYTES + f32_box_offset(r, c);
+                let old = unsafe { shared::ld_shared_v2(f32_at) }.map(f32::from_bits);
+                let new: [f32; 2] = core::array::from_fn(|k| old[k] - cfg.lr * step[k]);
+                unsafe { shared::st_shared_v2(f32_at, new.map(f32::to_bits)) };
+                let bits = |x: f32| rounded_operand::<{ precision::BF16 }>(x).to_bits() >> 16;
+                unsafe { shared::st_shared_b32(sm.staging() + staged_offset(r, c), bits(new[1]) << 16 | bits(new[0])) };
             }
         }
     }
