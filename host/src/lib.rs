@@ -7,6 +7,7 @@
 //! - [`cuda`]: devices, buffers, typed launches, TMA tensor maps, and checked launchers ([`cuda::ops`]).
 //! - [`ptx`]: the embedded PTX modules and the choice of module per compute capability.
 //! - [`testing`]: the comparison helper and GPU-test plumbing every backend's tests share.
+//! - [`tools`]: the runners behind the CLI's tool commands (`kiln gemm`).
 #![warn(missing_docs)]
 
 pub mod checkpoint;
@@ -20,6 +21,7 @@ pub mod optim;
 pub mod ptx;
 pub mod tensor;
 pub mod testing;
+pub mod tools;
 pub mod train;
 
 pub use error::{Error, Result};

@@ -180,14 +180,14 @@ fn gemm(
 ) -> kiln::Result<bool> {
     let Some(name) = kernel else {
         say!("kernels (--kernel NAME), in ladder order:");
-        for n in kiln::cuda::ladder::kernel_names() {
+        for n in kiln::tools::gemm_ladder::kernel_names() {
             say!("  {n}");
         }
         return Ok(true);
     };
     let dev = Device::new(0)?;
     say!("device: {} ({})", dev.name(), dev.arch().name());
-    let r = kiln::cuda::ladder::run(&dev, &name, shape, reps, seed, split_k)?;
+    let r = kiln::tools::gemm_ladder::run(&dev, &name, shape, reps, seed, split_k)?;
     say!("{r}");
     Ok(r.passed())
 }

@@ -222,6 +222,16 @@ pub enum Activation {
     Gelu,
 }
 
+/// The GEMM epilogue's activation of the same name (`cuda::gemm::GemmEpilogue` fuses it).
+impl From<Activation> for crate::cuda::gemm::Activation {
+    fn from(a: Activation) -> Self {
+        match a {
+            Activation::Relu => crate::cuda::gemm::Activation::Relu,
+            Activation::Gelu => crate::cuda::gemm::Activation::Gelu,
+        }
+    }
+}
+
 /// A classifier MLP: `depth` linear layers (`depth - 1` hidden layers of `width`), activation between.
 pub fn mlp(
     inputs: usize,

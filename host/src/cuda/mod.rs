@@ -4,8 +4,6 @@
 mod buffer;
 mod device;
 pub mod gemm;
-pub mod gemm_tuned;
-pub mod ladder;
 pub mod ops;
 mod tensor_map;
 pub mod timing;

@@ -2,8 +2,8 @@
 //! it against an f64 reference, and time it (`kiln gemm --kernel NAME --shape MxNxK`; the guide's
 //! chapters each start with one).
 
-use super::gemm::{self, Layout, WgmmaGemm, WgmmaTile};
-use super::{Device, timing};
+use crate::cuda::gemm::{self, Layout, WgmmaGemm, WgmmaTile};
+use crate::cuda::{Device, DeviceBuffer, timing};
 use crate::error::{Error, Result};
 use half::prelude::{HalfFloatSliceExt, HalfFloatVecExt};
 use half::{bf16, f16};
@@ -258,9 +258,9 @@ fn as_stored(
 /// Launches once into the poisoned `c` and downloads it, then times `reps` launches (median).
 fn check_and_time(
     dev: &Device,
-    c: &mut super::DeviceBuffer<f32>,
+    c: &mut DeviceBuffer<f32>,
     reps: usize,
-    mut launch: impl FnMut(&mut super::DeviceBuffer<f32>) -> Result<()>,
+    mut launch: impl FnMut(&mut DeviceBuffer<f32>) -> Result<()>,
 ) -> Result<(Vec<f32>, f64)> {
     launch(c)?;
     let got = dev.download(c)?;
@@ -279,7 +279,7 @@ fn mma_run<T: gemm::HgemmInput>(
     tile: HgemmTile,
     a32: &[f32],
     b32: &[f32],
-    c: &mut super::DeviceBuffer<f32>,
+    c: &mut DeviceBuffer<f32>,
     s: GemmShape,
     reps: usize,
 ) -> Result<MmaOut>
@@ -292,7 +292,7 @@ where
     Ok((got, ms, a, b))
 }
 
-type Rounded<T> = (super::DeviceBuffer<T>, super::DeviceBuffer<T>, Vec<f64>, Vec<f64>);
+type Rounded<T> = (DeviceBuffer<T>, DeviceBuffer<T>, Vec<f64>, Vec<f64>);
 
 /// Rounds the inputs to `T` (bf16 or f16) and uploads them (A m x k, B n x k); also returns the
 /// rounded values as A (m x k) and B^T (k x n) in f64 for the reference.

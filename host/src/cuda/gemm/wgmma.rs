@@ -1,0 +1,435 @@
+//! The Hopper `wgmma` GEMMs (sm_90a) on the host: a plan bound to its operands ([`WgmmaGemm`]) with
+//! its tensor maps, block tile, persistent grid, k split and strided batches, and its launcher.
+
+use super::check::Checked;
+use super::epilogue::GemmEpilogue;
+use super::operand_spec;
+use crate::cuda::{Device, DeviceBuffer, LaunchConfig};
+use crate::error::{Error, Result};
+use kiln_gpu::kernels::mma_tile::GemmShape;
+
+/// The block tile of a [`WgmmaGemm`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaTile {
+    /// 128 x 128, `m64n128k16`, one wgmma group waited per k tile (`gemm_wgmma_bf16`: the guide's
+    /// first Hopper rung).
+    T128x128,
+    /// 128 x 256, `m64n256k16`, one group kept in flight, `setmaxnreg`, grouped block order
+    /// (`gemm_wgmma_bf16_wide`).
+    T128x256,
+    /// The 128 x 256 tile in a persistent grid of 2-CTA clusters that multicast B, with the
+    /// next tile's loads overlapping the epilogue and bias / activation fused into it
+    /// (`gemm_wgmma_bf16_persistent`, the default).
+    Persistent,
+    /// The persistent kernel with each CTA loading all of its B tile (no multicast).
+    PersistentUnicast,
+    /// The persistent kernel (multicast) storing C from registers even where the staged TMA-store
+    /// epilogue would fit: the rung before the staged epilogue, kept for the benchmark and tests.
+    PersistentRegisterStore,
+    /// Not `wgmma`: the `mma.sync` wide tile's consumers (8 warps of 64 x 64) fed by the same TMA
+    /// ring as [`WgmmaTile::T128x256`] (`hgemm_mma_bf16_tma`): the loads change, the products do not.
+    MmaSyncTma,
+}
+
+impl WgmmaTile {
+    /// Whether this is one of the persistent kernel's configurations (which fuse an epilogue).
+    pub const fn is_persistent(self) -> bool {
+        matches!(self, WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore)
+    }
+}
+
+/// Strided batches of a [`WgmmaGemm`] ([`WgmmaGemm::batched`]): strides in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchSpec {
+    /// Products in the batch.
+    pub count: u32,
+    /// Elements of A between products (a multiple of k; `m k` when packed, 0 to share one A).
+    pub a_stride: usize,
+    /// Elements of B between products (a multiple of k; `n k` when packed, 0 to share one B).
+    pub b_stride: usize,
+    /// Elements of C between products (at least `m n`).
+    pub c_stride: usize,
+}
+
+/// A Hopper `wgmma` GEMM bound to its operands: `c = a b^T` with `a` (m x k) and `b` (n x k) bf16,
+/// `c` (m x n) f32, `k % 8 == 0`. The tensor maps are encoded once; [`WgmmaGemm::run`] launches.
+/// Needs the sm_90a module (compute capability 9.0); elsewhere the persistent tiles fail to build
+/// (their occupancy is queried in `with_tile`) and `run` of the others returns
+/// [`Error::KernelUnavailable`].
+pub struct WgmmaGemm<'a> {
+    dev: &'a Device,
+    a_map: std::sync::Arc<crate::cuda::DeviceTensorMap>,
+    b_map: std::sync::Arc<crate::cuda::DeviceTensorMap>,
+    /// The product's shape, checked.
+    checked: Checked,
+    tile: WgmmaTile,
+    /// The persistent kernels' grid in clusters (occupancy queried once, here); 0 for other tiles.
+    clusters: u32,
+    /// Clusters resident at once on this device (persistent tiles; 0 for others).
+    resident: u32,
+    /// The persistent kernel's k split (1: none).
+    splits: u32,
+    /// The split products' partials (`splits * m * n` f32), allocated on the first split run.
+    workspace: std::cell::RefCell<Option<DeviceBuffer<f32>>>,
+    /// Strided batches (persistent tiles; `Batch::ONE` for one product).
+    batch: kiln_gpu::kernels::gemm_wgmma::Batch,
+    /// The staged epilogue's tensor map of the last C it stored to (from the device's cache).
+    c_map: std::cell::RefCell<Option<std::sync::Arc<crate::cuda::DeviceTensorMap>>>,
+    _operands: std::marker::PhantomData<&'a DeviceBuffer<half::bf16>>,
+}
+
+impl<'a> WgmmaGemm<'a> {
+    /// Checks the shapes and encodes the two tensor maps, for the default (persistent) kernel.
+    pub fn new(
+        dev: &'a Device,
+        a: &'a DeviceBuffer<half::bf16>,
+        b: &'a DeviceBuffer<half::bf16>,
+        s: GemmShape,
+    ) -> Result<Self> {
+        Self::with_tile(dev, a, b, s, WgmmaTile::Persistent)
+    }
+
+    /// As [`WgmmaGemm::new`], for the given block tile.
+    pub fn with_tile(
+        dev: &'a Device,
+        a: &'a DeviceBuffer<half::bf16>,
+        b: &'a DeviceBuffer<half::bf16>,
+        s: GemmShape,
+        tile: WgmmaTile,
+    ) -> Result<Self> {
+        let (m, n) = (s.m as usize, s.n as usize);
+        let checked = Checked::operands("wgmma gemm", a.len(), b.len(), m * n, s)?;
+        Self::build(dev, a, b, checked, tile, kiln_gpu::kernels::gemm_wgmma::Batch::ONE, s.m, s.n)
+    }
+
+    /// `batch.count` products `c_i = a_i b_i^T` (persistent kernel) with `a_i` at element
+    /// `i * batch.a_stride` of `a`, `b_i` at `i * batch.b_stride` of `b` (0: one B for all) and
+    /// `c_i` at `i * batch.c_stride` of the output; each `a_i` m x k, `b_i` n x k, `c_i` m x n,
+    /// row-major. The input strides must be multiples of k (the operands are read through one
+    /// tensor map each, as stacked rows), the output stride at least m n. Each product has the
+    /// bits it has alone.
+    pub fn batched(
+        dev: &'a Device,
+        a: &'a DeviceBuffer<half::bf16>,
+        b: &'a DeviceBuffer<half::bf16>,
+        s: GemmShape,
+        batch: BatchSpec,
+    ) -> Result<Self> {
+        let (m, n, kk) = (s.m as usize, s.n as usize, s.k as usize);
+        let count = batch.count as usize;
+        let bad = |what: String| Err(Error::shape("wgmma gemm", what));
+        if count == 0 {
+            return bad("a batch of 0 products".into());
+        }
+        if kk == 0 || !batch.a_stride.is_multiple_of(kk) || !batch.b_stride.is_multiple_of(kk) {
+            return bad(format!(
+                "strides {} (a) and {} (b) must be multiples of k = {kk}: each batch starts on a row",
+                batch.a_stride, batch.b_stride
+            ));
+        }
+        // each product within the kernels' 32-bit indexing, as for one product
+        let checked = Checked::indexable("wgmma gemm", s)?;
+        if batch.c_stride < m * n {
+            return bad(format!("c stride {} is below m n = {}: the products would overlap", batch.c_stride, m * n));
+        }
+        // elements the batch spans from the first product's start (None: past any buffer)
+        let span = |stride: usize, one: usize| (count - 1).checked_mul(stride).and_then(|x| x.checked_add(one));
+        let (a_need, b_need) = (span(batch.a_stride, m * kk), span(batch.b_stride, n * kk));
+        let c_need = span(batch.c_stride, m * n).filter(|&x| x <= isize::MAX as usize / 4);
+        if c_need.is_none() {
+            return bad(format!("{count} products {} elements apart do not fit memory", batch.c_stride));
+        }
+        if a_need.is_none_or(|x| a.len() < x) || b_need.is_none_or(|x| b.len() < x) {
+            return bad(format!(
+                "a holds {} elements and b {}; the batch reads {a_need:?} and {b_need:?}",
+                a.len(),
+                b.len()
+            ));
+        }
+        let rows = |stride: usize, one: usize| -> Result<(u32, u32)> {
+            let step = stride / kk;
+            let total = (count - 1) * step + one;
+            if total > i32::MAX as usize {
+                return Err(Error::Unsupported {
+                    op: "wgmma gemm",
+                    what: format!("{total} stacked rows: tensor-map coordinates are 32-bit; split the batch"),
+                });
+            }
+            Ok((step as u32, total as u32))
+        };
+        let ((a_rows, a_total), (b_rows, b_total)) = (rows(batch.a_stride, m)?, rows(batch.b_stride, n)?);
+        let c_stride = batch.c_stride as u64;
+        let spec = kiln_gpu::kernels::gemm_wgmma::Batch { count: batch.count, a_rows, b_rows, pad: 0, c_stride };
+        Self::build(dev, a, b, checked, WgmmaTile::Persistent, spec, a_total, b_total)
+    }
+
+    /// Encodes the maps (A over `a_rows` stacked rows, B over `b_rows`) and sets the plan up.
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        dev: &'a Device,
+        a: &'a DeviceBuffer<half::bf16>,
+        b: &'a DeviceBuffer<half::bf16>,
+        checked: Checked,
+        tile: WgmmaTile,
+        batch: kiln_gpu::kernels::gemm_wgmma::Batch,
+        a_rows: u32,
+        b_rows: u32,
+    ) -> Result<Self> {
+        use kiln_gpu::kernels::gemm_wgmma::{WG_BM, WG_BN, WW_BN};
+        let checked = checked.non_empty()?.k_multiple_of(8, "TMA needs 16-byte row pitches")?;
+        let s = checked.shape();
+        // Cached on the device: plans built per call over recycled buffers reuse their maps.
+        let a_map = dev.tensor_map_cached(a.addr(), &operand_spec(a_rows, s.k, WG_BM))?;
+        let bn = match tile {
+            WgmmaTile::T128x128 => WG_BN,
+            WgmmaTile::T128x256 | WgmmaTile::MmaSyncTma => WW_BN,
+            // each CTA of a cluster loads its share of the 256 rows and multicasts it
+            WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore => {
+                kiln_gpu::kernels::gemm_wgmma::WP_B_SHARE
+            }
+        };
+        let b_map = dev.tensor_map_cached(b.addr(), &operand_spec(b_rows, s.k, bn))?;
+        let resident = if tile.is_persistent() { resident_clusters(dev)? } else { 0 };
+        let mut g = WgmmaGemm {
+            dev,
+            a_map,
+            b_map,
+            checked,
+            tile,
+            clusters: 0,
+            resident,
+            splits: 1,
+            workspace: std::cell::RefCell::new(None),
+            batch,
+            c_map: std::cell::RefCell::new(None),
+            _operands: std::marker::PhantomData,
+        };
+        if tile.is_persistent() {
+            g = g.with_split_k(1)?;
+        }
+        Ok(g)
+    }
+
+    /// The k split [`choose_split_k`](kiln_gpu::kernels::gemm_wgmma::choose_split_k) suggests for
+    /// this product on this device (1 for non-persistent tiles). Not applied by default: a split
+    /// changes the order of each output's reduction, and a split chosen from the shape would make
+    /// row i's bits depend on m, breaking the tensor-core tier's batch invariance. Apply it with
+    /// [`WgmmaGemm::with_split_k`] where speed matters more than that.
+    pub fn suggested_split_k(&self) -> u32 {
+        use kiln_gpu::kernels::gemm_wgmma::{WG_BK, choose_split_k};
+        if !self.tile.is_persistent() || self.batch.count > 1 {
+            return 1; // batches are not split
+        }
+        choose_split_k(self.cluster_tiles(), self.checked.shape().k.div_ceil(WG_BK), self.resident)
+    }
+
+    /// The persistent kernel's cluster tiles (256 x 256) for this shape.
+    fn cluster_tiles(&self) -> u32 {
+        use kiln_gpu::kernels::gemm_wgmma::{WP_BM, WW_BN};
+        self.checked.shape().m.div_ceil(WP_BM) * self.checked.shape().n.div_ceil(WW_BN)
+    }
+
+    /// The same product with the persistent kernel's k cut into `splits` parts (1: none, the
+    /// default), each a work unit; a fixed-order reduction then sums the parts and applies the
+    /// epilogue. The bits stay reproducible for a given split, but differ from the unsplit
+    /// product's (see [`WgmmaGemm::suggested_split_k`]). Needs a persistent tile and every part
+    /// non-empty.
+    pub fn with_split_k(mut self, splits: u32) -> Result<Self> {
+        use kiln_gpu::kernels::gemm_wgmma::{WG_BK, split_k_fits};
+        let k_tiles = self.checked.shape().k.div_ceil(WG_BK);
+        if !self.tile.is_persistent() && splits != 1 {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!("a k split with the {:?} tile: use a persistent tile", self.tile),
+            });
+        }
+        if !split_k_fits(k_tiles, splits) {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!(
+                    "{splits} k parts of {k_tiles} k tiles of {WG_BK}: some part would be empty; use fewer parts"
+                ),
+            });
+        }
+        if splits != 1 && self.batch.count > 1 {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: "a k split of a batched product: split the batch's products one by one instead".into(),
+            });
+        }
+        self.splits = splits;
+        let units = self.cluster_tiles() as u64 * splits as u64 * self.batch.count as u64;
+        self.clusters = units.min(self.resident as u64) as u32;
+        if splits > 1
+            && (self.checked.shape().m as u64 * self.checked.shape().n as u64 * splits as u64) > isize::MAX as u64 / 4
+        {
+            return Err(Error::shape("wgmma gemm", "the split partials do not fit memory; use fewer parts"));
+        }
+        Ok(self)
+    }
+
+    /// The persistent kernel's k split (1: none).
+    pub fn split_k(&self) -> u32 {
+        self.splits
+    }
+
+    /// The address of C's tensor map for the staged epilogue, or 0 where C cannot take TMA stores
+    /// ([`kiln_gpu::kernels::gemm_wgmma::tma_store_fits`]) or the tile stores from registers.
+    fn staged_c_map(&self, c: &DeviceBuffer<f32>) -> Result<u64> {
+        use kiln_gpu::kernels::gemm_wgmma::{WP_EPI_COLS, tma_store_fits};
+        let staged = matches!(self.tile, WgmmaTile::Persistent | WgmmaTile::PersistentUnicast);
+        if !staged || self.batch.count > 1 || !tma_store_fits(self.checked.shape().n, c.addr()) {
+            return Ok(0);
+        }
+        let spec = crate::cuda::TensorMapSpec {
+            dtype: crate::cuda::TmaDtype::F32,
+            rows: self.checked.shape().m as u64,
+            cols: self.checked.shape().n as u64,
+            row_pitch: self.checked.shape().n as u64,
+            box_rows: 64,
+            box_cols: WP_EPI_COLS,
+            swizzle: kiln_gpu::kernels::gemm_wgmma::WG_SWIZZLE,
+        };
+        let map = self.dev.tensor_map_cached(c.addr(), &spec)?;
+        let addr = map.ptr().addr();
+        // kept with the plan, so that the map outlives this launch whatever the cache does
+        *self.c_map.borrow_mut() = Some(map);
+        Ok(addr)
+    }
+
+    /// The persistent kernel's grid, in clusters: one per cluster tile, at most as many as fit on
+    /// the device at once (0 for the other tiles).
+    pub fn persistent_clusters(&self) -> u32 {
+        self.clusters
+    }
+
+    /// Launches into `c` (m x n f32).
+    pub fn run(&self, c: &mut DeviceBuffer<f32>) -> Result<()> {
+        self.run_with(c, GemmEpilogue::default())
+    }
+
+    /// Launches into `c` (m x n f32) with the epilogue applied to each output. The persistent
+    /// kernel fuses it; the other tiles refuse a non-empty epilogue.
+    pub fn run_with(&self, c: &mut DeviceBuffer<f32>, epi: GemmEpilogue<'_>) -> Result<()> {
+        use kiln_gpu::kernels::gemm_wgmma::{
+            ACT_NONE, Epilogue, GemmWgmmaBf16, GemmWgmmaBf16Persistent, GemmWgmmaBf16Wide, WG_BM, WG_BN, WG_SMEM_BYTES,
+            WG_THREADS, WP_SMEM_BYTES, WW_BN, WW_SMEM_BYTES,
+        };
+        let s = self.checked.shape();
+        let mn = s.m as usize * s.n as usize;
+        let batch = self.batch;
+        // fits: `batched` checked the batch's span
+        let c_need = (batch.count as usize - 1) * batch.c_stride as usize + mn;
+        if (batch.count == 1 && c.len() != mn) || c.len() < c_need {
+            return Err(Error::shape("wgmma gemm", format!("c needs {c_need} elements, has {}", c.len())));
+        }
+        if let Some(b) = epi.bias
+            && b.len() != s.n as usize
+        {
+            return Err(Error::shape("wgmma gemm", format!("the bias needs n = {} elements, has {}", s.n, b.len())));
+        }
+        let fused = Epilogue {
+            bias: epi.bias.map_or(kiln_gpu::DevicePtr::from_addr(0), |b| b.ptr()),
+            has_bias: epi.bias.is_some() as u32,
+            act: epi.act.map_or(ACT_NONE, |a| a.code()),
+        };
+        let persistent = self.tile.is_persistent();
+        if !persistent && (epi.bias.is_some() || epi.act.is_some()) {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!(
+                    "a bias or activation with the {:?} tile: use WgmmaTile::Persistent, which fuses them",
+                    self.tile
+                ),
+            });
+        }
+        let args = (self.a_map.ptr(), self.b_map.ptr(), c.ptr_mut(), s);
+        match self.tile {
+            WgmmaTile::T128x128 => {
+                let cfg = LaunchConfig {
+                    grid_dim: (s.n.div_ceil(WG_BN), s.m.div_ceil(WG_BM), 1),
+                    block_dim: (WG_THREADS, 1, 1),
+                    shared_mem_bytes: WG_SMEM_BYTES,
+                };
+                // SAFETY: the maps describe the borrowed operands; c is checked above; stores are masked.
+                self.checked.launch(cfg, |cfg| unsafe { self.dev.launch(GemmWgmmaBf16, cfg, args) })
+            }
+            WgmmaTile::T128x256 | WgmmaTile::MmaSyncTma => {
+                use kiln_gpu::kernels::hgemm_mma::{HGEMM_TMA_THREADS, HgemmMmaBf16Tma};
+                let tiles = s.m.div_ceil(WG_BM) as u64 * s.n.div_ceil(WW_BN) as u64;
+                let blocks = self.checked.grid_1d(tiles, "tiles")?;
+                let threads = if self.tile == WgmmaTile::MmaSyncTma { HGEMM_TMA_THREADS } else { WG_THREADS };
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: WW_SMEM_BYTES,
+                };
+                // SAFETY: as above; both kernels read the B map with the 256-row box it was made with,
+                // and the same 4-stage ring (WW_SMEM_BYTES).
+                self.checked.launch(cfg, |cfg| unsafe {
+                    if self.tile == WgmmaTile::MmaSyncTma {
+                        self.dev.launch(HgemmMmaBf16Tma, cfg, args)
+                    } else {
+                        self.dev.launch(GemmWgmmaBf16Wide, cfg, args)
+                    }
+                })
+            }
+            WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore => {
+                type K = GemmWgmmaBf16Persistent;
+                let multicast = (self.tile != WgmmaTile::PersistentUnicast) as u32;
+                let cfg = LaunchConfig {
+                    grid_dim: (self.clusters * <K as kiln_gpu::Kernel>::CLUSTER, 1, 1),
+                    block_dim: (WG_THREADS, 1, 1),
+                    shared_mem_bytes: WP_SMEM_BYTES,
+                };
+                if self.splits == 1 {
+                    let c_map = kiln_gpu::DevicePtr::from_addr(self.staged_c_map(c)?);
+                    // SAFETY: as above; the B map's box is the 128-row share each CTA multicasts; the
+                    // bias (when present) holds n floats, checked above; the C map (when not null)
+                    // describes c with the 32 x 64 box the staged epilogue stores.
+                    return self.checked.launch(cfg, |cfg| unsafe {
+                        self.dev.launch(
+                            K::default(),
+                            cfg,
+                            (args.0, args.1, args.2, args.3, fused, multicast, c_map, 1, batch),
+                        )
+                    });
+                }
+                use kiln_gpu::kernels::gemm_wgmma::GemmSplitKReduce;
+                let parts = self.splits as usize * mn;
+                let mut ws = self.workspace.borrow_mut();
+                if ws.as_ref().is_none_or(|w| w.len() != parts) {
+                    *ws = Some(self.dev.alloc_uninit_f32(parts)?);
+                }
+                let ws = ws.as_mut().expect("allocated above");
+                let null = kiln_gpu::DevicePtr::from_addr(0);
+                // SAFETY: as above, with the partials (splits * m * n f32) as the kernel's output and
+                // every k part non-empty (with_split_k); then the reduction reads the partials and
+                // writes the m * n outputs of c.
+                let k_args = (args.0, args.1, ws.ptr_mut(), s, ACT_NONE_EPILOGUE, multicast, null, self.splits, batch);
+                self.checked.launch(cfg, |cfg| unsafe { self.dev.launch(K::default(), cfg, k_args) })?;
+                let blocks = (mn as u32).div_ceil(256).min(132 * 16);
+                let rcfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                self.checked.launch(rcfg, |rcfg| unsafe {
+                    self.dev.launch(GemmSplitKReduce, rcfg, (ws.ptr(), c.ptr_mut(), mn as u32, s.n, self.splits, fused))
+                })
+            }
+        }
+    }
+}
+
+/// The epilogue of a split product's parts: none (the reduction applies the real one).
+const ACT_NONE_EPILOGUE: kiln_gpu::kernels::gemm_wgmma::Epilogue = kiln_gpu::kernels::gemm_wgmma::Epilogue::NONE;
+
+/// Clusters of the persistent wgmma kernel resident at once on `dev`.
+fn resident_clusters(dev: &Device) -> Result<u32> {
+    use kiln_gpu::kernels::gemm_wgmma::{GemmWgmmaBf16Persistent, WG_THREADS, WP_SMEM_BYTES};
+    let resident = dev.max_active_clusters::<GemmWgmmaBf16Persistent>(WG_THREADS, WP_SMEM_BYTES)?;
+    if resident == 0 {
+        return Err(Error::Unsupported {
+            op: "wgmma gemm",
+            what: "no cluster of two 384-thread blocks with 225 KiB of shared memory fits this device".into(),
+        });
+    }
+    Ok(resident)
+}

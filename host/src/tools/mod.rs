@@ -1,0 +1,7 @@
+//! The runners behind the CLI's tool commands (not part of the training engine): they sit above the
+//! CUDA runtime and below `main.rs`, so the binary and the GPU tests share them.
+//!
+//! - [`gemm_ladder`]: `kiln gemm --kernel NAME --shape MxNxK`, any GEMM kernel by name on random
+//!   inputs, its error against an f64 reference and its time.
+
+pub mod gemm_ladder;
