@@ -791,10 +791,10 @@ enum ReleaseWaits {
     /// None (a negative control: the buffer is overwritten while the stores read it).
     Never,
     /// Forward tiles only: an input gradient waits for its mask alone, which the storer loads
-    /// only into a released buffer (78d45da; correct, but synccheck reports the release phases
-    /// nobody waited for, run 160).
+    /// only into a released buffer (correct, but synccheck reports the release phases nobody
+    /// waited for).
     Forwards,
-    /// Every tile after the first (the kernel since run 160).
+    /// Every tile after the first (the kernel's protocol).
     Every,
 }
 
