@@ -1,6 +1,6 @@
 //! Backend test cases: each takes the device to run on and compares with straightforward f64
 //! references (or, for gradients, with the CPU reference backend). `ops.rs` runs them on the CPU;
-//! `gpu.rs` runs the same functions on CUDA.
+//! `gpu/tensor.rs` runs the same functions on CUDA.
 #![allow(dead_code)]
 
 use kiln::tensor::{DType, Device, Targets, Tensor};

@@ -1,5 +1,6 @@
 //! Forward values of every op against straightforward f64 references, on the CPU backend. The same
-//! cases run on CUDA from the GPU suite (`gpu.rs`); they are written once, in `backend_cases.rs`.
+//! cases run on CUDA from the GPU suite (`gpu/tensor.rs`); they are written once, in
+//! `backend_cases.rs`.
 
 mod backend_cases;
 
