@@ -274,18 +274,20 @@ fn ladder_command(dev: &Device) -> Outcome {
     let wgmma_here = dev.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>();
     let s = GemmShape { m: 200, n: 132, k: 72 }; // n, k multiples of 4 (and k of 8), m odd-sized tiles
     let mut ran = 0;
-    for name in kiln::cuda::ladder::kernel_names() {
+    for name in kiln::tools::gemm_ladder::kernel_names() {
         if (name.starts_with("gemm_wgmma") || name.ends_with("_tma")) && !wgmma_here {
             continue;
         }
-        if name == kiln::cuda::ladder::TCGEN05 && !dev.supports::<kiln::gpu::kernels::gemm_tcgen05::GemmTcgen05Bf16>() {
+        if name == kiln::tools::gemm_ladder::TCGEN05
+            && !dev.supports::<kiln::gpu::kernels::gemm_tcgen05::GemmTcgen05Bf16>()
+        {
             // below 10.0 the command refuses it with a typed error instead
-            match kiln::cuda::ladder::run(dev, name, s, 2, 7, None) {
+            match kiln::tools::gemm_ladder::run(dev, name, s, 2, 7, None) {
                 Err(kiln::Error::KernelUnavailable { .. }) => continue,
                 other => return Err(format!("{name} below compute capability 10.0 gave {other:?}")),
             }
         }
-        let r = kiln::cuda::ladder::run(dev, name, s, 2, 7, None).map_err(|e| format!("{name}: {e}"))?;
+        let r = kiln::tools::gemm_ladder::run(dev, name, s, 2, 7, None).map_err(|e| format!("{name}: {e}"))?;
         if !r.passed() || r.checked != 200 * 132 {
             return Err(format!("{r}"));
         }
@@ -296,12 +298,12 @@ fn ladder_command(dev: &Device) -> Outcome {
     }
     if wgmma_here {
         // a k split through the command: k = 72 is 2 k tiles of 64, one per part
-        let r = kiln::cuda::ladder::run(dev, "gemm_wgmma_bf16_persistent", s, 2, 7, Some(2)).map_err(err)?;
+        let r = kiln::tools::gemm_ladder::run(dev, "gemm_wgmma_bf16_persistent", s, 2, 7, Some(2)).map_err(err)?;
         if !r.passed() || !r.what.contains("2 parts") {
             return Err(format!("{r}"));
         }
     }
-    match kiln::cuda::ladder::run(dev, "sgemm_nope", s, 1, 7, None) {
+    match kiln::tools::gemm_ladder::run(dev, "sgemm_nope", s, 1, 7, None) {
         Err(kiln::Error::Unsupported { what, .. }) if what.contains("sgemm_smem") => Ok(()),
         other => Err(format!("an unknown kernel must be refused with the list, got {other:?}")),
     }
@@ -355,8 +357,8 @@ fn wgmma_case(dev: &Device) -> Outcome {
 /// same plan run into a second output must give the same bits (the C map follows the buffer). And
 /// a refused epilogue on a non-fusing tile.
 fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
+    use kiln::cuda::gemm::Activation;
     use kiln::cuda::gemm::{GemmEpilogue, WgmmaGemm, WgmmaTile};
-    use kiln::nn::Activation;
     let (mut rng, _) = testing::rng();
     let gelu = |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
     // (m, n, k, activation, k split: None = the plan's own choice, which is 1 except where noted)
