@@ -1,5 +1,6 @@
 //! kiln's error type: every failure a user can cause or meet says what happened and what to change.
 
+use crate::dtype::DType;
 use cudarc::driver::DriverError;
 
 /// Result with [`Error`].
@@ -92,9 +93,9 @@ pub enum Error {
         /// The operation.
         op: &'static str,
         /// The dtype given.
-        got: crate::tensor::DType,
+        got: DType,
         /// The dtype expected.
-        expected: crate::tensor::DType,
+        expected: DType,
     },
     /// Inputs on different devices.
     #[error("{op}: inputs are on different devices ({a} and {b}); move one with .to_device()")]

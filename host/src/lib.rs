@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod cuda;
 pub mod data;
 pub mod deterministic;
+mod dtype;
 mod error;
 pub mod megakernel;
 pub mod nn;
@@ -24,6 +25,7 @@ pub mod testing;
 pub mod tools;
 pub mod train;
 
+pub use dtype::DType;
 pub use error::{Error, Result};
 pub use kiln_gpu as gpu;
-pub use tensor::{DType, Device, Shape, Tensor};
+pub use tensor::{Device, Shape, Tensor};

@@ -1,5 +1,5 @@
-//! Reverse-mode autograd: topological sort, one backward rule per op (in `ops.rs`, next to the
-//! forward), gradient accumulation, `no_grad`, and a finite-difference gradient check in f64.
+//! Reverse-mode autograd: topological sort, one backward rule per op (in `ops.rs`, next to the op's
+//! record), gradient accumulation, `no_grad`, and a finite-difference gradient check in f64.
 
 use super::{DType, Tensor, TensorId};
 use crate::error::{Error, Result};

@@ -1,15 +1,18 @@
 //! The CUDA backend of tensors: f32 device buffers and one safe launcher per kernel family of
 //! `kiln_gpu::kernels::tensor_ops`. Every CUDA op runs a kiln Rust kernel; none is computed on the
-//! host, and none falls back to the CPU.
+//! host, and none falls back to the CPU. The backend's dialect lives here: the kernels' function
+//! codes for each [`Unary`] and [`Binary`], and the GEMM [`Layout`] of each in-place product.
 
-use super::Shape;
+use super::elementwise::{Binary, Unary};
+use super::shape::Shape;
+use crate::cuda::gemm::Layout;
 use crate::cuda::{Device as CudaDevice, DeviceBuffer, LaunchConfig, MatmulPrecision};
 use crate::error::{Error, Result};
 use kiln_gpu::kernels::reduce::ReduceSumF32;
 use kiln_gpu::kernels::tensor_ops::{
     self as k, AdamStep, MAX_DIMS, MatmulShape, ROW_THREADS, ReduceDims, SgdStep, Strided2,
 };
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// An f32 tensor's data on a GPU.
 pub struct CudaStorage {
@@ -64,7 +67,7 @@ fn grid(n: usize, op: &'static str) -> Result<(u32, LaunchConfig)> {
     ))
 }
 
-pub(crate) fn u32s(op: &'static str, v: &[usize]) -> Result<Vec<u32>> {
+fn u32s(op: &'static str, v: &[usize]) -> Result<Vec<u32>> {
     v.iter().map(|&x| u32::try_from(x).map_err(|_| Error::shape(op, format!("{x} exceeds u32")))).collect()
 }
 
@@ -82,6 +85,57 @@ fn pad(op: &'static str, dims: &[usize], strides: &[usize]) -> Result<([u32; MAX
     d[off..].copy_from_slice(&dd);
     s[off..].copy_from_slice(&ss);
     Ok((d, s))
+}
+
+/// The unary kernel's function code and scalar for `u`.
+fn unary_code(u: Unary) -> (u32, f32) {
+    match u {
+        Unary::Neg => (k::unary::NEG, 0.0),
+        Unary::Exp => (k::unary::EXP, 0.0),
+        Unary::Log => (k::unary::LOG, 0.0),
+        Unary::Sqrt => (k::unary::SQRT, 0.0),
+        Unary::Relu => (k::unary::RELU, 0.0),
+        Unary::Gelu => (k::unary::GELU, 0.0),
+        Unary::GeluGrad => (k::unary::GELU_GRAD, 0.0),
+        Unary::Tanh => (k::unary::TANH, 0.0),
+        Unary::Sigmoid => (k::unary::SIGMOID, 0.0),
+        Unary::Step => (k::unary::STEP, 0.0),
+        Unary::AddScalar(s) => (k::unary::ADD_SCALAR, s as f32),
+        Unary::MulScalar(s) => (k::unary::MUL_SCALAR, s as f32),
+    }
+}
+
+/// The binary kernels' function code for `b`.
+fn binary_code(b: Binary) -> u32 {
+    match b {
+        Binary::Add => k::binary::ADD,
+        Binary::Sub => k::binary::SUB,
+        Binary::Mul => k::binary::MUL,
+        Binary::Div => k::binary::DIV,
+    }
+}
+
+/// A host index list's u32 copy on the last device it was used on (cross-entropy's
+/// [`Targets`](super::Targets) keep one, so the forward and the backward share one upload).
+#[derive(Default)]
+pub(crate) struct DeviceIndices(Mutex<Option<IndicesOn>>);
+
+/// A device, and the indices' copy on it.
+type IndicesOn = (Arc<CudaDevice>, Arc<DeviceBuffer<u32>>);
+
+impl DeviceIndices {
+    /// `idx` as u32 on `dev`: copied on the first call for a device, then reused.
+    fn on(&self, dev: &Arc<CudaDevice>, idx: &[usize], op: &'static str) -> Result<Arc<DeviceBuffer<u32>>> {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((d, buf)) = &*slot
+            && Arc::ptr_eq(d, dev)
+        {
+            return Ok(buf.clone());
+        }
+        let buf = Arc::new(dev.upload(&u32s(op, idx)?)?);
+        *slot = Some((dev.clone(), buf.clone()));
+        Ok(buf)
+    }
 }
 
 impl CudaStorage {
@@ -146,8 +200,9 @@ impl CudaStorage {
         Ok(out)
     }
 
-    /// Elementwise function ([`k::unary`] code) with scalar `s`.
-    pub fn unary(&self, op: u32, s: f32) -> Result<CudaStorage> {
+    /// An elementwise function of one input (the unary kernel, by its [`k::unary`] code).
+    pub fn unary(&self, u: Unary) -> Result<CudaStorage> {
+        let (op, s) = unary_code(u);
         let mut out = Self::output(&self.dev, self.len())?;
         if !self.is_empty() {
             let (n, cfg) = grid4(self.len(), "unary")?;
@@ -157,15 +212,16 @@ impl CudaStorage {
         Ok(out)
     }
 
-    /// `self (op) other` broadcast to `out` ([`k::binary`] code).
+    /// `self (op) other` broadcast to `out` (the binary kernels, by their [`k::binary`] code).
     pub fn binary(
         &self,
         a_shape: &Shape,
         other: &CudaStorage,
         b_shape: &Shape,
         out: &Shape,
-        op: u32,
+        op: Binary,
     ) -> Result<CudaStorage> {
+        let op = binary_code(op);
         let (dims, sa) = pad("binary", out.dims(), &a_shape.broadcast_strides(out))?;
         let (_, sb) = pad("binary", out.dims(), &b_shape.broadcast_strides(out))?;
         let mut res = Self::output(&self.dev, out.elem_count())?;
@@ -250,7 +306,7 @@ impl CudaStorage {
         m: usize,
         k: usize,
         n: usize,
-        layout: crate::cuda::gemm::Layout,
+        layout: Layout,
     ) -> Result<Option<CudaStorage>> {
         let v = u32s("matmul", &[m, n, k])?;
         let s = kiln_gpu::kernels::mma_tile::GemmShape { m: v[0], n: v[1], k: v[2] };
@@ -265,6 +321,18 @@ impl CudaStorage {
             crate::cuda::gemm::sgemm_layout(&self.dev, &self.buf, &b.buf, &mut c.buf, s, layout)?;
         }
         Ok(Some(c))
+    }
+
+    /// `self b^T` (m x n; `self` m x k, `b` stored n x k), `b` read in place: the NT layout (see
+    /// [`CudaStorage::matmul_layout`]; `None` where its rungs do not take the shape).
+    pub fn matmul_abt(&self, b: &CudaStorage, m: usize, k: usize, n: usize) -> Result<Option<CudaStorage>> {
+        self.matmul_layout(b, m, k, n, Layout::NT)
+    }
+
+    /// `self^T b` (m x n; `self` stored k x m, `b` k x n), `self` read in place: the TN layout (see
+    /// [`CudaStorage::matmul_layout`]; `None` where its rungs do not take the shape).
+    pub fn matmul_atb(&self, b: &CudaStorage, m: usize, k: usize, n: usize) -> Result<Option<CudaStorage>> {
+        self.matmul_layout(b, m, k, n, Layout::TN)
     }
 
     /// Batched product (see `Tensor::matmul`).
@@ -287,7 +355,7 @@ impl CudaStorage {
             // ladder's chooser picks the kernel.
             let s = kiln_gpu::kernels::mma_tile::GemmShape { m: (batch * m) as u32, n: n as u32, k: kk as u32 };
             if crate::cuda::matmul_precision() == MatmulPrecision::Bf16 {
-                let nn = crate::cuda::gemm::Layout::NN;
+                let nn = Layout::NN;
                 crate::cuda::gemm::gemm_bf16(&self.dev, &self.buf, &b.buf, &mut c.buf, s, nn)?;
             } else {
                 crate::cuda::gemm::sgemm(&self.dev, &self.buf, &b.buf, &mut c.buf, s)?;
@@ -344,10 +412,11 @@ impl CudaStorage {
         Ok(out)
     }
 
-    /// Mean cross-entropy of (n, c) logits against `targets` (already range-checked).
-    pub fn cross_entropy(&self, targets: &super::Targets, c: usize) -> Result<CudaStorage> {
+    /// Mean cross-entropy of (n, c) logits against `targets` (already range-checked; `copy` keeps
+    /// their device copy).
+    pub(crate) fn cross_entropy(&self, targets: &[usize], copy: &DeviceIndices, c: usize) -> Result<CudaStorage> {
         let n = targets.len();
-        let t = targets.on(&self.dev, "cross_entropy")?;
+        let t = copy.on(&self.dev, targets, "cross_entropy")?;
         let mut rows = Self::output(&self.dev, n)?;
         // SAFETY: n rows of c logits; one target per row, each < c.
         unsafe {
@@ -368,9 +437,15 @@ impl CudaStorage {
 
     /// The gradient of the mean cross-entropy of (n, c) logits (`self`) for upstream gradient `g`
     /// (a one-element storage), fused: (softmax - one-hot) * g / n.
-    pub fn cross_entropy_backward(&self, targets: &super::Targets, c: usize, g: &CudaStorage) -> Result<CudaStorage> {
+    pub(crate) fn cross_entropy_backward(
+        &self,
+        targets: &[usize],
+        copy: &DeviceIndices,
+        c: usize,
+        g: &CudaStorage,
+    ) -> Result<CudaStorage> {
         let n = targets.len();
-        let t = targets.on(&self.dev, "cross_entropy backward")?;
+        let t = copy.on(&self.dev, targets, "cross_entropy backward")?;
         let mut grad = Self::output(&self.dev, n * c)?;
         let cfg = Self::rows_cfg(n)?;
         // SAFETY: n rows of c logits and gradients; one target (< c) per row; g holds one element.
@@ -487,6 +562,13 @@ impl CudaStorage {
             };
         }
         Ok((vals, arg))
+    }
+
+    /// The column of the maximum of each row of `d`: the max kernel's offsets, downloaded.
+    pub fn argmax_last(&self, d: usize) -> Result<Vec<usize>> {
+        // row r's offset is r * d + column
+        let (_, arg) = self.max_dim(self.len() / d, d, 1)?;
+        Ok(self.dev.download(&arg)?.into_iter().map(|off| off as usize % d).collect())
     }
 
     /// The gradient of a max: `g` scattered to the argmax offsets of an input of `n_in` elements.

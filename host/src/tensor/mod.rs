@@ -1,21 +1,48 @@
-//! Tensors with reverse-mode autograd, on the CPU reference backend.
+//! Tensors with reverse-mode autograd, on the CPU reference backend or a CUDA GPU.
 //!
 //! A [`Tensor`] is a shared handle to contiguous data, its shape and dtype, and — when it was made by
-//! an op from tensors that need gradients — the [`Op`](ops::Op) that made it, holding its inputs.
+//! an op from tensors that need gradients — the [`Op`] that made it, holding its inputs.
 //! [`Tensor::backward`] sorts that graph topologically and applies each op's backward rule, which is
-//! written next to the op's forward in [`ops`], as ordinary tensor operations.
+//! written next to the op's record in [`ops`], as ordinary tensor operations.
+//!
+//! The frontend speaks tensors; only the backend table and the backends below it speak a device's
+//! dialect (imports point down this diagram only):
+//!
+//! ```text
+//!  Tensor (this file), its op methods (forward.rs)   autograd.rs
+//!        │ records an Op per result                       │ walks the graph
+//!        ▼                                                ▼
+//!  Op records + backward rules (ops.rs) ─── written with the tensor ops above
+//!        │ every op: one Storage call
+//!        ▼
+//!  Storage, Device (storage.rs): the backend table, one match per op
+//!        ├── Cpu(CpuStorage)    cpu/: reference maps over Float, blocked matmul
+//!        └── Cuda(CudaStorage)  cuda_backend.rs: kiln_gpu opcodes, GEMM layouts
+//!                                      │
+//!                                      ▼
+//!                               crate::cuda (runtime) → kiln_gpu kernels
+//! ```
+//!
+//! Leaves every layer may use: [`Shape`] (`shape.rs`), the elementwise functions [`Unary`](ops::Unary)
+//! and [`Binary`](ops::Binary) (`elementwise.rs`), [`DType`], and [`Targets`] (whose device copy the
+//! CUDA backend keeps).
 
 mod autograd;
 pub mod cpu;
 pub mod cuda_backend;
+mod elementwise;
+mod forward;
 pub mod ops;
 mod shape;
+mod storage;
 mod targets;
 
+pub use crate::dtype::DType;
 pub use autograd::{NoGradGuard, gradcheck, is_grad_enabled, no_grad};
-pub use cpu::{CpuStorage, DType};
+pub use cpu::{CpuStorage, Float};
 pub use cuda_backend::CudaStorage;
 pub use shape::Shape;
+pub use storage::{Device, Storage};
 pub use targets::Targets;
 
 use crate::error::{Error, Result};
@@ -23,106 +50,6 @@ use ops::Op;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-
-/// Where a tensor lives.
-#[derive(Clone, Debug)]
-pub enum Device {
-    /// Host memory, the reference backend.
-    Cpu,
-    /// A CUDA GPU (f32 tensors; every op a kiln kernel).
-    Cuda(Arc<crate::cuda::Device>),
-}
-
-impl PartialEq for Device {
-    fn eq(&self, other: &Device) -> bool {
-        match (self, other) {
-            (Device::Cpu, Device::Cpu) => true,
-            (Device::Cuda(a), Device::Cuda(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        }
-    }
-}
-
-impl Device {
-    /// The shared CUDA device 0, as a tensor device.
-    pub fn cuda() -> Result<Device> {
-        Ok(Device::Cuda(crate::cuda::Device::shared()?))
-    }
-    /// A short name for messages ("cpu", "cuda:NVIDIA H200").
-    pub fn name(&self) -> String {
-        match self {
-            Device::Cpu => "cpu".into(),
-            Device::Cuda(d) => format!("cuda:{}", d.name()),
-        }
-    }
-}
-
-/// A tensor's data: host memory, or a GPU buffer.
-#[derive(Debug)]
-pub enum Storage {
-    /// On the host.
-    Cpu(CpuStorage),
-    /// On a GPU (f32).
-    Cuda(CudaStorage),
-}
-
-impl Storage {
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        match self {
-            Storage::Cpu(s) => s.dtype(),
-            Storage::Cuda(_) => DType::F32,
-        }
-    }
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            Storage::Cpu(s) => s.len(),
-            Storage::Cuda(s) => s.len(),
-        }
-    }
-    /// Whether it is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Where it lives.
-    pub fn device(&self) -> Device {
-        match self {
-            Storage::Cpu(_) => Device::Cpu,
-            Storage::Cuda(s) => Device::Cuda(s.dev.clone()),
-        }
-    }
-    /// A copy on the same device.
-    pub fn try_clone(&self) -> Result<Storage> {
-        Ok(match self {
-            Storage::Cpu(s) => Storage::Cpu(s.clone()),
-            Storage::Cuda(s) => Storage::Cuda(s.try_clone()?),
-        })
-    }
-    /// The host copy of the data (downloads from a GPU).
-    pub fn to_cpu(&self) -> Result<CpuStorage> {
-        Ok(match self {
-            Storage::Cpu(s) => s.clone(),
-            Storage::Cuda(s) => CpuStorage::F32(s.download()?),
-        })
-    }
-    /// The data on `device`.
-    pub fn to_device(&self, device: &Device) -> Result<Storage> {
-        Ok(match (self, device) {
-            (Storage::Cpu(s), Device::Cpu) => Storage::Cpu(s.clone()),
-            (Storage::Cuda(s), Device::Cpu) => Storage::Cpu(CpuStorage::F32(s.download()?)),
-            (Storage::Cpu(CpuStorage::F32(v)), Device::Cuda(d)) => Storage::Cuda(CudaStorage::upload(d, v)?),
-            (Storage::Cpu(s), Device::Cuda(_)) => {
-                return Err(Error::Unsupported {
-                    op: "to_device",
-                    what: format!("{:?} tensors on CUDA (convert with .to_dtype(DType::F32) first)", s.dtype()),
-                });
-            }
-            (Storage::Cuda(s), Device::Cuda(d)) if Arc::ptr_eq(&s.dev, d) => Storage::Cuda(s.try_clone()?),
-            (Storage::Cuda(s), Device::Cuda(d)) => Storage::Cuda(CudaStorage::upload(d, &s.download()?)?),
-        })
-    }
-}
 
 /// A unique id per tensor (graph bookkeeping).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -297,11 +224,7 @@ impl Tensor {
     /// `value` everywhere, with this tensor's shape, dtype and device (on a GPU, filled there by the
     /// fill kernel: no host buffer, no upload).
     pub fn full_like(&self, value: f64) -> Result<Tensor> {
-        let n = self.elem_count();
-        let data = match &*self.storage() {
-            Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![value; n])),
-            Storage::Cuda(s) => Storage::Cuda(CudaStorage::full(&s.dev, n, value as f32)?),
-        };
+        let data = self.storage().full_like(value)?;
         Ok(Tensor::from_storage(data, self.shape().clone(), None))
     }
     /// Zeros with this tensor's shape, dtype and device.
@@ -346,15 +269,7 @@ impl Tensor {
         if d == self.dtype() {
             return Ok(self.clone());
         }
-        let data = match &*self.storage() {
-            Storage::Cpu(s) => Storage::Cpu(s.to_dtype(d)),
-            Storage::Cuda(_) => {
-                return Err(Error::Unsupported {
-                    op: "to_dtype",
-                    what: format!("{d:?} on CUDA: kiln's CUDA tensors are f32"),
-                });
-            }
-        };
+        let data = self.storage().to_dtype(d)?;
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::ToDType(self.clone()))))
     }
 
@@ -424,21 +339,9 @@ impl Tensor {
 
     /// Runs `f` on the data as a mutable slice of `T` (optimizer kernels).
     pub fn with_data_mut<T: Float, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
-        let mut s = self.storage_mut();
-        let d = s.dtype();
-        match &mut *s {
-            Storage::Cpu(c) => match T::slice_mut(c) {
-                Some(v) => Ok(f(v)),
-                None => Err(Error::DType { op: "with_data_mut", got: d, expected: T::DTYPE }),
-            },
-            Storage::Cuda(_) => {
-                Err(Error::Unsupported { op: "with_data_mut", what: "CUDA tensors (host slices only)".into() })
-            }
-        }
+        Ok(f(self.storage_mut().host_slice_mut("with_data_mut")?))
     }
 }
-
-pub use cpu::Float;
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -74,6 +74,10 @@ impl Shape {
         }
         Ok(i as usize)
     }
+    /// This shape with the dimensions `dims` kept as size 1 (a keepdim reduction's shape).
+    pub(crate) fn keepdims(&self, dims: &[usize]) -> Shape {
+        Shape(self.0.iter().enumerate().map(|(i, &d)| if dims.contains(&i) { 1 } else { d }).collect())
+    }
     /// Size of the last dimension (1 for a scalar).
     pub fn last(&self) -> usize {
         self.0.last().copied().unwrap_or(1)

@@ -12,9 +12,8 @@
 //! [`Targets`] once and passing `&targets` saves the host-to-device copy on every call after the
 //! first (the forward and the backward of one step share one copy either way).
 
-use crate::cuda::{Device as CudaDevice, DeviceBuffer};
-use crate::error::Result;
-use std::sync::{Arc, Mutex};
+use super::cuda_backend::DeviceIndices;
+use std::sync::Arc;
 
 /// Class indices (one per row) for [`Tensor::cross_entropy`](super::Tensor::cross_entropy). Cheap to
 /// clone: clones share the indices and their device copy.
@@ -25,14 +24,14 @@ struct Inner {
     idx: Vec<usize>,
     max: Option<usize>,
     /// The indices as u32 on the last device they were used on.
-    on_device: Mutex<Option<(Arc<CudaDevice>, Arc<DeviceBuffer<u32>>)>>,
+    on_device: DeviceIndices,
 }
 
 impl Targets {
     /// Targets from class indices.
     pub fn new(idx: Vec<usize>) -> Self {
         let max = idx.iter().copied().max();
-        Targets(Arc::new(Inner { idx, max, on_device: Mutex::new(None) }))
+        Targets(Arc::new(Inner { idx, max, on_device: DeviceIndices::default() }))
     }
 
     /// The class indices.
@@ -55,17 +54,9 @@ impl Targets {
         self.0.max
     }
 
-    /// The indices as u32 on `dev`: copied on the first call for a device, then reused.
-    pub(crate) fn on(&self, dev: &Arc<CudaDevice>, op: &'static str) -> Result<Arc<DeviceBuffer<u32>>> {
-        let mut slot = self.0.on_device.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((d, buf)) = &*slot
-            && Arc::ptr_eq(d, dev)
-        {
-            return Ok(buf.clone());
-        }
-        let buf = Arc::new(dev.upload(&super::cuda_backend::u32s(op, &self.0.idx)?)?);
-        *slot = Some((dev.clone(), buf.clone()));
-        Ok(buf)
+    /// Their device copy, which the CUDA backend fills on first use and reuses.
+    pub(crate) fn device_copy(&self) -> &DeviceIndices {
+        &self.0.on_device
     }
 }
 

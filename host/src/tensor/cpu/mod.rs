@@ -1,35 +1,19 @@
-//! The CPU backend: storage and the reference implementation of every op. Multi-threaded where the
-//! work is large (std scoped threads over row blocks), with a blocked matrix product.
+//! The CPU backend: host storage and the reference implementation of every op. Multi-threaded where
+//! the work is large (std scoped threads over row blocks), with a blocked matrix product.
 //!
 //! Dispatch follows candle's split: each op is written once, generically over [`Float`], and the
-//! dtype is matched in one place ([`CpuStorage::map`] and friends).
+//! dtype is matched in one place (`Map1::map`, `Map2::map`).
+//!
+//! - this file: [`CpuStorage`], [`Float`], the dtype dispatch and the row-parallel helper.
+//! - `ops.rs`: the reference maps, and the `CpuStorage` method per op that the backend table calls.
+//! - `matmul.rs`: the blocked matrix product.
 
+mod matmul;
+mod ops;
+
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use half::{bf16, f16};
-
-/// Element types of tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DType {
-    /// 32-bit float: the default compute type.
-    F32,
-    /// 64-bit float: for gradient checks and references.
-    F64,
-    /// bfloat16: storage and matrix products.
-    BF16,
-    /// IEEE half: storage and matrix products.
-    F16,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F64 => 8,
-            DType::BF16 | DType::F16 => 2,
-        }
-    }
-}
 
 /// Tensor data on the host.
 #[derive(Clone, Debug)]
@@ -276,54 +260,4 @@ pub(crate) fn par_rows<T: Send>(
             s.spawn(move || f(i * per, chunk));
         }
     });
-}
-
-/// Blocked matrix product on f32 or f64: `c[b] = a[b] · b[b]` for `batch` independent products,
-/// `a` m x k, `b` k x n, all row-major. Each output row is computed by one thread with a fixed
-/// summation order over k (ascending), so results do not depend on the thread count. With
-/// `kiln::deterministic::set_deterministic(true)` each element is the fused multiply-add chain the
-/// CUDA kernels compute, bit for bit.
-pub(crate) fn matmul<T: Float>(
-    a: &[T],
-    b: &[T],
-    batch: usize,
-    m: usize,
-    k: usize,
-    n: usize,
-    b_batched: bool,
-) -> Vec<T> {
-    let mut c = vec![T::ZERO; batch * m * n];
-    const KB: usize = 256;
-    let chain = crate::deterministic::is_deterministic();
-    par_rows(&mut c, n, k * n, |row0, chunk| {
-        for (r, crow) in chunk.chunks_mut(n).enumerate() {
-            let row = row0 + r;
-            let (bi, i) = (row / m, row % m);
-            let arow = &a[(bi * m + i) * k..(bi * m + i + 1) * k];
-            let bmat = if b_batched { &b[bi * k * n..(bi + 1) * k * n] } else { b };
-            if chain {
-                // The fixed association of kiln::deterministic: per element, +0.0 then an
-                // ascending-k chain of fused multiply-adds.
-                for (j, cv) in crow.iter_mut().enumerate() {
-                    let mut acc = T::ZERO;
-                    for p in 0..k {
-                        acc = arow[p].mul_add(bmat[p * n + j], acc);
-                    }
-                    *cv = acc;
-                }
-                continue;
-            }
-            // k blocked so the block of B rows stays in cache across the row's columns.
-            for k0 in (0..k).step_by(KB) {
-                for p in k0..(k0 + KB).min(k) {
-                    let av = arow[p];
-                    let brow = &bmat[p * n..(p + 1) * n];
-                    for (cv, &bv) in crow.iter_mut().zip(brow) {
-                        *cv += av * bv;
-                    }
-                }
-            }
-        }
-    });
-    c
 }

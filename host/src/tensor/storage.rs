@@ -1,0 +1,338 @@
+//! The backend table: where a tensor lives ([`Device`]), its data ([`Storage`]), and one [`Storage`]
+//! method per op that sends it to the CPU reference (`cpu/`) or the CUDA backend
+//! (`cuda_backend.rs`). Each method is one `match`: one op, one backend call per arm.
+
+use super::Targets;
+use super::cpu::{CpuStorage, Float};
+use super::cuda_backend::CudaStorage;
+use super::elementwise::{Binary, Unary};
+use super::shape::Shape;
+use crate::cuda::DeviceBuffer;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// Where a tensor lives.
+#[derive(Clone, Debug)]
+pub enum Device {
+    /// Host memory, the reference backend.
+    Cpu,
+    /// A CUDA GPU (f32 tensors; every op a kiln kernel).
+    Cuda(Arc<crate::cuda::Device>),
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Device) -> bool {
+        match (self, other) {
+            (Device::Cpu, Device::Cpu) => true,
+            (Device::Cuda(a), Device::Cuda(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Device {
+    /// The shared CUDA device 0, as a tensor device.
+    pub fn cuda() -> Result<Device> {
+        Ok(Device::Cuda(crate::cuda::Device::shared()?))
+    }
+    /// A short name for messages ("cpu", "cuda:NVIDIA H200").
+    pub fn name(&self) -> String {
+        match self {
+            Device::Cpu => "cpu".into(),
+            Device::Cuda(d) => format!("cuda:{}", d.name()),
+        }
+    }
+}
+
+/// A tensor's data: host memory, or a GPU buffer.
+#[derive(Debug)]
+pub enum Storage {
+    /// On the host.
+    Cpu(CpuStorage),
+    /// On a GPU (f32).
+    Cuda(CudaStorage),
+}
+
+/// Where a max op's argmax offsets live (host for CPU tensors, device for CUDA tensors).
+pub enum ArgMax {
+    /// Host offsets.
+    Host(Vec<usize>),
+    /// Device offsets.
+    Device(DeviceBuffer<u32>),
+}
+
+/// The error for two inputs on different devices.
+fn devices(op: &'static str, a: &Storage, b: &Storage) -> Error {
+    Error::Device { op, a: a.device().name(), b: b.device().name() }
+}
+
+impl Storage {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Storage::Cpu(s) => s.dtype(),
+            Storage::Cuda(_) => DType::F32,
+        }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Storage::Cpu(s) => s.len(),
+            Storage::Cuda(s) => s.len(),
+        }
+    }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Where it lives.
+    pub fn device(&self) -> Device {
+        match self {
+            Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(s) => Device::Cuda(s.dev.clone()),
+        }
+    }
+    /// A copy on the same device.
+    pub fn try_clone(&self) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.clone()),
+            Storage::Cuda(s) => Storage::Cuda(s.try_clone()?),
+        })
+    }
+    /// The host copy of the data (downloads from a GPU).
+    pub fn to_cpu(&self) -> Result<CpuStorage> {
+        Ok(match self {
+            Storage::Cpu(s) => s.clone(),
+            Storage::Cuda(s) => CpuStorage::F32(s.download()?),
+        })
+    }
+    /// The data on `device`.
+    pub fn to_device(&self, device: &Device) -> Result<Storage> {
+        Ok(match (self, device) {
+            (Storage::Cpu(s), Device::Cpu) => Storage::Cpu(s.clone()),
+            (Storage::Cuda(s), Device::Cpu) => Storage::Cpu(CpuStorage::F32(s.download()?)),
+            (Storage::Cpu(CpuStorage::F32(v)), Device::Cuda(d)) => Storage::Cuda(CudaStorage::upload(d, v)?),
+            (Storage::Cpu(s), Device::Cuda(_)) => {
+                return Err(Error::Unsupported {
+                    op: "to_device",
+                    what: format!("{:?} tensors on CUDA (convert with .to_dtype(DType::F32) first)", s.dtype()),
+                });
+            }
+            (Storage::Cuda(s), Device::Cuda(d)) if Arc::ptr_eq(&s.dev, d) => Storage::Cuda(s.try_clone()?),
+            (Storage::Cuda(s), Device::Cuda(d)) => Storage::Cuda(CudaStorage::upload(d, &s.download()?)?),
+        })
+    }
+    /// The data converted to `d` (a different dtype; CUDA tensors are f32 only).
+    pub(crate) fn to_dtype(&self, d: DType) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.to_dtype(d)),
+            Storage::Cuda(_) => {
+                return Err(Error::Unsupported {
+                    op: "to_dtype",
+                    what: format!("{d:?} on CUDA: kiln's CUDA tensors are f32"),
+                });
+            }
+        })
+    }
+    /// The host data as a mutable slice of `T` (`op` names errors; CUDA data has none).
+    pub(crate) fn host_slice_mut<T: Float>(&mut self, op: &'static str) -> Result<&mut [T]> {
+        let d = self.dtype();
+        match self {
+            Storage::Cpu(c) => T::slice_mut(c).ok_or(Error::DType { op, got: d, expected: T::DTYPE }),
+            Storage::Cuda(_) => Err(Error::Unsupported { op, what: "CUDA tensors (host slices only)".into() }),
+        }
+    }
+
+    /// `value` everywhere, with this data's length, dtype and device (on a GPU, filled by the fill
+    /// kernel: no host buffer, no upload).
+    pub(crate) fn full_like(&self, value: f64) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![value; s.len()])),
+            Storage::Cuda(s) => Storage::Cuda(CudaStorage::full(&s.dev, s.len(), value as f32)?),
+        })
+    }
+
+    /// An elementwise function of one input.
+    pub(crate) fn unary(&self, u: Unary) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.unary(u)?),
+            Storage::Cuda(s) => Storage::Cuda(s.unary(u)?),
+        })
+    }
+
+    /// `self (op) other`, their shapes `a` and `b` broadcast to `out`.
+    pub(crate) fn binary(&self, a: &Shape, other: &Storage, b: &Shape, out: &Shape, op: Binary) -> Result<Storage> {
+        Ok(match (self, other) {
+            (Storage::Cpu(x), Storage::Cpu(y)) => Storage::Cpu(x.binary(a, y, b, out, op)?),
+            (Storage::Cuda(x), Storage::Cuda(y)) => Storage::Cuda(x.binary(a, y, b, out, op)?),
+            (x, y) => return Err(devices(op.name(), x, y)),
+        })
+    }
+
+    /// This data (shape `from`) broadcast to `to`, materialized.
+    pub(crate) fn expand(&self, from: &Shape, to: &Shape) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.expand(from, to)?),
+            Storage::Cuda(s) => Storage::Cuda(s.strided_copy(to, &from.broadcast_strides(to))?),
+        })
+    }
+
+    /// This data (shape `shape`) with dimensions `d0` and `d1` swapped, materialized.
+    pub(crate) fn transpose(&self, shape: &Shape, d0: usize, d1: usize) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.transpose(shape, d0, d1)?),
+            Storage::Cuda(s) => {
+                let mut dims = shape.dims().to_vec();
+                dims.swap(d0, d1);
+                let mut strides = shape.strides();
+                strides.swap(d0, d1);
+                Storage::Cuda(s.strided_copy(&Shape(dims), &strides)?)
+            }
+        })
+    }
+
+    /// This data (shape `from`) summed into `to`, a shape that broadcasts to `from` (`op` names
+    /// errors).
+    pub(crate) fn sum_into(&self, op: &'static str, from: &Shape, to: &Shape) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.sum_into(op, from, to)?),
+            Storage::Cuda(s) => Storage::Cuda(s.sum_into(from, to)?),
+        })
+    }
+
+    /// The (batched) product of `self` (batch x m x k) and `b` (k x n, or batch x k x n when
+    /// `b_batched`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul(
+        &self,
+        b: &Storage,
+        batch: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+        b_batched: bool,
+    ) -> Result<Storage> {
+        Ok(match (self, b) {
+            (Storage::Cpu(x), Storage::Cpu(y)) => Storage::Cpu(x.matmul(y, batch, m, k, n, b_batched)),
+            (Storage::Cuda(x), Storage::Cuda(y)) => Storage::Cuda(x.matmul(y, batch, m, k, n, b_batched)?),
+            (x, y) => return Err(devices("matmul", x, y)),
+        })
+    }
+
+    /// `self b^T` (m x n; `self` m x k, `b` stored n x k) with `b` read in place, where the backend
+    /// can: CUDA, for the shapes its GEMMs take in place. `None` elsewhere (the caller multiplies a
+    /// transposed copy).
+    pub(crate) fn matmul_abt(&self, b: &Storage, m: usize, k: usize, n: usize) -> Result<Option<Storage>> {
+        Ok(match (self, b) {
+            (Storage::Cuda(x), Storage::Cuda(y)) => x.matmul_abt(y, m, k, n)?.map(Storage::Cuda),
+            _ => None,
+        })
+    }
+
+    /// `self^T b` (m x n; `self` stored k x m, `b` k x n) with `self` read in place, where the
+    /// backend can (see [`Storage::matmul_abt`]).
+    pub(crate) fn matmul_atb(&self, b: &Storage, m: usize, k: usize, n: usize) -> Result<Option<Storage>> {
+        Ok(match (self, b) {
+            (Storage::Cuda(x), Storage::Cuda(y)) => x.matmul_atb(y, m, k, n)?.map(Storage::Cuda),
+            _ => None,
+        })
+    }
+
+    /// Softmax or log-softmax of each row of `d`.
+    pub(crate) fn softmax(&self, d: usize, log: bool) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.softmax(d, log)?),
+            Storage::Cuda(s) => Storage::Cuda(s.softmax(d, log)?),
+        })
+    }
+
+    /// Mean cross-entropy of (n, c) logits against `targets` (already range-checked): one element.
+    pub(crate) fn cross_entropy(&self, targets: &Targets, c: usize) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.cross_entropy(targets.as_slice(), c)?),
+            Storage::Cuda(s) => Storage::Cuda(s.cross_entropy(targets.as_slice(), targets.device_copy(), c)?),
+        })
+    }
+
+    /// The gradient of the mean cross-entropy of (n, c) logits (`self`) for the one-element upstream
+    /// gradient `g`, fused, where the backend has it: CUDA. `None` elsewhere (the backward rule
+    /// composes it from tensor ops).
+    pub(crate) fn cross_entropy_backward(&self, targets: &Targets, c: usize, g: &Storage) -> Result<Option<Storage>> {
+        Ok(match (self, g) {
+            (Storage::Cuda(s), Storage::Cuda(g)) => {
+                Some(Storage::Cuda(s.cross_entropy_backward(targets.as_slice(), targets.device_copy(), c, g)?))
+            }
+            _ => None,
+        })
+    }
+
+    /// Layer norm of rows of `d` with scale `w` and shift `b` (all on one device): (out, mean, rstd).
+    pub(crate) fn layer_norm(
+        &self,
+        w: &Storage,
+        b: &Storage,
+        d: usize,
+        eps: f64,
+    ) -> Result<(Storage, Storage, Storage)> {
+        Ok(match (self, w, b) {
+            (Storage::Cpu(x), Storage::Cpu(w), Storage::Cpu(b)) => {
+                let (out, mean, rstd) = x.layer_norm(w, b, d, eps)?;
+                (Storage::Cpu(out), Storage::Cpu(mean), Storage::Cpu(rstd))
+            }
+            (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(b)) => {
+                let (out, mean, rstd) = x.layer_norm(w, b, d, eps)?;
+                (Storage::Cuda(out), Storage::Cuda(mean), Storage::Cuda(rstd))
+            }
+            (x, w, b) => return Err(devices("layer_norm", x, if x.device() != w.device() { w } else { b })),
+        })
+    }
+
+    /// Rows of the (v, d) table `self` for `ids` (already range-checked).
+    pub(crate) fn embedding(&self, ids: &[usize], d: usize) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.embedding(ids, d)),
+            Storage::Cuda(s) => Storage::Cuda(s.embedding(ids, d)?),
+        })
+    }
+
+    /// The embedding gradient: rows of `self` (n, d) summed per id into a (v, d) table of `dtype`.
+    pub(crate) fn embedding_backward(&self, ids: &[usize], v: usize, d: usize, dtype: DType) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(s.embedding_backward(ids, v, d, dtype)),
+            Storage::Cuda(s) => Storage::Cuda(s.embedding_backward(ids, v, d)?),
+        })
+    }
+
+    /// Maximum along the middle of (outer, len, inner): the values, and the input offset of each.
+    pub(crate) fn max_dim(&self, outer: usize, len: usize, inner: usize) -> Result<(Storage, ArgMax)> {
+        Ok(match self {
+            Storage::Cpu(s) => {
+                let (vals, arg) = s.max_dim(outer, len, inner);
+                (Storage::Cpu(vals), ArgMax::Host(arg))
+            }
+            Storage::Cuda(s) => {
+                let (vals, arg) = s.max_dim(outer, len, inner)?;
+                (Storage::Cuda(vals), ArgMax::Device(arg))
+            }
+        })
+    }
+
+    /// The gradient of a max: `self` scattered to the `argmax` offsets of an input like `x` (its
+    /// length, dtype and device).
+    pub(crate) fn scatter_argmax(&self, argmax: &ArgMax, x: &Storage) -> Result<Storage> {
+        Ok(match (argmax, self) {
+            (ArgMax::Host(arg), Storage::Cpu(g)) => Storage::Cpu(g.scatter_argmax(arg, x.len(), x.dtype())),
+            (ArgMax::Device(arg), Storage::Cuda(g)) => Storage::Cuda(g.scatter_argmax(arg, x.len())?),
+            _ => return Err(devices("max backward", x, self)),
+        })
+    }
+
+    /// The column of the (first) maximum of each row of `d`.
+    pub(crate) fn argmax_last(&self, d: usize) -> Result<Vec<usize>> {
+        Ok(match self {
+            Storage::Cpu(s) => s.argmax_last(d),
+            Storage::Cuda(s) => s.argmax_last(d)?,
+        })
+    }
+}
