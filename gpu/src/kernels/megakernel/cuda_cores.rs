@@ -23,7 +23,9 @@
 //! This version keeps every product an FMA chain in the CPU interpreter's order, so its results are
 //! the interpreter's bit for bit (the reference the schedule is tested with). The design's data path
 //! (TMA pages, tensor cores, loads overlapping math) is version 2,
-//! [`megakernel_tc`](super::megakernel_tc). Speed against PyTorch is in `benches/results/mlp_step.md`.
+//! [`megakernel_tc`](super::megakernel_tc), which shares this version's counters between blocks
+//! (the waits, signals, stall records and trace words below) and its SGD update. Speed against
+//! PyTorch is in `benches/results/mlp_step.md`.
 
 use crate::megakernel::{
     Instruction, MegaBuffers, MegaConfig, NO_COUNTER, SLAB, TILES, loss, opcode, pitch, record_offset, trace,

@@ -21,8 +21,8 @@
 //! - `k % 8 == 0` (16-byte rows for `cp.async`); any m and n (edge rows are zero-filled, stores
 //!   masked; two adjacent columns per 8-byte store where `n` is even).
 
+use super::gemm::GemmShape;
 use super::gemm_wgmma::grouped_tile;
-use super::mma_tile::GemmShape;
 use crate::swizzle::Swizzle;
 use crate::{DevicePtr, DevicePtrMut, kernel};
 use crate::{cp_async, hint, matrix, mma, shared, sync, thread};
