@@ -7,6 +7,22 @@
 /// are two [`Half`]s, `MT x NT` is the shape of one); `TM` is the tile edge over 32 (the loss
 /// tile's, as a constant); `P`: the [`precision`] code; `L`: the [`layout`], whose products
 /// run on [`tile_mma`], [`tile_wgmma`] or [`tile_wgmma_rows`].
+///
+/// Per instruction (the comments in the loop number the phases):
+/// 1. read the next instruction ahead, and find this one's product ([`product`]);
+/// 2. a product on [`layout::ROWS`]: multiply ([`tile_wgmma_rows`]), then either hand a staged
+///    tile to the storer (which publishes it: no phase 5) or run its two column halves'
+///    epilogues ([`rows_epilogue`]);
+/// 3. a product on [`layout::SQUARES`] or [`layout::WIDE`]: prefetch the epilogue's inputs
+///    ([`Prefetched`]), multiply the group's pages ([`tile_mma`], [`tile_wgmma`]), exchange the
+///    halves through shared memory, and run the [`epilogue`] on this group's half;
+/// 4. an element-wise instruction: wait (for the counters, or for the loader's boxes), then the
+///    loss tile ([`loss_rows`] or [`LossTile`]) or the SGD update;
+/// 5. publish: fence, meet at the rendezvous, signal the counters.
+///
+/// A wait that gives up abandons the step (`abandon!`; see `abandoned` below). (The phases stay
+/// in one function: cutting them into `#[inline(always)]` functions, even only the publishing,
+/// changes the six kernels' PTX.)
 #[inline(always)]
 unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u32, const L: u32>(
     b: &MegaBuffers,
@@ -49,6 +65,7 @@ unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u3
         }};
     }
     while idx < hi {
+        // 1. The instruction, the next one read ahead, and its product.
         let ins = next;
         next = unsafe { prefetch(b, idx + 1, hi) };
         if t == 0 {
@@ -65,6 +82,7 @@ unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u3
         if let Some(p) = product
             && L == layout::ROWS
         {
+            // 2. A product on `layout::ROWS`.
             // The warp's 64 accumulators (`acc` is `[2][8]` `m16n8` tiles, 64 f32) hold its
             // 16 rows, all 128 columns: no sums to exchange. Its two column halves are two
             // [`Half`]s, each with its own prefetch (see [`Prefetched`]) and epilogue.
@@ -87,12 +105,12 @@ unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u3
                 // holds this tile's ReLU mask (which the storer loads only into a free
                 // buffer); write the tile's bf16 outputs there; fence them for the async
                 // proxy and arrive. The storer writes and publishes the tile; the consumers
-                // go straight on to the next instruction.
+                // go straight on to the next instruction (no phase 5).
                 // (An input gradient's mask implies the buffer was freed, since the storer
                 // loads it only then; its consumers still wait for *stage free* too, which
                 // returns at once, so that every phase of that barrier is waited for before
                 // the storer completes the next: compute-sanitizer's synccheck reports a
-                // phase completed over one nobody waited for, "Missing wait", run 160.)
+                // phase completed over one nobody waited for, "Missing wait".)
                 // (A staged update also waits for its old weights, which the loader loaded
                 // into the weight buffer: `load_weights`.)
                 let bwd = ins.opcode == opcode::LINEAR_BWD_INPUT;
@@ -152,6 +170,7 @@ unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u3
                 rows_epilogue::<MT, NT, P, L, 1>(b, cfg, lt, &ins, d);
             }
         } else if let Some(p) = product {
+            // 3. A product whose page groups split the pages (`layout::SQUARES`, `WIDE`).
             let h = HalfAt::new::<MT, NT, L>(cfg, &ins, 0);
             let mut pre = Prefetched::<MT, NT>::new();
             if ins.opcode == opcode::LINEAR_BWD_WEIGHT_SGD {
@@ -204,6 +223,7 @@ unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u3
             }
             unsafe { epilogue::<MT, NT, P, L>(b, cfg, lt, &ins, h, &mine, &pre) };
         } else {
+            // 4. An element-wise instruction: a loss tile or an SGD update.
             // f32 boxes the loader stages for this instruction (see `box_slot_uses`): the
             // loader acquired its dependencies before issuing them, so their arrival is the
             // consumers' wait
@@ -274,7 +294,7 @@ unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u3
                     // Where the step keeps no transposed copies (tile 128: the only tile of
                     // several quarters) nothing is staged, so the quarters need no meeting.
                     // (Loading the next quarter before this one's gradients, to hide its
-                    // round trip, made ptxas spill in the products' epilogues: 400 bytes
+                    // round trip, makes ptxas spill in the products' epilogues: 400 bytes
                     // against 160.)
                     let quarters = LossTile::<TM>::QUARTERS;
                     let transposes = !reads_in_place(P, LossTile::<TM>::TILE);
@@ -313,6 +333,7 @@ unsafe fn consume<const MT: usize, const NT: usize, const TM: usize, const P: u3
                 unsafe { stamp(b, idx, trace::WORK_DONE) };
             }
         }
+        // 5. Publishing.
         if t == 0 {
             unsafe { stamp(b, idx, trace::STORED) };
         }

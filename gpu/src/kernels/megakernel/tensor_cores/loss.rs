@@ -121,16 +121,15 @@ const LOSS_ELEMS: usize = (MAX_TILE * MAX_TILE / CONSUMERS) as usize;
 
 /// One consumer thread's share of a quarter `q` of a `LOSS_GRAD` tile, loaded. A tile of up to
 /// [`MAX_TILE`] is one quarter (a tile of 128 would be four 64 x 64 quarters in turn, each
-/// staged through one sums buffer as a tile 64 is; since run 165 the tile-128 kernel takes
-/// [`loss_rows`] instead, and only its compiled-away arm still names quarters). Element `j`
+/// staged through one sums buffer as a tile 64 is; the tile-128 kernel takes [`loss_rows`]
+/// instead, and only its compiled-away arm still names quarters). Element `j`
 /// is `e = t + j CONSUMERS` of the quarter (row `e / sub`, column `e % sub` of it, so a warp
 /// reads 32 neighbouring logits), with its logit and, as loaded, its row's class
 /// (cross-entropy) or its target's bits (mean squared error). Only loads, nothing that uses
 /// them, so that all of them (and the row partials' loads behind them,
-/// [`loss_stats_from_partials`]) can be in flight at once. What made the loss tile slow was
-/// elsewhere: integer divisions by the run-time tile edge in every element's index (loads and
-/// partials took 10 300 cycles at tile 64, run 114, whether or not the loads came first, run
-/// 115; 4 100 with the edge a constant, run 116).
+/// [`loss_stats_from_partials`]) can be in flight at once. The tile edge is a constant
+/// ([`LossTile::TILE`]): integer divisions by a run-time edge in every element's index cost the
+/// loss tile more than the order of its loads does.
 struct LossTile<const MT: usize> {
     logit: [f32; LOSS_ELEMS],
     aux: [u32; LOSS_ELEMS],
@@ -188,8 +187,7 @@ impl<const MT: usize> LossTile<MT> {
     /// is also left in `staged` (shared memory, [`LossTile::staged_at`]) for
     /// [`LossTile::store_transposed`].
     /// Every gradient is computed before the first store (as far as the compiler knows, a store
-    /// may change the statistics). This part takes about 4 500 cycles at tile 64 (run 116);
-    /// what bounds it was not measured.
+    /// may change the statistics).
     #[inline(always)]
     unsafe fn store_grads<const P: u32>(
         &self,
@@ -251,8 +249,8 @@ impl<const MT: usize> LossTile<MT> {
     /// `grad_t[L]` of quarter `q`, the gradients transposed, from the staged quarter (after the
     /// consumers have met behind [`LossTile::store_grads`]): thread `t` takes elements `t + j
     /// CONSUMERS` in column-major order, so a warp writes 32 neighbouring rows of `grad_t`
-    /// (where writing them straight from the row-major registers cost one 32-byte segment per
-    /// element: the loss tile took 10.3 us instead of 5.2, run 120).
+    /// (writing them straight from the row-major registers would cost one 32-byte segment per
+    /// element).
     #[inline(always)]
     unsafe fn store_transposed<const P: u32>(
         b: &MegaBuffers,
@@ -281,8 +279,7 @@ impl<const MT: usize> LossTile<MT> {
 const LOSS_WARP_ROWS: u32 = BIGGEST_TILE / CONSUMER_WARPS;
 /// Rows of a warp's share of a loss tile whose targets (mean squared error) are loaded at a
 /// time (`loss_rows`): 4 registers a row, the next chunk's loaded while this one's gradients
-/// are stored. (When the logits came the same way, H100 run 165: 2 rows, 8.3 us a loss tile
-/// and 0.627-0.630 ms a large step; 4 rows, 9.5 us and 0.633-0.641 ms.)
+/// are stored. (2 rows measured faster than 4.)
 const LOSS_CHUNK: usize = 2;
 
 /// A `LOSS_GRAD` tile at [`BIGGEST_TILE`] (bf16, tile 128, where the step reads its operands in
@@ -295,10 +292,9 @@ const LOSS_CHUNK: usize = 2;
 /// pair of lanes combine by a shuffle; each row's class is one load, shared by shuffles.
 /// Mean squared error's targets come [`LOSS_CHUNK`] rows at a time, the next chunk's loads
 /// issued before this chunk's gradients are stored. The gradients are stored as bf16
-/// ([`rounded_operand`]), four to a lane in one 8-byte store where all four are live. (The
-/// quarter-wise `LossTile` took 15.8 us a tile here, H100 run 162; this function loading the
-/// logits from global memory itself, two rows ahead, 8.3 us, run 165.) Nothing else is
-/// staged in shared memory, so the warps never meet.
+/// ([`rounded_operand`]), four to a lane in one 8-byte store where all four are live. (It
+/// replaced the quarter-wise `LossTile` at this tile, which was about twice as slow.) Nothing
+/// else is staged in shared memory, so the warps never meet.
 #[inline(always)]
 unsafe fn loss_rows<const P: u32>(b: &MegaBuffers, cfg: &MegaConfig, lt: Layers, i: &Instruction, logits: F32Boxes) {
     const CHUNKS: usize = LOSS_WARP_ROWS as usize / LOSS_CHUNK;

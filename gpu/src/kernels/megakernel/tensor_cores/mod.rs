@@ -3,30 +3,28 @@
 //! shared-memory pages that a loader warp fills with TMA while the consumers compute.
 //!
 //! ```text
-//!                 global memory: act, grad, weights and their operand copies (tensor maps)
-//!                        |                                              ^         ^
-//!                        | TMA loads: A and B pages, logits boxes,      |         | TMA stores
-//!                        |            a staged update's old weights     |         | (tile 128)
-//!                        v                                              |         |
-//!   +- loader warp (lane 0), loader.rs ---------------+                 |         |
-//!   | per instruction: wait for its counters, then    |                 |         |
-//!   | per K block: claim a slot (free), expect_tx     |                 |         |
-//!   +-------------------------------------------------+                 |         |
-//!          | ready[s] (bytes landed)      ^ free[s] (pages read)       |         |
-//!          v                              |                             |         |
-//!   +- page ring: PAGE_STAGES slots of shared memory, smem.rs ------+  |         |
-//!          |                              |                             |         |
-//!          v                              |                             |         |
-//!   +- consumer warpgroups: warps 0-3 and 4-7, consumer.rs ---------+  |         |
-//!   | products.rs: mma.sync or wgmma from the pages                  |  |         |
-//!   | the groups' halves exchanged through shared memory (tile <= 64)|  |         |
-//!   | epilogues.rs: ReLU, ReLU', dW, fused SGD; loss.rs: loss tiles  |  |         |
-//!   +----------------------------------------------------------------+  |         |
-//!          | stores.rs: outputs and operand copies, fence, rendezvous, --+         |
-//!          |            signal the counters                                      |
-//!          | staged tiles (tile 128): bf16 into the staging buffer, "staged"     |
-//!          v                                                                     |
-//!   +- storer warp (lane 0), storer.rs: TMA stores, "stage free", signal -------+
+//!   global memory (activations, gradients, weights and their operand copies; tensor maps)
+//!         |
+//!         | TMA loads: a product's A and B pages, a loss tile's logits, a staged update's weights
+//!         v
+//!   loader warp, lane 0 (loader.rs)
+//!         waits for the instruction's counters; per K block: waits for the slot's "free",
+//!         announces the bytes on its "ready", issues the loads
+//!         |
+//!         v
+//!   page ring: PAGE_STAGES slots in shared memory (smem.rs)  <---- "free[s]": pages read
+//!         |  "ready[s]": bytes landed                                     |
+//!         v                                                               |
+//!   consumer warpgroups, warps 0-3 and 4-7 (consumer.rs) -----------------+
+//!         products.rs: mma.sync or wgmma from the pages
+//!         tile <= 64: the groups' halves exchanged through shared memory
+//!         epilogues.rs, loss.rs: ReLU, ReLU', dW, fused SGD; loss tiles
+//!         |                                         |
+//!         | stores.rs: stores, fence, rendezvous,   | tile 128, staged tiles: bf16 into the
+//!         | signal the counters                     | staging buffer, "staged"
+//!         v                                         v
+//!   global memory                             storer warp, lane 0 (storer.rs): TMA stores,
+//!                                             "stage free", signal the counters
 //! ```
 //!
 //! - Block: [`CONSUMER_WARPS`] consumer warps (threads `0..256`, two warpgroups) and one loader
@@ -120,13 +118,17 @@
 //! - Traced steps ([`MegaBuffers::trace`] set): the loader and consumer thread 0 stamp each
 //!   instruction with the global timer at the points [`trace`](crate::megakernel::trace) names.
 //!
-//! The files, by role: `smem.rs` (the shared-memory map), `waits.rs` (bounded waits, the
-//! consumers' rendezvous, stall records), `loader.rs` (the loader warp), `products.rs` (page walks
-//! and tile products), `epilogues.rs` (what the consumers do with a product's sums), `loss.rs` (loss
-//! tiles), `stores.rs` (outputs stored as the operands later products read), `storer.rs` (the
-//! storer warp), `consumer.rs` (the consumers' instruction loop) and `entry.rs` (the kernels and
-//! the block's start); the counters between blocks and the SGD update are version 1's
-//! (`../cuda_cores.rs`). Speed against PyTorch is in `benches/results/mlp_step.md`.
+//! The device code is one module, `dev`, whose files are split by role and included textually
+//! (`include!`): `smem.rs` (the device's view of the shared-memory map laid out below), `waits.rs`
+//! (bounded waits, the consumers' rendezvous, stall records), `loader.rs` (the loader warp),
+//! `products.rs` (page walks and tile products), `stores.rs` (outputs stored as the operands later
+//! products read), `epilogues.rs` (what the consumers do with a product's sums), `loss.rs` (loss
+//! tiles), `storer.rs` (the storer warp), `consumer.rs` (the consumers' instruction loop) and
+//! `block.rs` (one block's start, every kernel's body). Included, not submodules: rustc orders a
+//! module's functions by symbol name, LLVM's inlining follows that order, and with the functions
+//! renamed into submodules the tile-64 `wgmma` kernels' PTX changed (register numbering). The
+//! counters between blocks and the SGD update are version 1's (`../cuda_cores.rs`). Speed against
+//! PyTorch is in `benches/results/mlp_step.md`.
 
 use crate::kernel;
 use crate::megakernel::{
@@ -265,8 +267,8 @@ mod dev {
     };
     use crate::{convert, fence, math, matrix, mbarrier, mma, shared, thread, tma, warp, wgmma};
 
-    // The device code, one file per role (textually included, so that every function keeps its
-    // symbol `megakernel_tc::dev::...`: see the module docs).
+    // The device code, one file per role, included so that every function keeps its symbol
+    // `megakernel_tc::dev::...` (see the module docs).
     include!("smem.rs");
     include!("waits.rs");
     include!("loader.rs");
@@ -280,9 +282,8 @@ mod dev {
 }
 
 // One training step on the tensor-core data path (see the module docs), one kernel per tile and
-// precision: each holds only its own consumers' code. (With the four in one kernel, picked by a
-// `match` on `cfg`, the medium model's step took 0.130-0.132 ms against 0.125 for the tf32 tile-64
-// consumers alone, H200 run 133: about 18 500 SASS instructions against 6 600.) Grid: one block per SM; block
+// precision: each holds only its own consumers' code (one kernel for all, picked by a `match` on
+// `cfg`, is slower: about three times the SASS instructions). Grid: one block per SM; block
 // [`TC_THREADS`] (the launch bound; ptxas budgets 168 registers each, three of the nine warps
 // sharing a scheduler); dynamic shared memory [`tc_smem_bytes`]`(cfg.layers)`. Each traps if
 // `cfg.tile` is not its tile; `cfg.precision` must be its precision (the host's `GpuStep` picks

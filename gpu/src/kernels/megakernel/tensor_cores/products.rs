@@ -198,11 +198,9 @@ struct Pages<'a> {
 /// once, so the walk's loop has one wait, one `multiply` and no branch around either. Either
 /// way the stall is recorded after the walk ([`record_page_stall`]; not at all if the warp had
 /// already abandoned the step before it, [`Pages::abandoned`]: then the walk only drains), and
-/// the walk returns false. (Recorded in the loop instead, where the warp gives up, the large
-/// step took 0.536-0.538 ms against 0.517-0.518: H200 run 187.)
-/// (Other shapes measured, medium model: a named barrier per page making the four agree
-/// first, 2 % slower, run 128; a branch skipping the wait once given up, 6 %, run 130; that
-/// with the stall recorded in the loop, 9 %, run 129.)
+/// the walk returns false. (Each of these was measured slower: the stall recorded in the loop,
+/// where the warp gives up; a named barrier per page making the four agree first; a branch
+/// skipping the wait once given up.)
 ///
 /// `MegaConfig::give_up_warp` with [`give_up::PAGES`] plants the split for the give-up test:
 /// that warp gives up the first page of every walk without waiting.
@@ -231,7 +229,7 @@ unsafe fn group_pages<const TM: usize, const WARPGROUP: bool>(
     if planted && !abandoned {
         // The planted fault's record, at once: it stands for a wait that gave up here, and
         // the other consumer warps, which it strands, may give up (and record) before this
-        // walk ends (with a ring of 8 or 10 slots, H200 runs 174 and 183).
+        // walk ends (they do with a ring of 8 or 10 slots).
         unsafe { record_page_stall(b, cfg, idx, gave_up) };
     }
     let mut kt = 0;
@@ -245,8 +243,7 @@ unsafe fn group_pages<const TM: usize, const WARPGROUP: bool>(
         let w0 = thread::clock64();
         // The block's slots last first: the loader issues them in order, so the last lands
         // last, and the others' waits then return at once. (In order, at tile 128, each block
-        // took a second wait that blocked for the B page after waking for the A page: the
-        // large step 0.610-0.611 ms against 0.580-0.588 last first, H200 run 179.)
+        // would take a second wait that blocks for the B page after waking for the A page.)
         let mut n = per;
         while n > 0 {
             n -= 1;
@@ -344,9 +341,8 @@ unsafe fn tile_mma<const MT: usize, const NT: usize, const TM: usize, const P: u
 /// format). A page's products stay in flight while the group waits for its next page and
 /// issues that page's products; then it waits for the older group (`wait_group 1`) and frees
 /// its page; after the walk, for the last (`wait_group 0`). The other group's products keep
-/// the tensor cores busy too. (Waiting for each page's products before the next page, as
-/// until run 139, left the bf16 large model's forward tiles at 3.8 us of work for 16 pages,
-/// with the loader waiting for free pages 80 % of its time.) Warp `w` of the group ends with
+/// the tensor cores busy too. (Waiting for each page's products before the next page would
+/// leave the loader waiting for free pages most of its time.) Warp `w` of the group ends with
 /// rows `16 w .. 16 w + 16`, all 64 columns ([`wgmma::acc_m64`], which is `acc` as `[1][8]`
 /// `m16n8` tiles: `MT = 1`, `NT = 8`, [`layout::WIDE`]).
 #[inline(always)]

@@ -19,10 +19,9 @@
 ///   other proxies and signals the instruction's counters (what the consumers do themselves
 ///   for other instructions; a fused update has none: the next step reads its weights).
 ///
-/// (Until run 158 the loader loaded the masks, after waiting for *stage free* of the tile
-/// before: a loader running two staged tiles ahead of the stores, as small K allows, would
-/// wait on a parity two phases ahead of the barrier and pass at once. The storer never
-/// runs ahead of its own frees.) Gives up (recording the stall as the storer's) when a wait
+/// (The storer loads the masks, not the loader: a loader running two staged tiles ahead of the
+/// stores, as small K allows, would wait for *stage free* on a parity two phases ahead of the
+/// barrier and pass at once. The storer never runs ahead of its own frees.) Gives up (recording the stall as the storer's) when a wait
 /// passes the step's limit or another block aborts; a mask it loaded lands before it returns.
 #[inline(always)]
 unsafe fn store_tiles(b: &MegaBuffers, cfg: &MegaConfig, sm: Smem, lo: u32, hi: u32) {
