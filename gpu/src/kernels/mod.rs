@@ -5,13 +5,16 @@
 //! descriptor `#[kernel]` generates (for `vector_add`, `VectorAdd`).
 //!
 //! The families' modules keep their paths (`kernels::sgemm`, `kernels::megakernel_tc`, ...): rustc
-//! orders a module's functions by symbol name and LLVM's output follows that order, so nesting them
-//! one level deeper would change the PTX (register numbering in the FP32 warp-tiled GEMMs and the
-//! tile-64 `wgmma` megakernels). `#[path]` puts their files in the family folders instead; the
-//! index modules re-export them (`kernels::gemm::sgemm` is `kernels::sgemm`).
+//! hands LLVM the crate's functions (one codegen unit) sorted by symbol name, LLVM's inlining
+//! follows that order, and nesting the modules one level deeper (renaming their symbols) changes
+//! the PTX (register numbering in the FP32 warp-tiled GEMMs and the tile-64 `wgmma` megakernels).
+//! `#[path]` puts their files in the family folders instead, and the index modules re-export them
+//! (`kernels::gemm::sgemm` is `kernels::sgemm`).
 // Device-library imports are used only by kernel bodies, which exist on the device alone, and only
 // in the modules a kernel is built for (`#[kernel(sm = 90)]` bodies are absent from sm_80's).
 #![allow(unused_imports)]
+
+// In their old (alphabetical) order: the PTX declares the modules' shared arrays in this order.
 
 #[path = "probe/barrier.rs"]
 pub mod barrier;

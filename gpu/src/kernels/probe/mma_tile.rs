@@ -1,6 +1,7 @@
 //! Tensor-core tile products with `mma.sync`: the smallest complete use of `cp.async`, `ldmatrix`
 //! and `mma`, one warp per 16x8 output tile. The GEMM ladder builds the fast kernels; these check the
-//! building blocks against a CPU reference.
+//! building blocks against a CPU reference. The `mma.sync` peak-rate probes
+//! (`mma_sync_peak_bf16`, `mma_sync_peak_tf32`) that the GEMM benchmark times are here too.
 
 use crate::{DevicePtr, DevicePtrMut, kernel};
 use crate::{convert, cp_async, matrix, mma, shared, sync, thread, warp};

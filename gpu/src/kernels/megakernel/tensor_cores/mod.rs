@@ -36,7 +36,7 @@
 //!   of `tile` rows of 128 bytes ([`PAGE_K`] f32, or [`PAGE_K_BF16`](crate::megakernel::PAGE_K_BF16) bf16 on the bf16 path;
 //!   128-byte swizzled), with a *ready* barrier (count
 //!   [`PAGE_READY_ARRIVALS`]: the loader's `arrive.expect_tx`, completed by the bytes) and a *free*
-//!   barrier (count [`PAGE_FREE_ARRIVALS`]: one arrival per warp of the page's group). Use `u` of the ring (the
+//!   barrier (count [`page_free_arrivals`]: one arrival per warp of the page's group). Use `u` of the ring (the
 //!   block's page uses counted in order over all its products) is slot [`page_slot`]`(u)`; consumers
 //!   wait for [`ready_parity`]`(u)`, the loader (from the second lap) for [`free_parity`]`(u)`.
 //! - Loader, per product instruction: waits for the instruction's dependency counter (acquire),
@@ -58,8 +58,8 @@
 //!   [`precision::TF32`] at tile 64 multiplies on the asynchronous path instead (`tile_wgmma`):
 //!   each group is a warpgroup (warps `0..4`, `4..8`) that issues four `wgmma` m64n64k8 tf32 per
 //!   page straight from the swizzled page through descriptors, no fragments in registers; warp
-//!   `w` of a group then holds rows `16 w .. 16 w + 16` of the tile, every column (with the
-//!   give-up path that keeps it hang-proof: see `group_pages`). [`precision::BF16`] at tile 64
+//!   `w` of a group then holds rows `16 w .. 16 w + 16` of the tile, every column.
+//!   [`precision::BF16`] at tile 64
 //!   takes the same path with pages of bf16, 64 deep in K in the same 128-byte rows, and four
 //!   `wgmma` m64n64k16 per page; every operand it reads is stored as bf16 (`store_op`: the
 //!   transposed copies and the weights' copies in bf16, and the hidden activations and the
@@ -104,7 +104,7 @@
 //!   `store_tiles`).
 //!   A fused update is staged too: halfway through its pages the loader loads the tile's old
 //!   f32 weights into a weight buffer of their own ([`weight_buffer_offset`], through
-//!   [`map::WEIGHTS`](crate::megakernel::map::WEIGHTS), *weights ready*), once the storer has
+//!   [`map::WEIGHTS`], *weights ready*), once the storer has
 //!   stored the last staged update's out of it (*weights free*); the consumers read them there,
 //!   write the new weights back in place and their bf16 copy into the staging buffer, and the
 //!   storer stores both (`weights` and the next `w_op`), so no consumer loads or stores them.
@@ -124,9 +124,10 @@
 //! `products.rs` (page walks and tile products), `stores.rs` (outputs stored as the operands later
 //! products read), `epilogues.rs` (what the consumers do with a product's sums), `loss.rs` (loss
 //! tiles), `storer.rs` (the storer warp), `consumer.rs` (the consumers' instruction loop) and
-//! `block.rs` (one block's start, every kernel's body). Included, not submodules: rustc orders a
-//! module's functions by symbol name, LLVM's inlining follows that order, and with the functions
-//! renamed into submodules the tile-64 `wgmma` kernels' PTX changed (register numbering). The
+//! `block.rs` (one block's start, every kernel's body). Included, not submodules: rustc hands
+//! LLVM the crate's functions (one codegen unit) sorted by symbol name, LLVM's inlining follows
+//! that order, and with the functions renamed into submodules the tile-64 `wgmma` kernels' PTX
+//! changed (register numbering). The
 //! counters between blocks and the SGD update are version 1's (`../cuda_cores.rs`). Speed against
 //! PyTorch is in `benches/results/mlp_step.md`.
 
@@ -134,6 +135,11 @@ use crate::kernel;
 use crate::megakernel::{
     BF16_TILES, CONSUMER_WARPS, GROUP_WARPS, MN_BOX, MegaBuffers, MegaConfig, PAGE_GROUPS, PAGE_STAGES, STAGE_BYTES,
     TC_TILES, page_bytes, precision, stores_through_tma, weight_buffer_bytes,
+};
+// (named by the docs above)
+use crate::megakernel::{
+    PAGE_K, PAGE_READY_ARRIVALS, free_parity, map, page_free_arrivals, page_group, page_slot, ready_parity,
+    stage_tx_bytes,
 };
 
 /// Warps of the loader: one, whose lane 0 issues every load (the other lanes leave at once).
@@ -191,7 +197,7 @@ pub const fn mn_page_descriptor(page: u32, kk: u32) -> u64 {
 /// Bytes of one box of a staged tile ([`stores_through_tma`]): [`BIGGEST_TILE`] rows of 128 bytes
 /// ([`MN_BOX`] bf16), 128-byte swizzled, as the `ACT` and `GRAD` maps' boxes at tile 128.
 pub const STAGE_BOX_BYTES: u32 = BIGGEST_TILE * 2 * MN_BOX;
-/// Bytes of one box of the weight buffer ([`map::WEIGHTS`](crate::megakernel::map::WEIGHTS)):
+/// Bytes of one box of the weight buffer ([`map::WEIGHTS`]):
 /// [`BIGGEST_TILE`] rows of [`F32_BOX_COLS`](crate::megakernel::F32_BOX_COLS) f32 (128 bytes),
 /// 128-byte swizzled.
 pub const F32_BOX_BYTES: u32 = BIGGEST_TILE * 4 * crate::megakernel::F32_BOX_COLS;

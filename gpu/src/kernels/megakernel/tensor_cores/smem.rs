@@ -2,7 +2,7 @@
 // ring's pages and barriers, the sums and staging buffers and the weight buffer at the offsets
 // `mod.rs` lays out ([`Smem`]), and the block's copy of the layer table ([`Layers`]).
 
-/// The block's dynamic shared memory (see the constants above for its layout).
+/// The block's dynamic shared memory (see the constants in `mod.rs` for its layout).
 #[derive(Clone, Copy)]
 struct Smem {
     base: shared::SharedAddr,
