@@ -77,8 +77,8 @@ pub use device::*;
 
 /// Rounds an f32 to tf32 (10 mantissa bits, to nearest), as the bit pattern `mma.sync ... tf32`
 /// reads (the 13 low bits zero); infinities pass unchanged. The host model keeps a NaN a NaN
-/// (quieted); what the device instructions make of a NaN input was not measured (run 67 checked
-/// finite values and ties).
+/// (quieted); what the device instructions make of a NaN input was not measured (only finite values
+/// and ties were checked on the GPU).
 ///
 /// - sm_90 and newer: `cvt.rn.tf32.f32` (ties to even), one instruction, then the low bits
 ///   cleared so that a 3xTF32 split (`x - head`) sees exactly the value the tensor core does.
@@ -87,9 +87,8 @@ pub use device::*;
 ///
 /// Why not `cvt.rna` everywhere: on sm_90 ptxas expands it into a compare that sets a predicate
 /// and an add under it, and a run of them queues on the one predicate register at about 14 cycles
-/// each; the megakernel converts 64 values per page and warp, and with `cvt.rn` its medium
-/// model's step went from 0.358 to 0.274 ms (tf32) and from 0.543 to 0.359 ms (3xTF32), H200,
-/// 2026-11-22, `benches/results/mlp_step.md`.
+/// each; the megakernel converts 64 values per page and warp, and `cvt.rn` takes about a quarter
+/// off its medium model's step on tf32 and a third on 3xTF32 (`benches/results/mlp_step.md`).
 ///
 /// PTX: `cvt.rn.tf32.f32 %r, x; and.b32 %r, %r, 0xffffe000;` (sm_80: `cvt.rna.tf32.f32 %r, x;`)
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90"))]

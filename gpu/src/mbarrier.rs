@@ -151,8 +151,8 @@ mod device {
     /// [`wait_parity_bounded`] that also stops when `give_up(tries)` says so (asked every
     /// [`GIVE_UP_EVERY`](super::GIVE_UP_EVERY) tries, so that it may be slow: an acquire load of a
     /// global abort flag, for example). Returns whether the phase completed. A phase already
-    /// complete returns after one `try_wait`, before the timer is read (the training megakernel's
-    /// large step, H200 run 177: 0.609-0.615 ms against 0.612-0.615 reading it first).
+    /// complete returns after one `try_wait`, before the timer is read (on the training
+    /// megakernel's large step, no slower than reading it first, and at times faster).
     ///
     /// # Safety
     /// As [`try_wait_parity`].

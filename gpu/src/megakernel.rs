@@ -116,14 +116,10 @@ pub const fn page_k(precision: u32) -> u32 {
 /// page; at tile 128 a page fills a slot, and a K block takes two consecutive uses of the ring (A,
 /// then B: [`slot_uses_per_block`]).
 ///
-/// Eight: every step measured faster with 8 than with 12 (H200 run 183, ms per step, small /
-/// medium / large: tf32 0.042 / 0.121 / 2.030 against 0.043 / 0.130 / 2.188, bf16 0.048 / 0.098 /
-/// 0.518-0.525 against 0.049 / 0.102 / 0.586-0.590), and the large step with any other length
-/// slower: 10 as 12 (0.583, run 182), 7 0.624-0.627 (run 186), 6 0.634-0.639, 4 0.90 (run 183).
-/// Why is not known. Not the L1 share of the SM's shared memory: the runs above gave the kernels
-/// the shared memory of 12 slots, and padding it from 162 KiB to 210 KiB with 8 slots changes
-/// nothing (run 185). The host sizes shared memory from this constant, so host and PTX must be
-/// built with the same value.
+/// Eight: every step measures faster with 8 than with 12, and the large step slower with any
+/// other length tried (4, 6, 7, 10). Why is not known. Not the L1 share of the SM's shared memory:
+/// padding the shared memory of 8 slots to that of 12 changes nothing. The host sizes shared
+/// memory from this constant, so host and PTX must be built with the same value.
 pub const PAGE_STAGES: u32 = 8;
 /// Bytes of one operand page: `tile` rows of [`PAGE_K`] f32 (or [`PAGE_K_BF16`] bf16), K-major (every operand the tensor-core
 /// path reads is stored with K contiguous: see [`map`]).
@@ -219,10 +215,9 @@ pub const F32_BOX_COLS: u32 = 32;
 /// [`F32_BOX_COLS`] f32, a slot each, which the loader issues once the last forward's row block is
 /// done, behind the pages before it. None elsewhere.
 ///
-/// (H100 run 169, large model, same call: loss tiles loading their logits themselves, 0.621-0.627
-/// ms a step; with the boxes, 0.617-0.621. A fused update's old weights staged the same way,
-/// behind its pages, took its epilogue from 8.2 to 6.4-7.0 us a tile but not the step, 0.624-0.626
-/// against 0.621-0.627, with more spills, 164/180 bytes stored/loaded against 132/140: not kept.)
+/// (Loss tiles loading their logits themselves measure slightly slower. A fused update's old
+/// weights staged the same way, in the ring behind its pages, speed up its epilogue but not the
+/// step, with more spills: not done.)
 pub const fn box_slot_uses(opcode: u32, precision: u32, tile: u32) -> u32 {
     if opcode == opcode::LOSS_GRAD && reads_in_place(precision, tile) { tile / F32_BOX_COLS } else { 0 }
 }

@@ -21,8 +21,8 @@
 //! - `k % 8 == 0` (16-byte rows for `cp.async`); any m and n (edge rows are zero-filled, stores
 //!   masked; two adjacent columns per 8-byte store where `n` is even).
 
+use super::gemm::GemmShape;
 use super::gemm_wgmma::grouped_tile;
-use super::mma_tile::GemmShape;
 use crate::swizzle::Swizzle;
 use crate::{DevicePtr, DevicePtrMut, kernel};
 use crate::{cp_async, hint, matrix, mma, shared, sync, thread};
@@ -423,8 +423,8 @@ pub const HGEMM_TMA_LOOKAHEAD: u32 = super::gemm_wgmma::WG_STAGES - 1;
 
 /// At which 16-wide k step of a tile [`hgemm_mma_bf16_tma`]'s producer issues its fill. The fill
 /// waits for every warp to release the slot of the tile before (their last fragment loads of it);
-/// half-way through the tile they have, so warp 0 rarely waits. H200, run 87: step 2 gave 435 and
-/// 421 TFLOP/s at 4096^3 and 8192^3 against 421 and 413-424 for step 0 (and 423 / 408-416 for 1).
+/// half-way through the tile they have, so warp 0 rarely waits. (Step 2 measured faster than steps
+/// 0 and 1.)
 pub const HGEMM_TMA_FILL_STEP: u32 = 2;
 
 /// Threads of [`hgemm_mma_bf16_tma`]: the wide tile's 8 warps.

@@ -7,7 +7,7 @@
 //! Tile parameters are const generics of one `#[inline(always)]` body per rung; each `#[kernel]` is
 //! one instantiation, so the host can pick per shape class.
 
-use super::mma_tile::GemmShape;
+use super::gemm::GemmShape;
 use crate::{DevicePtr, DevicePtrMut, kernel};
 use crate::{hint, math, shared, sync, thread};
 

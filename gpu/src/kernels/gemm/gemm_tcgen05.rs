@@ -33,8 +33,8 @@
 //! **It has never run**: no Blackwell GPU is lent to kiln's developers, and its GPU test skips below
 //! compute capability 10.0.
 
+use super::gemm::GemmShape;
 use super::gemm_wgmma::{WG_BK, WG_STAGES, WW_BARRIERS, WW_STAGE_BYTES};
-use super::mma_tile::GemmShape;
 use crate::tcgen05::{Accum, F16Kind, Layout, Major, instr_desc_f16, smem_desc};
 use crate::tma::TensorMap;
 use crate::{DevicePtr, DevicePtrMut, kernel};

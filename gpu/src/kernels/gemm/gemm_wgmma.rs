@@ -20,7 +20,7 @@
 //! cuBLAS at 4096^3 / 8192^3, the persistent one with its staged epilogue 1.00-1.03 / 0.89-0.92
 //! (`benches/results/gemm.md`).
 
-use super::mma_tile::GemmShape;
+use super::gemm::GemmShape;
 use crate::swizzle::Swizzle;
 use crate::tma::TensorMap;
 use crate::{DevicePtr, DevicePtrMut, kernel};
@@ -406,7 +406,7 @@ impl Epilogue {
     #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
     #[inline(always)]
     fn activate(self, v: f32) -> f32 {
-        use super::tensor_ops::unary;
+        use crate::kernels::tensor_ops::unary;
         match self.act {
             ACT_NONE => v,
             unary::RELU => v.max(0.0),
@@ -419,7 +419,7 @@ impl Epilogue {
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 #[inline(never)]
 fn activate(act: u32, v: f32) -> f32 {
-    super::tensor_ops::apply_unary(act, v, 0.0)
+    crate::kernels::tensor_ops::apply_unary(act, v, 0.0)
 }
 
 /// Stores a consumer warpgroup's `m64n256` accumulators (thread `ct` of the warpgroup) into the 64 x

@@ -23,7 +23,9 @@
 //! This version keeps every product an FMA chain in the CPU interpreter's order, so its results are
 //! the interpreter's bit for bit (the reference the schedule is tested with). The design's data path
 //! (TMA pages, tensor cores, loads overlapping math) is version 2,
-//! [`megakernel_tc`](super::megakernel_tc). Speed against PyTorch is in `benches/results/mlp_step.md`.
+//! [`megakernel_tc`](super::megakernel_tc), which shares this version's counters between blocks
+//! (the waits, signals, stall records and trace words below) and its SGD update. Speed against
+//! PyTorch is in `benches/results/mlp_step.md`.
 
 use crate::megakernel::{
     Instruction, MegaBuffers, MegaConfig, NO_COUNTER, SLAB, TILES, loss, opcode, pitch, record_offset, trace,
@@ -408,8 +410,8 @@ pub(crate) unsafe fn sgd_update(
         (e < tile * tile && o < dout && k < din).then_some((o, k, w + o * pitch(din) + k))
     };
     // Eight elements per thread per round, all loads issued before any arithmetic: the loop is
-    // bound by global-memory latency, not by its few flops (two per round took 7.5-10.5 us per
-    // 64 x 64 tile of the medium model on the H200, eight 4.0-4.7 us: runs 59 and 62).
+    // bound by global-memory latency, not by its few flops (eight per round take about half the
+    // time of two).
     const U: u32 = 8;
     let mut e = t;
     while e < tile * tile {
@@ -453,11 +455,10 @@ const GRAD_GROUP: usize = 8;
 /// tensor-core kernel combines partials from its forward instead, see
 /// [`loss_partials`](crate::megakernel::loss_partials).)
 ///
-/// What it costs (H200, medium model, tile 64, 4 warps, each with 16 rows of 1024): the
-/// statistics are instruction-bound, not load-bound. With one warp per scheduler, `math::exp`'s
-/// chain of ~40 dependent instructions issued at about one per 5 cycles: 100 us per tile, of
-/// which the rendezvous took under 0.1 % (the trace's cycle counts, run 62), whether a row was
-/// read in 16 dependent rounds of loads (110 us) or 3 (97 us). With `exp_fast`, 43-45 us.
+/// What it costs: the statistics are instruction-bound, not load-bound. With one warp per
+/// scheduler, `math::exp`'s chain of ~40 dependent instructions issues at about one per 5
+/// cycles; the rendezvous is a negligible part, and so is the number of dependent rounds of
+/// loads a row is read in (`exp_fast` would take well under half the time).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub(crate) unsafe fn loss_row_stats(

@@ -1,8 +1,9 @@
 //! Tensor-core tile products with `mma.sync`: the smallest complete use of `cp.async`, `ldmatrix`
 //! and `mma`, one warp per 16x8 output tile. The GEMM ladder builds the fast kernels; these check the
-//! building blocks against a CPU reference.
+//! building blocks against a CPU reference. The `mma.sync` peak-rate probes
+//! (`mma_sync_peak_bf16`, `mma_sync_peak_tf32`) that the GEMM benchmark times are here too.
 
-use crate::{DevicePtr, DevicePtrMut, KernelParam, kernel};
+use crate::{DevicePtr, DevicePtrMut, kernel};
 use crate::{convert, cp_async, matrix, mma, shared, sync, thread, warp};
 use half::{bf16, f16};
 
@@ -15,19 +16,8 @@ pub const MMA_THREADS: u32 = 32;
 /// Dynamic shared memory: an A tile of 16 rows and a B tile of 8 rows, 32 bytes each.
 pub const MMA_SMEM_BYTES: u32 = (MMA_TILE_M + MMA_TILE_N) * 32;
 
-/// Problem shape of a tile product `C[m][n] = sum_k A[m][k] * B[n][k]`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GemmShape {
-    /// Rows of A and C.
-    pub m: u32,
-    /// Rows of B, columns of C.
-    pub n: u32,
-    /// Columns of A and B (the reduction).
-    pub k: u32,
-}
-// SAFETY: repr(C), three u32.
-unsafe impl KernelParam for GemmShape {}
+// The problem shape these kernels take is the GEMMs' (re-exported here, its old home).
+pub use crate::kernels::gemm::GemmShape;
 
 impl GemmShape {
     /// The grid of 16x8 tiles covering C: (ceil(n / 8), ceil(m / 16)).
