@@ -9,10 +9,10 @@
 //!
 //! Rules the kernels follow:
 //! - barriers a peer arrives on (or a multicast completes on) must be initialized, fenced with
-//!   [`crate::fence::mbarrier_init_release_cluster`] and published with [`sync`] before any peer
+//!   `crate::fence::mbarrier_init_release_cluster` and published with `sync` before any peer
 //!   uses them;
 //! - a CTA must not exit while a peer may still write its shared memory or arrive on its barriers:
-//!   end with [`sync`].
+//!   end with `sync`.
 
 #[cfg(target_arch = "nvptx64")]
 mod device {

@@ -1,7 +1,7 @@
 //! `cp.async` (sm_80): asynchronous copies from global to shared memory that bypass registers.
 //!
-//! Copies are grouped: [`commit_group`] closes the group of copies issued since the last commit, and
-//! [`wait_group`] waits until at most `N` groups are still in flight. A pipeline of `S` stages
+//! Copies are grouped: `commit_group` closes the group of copies issued since the last commit, and
+//! `wait_group` waits until at most `N` groups are still in flight. A pipeline of `S` stages
 //! that commits one group per stage waits with `N = S - 2` before computing on the oldest stage. After the wait, a block barrier
 //! makes the data visible to the other threads.
 

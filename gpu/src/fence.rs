@@ -2,7 +2,7 @@
 //!
 //! The "async proxy" (TMA, `wgmma`, `tcgen05`) reads and writes shared memory on a different path from
 //! ordinary loads and stores: shared memory written by ordinary stores that the async proxy reads next
-//! needs [`proxy_async_shared_cta`] in each writing thread before the barrier that publishes it.
+//! needs `proxy_async_shared_cta` in each writing thread before the barrier that publishes it.
 
 #[cfg(target_arch = "nvptx64")]
 mod device {

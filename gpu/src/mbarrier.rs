@@ -6,14 +6,14 @@
 //! Waiters name the phase by its parity: phase `k` has parity `k & 1`. One missing or extra arrival
 //! shifts every later phase: waiters then wait forever, so kiln's waits come with a bounded variant.
 
-/// How long [`wait_parity_bounded`] waits by default before giving up: one second, far past any
+/// How long `wait_parity_bounded` waits by default before giving up: one second, far past any
 /// legitimate wait inside one kernel (a TMA tile arrives in microseconds).
 pub const DEFAULT_WAIT_NS: u64 = 1_000_000_000;
 
-/// At most this many `try_wait`s in [`wait_parity_bounded`], whatever the timer says.
+/// At most this many `try_wait`s in `wait_parity_bounded`, whatever the timer says.
 pub const MAX_TRIES: u32 = 1 << 22;
 
-/// How many `try_wait`s [`wait_parity_or`] makes between two questions to its `give_up`.
+/// How many `try_wait`s `wait_parity_or` makes between two questions to its `give_up`.
 pub const GIVE_UP_EVERY: u32 = 256;
 
 #[cfg(target_arch = "nvptx64")]

@@ -177,7 +177,7 @@ pub mod map {
     pub const GRAD: u32 = 2;
     /// `grad_t[l + 1]` (`dims[l + 1] x batch`, m = output feature, k = row): the weight gradient's A.
     pub const GRAD_T: u32 = 3;
-    /// `W[l]` as the products read it (`w_op` on [`precision::TF32`] and
+    /// `W[l]` as the products read it (`w_op` on `precision::TF32` and
     /// [`precision::BF16`](super::precision::BF16), else `weights`;
     /// `dims[l + 1] x dims[l]`, k = input feature): the forward's B.
     pub const W: u32 = 4;

@@ -2,7 +2,7 @@
 //!
 //! A barrier orders ordinary shared-memory accesses among the threads that reach it. Memory written
 //! by ordinary stores that the async proxy (TMA, wgmma) reads next also needs
-//! [`fence::proxy_async_shared_cta`](crate::fence::proxy_async_shared_cta) before the barrier.
+//! `fence::proxy_async_shared_cta` before the barrier.
 //!
 //! kiln builds its PTX with `-Zmir-enable-passes=-JumpThreading` so that a barrier after a branch is
 //! never duplicated into the branch arms (an upstream hazard); the reduction kernel keeps a barrier

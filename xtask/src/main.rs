@@ -3,7 +3,8 @@
 //! - `cargo xtask build-ptx`: build one PTX module per architecture, check it, list its kernels and,
 //!   when ptxas is found, assemble it and print each kernel's registers, shared memory, stack and
 //!   spills. `--require-ptxas` makes a missing ptxas an error (CI uses it).
-//! - `cargo xtask test`: the README's test command: `build-ptx`, then `cargo test --workspace`.
+//! - `cargo xtask test`: the README's test command: `build-ptx`, then `cargo test --workspace`, then
+//!   `cargo doc --workspace` with broken intra-doc links as errors.
 //! - `cargo xtask gpu-bundle DIR`: build the test binaries in release mode and the PTX into DIR, with
 //!   `run.sh`, so that a GPU machine with only a driver runs the whole GPU suite (optionally under
 //!   compute-sanitizer).
@@ -108,13 +109,15 @@ fn main() -> ExitCode {
 }
 
 fn print_table(arch: &str, rows: &[KernelResources]) {
+    // the name column as wide as the longest kernel name, so long names keep the columns aligned
+    let w = rows.iter().map(|k| k.name.len()).max().unwrap_or(0).max("kernel".len());
     println!(
-        "  {:<28} {:>5} {:>10} {:>7} {:>12} {:>11}",
+        "  {:<w$} {:>5} {:>10} {:>7} {:>12} {:>11}",
         "kernel", "regs", "smem (B)", "stack", "spill st (B)", "spill ld (B)"
     );
     for k in rows {
         println!(
-            "  {:<28} {:>5} {:>10} {:>7} {:>12} {:>11}",
+            "  {:<w$} {:>5} {:>10} {:>7} {:>12} {:>11}",
             k.name, k.registers, k.shared, k.stack, k.spill_stores, k.spill_loads
         );
     }
@@ -175,7 +178,25 @@ fn test(require_ptxas: bool, args: &[String]) -> Res<()> {
         .args(args)
         .status()
         .map_err(|e| format!("running cargo test: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("cargo test failed ({status})")) }
+    if !status.success() {
+        return Err(format!("cargo test failed ({status})"));
+    }
+    docs()
+}
+
+/// `cargo doc` of the workspace with broken and private intra-doc links as errors, so that the
+/// API docs' links keep resolving (on the host, where device-only items do not exist: name those
+/// in plain code spans).
+fn docs() -> Res<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    println!("checking the API docs' links (cargo doc --workspace --no-deps)...");
+    let status = Command::new(cargo)
+        .current_dir(workspace())
+        .args(["doc", "--workspace", "--no-deps", "--quiet"])
+        .env("RUSTDOCFLAGS", "-D rustdoc::broken_intra_doc_links -D rustdoc::private_intra_doc_links")
+        .status()
+        .map_err(|e| format!("running cargo doc: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo doc found broken intra-doc links ({status})")) }
 }
 
 fn bench(name: &str, out: &Path, date: Option<String>) -> Res<()> {

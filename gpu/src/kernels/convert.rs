@@ -1,6 +1,6 @@
 //! Conversions between f32 and the 16-bit float formats on the device: for the deterministic typed
 //! tier (bf16 / f16 products are the f32 tier's FMA chains on the exactly widened inputs, rounded
-//! once, nearest-even, to the storage type), and [`pack_bf16`], which turns f32 operands into the
+//! once, nearest-even, to the storage type), and `pack_bf16`, which turns f32 operands into the
 //! bf16 k-major rows the tensor-core GEMMs read (the bf16 matmul precision of f32 tensors).
 
 use crate::{DevicePtr, DevicePtrMut, convert, kernel, shared_array, sync, thread};
@@ -41,13 +41,13 @@ pub unsafe fn narrow_f32_b16(src: DevicePtr<f32>, out: DevicePtrMut<u16>, n: u32
     }
 }
 
-/// Output rows a [`pack_bf16`] block writes.
+/// Output rows a `pack_bf16` block writes.
 pub const PACK_TILE_ROWS: u32 = 32;
-/// Output columns a [`pack_bf16`] block writes (two per thread of a 32-wide row).
+/// Output columns a `pack_bf16` block writes (two per thread of a 32-wide row).
 pub const PACK_TILE_COLS: u32 = 64;
-/// Threads per [`pack_bf16`] block along y (x is 32).
+/// Threads per `pack_bf16` block along y (x is 32).
 pub const PACK_ROWS: u32 = 8;
-/// Row multiple of [`pack_bf16`]'s output (`ld`): the tensor-core GEMMs copy and TMA-load rows in
+/// Row multiple of `pack_bf16`'s output (`ld`): the tensor-core GEMMs copy and TMA-load rows in
 /// 16-byte pieces, 8 bf16 values.
 pub const PACK_K_MULTIPLE: u32 = 8;
 

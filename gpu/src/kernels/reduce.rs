@@ -3,7 +3,7 @@
 use crate::{DevicePtr, DevicePtrMut, kernel, shared_array};
 use crate::{sync, thread, warp};
 
-/// Threads per block of [`reduce_sum_f32`] (any multiple of 32 up to 1024 works; the host uses this).
+/// Threads per block of `reduce_sum_f32` (any multiple of 32 up to 1024 works; the host uses this).
 pub const REDUCE_THREADS: u32 = 256;
 
 shared_array!(fn warp_sums() -> [f32; 32], align 16);

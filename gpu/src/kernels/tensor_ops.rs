@@ -22,7 +22,7 @@ pub const fn row_cached(d: u32) -> bool {
     d.is_multiple_of(4) && d / 4 <= ROW_THREADS * ROW_QUADS
 }
 
-/// Unary function codes for [`unary_f32`].
+/// Unary function codes for `unary_f32`.
 pub mod unary {
     /// -x
     pub const NEG: u32 = 0;
@@ -50,7 +50,7 @@ pub mod unary {
     pub const MUL_SCALAR: u32 = 11;
 }
 
-/// Binary function codes for [`binary_f32`].
+/// Binary function codes for `binary_f32`.
 pub mod binary {
     /// a + b
     pub const ADD: u32 = 0;
@@ -149,7 +149,7 @@ pub struct MatmulShape {
 // SAFETY: repr(C), u32 fields only.
 unsafe impl KernelParam for MatmulShape {}
 
-/// Tile edge of [`matmul_f32`].
+/// Tile edge of `matmul_f32`.
 pub const MATMUL_TILE: u32 = 16;
 
 /// Adam / AdamW hyper-parameters for one step, with the bias corrections precomputed.

@@ -184,7 +184,7 @@ impl Device {
     /// map made for a buffer serves a later buffer the pool allocator places at the same address
     /// (a map describes where and what shape, never the contents). Plans built per call (the
     /// training path's products) then skip the encode and the host-to-device copy. At most
-    /// [`TENSOR_MAP_CACHE`] maps are kept; past that the cache starts over (a dropped map's memory
+    /// `TENSOR_MAP_CACHE` maps are kept; past that the cache starts over (a dropped map's memory
     /// is freed in stream order, after the kernels already launched with it; a captured graph keeps
     /// its own references to the maps it uses).
     pub fn tensor_map_cached(&self, addr: u64, spec: &TensorMapSpec) -> Result<std::sync::Arc<DeviceTensorMap>> {

@@ -61,7 +61,7 @@ pub struct Schedule {
     pub dealing: Dealing,
 }
 
-/// How [`build`] dealt a step's instructions to the SMs: whichever of these [`estimated_cost`]'s
+/// How [`build`] dealt a step's instructions to the SMs: whichever of these `estimated_cost`'s
 /// times estimate fastest (on a tie the later one here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dealing {

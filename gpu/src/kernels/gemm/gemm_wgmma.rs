@@ -285,7 +285,7 @@ pub unsafe fn gemm_wgmma_bf16(
     }
 }
 
-/// Columns of C per block of the wide kernel ([`gemm_wgmma_bf16_wide`]).
+/// Columns of C per block of the wide kernel (`gemm_wgmma_bf16_wide`).
 pub const WW_BN: u32 = 256;
 /// Bytes of one stage of the wide kernel: the 128 x 64 A tile, then the 256 x 64 B tile.
 pub const WW_STAGE_BYTES: u32 = (WG_BM + WW_BN) * WG_BK * 2;
@@ -563,7 +563,7 @@ impl StagedStore {
     }
 }
 
-/// CTAs per cluster of the persistent kernel ([`gemm_wgmma_bf16_persistent`]).
+/// CTAs per cluster of the persistent kernel (`gemm_wgmma_bf16_persistent`).
 pub const WP_CLUSTER: u32 = 2;
 /// Rows of C per cluster tile: the cluster's CTAs stack their 128-row tiles over one 256-column panel.
 pub const WP_BM: u32 = WP_CLUSTER * WG_BM;

@@ -407,27 +407,27 @@ hgemm_kernels! {
     /// ([`HGEMM_NARROW`]; see the module docs). Grid `HGEMM_NARROW.blocks(s)` (1-D); block 256;
     /// dynamic shared memory `HGEMM_NARROW.smem_bytes()`.
     hgemm_mma_bf16: bf16, false, HGEMM_NARROW, 4, 4;
-    /// `C = A B^T`, f16 inputs; otherwise as [`hgemm_mma_bf16`].
+    /// `C = A B^T`, f16 inputs; otherwise as `hgemm_mma_bf16`.
     hgemm_mma_f16: f16, true, HGEMM_NARROW, 4, 4;
     /// `C = A B^T`, bf16 inputs, with the tuned tile ([`HGEMM_WIDE`]: 128 x 256, warp tile 64 x 64,
     /// 128 accumulators per lane). Grid `HGEMM_WIDE.blocks(s)` (1-D); block 256; dynamic shared
     /// memory `HGEMM_WIDE.smem_bytes()` (192 KiB: one block per SM).
     hgemm_mma_bf16_wide: bf16, false, HGEMM_WIDE, 4, 8;
-    /// `C = A B^T`, f16 inputs; otherwise as [`hgemm_mma_bf16_wide`].
+    /// `C = A B^T`, f16 inputs; otherwise as `hgemm_mma_bf16_wide`.
     hgemm_mma_f16_wide: f16, true, HGEMM_WIDE, 4, 8;
 }
 
-/// How many k tiles ahead of the one being multiplied [`hgemm_mma_bf16_tma`]'s producer fills: at
+/// How many k tiles ahead of the one being multiplied `hgemm_mma_bf16_tma`'s producer fills: at
 /// most the ring's stages - 1 (then the producer waits for the slot the warps released last).
 pub const HGEMM_TMA_LOOKAHEAD: u32 = super::gemm_wgmma::WG_STAGES - 1;
 
-/// At which 16-wide k step of a tile [`hgemm_mma_bf16_tma`]'s producer issues its fill. The fill
+/// At which 16-wide k step of a tile `hgemm_mma_bf16_tma`'s producer issues its fill. The fill
 /// waits for every warp to release the slot of the tile before (their last fragment loads of it);
 /// half-way through the tile they have, so warp 0 rarely waits. (Step 2 measured faster than steps
 /// 0 and 1.)
 pub const HGEMM_TMA_FILL_STEP: u32 = 2;
 
-/// Threads of [`hgemm_mma_bf16_tma`]: the wide tile's 8 warps.
+/// Threads of `hgemm_mma_bf16_tma`: the wide tile's 8 warps.
 pub const HGEMM_TMA_THREADS: u32 = 256;
 
 /// `C = A B^T`, bf16 inputs, with the wide tile's products ([`HGEMM_WIDE`]: 128 x 256, warp tile

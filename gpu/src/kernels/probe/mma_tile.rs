@@ -149,8 +149,8 @@ pub unsafe fn mma_tile_tf32(a: DevicePtr<f32>, b: DevicePtr<f32>, c: DevicePtrMu
     store_c(c, s, m0, n0, lane, acc);
 }
 
-/// Independent `mma.sync` products per warp per iteration of [`mma_sync_peak_bf16`] and
-/// [`mma_sync_peak_tf32`].
+/// Independent `mma.sync` products per warp per iteration of `mma_sync_peak_bf16` and
+/// `mma_sync_peak_tf32`.
 pub const PEAK_MMAS_PER_ITER: u32 = 32;
 
 /// The body of the `mma.sync` ceilings: `iters` x [`PEAK_MMAS_PER_ITER`] products on register

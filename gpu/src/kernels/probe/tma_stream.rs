@@ -50,7 +50,7 @@ pub const WAIT_SPIN: u32 = 0;
 /// Waits as the megakernel's: the global timer read per try, a global flag every 256th try.
 pub const WAIT_BOUNDED: u32 = 1;
 
-/// What [`tma_stream`] streams. Box `q` (counted over the grid: block `b`'s stage `s` holds boxes
+/// What `tma_stream` streams. Box `q` (counted over the grid: block `b`'s stage `s` holds boxes
 /// `(b * stages_per_block + s) * boxes ..` ) comes from map `q % maps` at the `q`-th box of a
 /// row-major walk over a `cols x rows` grid of `box_cols x box_rows` boxes.
 #[repr(C)]

@@ -16,7 +16,7 @@ pub const TMA_TILE_BYTES: u32 = TMA_BOX_COLS * TMA_BOX_ROWS * 4;
 /// Dynamic shared memory per block: the tile, then its mbarrier (8 bytes).
 pub const TMA_SMEM_BYTES: u32 = TMA_TILE_BYTES + 8;
 
-/// What [`tma_tile_transform`] does to each element: `y = alpha * x + col_scale * column`.
+/// What `tma_tile_transform` does to each element: `y = alpha * x + col_scale * column`.
 /// The column term makes a wrong swizzle visible: a value read from the wrong place lands in the
 /// wrong column.
 #[repr(C)]

@@ -3,7 +3,7 @@
 use crate::{DevicePtrMut, kernel};
 use crate::{shared, sync, tcgen05, thread};
 
-/// TMEM columns [`tmem_alloc_roundtrip`] allocates.
+/// TMEM columns `tmem_alloc_roundtrip` allocates.
 pub const TMEM_COLUMNS: u32 = 32;
 
 /// Allocates [`TMEM_COLUMNS`] tensor-memory columns with warp 0, publishes the base address through

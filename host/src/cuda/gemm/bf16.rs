@@ -51,7 +51,7 @@ pub enum TensorCores {
 }
 
 /// [`gemm_bf16`] with the tensor-core kernel chosen (a kernel the device lacks is
-/// [`Error::KernelUnavailable`]): so that each path can be tested on one GPU.
+/// [`Error::KernelUnavailable`](crate::Error::KernelUnavailable)): so that each path can be tested on one GPU.
 pub fn gemm_bf16_on(
     dev: &Device,
     cores: TensorCores,

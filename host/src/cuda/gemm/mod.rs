@@ -9,7 +9,7 @@
 //!   bf16 / f16  ──▶ typed  (deterministic: widen, FP32 rung, round once)
 //! ```
 //!
-//! Every entry point checks its operands and launches through one helper ([`check`]): sizes
+//! Every entry point checks its operands and launches through one helper (`check.rs`): sizes
 //! against the shape, 32-bit indexing, k's multiple, alignment, empty products, the grid.
 
 mod bf16;

@@ -10,7 +10,7 @@ use kiln_gpu::kernels::mma_tile::GemmShape;
 /// `c = a b^T` on Blackwell's tensor cores (`gemm_tcgen05_bf16`: TMA ring, one thread issuing
 /// `tcgen05.mma` into tensor memory, an epilogue warpgroup reading it back; persistent, one block
 /// per SM): `a` m x k, `b` n x k bf16, `c` m x n f32, `k % 8 == 0`. Only on compute capability
-/// 10.x (the sm_100a module); elsewhere [`Error::KernelUnavailable`]. No Blackwell GPU has run it
+/// 10.x (the sm_100a module); elsewhere [`Error::KernelUnavailable`](crate::Error::KernelUnavailable). No Blackwell GPU has run it
 /// yet: it is assembled by ptxas for sm_100a and its encodings are host-tested.
 pub fn gemm_tcgen05(
     dev: &Device,

@@ -21,7 +21,7 @@ impl TypedTier for half::f16 {
 
 /// The deterministic typed tier: `c = a b` for bf16 or f16 `a` (m x k) and `b` (k x n), row-major,
 /// computed as the f32 tier's ascending-k FMA chains on the exactly widened inputs (the rung
-/// [`choose`] picks), then rounded once to `T`, nearest-even. Bit-identical to
+/// [`choose`](super::choose) picks), then rounded once to `T`, nearest-even. Bit-identical to
 /// `kiln::deterministic::matmul_chain` on the widened inputs followed by one rounding, on every
 /// run, and batch-invariant like the f32 tier.
 pub fn typed_gemm<T: TypedTier>(

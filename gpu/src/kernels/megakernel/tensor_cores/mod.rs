@@ -64,7 +64,7 @@
 //!   `wgmma` m64n64k16 per page; every operand it reads is stored as bf16 (`store_op`: the
 //!   transposed copies and the weights' copies in bf16, and the hidden activations and the
 //!   gradients in `act_bf16` and `grad_bf16` only).
-//!   [`precision::BF16`] at tile 128 (`tile_wgmma_rows`, [`layout`] `ROWS`) splits the rows
+//!   [`precision::BF16`] at tile 128 (`tile_wgmma_rows`, `layout` `ROWS`) splits the rows
 //!   instead: each warpgroup multiplies every K block (a 128-row A page and a 128-row B page, a
 //!   ring slot each) into its own 64 rows with four `wgmma` m64n128k16, so no sums are
 //!   exchanged; and it keeps no transposed copies, reading `grad`, `act` and `w_op` in place,
@@ -194,11 +194,11 @@ pub const fn mn_page_descriptor(page: u32, kk: u32) -> u64 {
     crate::wgmma::smem_descriptor(page + kk * 16 * row, PAGE_K_BF16 * row, 8 * row, 0, crate::swizzle::Swizzle::B128)
 }
 
-/// Bytes of one box of a staged tile ([`stores_through_tma`]): [`BIGGEST_TILE`] rows of 128 bytes
+/// Bytes of one box of a staged tile ([`stores_through_tma`]): `BIGGEST_TILE` rows of 128 bytes
 /// ([`MN_BOX`] bf16), 128-byte swizzled, as the `ACT` and `GRAD` maps' boxes at tile 128.
 pub const STAGE_BOX_BYTES: u32 = BIGGEST_TILE * 2 * MN_BOX;
 /// Bytes of one box of the weight buffer ([`map::WEIGHTS`]):
-/// [`BIGGEST_TILE`] rows of [`F32_BOX_COLS`](crate::megakernel::F32_BOX_COLS) f32 (128 bytes),
+/// `BIGGEST_TILE` rows of [`F32_BOX_COLS`](crate::megakernel::F32_BOX_COLS) f32 (128 bytes),
 /// 128-byte swizzled.
 pub const F32_BOX_BYTES: u32 = BIGGEST_TILE * 4 * crate::megakernel::F32_BOX_COLS;
 /// Byte offset of element (row `r`, column `c`) of a row of f32 boxes (the logits staged in the
@@ -208,7 +208,7 @@ pub const fn f32_box_offset(r: u32, c: u32) -> u32 {
     use crate::megakernel::F32_BOX_COLS;
     crate::swizzle::Swizzle::B128.apply(r * 4 * F32_BOX_COLS + 4 * (c % F32_BOX_COLS))
 }
-/// Byte offset of element (row `r`, column `c`) of a staged tile (a [`BIGGEST_TILE`]-square of
+/// Byte offset of element (row `r`, column `c`) of a staged tile (a `BIGGEST_TILE`-square of
 /// bf16) in the staging buffer: box `c / MN_BOX`, in which row `r` is 128 bytes at `128 r` whose
 /// 16-byte chunks are XORed with `r % 8` (TMA's 128-byte swizzle; the buffer is 1024-byte
 /// aligned). A warp's pair stores of one accumulator register pair (8 rows, 4 lanes of 4 bytes
