@@ -150,13 +150,14 @@ fn training_learns_spirals_and_the_checkpoint_reproduces_the_model() {
     assert_eq!(meta["width"], "64");
     let x = Tensor::randn([50, 2], DType::F32, &mut Tensor::rng(3));
     assert_eq!(report.model.forward(&x).unwrap().to_vec_f64(), loaded.forward(&x).unwrap().to_vec_f64());
-    // the optimizer state is in the checkpoint and loads back
-    let (saved, _) = kiln::checkpoint::load(&dir.join("model.safetensors")).unwrap();
-    let state: HashMap<String, Tensor> =
-        saved.iter().filter_map(|(k, v)| k.strip_prefix("optim.").map(|k| (k.to_string(), v.clone()))).collect();
-    let mut opt = Adam::adam(loaded.named_parameters(), 0.01, 0.0);
-    opt.load_state(&state).unwrap();
+    // the optimizer state and the training state are in the checkpoint and load back in one call
+    let fresh = mlp(2, 64, 3, 3, Activation::Relu, DType::F32, &mut Tensor::rng(5)).unwrap();
+    let mut opt = Adam::adam(fresh.named_parameters(), 0.01, 0.0);
+    let state = kiln::checkpoint::load_training(&dir.join("model.safetensors"), &fresh, &mut opt).unwrap();
     assert_eq!(opt.steps() as usize, 25 * 480usize.div_ceil(64));
+    assert_eq!((state.step, state.epoch), (opt.steps(), 25));
+    assert_eq!(state.config["width"], "64");
+    assert_eq!(report.model.forward(&x).unwrap().to_vec_f64(), fresh.forward(&x).unwrap().to_vec_f64());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -146,6 +146,32 @@ pub enum Error {
         /// What went wrong.
         msg: String,
     },
+    /// A checkpoint's tensor data does not match the checksum saved with it.
+    #[error(
+        "{path}: tensor `{tensor}` is corrupted: its data's CRC32 is {actual:08x}, the checkpoint recorded \
+         {expected:08x}. The file changed after it was saved; restore it from a copy or train again"
+    )]
+    CorruptCheckpoint {
+        /// The checkpoint.
+        path: std::path::PathBuf,
+        /// The tensor whose data changed.
+        tensor: String,
+        /// The CRC32 saved with the tensor.
+        expected: u32,
+        /// The CRC32 of the data read.
+        actual: u32,
+    },
+    /// A checkpoint cannot be written where it was asked for (checked before training starts).
+    #[error(
+        "cannot save a checkpoint to {path}: {msg}. Choose a path in an existing folder that kiln can write \
+         (`--checkpoint` on the command line)"
+    )]
+    CheckpointDestination {
+        /// The checkpoint path asked for.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
     /// A kernel stopped waiting instead of hanging (a dependency that never completed).
     #[error("kernel `{kernel}` stalled and stopped: {msg}")]
     Stalled {

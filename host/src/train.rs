@@ -1,6 +1,6 @@
 //! The main job: train a classifier MLP, report loss and accuracy per epoch, save a checkpoint.
 
-use crate::checkpoint;
+use crate::checkpoint::{self, TrainingState};
 use crate::data::{self, Dataset};
 use crate::error::{Error, Result};
 use crate::nn::{Activation, Module, Sequential, mlp};
@@ -82,7 +82,9 @@ pub struct TrainConfig {
     pub dtype: DType,
     /// Seed for data, initialization and shuffling.
     pub seed: u64,
-    /// Where to save the checkpoint (None: do not save).
+    /// Where to save the checkpoint (None: do not save): the model, the optimizer's state and the
+    /// run's description, through [`checkpoint::save_training`]. [`train`] checks that it can be
+    /// written before the first step ([`Error::CheckpointDestination`] otherwise).
     pub checkpoint: Option<PathBuf>,
     /// Show a progress bar.
     pub progress: bool,
@@ -226,6 +228,10 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
     if cfg.batch == 0 || cfg.epochs == 0 {
         return Err(Error::shape("train", format!("batch {} and epochs {} must be positive", cfg.batch, cfg.epochs)));
     }
+    // a checkpoint that cannot be written is found out before any work, not after the last epoch
+    if let Some(path) = &cfg.checkpoint {
+        checkpoint::check_destination(path)?;
+    }
     if cfg.megakernel {
         if cfg.matmul_precision != crate::cuda::MatmulPrecision::F32 {
             return Err(Error::Unsupported {
@@ -348,15 +354,15 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         reports.push(r);
     }
     if let Some(path) = &cfg.checkpoint {
-        let mut tensors = model.named_parameters();
-        tensors.extend(opt.state()?.into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
-        checkpoint::save(path, &tensors, metadata(cfg, &train_set))?;
+        let state = TrainingState { step: step as u64, epoch: cfg.epochs as u64, config: metadata(cfg, &train_set) };
+        checkpoint::save_training(path, &model, opt.as_ref(), &state)?;
         log(&format!("saved checkpoint {}", path.display()));
     }
     Ok(TrainReport { epochs: reports, model, checkpoint: cfg.checkpoint.clone(), device: device_name })
 }
 
-/// Rebuilds the model a checkpoint describes and loads its parameters.
+/// Rebuilds the model a checkpoint describes and loads its parameters (the checksums checked; a
+/// checkpoint from a kiln without checksums loads unchecked).
 pub fn load_model(path: &std::path::Path) -> Result<(Sequential, HashMap<String, String>)> {
     let (tensors, meta) = checkpoint::load(path)?;
     let get = |k: &str| -> Result<usize> {
