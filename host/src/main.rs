@@ -139,8 +139,15 @@ enum Command {
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
-    /// Show the device, its compute capability, the PTX modules and their kernels.
-    Info,
+    /// Show the device, its compute capability, the PTX modules and their kernels, the embedded
+    /// cubins, and which image of its module the device loads.
+    Info {
+        /// Also time loading the device's module (and, when that is a cubin, its PTX). With
+        /// CUDA_CACHE_DISABLE=1 the PTX time is the driver's JIT compilation; KILN_FORCE_PTX=1
+        /// loads PTX only.
+        #[arg(long)]
+        load_time: bool,
+    },
     /// Run one GEMM kernel of the ladder on random inputs: its error against an f64 reference and
     /// its time (without --kernel: list the kernels).
     Gemm {
@@ -192,22 +199,40 @@ fn gemm(
     Ok(r.passed())
 }
 
-fn info() -> kiln::Result<()> {
+fn info(load_time: bool) -> kiln::Result<()> {
     say!("kiln {}", env!("CARGO_PKG_VERSION"));
     say!("PTX modules built into this binary:");
     for arch in Arch::ALL {
         let entries = kiln::ptx::entries(kiln::ptx::embedded(arch));
         say!("  {:8} {:2} kernels: {}", arch.name(), entries.len(), entries.join(", "));
     }
+    say!("{}", kiln::ptx::cubin_summary());
     match Device::new(0) {
         Ok(dev) => {
             let (major, minor) = dev.compute_capability();
+            let forced =
+                if kiln::ptx::force_ptx() { format!(" ({}=1)", kiln::ptx::FORCE_PTX_ENV) } else { String::new() };
             say!(
-                "device 0: {} (compute capability {major}.{minor}), loads the {} module",
+                "device 0: {} (compute capability {major}.{minor}), loads the {} module: {}{forced}",
                 dev.name(),
-                dev.arch().name()
+                dev.arch().name(),
+                dev.module_source()
             );
+            if load_time {
+                for t in dev.time_module_loads()? {
+                    say!("  loading {}: {:.1} ms", t.source, t.elapsed.as_secs_f64() * 1e3);
+                }
+                say!(
+                    "  {}",
+                    if kiln::cuda::jit_cache_disabled() {
+                        "the driver's JIT cache is off (CUDA_CACHE_DISABLE=1): a PTX time is its compilation"
+                    } else {
+                        "the driver's JIT cache is on: a PTX time may be a cache hit (CUDA_CACHE_DISABLE=1 times the compilation)"
+                    }
+                );
+            }
         }
+        Err(e) if load_time => return Err(e),
         Err(e) => say!("no usable GPU: {e}"),
     }
     say!("CPU backend: {} threads", kiln::tensor::cpu::num_threads());
@@ -296,7 +321,7 @@ fn main() -> std::process::ExitCode {
         None => train(cli.train),
         Some(Command::Train(a)) => train(a),
         Some(Command::Eval { checkpoint, data_dir }) => eval(checkpoint, data_dir).map(|_| true),
-        Some(Command::Info) => info().map(|_| true),
+        Some(Command::Info { load_time }) => info(load_time).map(|_| true),
         Some(Command::Gemm { kernel, shape, reps, seed, split_k }) => gemm(kernel, shape, reps, seed, split_k),
     };
     match result {

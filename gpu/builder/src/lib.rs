@@ -388,6 +388,99 @@ pub fn assemble(ptxas: &Path, ptx: &Path, arch: &str, cubin: &Path) -> Result<Ve
     Ok(parse_ptxas_report(&log))
 }
 
+/// A stable 64-bit FNV-1a hash of `parts` (the cubin cache's key: `std`'s hashers may change
+/// between Rust releases).
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in part.iter().chain((part.len() as u64).to_le_bytes().iter()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// How many cubins of one architecture [`assemble_cached`] keeps (the newest used).
+pub const CUBIN_CACHE_KEEP: usize = 3;
+
+/// Assembles the PTX `text` for `arch` with `ptxas` (with [`assemble`]'s arguments, so the cubin
+/// is the one `cargo xtask build-ptx` makes of the same PTX), or reuses the cubin an earlier call
+/// made of the same text with the same ptxas. Cubins live in `dir` as `kiln_<arch>-<key>.cubin`,
+/// the key a hash of the PTX, the architecture, and the ptxas binary's path, size and modification
+/// time; each architecture keeps its [`CUBIN_CACHE_KEEP`] most recently used. A cubin appears under
+/// its final name only once ptxas has written all of it, so concurrent builds never read half of
+/// one. Returns the cubin's path.
+pub fn assemble_cached(ptxas: &Path, text: &str, arch: &str, dir: &Path) -> Result<PathBuf, BuildError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BuildError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let meta = std::fs::metadata(ptxas).map_err(io(ptxas))?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let key = fnv1a(&[
+        text.as_bytes(),
+        arch.as_bytes(),
+        ptxas.as_os_str().as_encoded_bytes(),
+        &meta.len().to_le_bytes(),
+        &mtime.to_le_bytes(),
+    ]);
+    let stem = format!("kiln_{arch}-{key:016x}");
+    let cubin = dir.join(format!("{stem}.cubin"));
+    if cubin.is_file() {
+        // Mark it used, for the pruning below (a failure only makes it an earlier candidate).
+        if let Ok(f) = std::fs::File::options().append(true).open(&cubin) {
+            let _ = f.set_modified(std::time::SystemTime::now());
+        }
+        return Ok(cubin);
+    }
+    let tmp = format!("{stem}.{}", std::process::id());
+    let ptx = dir.join(format!("{tmp}.ptx"));
+    let partial = dir.join(format!("{tmp}.cubin.partial"));
+    std::fs::write(&ptx, text).map_err(io(&ptx))?;
+    let assembled = assemble(ptxas, &ptx, arch, &partial);
+    let _ = std::fs::remove_file(&ptx);
+    if let Err(e) = assembled {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
+    std::fs::rename(&partial, &cubin).map_err(io(&cubin))?;
+    prune_cubins(dir, arch, CUBIN_CACHE_KEEP);
+    Ok(cubin)
+}
+
+/// Removes all but the `keep` most recently used cached cubins of `arch` from `dir` (best effort).
+fn prune_cubins(dir: &Path, arch: &str, keep: usize) {
+    let prefix = format!("kiln_{arch}-");
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let mut cubins: Vec<(std::time::SystemTime, PathBuf)> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".cubin"))
+        })
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .collect();
+    cubins.sort_by_key(|c| std::cmp::Reverse(c.0));
+    for (_, p) in cubins.into_iter().skip(keep) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// The version line of `ptxas --version` ("Cuda compilation tools, release 12.9, V12.9.86"), or
+/// `None` when it cannot be run.
+pub fn ptxas_version(ptxas: &Path) -> Option<String> {
+    let out = Command::new(ptxas).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines().find(|l| l.contains("release")).or_else(|| text.lines().last()).map(|l| l.trim().to_string())
+}
+
 fn number_before(line: &str, unit: &str) -> Option<u32> {
     let idx = line.find(unit)?;
     line[..idx].split_whitespace().last()?.parse().ok()
@@ -501,6 +594,81 @@ ptxas info    : Used 10 registers, used 0 barriers, 372 bytes cmem[0]
         );
         assert_eq!(r[1].registers, 10);
         assert_eq!(r[1].shared, 0);
+    }
+
+    /// A stand-in for ptxas (a shell script) that copies its input to `-o`, tagged with the
+    /// `-arch` it was given, and counts its runs in `runs`.
+    #[cfg(unix)]
+    fn fake_ptxas(dir: &Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let script = dir.join("ptxas");
+        let runs = dir.join("runs");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho run >> {runs:?}\narch=\"\"; out=\"\"; inp=\"\"\n\
+                 while [ $# -gt 0 ]; do case \"$1\" in -arch=*) arch=\"$1\";; -v) ;; -o) out=\"$2\"; shift;; *) inp=\"$1\";; esac; shift; done\n\
+                 {{ echo \"$arch\"; cat \"$inp\"; }} > \"$out\"\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        script
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn cubin_cache_assembles_once_per_text_and_keeps_the_newest() {
+        let dir = std::env::temp_dir().join(format!("kiln-cubin-cache-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ptxas = fake_ptxas(&dir);
+        let cache = dir.join("cache");
+        let runs = || std::fs::read_to_string(dir.join("runs")).map(|s| s.lines().count()).unwrap_or(0);
+
+        let a = assemble_cached(&ptxas, "ptx one\n", "sm_80", &cache).unwrap();
+        assert_eq!(std::fs::read_to_string(&a).unwrap(), "-arch=sm_80\nptx one\n");
+        assert_eq!(runs(), 1);
+        assert_eq!(assemble_cached(&ptxas, "ptx one\n", "sm_80", &cache).unwrap(), a, "same text: the cached cubin");
+        assert_eq!(runs(), 1, "ptxas did not run again");
+        let b = assemble_cached(&ptxas, "ptx one\n", "sm_90a", &cache).unwrap();
+        assert_ne!(a, b, "another architecture is another cubin");
+        assert_eq!(runs(), 2);
+        for i in 0..CUBIN_CACHE_KEEP + 2 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assemble_cached(&ptxas, &format!("ptx {i}\n"), "sm_80", &cache).unwrap();
+        }
+        let left = |arch: &str| {
+            std::fs::read_dir(&cache)
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(&format!("kiln_{arch}-")))
+                .count()
+        };
+        assert_eq!(left("sm_80"), CUBIN_CACHE_KEEP, "older sm_80 cubins pruned; no temporary files left");
+        assert_eq!(left("sm_90a"), 1, "pruning one architecture leaves the others");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn cubin_cache_keeps_nothing_of_a_failed_assembly() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("kiln-cubin-cache-fail-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ptxas = dir.join("ptxas");
+        std::fs::write(&ptxas, "#!/bin/sh\necho \"ptxas fatal : Unknown arch\" >&2\nexit 1\n").unwrap();
+        std::fs::set_permissions(&ptxas, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cache = dir.join("cache");
+        match assemble_cached(&ptxas, "ptx\n", "sm_100a", &cache) {
+            Err(BuildError::Ptxas { arch, log }) => {
+                assert_eq!(arch, "sm_100a");
+                assert!(log.contains("Unknown arch"), "{log}");
+            }
+            other => panic!("expected ptxas's failure, got {other:?}"),
+        }
+        assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0, "no cubin, no temporary file");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// instead of at the next synchronization.
 pub const SYNC_LAUNCHES_ENV: &str = "KILN_SYNC_LAUNCHES";
 
-/// One CUDA device: its context, a stream, and its PTX module (loaded on first use).
+/// One CUDA device: its context, a stream, and its module (loaded on first use: the embedded cubin
+/// where one runs on the device, else the PTX; see [`Device::module_source`]).
 ///
 /// Cheap to share: hold it in an `Arc` (see [`Device::shared`]). Everything kiln does on the device
 /// goes through this one stream, in order. It is a stream of its own (non-blocking, so that it can
@@ -195,7 +196,7 @@ impl Device {
     pub fn compute_capability(&self) -> (u32, u32) {
         self.cc
     }
-    /// The PTX module this device loads.
+    /// The module this device loads (its image: [`Device::module_source`]).
     pub fn arch(&self) -> Arch {
         self.arch
     }
@@ -224,14 +225,7 @@ impl Device {
         if let Some(m) = self.module.get() {
             return Ok(m);
         }
-        let image = match ptx::module_image(self.arch)? {
-            ptx::ModuleImage::Ptx(text) => cudarc::nvrtc::Ptx::from_src(text.into_owned()),
-            ptx::ModuleImage::Cubin(bytes) => cudarc::nvrtc::Ptx::from_binary(bytes),
-        };
-        let m = self
-            .ctx
-            .load_module(image)
-            .map_err(Error::driver(format!("loading the {} PTX module", self.arch.name())))?;
+        let m = super::module_load::load(&self.ctx, &self.module_source())?;
         Ok(self.module.get_or_init(|| m))
     }
 

@@ -4,6 +4,7 @@
 mod buffer;
 mod device;
 pub mod gemm;
+mod module_load;
 pub mod ops;
 mod tensor_map;
 pub mod timing;
@@ -14,4 +15,5 @@ pub use device::{
     CapturedGraph, Device, MatmulPrecision, MatmulPrecisionScope, SYNC_LAUNCHES_ENV, matmul_precision,
     matmul_precision_scope,
 };
+pub use module_load::{ModuleLoadTime, jit_cache_disabled};
 pub use tensor_map::{DeviceTensorMap, TensorMapSpec, TmaDtype};
