@@ -1,7 +1,7 @@
 //! Trains a small MLP on generated spirals through kiln's API, saves a checkpoint, loads it into a
-//! fresh model and evaluates that model. On the CPU it takes about a second:
-//! `cargo run --example train_mlp`. (`cargo test` runs this file as `kiln`'s crate-level doctest,
-//! and `tests/examples.rs` checks the accuracy it reaches.)
+//! fresh model and evaluates that model: `cargo run --example train_mlp` (on the CPU, about two
+//! seconds in a debug build). `cargo test` runs this file as `kiln`'s crate-level doctest, and
+//! `tests/library.rs` checks the accuracy it reaches.
 
 use kiln::checkpoint;
 use kiln::data::{self, Dataset};
