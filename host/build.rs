@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 /// Set to `0` to embed no cubins (skips ptxas even where it is found).
 const EMBED_CUBINS_ENV: &str = "KILN_EMBED_CUBINS";
 
+#[path = "build/toolchain.rs"]
+mod toolchain;
+
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let workspace = manifest.parent().expect("host/ lives in the workspace").to_path_buf();
@@ -25,13 +28,25 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
+    // A cargo that refuses -Z flags stops here, with what to do (cargo's own error names no remedy).
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let version = toolchain::cargo_version(&cargo);
+    let pinned = toolchain::pinned_channel(&workspace).unwrap_or_else(|| "the pinned nightly".into());
+    if let Some(v) = &version
+        && !toolchain::accepts_z_flags(v, std::env::var_os("RUSTC_BOOTSTRAP").is_some_and(|b| b == "1"))
+    {
+        eprintln!("kiln: {}", toolchain::not_nightly_message(v, &pinned, &workspace.join("rust-toolchain.toml")));
+        std::process::exit(1);
+    }
+
     let mut modules = Vec::new();
     for (arch, _) in kiln_ptx_builder::ARCHS {
         let module = match builder.build(arch) {
             Ok(m) => m,
             Err(e) => {
                 // A build script's panic is how cargo reports a failed build; the message says what to do.
-                panic!("kiln: {e}");
+                let running = version.as_deref().and_then(|v| v.lines().next()).unwrap_or("an unknown cargo");
+                panic!("kiln: {e} (kiln pins {pinned}; this build runs {running})");
             }
         };
         let dest = out.join(format!("kiln_{arch}.ptx"));

@@ -23,6 +23,33 @@
 //!                               crate::cuda (runtime) → kiln_gpu kernels
 //! ```
 //!
+//! The arithmetic operators (`&a + &b`, `-&a`, `&a * 2.0`, each returning a [`Result`]) live in
+//! [`operators`] (`operators.rs`) and call the methods of `forward.rs`.
+//!
+//! # Example: ops and autograd
+//!
+//! ```
+//! use kiln::tensor::{DType, Tensor};
+//!
+//! // a leaf that accumulates gradients, and a constant
+//! let w = Tensor::from_f64(&[1.0, -2.0, 3.0], [3], DType::F64)?.requires_grad();
+//! let x = Tensor::from_f64(&[0.5, 1.0, 2.0], [3], DType::F64)?;
+//!
+//! // loss = sum(relu(w * x + 1) ^ 2), with the operators and the methods side by side
+//! let h = ((&w * &x)? + 1.0)?.relu()?;
+//! let loss = (&h * &h)?.sum_all()?;
+//! assert_eq!(loss.item()?, 1.5 * 1.5 + 0.0 + 7.0 * 7.0);
+//!
+//! // d loss / d w = 2 relu(w x + 1) x, where w x + 1 > 0
+//! loss.backward()?;
+//! let g = w.grad().expect("w requires grad").to_vec_f64();
+//! assert_eq!(g, [2.0 * 1.5 * 0.5, 0.0, 2.0 * 7.0 * 2.0]);
+//!
+//! // shapes that do not broadcast are an error, not a panic
+//! assert!((&w + &Tensor::zeros([2], DType::F64)).is_err());
+//! # Ok::<(), kiln::Error>(())
+//! ```
+//!
 //! Leaves every layer may use: [`Shape`] (`shape.rs`), the elementwise functions [`Unary`](ops::Unary)
 //! and [`Binary`](ops::Binary) (`elementwise.rs`), [`DType`], and [`Targets`] (whose device copy the
 //! CUDA backend keeps).
@@ -32,6 +59,7 @@ pub mod cpu;
 pub mod cuda_backend;
 mod elementwise;
 mod forward;
+pub mod operators;
 pub mod ops;
 mod shape;
 mod storage;
