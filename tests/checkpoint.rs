@@ -24,15 +24,9 @@ fn entries(dir: &Path) -> Vec<String> {
     v
 }
 
-/// The `kiln` binary cargo built for these tests; None, with a message, where it is not beside
-/// them (the GPU bundle carries test binaries only; `cargo test` always builds it).
+/// The `kiln` binary (`$KILN_BIN` in the GPU bundle, else the one cargo built for these tests).
 fn kiln_exe(test: &str) -> Option<PathBuf> {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_kiln"));
-    if !exe.exists() {
-        eprintln!("{test}: the kiln binary is not at {} (GPU bundle); run by `cargo test`", exe.display());
-        return None;
-    }
-    Some(exe)
+    kiln::testing::kiln_binary(test, env!("CARGO_BIN_EXE_kiln"))
 }
 
 /// `(start, end)` of tensor `name`'s bytes in a safetensors file.

@@ -85,14 +85,10 @@ fn sm_100a_cubin_is_ptxas_output_of_the_embedded_ptx() {
     cubin_is_ptxas_output(Arch::Sm100a);
 }
 
-/// `kiln info` (and `kiln info --load-time`) run as a user runs them; `None` where the binary is
-/// not beside this test (the GPU bundle ships test binaries only).
+/// `kiln info` (and `kiln info --load-time`) run as a user runs them (`$KILN_BIN` in the GPU
+/// bundle); `None` where no binary is here.
 fn kiln(args: &[&str]) -> Option<std::process::Output> {
-    let exe = env!("CARGO_BIN_EXE_kiln");
-    if !Path::new(exe).is_file() {
-        eprintln!("{exe} is not on this machine: the CLI is tested where it was built");
-        return None;
-    }
+    let exe = kiln::testing::kiln_binary("kiln info", env!("CARGO_BIN_EXE_kiln"))?;
     let out = Command::new(exe)
         .args(args)
         .env_remove(ptx::PTX_DIR_ENV)

@@ -11,6 +11,27 @@ pub fn gpu_required() -> bool {
     std::env::var(REQUIRE_GPU_ENV).is_ok_and(|v| v == "1")
 }
 
+/// Environment variable naming the `kiln` binary that tests run as a user would (the GPU bundle
+/// sets it to the copy it carries; `cargo test` builds one beside the tests).
+pub const KILN_BIN_ENV: &str = "KILN_BIN";
+
+/// The `kiln` binary a test should run: `$KILN_BIN` when set, else `built` (the test's
+/// `env!("CARGO_BIN_EXE_kiln")`) when that file exists. None, with a message naming `test`, where
+/// neither is present; with `KILN_BIN` set to a missing file, a panic (the bundle is broken).
+pub fn kiln_binary(test: &str, built: &str) -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os(KILN_BIN_ENV) {
+        let p = std::path::PathBuf::from(p);
+        assert!(p.exists(), "{test}: {KILN_BIN_ENV} names {}, which does not exist", p.display());
+        return Some(p);
+    }
+    let p = std::path::PathBuf::from(built);
+    if p.exists() {
+        return Some(p);
+    }
+    eprintln!("{test}: no kiln binary at {} and {KILN_BIN_ENV} is not set; skipped", p.display());
+    None
+}
+
 /// The value written to outputs before a launch: a NaN with a recognizable payload, so that an
 /// element the kernel never wrote fails every comparison.
 pub const POISON_F32: f32 = f32::from_bits(0x7fc0_dead);

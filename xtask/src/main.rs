@@ -253,6 +253,8 @@ cd "$(dirname "$0")"
 # Tests fill every new uninitialized output with NaN (KILN_POISON=1) so an unwritten element fails;
 # the benchmarks run without it.
 export KILN_REQUIRE_GPU=1 KILN_POISON=1 KILN_PTX_DIR="$PWD/ptx"
+# The tests that run the `kiln` binary as a user does run the copy in bin/ (kiln::testing::kiln_binary).
+export KILN_BIN="$PWD/bin/kiln"
 # Where the device tool collects outputs ($OUT), keep the whole log there too.
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then exec > >(tee -a "$OUT/run.log") 2>&1; fi
 sanitize=0; only=""; bench=0
@@ -323,8 +325,17 @@ fn gpu_bundle(dir: &Path) -> Res<()> {
         "--message-format=json-render-diagnostics",
     ]))?;
     let mut exes = Vec::new();
+    // The `kiln` binary the CLI tests run (cargo builds it for the integration tests).
+    let mut kiln_bin = None;
     for line in json.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if v["reason"] == "compiler-artifact"
+            && v["target"]["kind"][0] == "bin"
+            && v["target"]["name"] == "kiln"
+            && let Some(exe) = v["executable"].as_str()
+        {
+            kiln_bin = Some(PathBuf::from(exe));
+        }
         // proc-macro test binaries need the toolchain's shared libraries; the xtask has no GPU tests.
         if v["reason"] != "compiler-artifact"
             || v["profile"]["test"] != true
@@ -403,6 +414,10 @@ fn gpu_bundle(dir: &Path) -> Res<()> {
             std::fs::copy(&cubin, ptx.join(name)).map_err(|e| format!("copying {}: {e}", cubin.display()))?;
         }
     }
+    let kiln_bin = kiln_bin.ok_or("the kiln binary was not built (the CLI tests run it)")?;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).map_err(|e| format!("creating {}: {e}", bin.display()))?;
+    std::fs::copy(&kiln_bin, bin.join("kiln")).map_err(|e| format!("copying {}: {e}", kiln_bin.display()))?;
     let script = dir.join("run.sh");
     std::fs::write(&script, RUN_SH).map_err(|e| format!("writing run.sh: {e}"))?;
     #[cfg(unix)]
