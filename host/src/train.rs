@@ -1,4 +1,5 @@
-//! The main job: train a classifier MLP, report loss and accuracy per epoch, save a checkpoint.
+//! The main job: check the configuration and the memory it needs, train a classifier MLP, report
+//! loss and accuracy per epoch, save a checkpoint; and rebuild a saved model for `eval`.
 
 use crate::checkpoint;
 use crate::data::{self, Dataset};
@@ -316,17 +317,24 @@ pub struct MemoryNeed {
 }
 
 /// The host memory available to this process, in bytes: `MemAvailable` of `/proc/meminfo`, and
-/// no more than the room left under the cgroup's limit (`memory.max` minus `memory.current`, in a
-/// container). None where neither can be read (the check is then skipped; a size beyond 64 bits
-/// is still refused).
+/// no more than the room left under the cgroup's limit in a container (`memory.max` minus the
+/// working set: `memory.current` less the reclaimable `inactive_file` of `memory.stat`). None
+/// where neither can be read (the check is then skipped; a size beyond 64 bits is still refused).
 pub fn host_memory_available() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        kib.checked_mul(1024)
+    let field = |text: &str, key: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.split_whitespace().next() == Some(key))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    let meminfo = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| field(&m, "MemAvailable:"))
+        .and_then(|kib| kib.checked_mul(1024));
+    let read = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{f}")).ok();
+    let cgroup = read("memory.max").and_then(|max| max.trim().parse::<u64>().ok()).map(|max| {
+        let current = read("memory.current").and_then(|c| c.trim().parse::<u64>().ok()).unwrap_or(0);
+        let inactive = read("memory.stat").and_then(|s| field(&s, "inactive_file")).unwrap_or(0);
+        max.saturating_sub(current.saturating_sub(inactive))
     });
-    let read = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{f}")).ok()?.trim().parse::<u64>().ok();
-    let cgroup = read("memory.max").map(|max| max.saturating_sub(read("memory.current").unwrap_or(0)));
     match (meminfo, cgroup) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
