@@ -179,7 +179,8 @@ fn same_seed_same_weights() {
 fn non_finite_loss_stops_training_with_a_clear_message() {
     let dir = tmpdir("nan");
     let mut cfg = small_config(&dir);
-    cfg.lr = f64::NAN;
+    // a rate so large that the first update's weights overflow (a NaN rate is refused up front)
+    cfg.lr = 1e300;
     cfg.warmup = 0;
     cfg.optimizer = OptimizerKind::Sgd { momentum: 0.0, nesterov: false };
     match train(&cfg, |_| {}) {
@@ -187,6 +188,70 @@ fn non_finite_loss_stops_training_with_a_clear_message() {
         Err(e) => panic!("expected NonFinite, got {e}"),
         Ok(_) => panic!("training with a NaN learning rate must stop"),
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The library checks a configuration before any work starts, as the CLI does: every setting's
+/// range, what the megakernel cannot honour, and the model's size against the memory there is.
+#[test]
+fn settings_are_checked_before_training_starts() {
+    let dir = tmpdir("settings");
+    let base = small_config(&dir);
+    let refused = |cfg: TrainConfig| train(&cfg, |l| panic!("started: {l}")).err().expect("refused");
+    for (cfg, setting) in [
+        (TrainConfig { lr: -1.0, ..base.clone() }, "--lr"),
+        (TrainConfig { lr: 0.0, ..base.clone() }, "--lr"),
+        (TrainConfig { lr: f64::NAN, ..base.clone() }, "--lr"),
+        (TrainConfig { weight_decay: -5.0, ..base.clone() }, "--weight-decay"),
+        (TrainConfig { width: 0, ..base.clone() }, "--width"),
+        (TrainConfig { depth: 0, ..base.clone() }, "--depth"),
+        (TrainConfig { batch: 0, ..base.clone() }, "--batch"),
+        (TrainConfig { epochs: 0, ..base.clone() }, "--epochs"),
+        (TrainConfig { mega_path: Some(kiln::megakernel::DataPath::Bf16), ..base.clone() }, "--mega-path"),
+        (TrainConfig { megakernel: true, optimizer: OptimizerKind::Adam, ..base.clone() }, "--optimizer"),
+        (
+            TrainConfig {
+                megakernel: true,
+                optimizer: OptimizerKind::Sgd { momentum: 0.9, nesterov: true },
+                ..base.clone()
+            },
+            "--optimizer",
+        ),
+        (
+            TrainConfig {
+                megakernel: true,
+                optimizer: OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
+                activation: Activation::Gelu,
+                ..base.clone()
+            },
+            "--activation",
+        ),
+        (
+            TrainConfig {
+                megakernel: true,
+                optimizer: OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
+                dtype: DType::F64,
+                ..base.clone()
+            },
+            "--dtype",
+        ),
+    ] {
+        match refused(cfg) {
+            kiln::Error::InvalidSetting { setting: s, .. } => assert_eq!(s, setting),
+            e => panic!("{setting}: expected InvalidSetting, got {e}"),
+        }
+    }
+    // a model that cannot fit: refused by its size (the width's square overflows 64 bits), not an abort
+    for width in [100_000_000, usize::MAX] {
+        let e = refused(TrainConfig { width, ..base.clone() });
+        assert!(matches!(e, kiln::Error::OutOfMemory { place: "host", .. }), "{e}");
+        assert!(e.to_string().contains("--width"), "{e}");
+    }
+    let need = TrainConfig { width: usize::MAX, ..base.clone() }.memory_need(2, 3, 100, false);
+    assert_eq!(need.host, u64::MAX);
+    let need = base.memory_need(2, 3, 100, false);
+    assert!(need.host > 0 && need.host < 1 << 24 && need.device == 0, "{need:?}");
+    assert!(!dir.join("model.safetensors").exists(), "a refused run saved a checkpoint");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -254,6 +319,7 @@ fn the_megakernel_schedule_trains_the_main_job_on_the_cpu_interpreter() {
         epochs: 15,
         lr: 0.1,
         megakernel: true,
+        optimizer: OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
         device: kiln::train::DeviceChoice::Cpu,
         checkpoint: None,
         progress: false,
@@ -276,6 +342,7 @@ fn the_megakernel_schedule_trains_the_main_job_on_the_cpu_interpreter() {
 fn matmul_precision_with_the_megakernel_is_refused() {
     let cfg = TrainConfig {
         megakernel: true,
+        optimizer: OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
         matmul_precision: kiln::cuda::MatmulPrecision::Bf16,
         checkpoint: None,
         progress: false,

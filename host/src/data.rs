@@ -93,12 +93,13 @@ pub fn read_idx_u8(path: &Path) -> Result<(Vec<usize>, Vec<u8>)> {
     let dims: Vec<usize> = (0..rank)
         .map(|i| u32::from_be_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().expect("4 bytes")) as usize)
         .collect();
-    let n: usize = dims.iter().product();
-    if bytes.len() != header + n {
-        return Err(idx_err(
-            path,
-            format!("dimensions {dims:?} need {n} bytes of data, the file has {}", bytes.len() - header),
-        ));
+    // the sizes come from the file: multiplied with checks, never trusted to fit
+    let data = bytes.len() - header;
+    let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+        idx_err(path, format!("dimensions {dims:?} describe more bytes than fit in 64 bits; the file has {data}"))
+    })?;
+    if data != n {
+        return Err(idx_err(path, format!("dimensions {dims:?} need {n} bytes of data, the file has {data}")));
     }
     Ok((dims, bytes[header..].to_vec()))
 }
@@ -117,12 +118,16 @@ pub fn mnist(dir: &Path, test: bool) -> Result<Dataset> {
             format!("images {idims:?} and labels {ldims:?} do not match (expected [n, rows, cols] and [n])"),
         ));
     }
+    if idims.contains(&0) {
+        return Err(idx_err(&images, format!("images {idims:?}: no images, or images of no pixels")));
+    }
     if let Some(bad) = labs.iter().find(|&&l| l > 9) {
         return Err(idx_err(&labels, format!("label {bad} is not a digit")));
     }
     Ok(Dataset {
         x: pixels.iter().map(|&p| p as f32 / 255.0).collect(),
         y: labs.iter().map(|&l| l as usize).collect(),
+        // at most the file's byte count: read_idx_u8 checked the product of all three, none is 0
         features: idims[1] * idims[2],
         classes: 10,
     })

@@ -138,6 +138,32 @@ pub enum Error {
         /// The training step.
         step: usize,
     },
+    /// A setting outside its allowed range, or one the chosen mode cannot honour, refused before
+    /// any work starts.
+    #[error("{setting} = {value}: {allowed}")]
+    InvalidSetting {
+        /// The setting, as the CLI's flag names it (`--lr`; `TrainConfig`'s field of that name).
+        setting: &'static str,
+        /// The value given.
+        value: String,
+        /// What it may be, and what to change.
+        allowed: String,
+    },
+    /// Work that would need more memory than the host or the device has available, refused
+    /// before allocating any of it.
+    #[error("{what} needs {} of {place} memory, and {} is available: {hint}", bytes(*.needed), bytes(*.available))]
+    OutOfMemory {
+        /// What needs it.
+        what: String,
+        /// `"host"` or `"GPU"`.
+        place: &'static str,
+        /// Bytes needed (`u64::MAX`: more than 64 bits count).
+        needed: u64,
+        /// Bytes available.
+        available: u64,
+        /// What to change.
+        hint: String,
+    },
     /// Reading or writing a file.
     #[error("{path}: {msg}")]
     File {
@@ -189,6 +215,20 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// `n` bytes in words, with a binary unit (`1.5 GiB`); `u64::MAX` reads as beyond 64 bits.
+fn bytes(n: u64) -> String {
+    if n == u64::MAX {
+        return "more than 16 EiB (a size beyond 64 bits)".into();
+    }
+    const UNITS: [&str; 7] = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let (mut v, mut u) = (n as f64, 0);
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{n} bytes") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
 impl Error {

@@ -1,4 +1,7 @@
-//! The `kiln` command line: `train` (the default), `eval` and `info`.
+//! The `kiln` command line: `train` (the default), `eval`, `info` and `gemm`. Every number is
+//! checked by its parser (a message naming the flag and its range, negative values included, so
+//! `--lr=-1` and `--lr -1` read alike), and every combination the run cannot honour is refused,
+//! before any work starts.
 
 use clap::{Parser, Subcommand, ValueEnum};
 use kiln::cuda::Device;
@@ -61,6 +64,83 @@ enum Data {
     Mnist,
 }
 
+/// `--mega-path`: [`kiln::megakernel::DataPath`].
+#[derive(Clone, Copy, ValueEnum)]
+enum MegaPath {
+    #[value(name = "cuda-cores")]
+    CudaCores,
+    #[value(name = "tf32")]
+    Tf32,
+    #[value(name = "tf32x3")]
+    Tf32x3,
+    #[value(name = "bf16")]
+    Bf16,
+}
+
+/// `--matmul-precision`: [`kiln::cuda::MatmulPrecision`].
+#[derive(Clone, Copy, ValueEnum)]
+enum Precision {
+    F32,
+    Bf16,
+}
+
+/// The parsers of the numeric flags: each reads negative numbers too (the flags set
+/// `allow_negative_numbers`), so that a value out of range gets the range, not "unexpected argument".
+mod parse {
+    /// A whole number of at least `min`.
+    fn whole(s: &str, min: u64) -> Result<u64, String> {
+        let range = if min == 0 { "0 or more".to_string() } else { format!("{min} or more") };
+        match s.trim().parse::<i128>() {
+            Ok(v) if v >= min as i128 && v <= u64::MAX as i128 => Ok(v as u64),
+            Ok(v) if v > u64::MAX as i128 => Err(format!("must be a whole number, {range}, below 2^64")),
+            _ => Err(format!("must be a whole number, {range}")),
+        }
+    }
+    /// A count of at least 1 (`--width`, `--depth`, `--batch`, `--epochs`, `--reps`).
+    pub fn count(s: &str) -> Result<usize, String> {
+        let v = whole(s, 1)?;
+        usize::try_from(v).map_err(|_| format!("must be a whole number, 1 or more, at most {}", usize::MAX))
+    }
+    /// A whole number of at least 0 (`--warmup`).
+    pub fn steps(s: &str) -> Result<usize, String> {
+        let v = whole(s, 0)?;
+        usize::try_from(v).map_err(|_| format!("must be a whole number, 0 or more, at most {}", usize::MAX))
+    }
+    /// A seed: any whole number from 0 to 2^64 - 1.
+    pub fn seed(s: &str) -> Result<u64, String> {
+        whole(s, 0)
+    }
+    /// `--split-k`: at least 1.
+    pub fn parts(s: &str) -> Result<u32, String> {
+        let v = whole(s, 1)?;
+        u32::try_from(v).map_err(|_| format!("must be a whole number, 1 or more, at most {}", u32::MAX))
+    }
+    fn real(s: &str) -> Result<f64, String> {
+        s.trim().parse::<f64>().map_err(|_| "must be a number".to_string())
+    }
+    /// A finite number greater than 0 (`--lr`).
+    pub fn positive(s: &str) -> Result<f64, String> {
+        match real(s)? {
+            v if v.is_finite() && v > 0.0 => Ok(v),
+            _ => Err("must be a finite number greater than 0".into()),
+        }
+    }
+    /// A finite number, 0 or more (`--weight-decay`).
+    pub fn non_negative(s: &str) -> Result<f64, String> {
+        match real(s)? {
+            v if v.is_finite() && v >= 0.0 => Ok(v),
+            _ => Err("must be a finite number, 0 or more".into()),
+        }
+    }
+    /// A fraction between 0 and 1 (`--target-accuracy`).
+    pub fn fraction(s: &str) -> Result<f64, String> {
+        match real(s)? {
+            v if (0.0..=1.0).contains(&v) => Ok(v),
+            _ => Err("must be a fraction between 0 and 1 (0.9 asks for 90%)".into()),
+        }
+    }
+}
+
 #[derive(clap::Args)]
 struct TrainArgs {
     /// Dataset: generated spirals, or MNIST IDX files in --data-dir.
@@ -69,32 +149,33 @@ struct TrainArgs {
     /// Directory with MNIST's IDX files (train-images-idx3-ubyte, ...).
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Hidden width.
-    #[arg(long, default_value_t = 64)]
+    /// Hidden width (1 or more).
+    #[arg(long, default_value_t = 64, value_parser = parse::count, allow_negative_numbers = true)]
     width: usize,
-    /// Linear layers.
-    #[arg(long, default_value_t = 3)]
+    /// Linear layers (1 or more).
+    #[arg(long, default_value_t = 3, value_parser = parse::count, allow_negative_numbers = true)]
     depth: usize,
     /// Activation.
     #[arg(long, value_enum, default_value = "relu")]
     activation: Act,
-    /// Batch size.
-    #[arg(long, default_value_t = 64)]
+    /// Batch size (1 or more).
+    #[arg(long, default_value_t = 64, value_parser = parse::count, allow_negative_numbers = true)]
     batch: usize,
-    /// Epochs.
-    #[arg(long, default_value_t = 40)]
+    /// Epochs (1 or more).
+    #[arg(long, default_value_t = 40, value_parser = parse::count, allow_negative_numbers = true)]
     epochs: usize,
-    /// Optimizer.
-    #[arg(long, value_enum, default_value = "adam")]
-    optimizer: Opt,
-    /// Learning rate.
-    #[arg(long, default_value_t = 1e-2)]
+    /// Optimizer (sgd and nesterov: momentum 0.9) [default: adam; sgd with --megakernel, which
+    /// takes sgd only].
+    #[arg(long, value_enum)]
+    optimizer: Option<Opt>,
+    /// Learning rate (a finite number greater than 0).
+    #[arg(long, default_value_t = 1e-2, value_parser = parse::positive, allow_negative_numbers = true)]
     lr: f64,
-    /// Weight decay.
-    #[arg(long, default_value_t = 0.0)]
+    /// Weight decay (a finite number, 0 or more).
+    #[arg(long, default_value_t = 0.0, value_parser = parse::non_negative, allow_negative_numbers = true)]
     weight_decay: f64,
     /// Warmup steps of the cosine schedule (0: constant rate).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = parse::steps, allow_negative_numbers = true)]
     warmup: usize,
     /// Device.
     #[arg(long, value_enum, default_value = "auto")]
@@ -102,28 +183,32 @@ struct TrainArgs {
     /// Parameter dtype.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: Dt,
-    /// Seed.
-    #[arg(long, default_value_t = 0)]
+    /// Seed (0 to 2^64 - 1).
+    #[arg(long, default_value_t = 0, value_parser = parse::seed, allow_negative_numbers = true)]
     seed: u64,
     /// Checkpoint to write.
     #[arg(long, default_value = "kiln-mlp.safetensors")]
     checkpoint: PathBuf,
-    /// Test accuracy the run must reach (exit status 1 otherwise).
-    #[arg(long)]
+    /// Test accuracy the run must reach, a fraction from 0 to 1 (exit status 1 otherwise).
+    /// Default: 0.95 (95% on spirals) or 0.9 (90% on mnist).
+    #[arg(long, value_parser = parse::fraction, allow_negative_numbers = true)]
     target_accuracy: Option<f64>,
-    /// Train with the megakernel: one launch per step (bias-free MLP, SGD with momentum 0.9;
-    /// without a GPU, its schedule runs on the CPU interpreter).
+    /// Train with the megakernel: one launch per step (bias-free ReLU MLP in f32, a constant input
+    /// feature giving its first layer a bias; SGD with momentum 0.9 on the --warmup schedule;
+    /// without a GPU, its schedule runs on the CPU interpreter). It saves --checkpoint as an
+    /// ordinary MLP, which `kiln eval` reads. It refuses --optimizer other than sgd, --activation
+    /// gelu, --dtype f64, --weight-decay and --matmul-precision.
     #[arg(long)]
     megakernel: bool,
     /// The megakernel's data path: tf32x3 (tensor cores, about f32 accuracy), tf32 (tensor cores,
     /// tf32 inputs), bf16 (tensor cores, bf16 inputs, f32 weights and sums; the fastest on large
     /// models) or cuda-cores (FMA chains, any GPU). Default: tf32x3 where the GPU has TMA.
-    #[arg(long)]
-    mega_path: Option<kiln::megakernel::DataPath>,
+    #[arg(long, value_enum)]
+    mega_path: Option<MegaPath>,
     /// How f32 matrix products run on the GPU: f32 (FMA chains, bit-identical to the CPU reference)
     /// or bf16 (operands rounded to bf16, tensor cores with f32 accumulation; much faster).
-    #[arg(long, default_value = "f32")]
-    matmul_precision: kiln::cuda::MatmulPrecision,
+    #[arg(long, value_enum, default_value = "f32")]
+    matmul_precision: Precision,
 }
 
 #[derive(Subcommand)]
@@ -154,28 +239,48 @@ enum Command {
         /// The kernel, e.g. sgemm_smem, hgemm_mma_bf16_wide, gemm_wgmma_bf16_persistent.
         #[arg(long)]
         kernel: Option<String>,
-        /// The product, MxNxK.
-        #[arg(long, default_value = "4096x4096x4096", value_parser = parse_shape)]
+        /// The product, MxNxK (each 1 or more).
+        #[arg(long, default_value = "4096x4096x4096", value_parser = parse_shape, allow_negative_numbers = true)]
         shape: kiln::gpu::kernels::mma_tile::GemmShape,
-        /// Timed launches (the median is reported).
-        #[arg(long, default_value_t = 10)]
+        /// Timed launches, 1 or more (the median is reported).
+        #[arg(long, default_value_t = 10, value_parser = parse::count, allow_negative_numbers = true)]
         reps: usize,
-        /// Seed of the random inputs.
-        #[arg(long, default_value_t = 1)]
+        /// Seed of the random inputs (0 to 2^64 - 1).
+        #[arg(long, default_value_t = 1, value_parser = parse::seed, allow_negative_numbers = true)]
         seed: u64,
-        /// Cut k into this many parts (persistent wgmma kernels only).
-        #[arg(long)]
+        /// Cut k into this many parts, 1 or more (persistent wgmma kernels only).
+        #[arg(long, value_parser = parse::parts, allow_negative_numbers = true)]
         split_k: Option<u32>,
     },
 }
 
 fn parse_shape(s: &str) -> Result<kiln::gpu::kernels::mma_tile::GemmShape, String> {
-    let v: Vec<u32> =
-        s.split('x').map(|x| x.trim().parse::<u32>()).collect::<Result<_, _>>().map_err(|e| format!("{s}: {e}"))?;
+    let form = "write the shape as MxNxK, e.g. 4096x4096x4096, each of M, N and K 1 or more";
+    let v: Vec<u32> = s
+        .split('x')
+        .map(|x| x.trim().parse::<u32>().ok().filter(|&d| d >= 1))
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("{form} (and at most {})", u32::MAX))?;
     match v[..] {
         [m, n, k] => Ok(kiln::gpu::kernels::mma_tile::GemmShape { m, n, k }),
-        _ => Err(format!("{s}: write the shape as MxNxK, e.g. 4096x4096x4096")),
+        _ => Err(form.into()),
     }
+}
+
+/// The memory `kiln gemm` holds for an `m x n x k` product: on the host the f32 operands, their
+/// f64 reference copies, the poisoned and the read-back output; on the GPU the operands (and their
+/// 16-bit copies) and the output. Checked arithmetic: a size beyond 64 bits reads as `u64::MAX`.
+fn gemm_memory(s: kiln::gpu::kernels::mma_tile::GemmShape) -> kiln::train::MemoryNeed {
+    let (m, n, k) = (s.m as u64, s.n as u64, s.k as u64);
+    let need = || -> Option<kiln::train::MemoryNeed> {
+        let operands = m.checked_mul(k)?.checked_add(k.checked_mul(n)?)?;
+        let output = m.checked_mul(n)?;
+        Some(kiln::train::MemoryNeed {
+            host: operands.checked_mul(4 + 8)?.checked_add(output.checked_mul(4 + 4)?)?,
+            device: operands.checked_mul(4 + 2)?.checked_add(output.checked_mul(4)?)?,
+        })
+    };
+    need().unwrap_or(kiln::train::MemoryNeed { host: u64::MAX, device: u64::MAX })
 }
 
 fn gemm(
@@ -192,7 +297,20 @@ fn gemm(
         }
         return Ok(true);
     };
+    // the name and the sizes first: a mistake there is reported before the device is opened
+    let names = kiln::tools::gemm_ladder::kernel_names();
+    if !names.contains(&name.as_str()) {
+        return Err(kiln::Error::Unsupported {
+            op: "gemm",
+            what: format!("--kernel {name}: no such kernel; known: {}", names.join(", ")),
+        });
+    }
+    let kiln::gpu::kernels::mma_tile::GemmShape { m, n, k } = shape;
+    let what = format!("gemm {m}x{n}x{k} (operands, output and their f64 reference)");
+    let need = gemm_memory(shape);
+    kiln::train::check_memory(&what, need, None, "lower --shape")?;
     let dev = Device::new(0)?;
+    kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
     say!("device: {} ({})", dev.name(), dev.arch().name());
     let r = kiln::tools::gemm_ladder::run(&dev, &name, shape, reps, seed, split_k)?;
     say!("{r}");
@@ -241,6 +359,14 @@ fn info(load_time: bool) -> kiln::Result<()> {
 
 fn train(a: TrainArgs) -> kiln::Result<bool> {
     let data = match a.dataset {
+        Data::Spirals if a.data_dir.is_some() => {
+            return Err(kiln::Error::Unsupported {
+                op: "train",
+                what: "--data-dir with --dataset spirals (the spirals are generated): add --dataset mnist to read \
+                       MNIST from the directory, or drop --data-dir"
+                    .into(),
+            });
+        }
         Data::Spirals => DataSource::Spirals { per_class: 1000, classes: 3, noise: 0.2 },
         Data::Mnist => DataSource::Mnist(a.data_dir.clone().ok_or_else(|| kiln::Error::Unsupported {
             op: "train",
@@ -258,7 +384,7 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         },
         batch: a.batch,
         epochs: a.epochs,
-        optimizer: match a.optimizer {
+        optimizer: match a.optimizer.unwrap_or(if a.megakernel { Opt::Sgd } else { Opt::Adam }) {
             Opt::Sgd => OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
             Opt::Nesterov => OptimizerKind::Sgd { momentum: 0.9, nesterov: true },
             Opt::Adam => OptimizerKind::Adam,
@@ -280,12 +406,23 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         checkpoint: Some(a.checkpoint),
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         megakernel: a.megakernel,
-        mega_path: a.mega_path,
-        matmul_precision: a.matmul_precision,
+        mega_path: a.mega_path.map(|p| match p {
+            MegaPath::CudaCores => kiln::megakernel::DataPath::CudaCores,
+            MegaPath::Tf32 => kiln::megakernel::DataPath::Tf32,
+            MegaPath::Tf32x3 => kiln::megakernel::DataPath::Tf32x3,
+            MegaPath::Bf16 => kiln::megakernel::DataPath::Bf16,
+        }),
+        matmul_precision: match a.matmul_precision {
+            Precision::F32 => kiln::cuda::MatmulPrecision::F32,
+            Precision::Bf16 => kiln::cuda::MatmulPrecision::Bf16,
+        },
     };
     let report = kiln::train::train(&cfg, |line| say!("{line}"))?;
     let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
-    let target = a.target_accuracy.unwrap_or(if a.dataset == Data::Spirals { 0.95 } else { 0.0 });
+    let target = a.target_accuracy.unwrap_or(match a.dataset {
+        Data::Spirals => 0.95,
+        Data::Mnist => 0.9,
+    });
     if acc >= target {
         say!("reached {:.2}% test accuracy (target {:.0}%)", 100.0 * acc, 100.0 * target);
         Ok(true)

@@ -1,4 +1,5 @@
-//! The main job: train a classifier MLP, report loss and accuracy per epoch, save a checkpoint.
+//! The main job: check the configuration and the memory it needs, train a classifier MLP, report
+//! loss and accuracy per epoch, save a checkpoint; and rebuild a saved model for `eval`.
 
 use crate::checkpoint::{self, TrainingState};
 use crate::data::{self, Dataset};
@@ -125,6 +126,247 @@ impl Default for TrainConfig {
     }
 }
 
+/// `setting = value` refused: `allowed` says what it may be.
+fn invalid(setting: &'static str, value: impl std::fmt::Display, allowed: impl Into<String>) -> Error {
+    Error::InvalidSetting { setting, value: value.to_string(), allowed: allowed.into() }
+}
+
+impl TrainConfig {
+    /// Checks every setting's range, and that the chosen mode honours every setting, before any
+    /// work starts ([`train`] calls it first). Errors name the setting as the CLI's flag does.
+    pub fn validate(&self) -> Result<()> {
+        for (setting, v) in
+            [("--width", self.width), ("--depth", self.depth), ("--batch", self.batch), ("--epochs", self.epochs)]
+        {
+            if v == 0 {
+                return Err(invalid(setting, v, "must be 1 or more"));
+            }
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(invalid("--lr", self.lr, "the learning rate must be a finite number greater than 0"));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(invalid("--weight-decay", self.weight_decay, "must be a finite number, 0 or more"));
+        }
+        if let OptimizerKind::Sgd { momentum, .. } = self.optimizer
+            && !(0.0..1.0).contains(&momentum)
+        {
+            return Err(invalid("momentum", momentum, "SGD's momentum must be at least 0 and below 1"));
+        }
+        if let DataSource::Spirals { per_class, classes, noise } = self.data {
+            if per_class == 0 || classes == 0 {
+                return Err(invalid(
+                    "spirals",
+                    format!("{per_class} points per class, {classes} classes"),
+                    "both must be 1 or more",
+                ));
+            }
+            if !(noise.is_finite() && noise >= 0.0) {
+                return Err(invalid("spirals noise", noise, "must be a finite number, 0 or more"));
+            }
+        }
+        if self.megakernel {
+            self.validate_megakernel()
+        } else if let Some(p) = self.mega_path {
+            let name = match p {
+                crate::megakernel::DataPath::CudaCores => "cuda-cores",
+                crate::megakernel::DataPath::Tf32 => "tf32",
+                crate::megakernel::DataPath::Tf32x3 => "tf32x3",
+                crate::megakernel::DataPath::Bf16 => "bf16",
+            };
+            Err(invalid("--mega-path", name, "chooses the megakernel's arithmetic: add --megakernel, or drop it"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// What the megakernel cannot honour: it trains a bias-free ReLU MLP in f32 with SGD (momentum,
+    /// no Nesterov, no weight decay); the learning-rate schedule and the momentum it follows.
+    fn validate_megakernel(&self) -> Result<()> {
+        let drop = "drop --megakernel to train layer by layer";
+        match self.optimizer {
+            OptimizerKind::Sgd { nesterov: false, .. } => {}
+            other => {
+                let name = match other {
+                    OptimizerKind::Sgd { .. } => "nesterov",
+                    OptimizerKind::Adam => "adam",
+                    OptimizerKind::AdamW => "adamw",
+                };
+                return Err(invalid(
+                    "--optimizer",
+                    name,
+                    format!(
+                        "--megakernel trains with SGD (with momentum, without Nesterov): pass --optimizer sgd, or {drop}"
+                    ),
+                ));
+            }
+        }
+        if self.activation != Activation::Relu {
+            return Err(invalid(
+                "--activation",
+                format!("{:?}", self.activation).to_lowercase(),
+                format!("--megakernel's hidden layers are ReLU: pass --activation relu, or {drop}"),
+            ));
+        }
+        if self.dtype != DType::F32 {
+            return Err(invalid(
+                "--dtype",
+                checkpoint::dtype_name(self.dtype),
+                format!(
+                    "--megakernel keeps f32 weights (--mega-path chooses the products' precision): pass --dtype f32, or {drop}"
+                ),
+            ));
+        }
+        if self.weight_decay != 0.0 {
+            return Err(invalid(
+                "--weight-decay",
+                self.weight_decay,
+                format!("--megakernel's SGD has no weight decay: pass --weight-decay 0, or {drop}"),
+            ));
+        }
+        if self.matmul_precision != crate::cuda::MatmulPrecision::F32 {
+            return Err(Error::Unsupported {
+                op: "train",
+                what: "--matmul-precision with --megakernel: the megakernel's products follow --mega-path \
+                       (cuda-cores, tf32, tf32x3 or bf16); drop one of the two options"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The memory a run of this configuration needs, for data of `features` inputs and `classes`
+    /// classes with `rows` training rows, on the GPU when `on_gpu`: parameters, gradients,
+    /// optimizer state, one batch's activations and the initialization's temporaries. An estimate
+    /// from the sizes alone, on the high side, computed with checked arithmetic (a size beyond 64
+    /// bits reads as `u64::MAX`), before anything is allocated.
+    pub fn memory_need(&self, features: usize, classes: usize, rows: usize, on_gpu: bool) -> MemoryNeed {
+        let mk = self.megakernel;
+        let need = || -> Option<MemoryNeed> {
+            // the layers' (inputs, outputs): the first, `depth - 2` alike hidden ones, the last
+            let inputs = if mk { features.checked_add(1)? } else { features } as u64;
+            let (width, classes, depth) = (self.width as u64, classes as u64, self.depth as u64);
+            let layers: [(u64, u64, u64); 3] = match depth {
+                0 => return None,
+                1 => [(inputs, classes, 1), (0, 0, 0), (0, 0, 0)],
+                d => [(inputs, width, 1), (width, width, d - 2), (width, classes, 1)],
+            };
+            let (mut params, mut largest, mut outs) = (0u64, 0u64, 0u64);
+            for (i, o, count) in layers {
+                let bias = if mk { 0 } else { o };
+                params = params.checked_add(i.checked_mul(o)?.checked_add(bias)?.checked_mul(count)?)?;
+                outs = outs.checked_add(o.checked_mul(count)?)?;
+                if count > 0 {
+                    largest = largest.max(i.checked_mul(o)?);
+                }
+            }
+            let widest = inputs.max(width).max(classes);
+            let elem = if mk { 4 } else { self.dtype.size() as u64 };
+            // copies of the parameters: the weights, their gradients and the optimizer's state (the
+            // megakernel: the weights, the momentum, two product copies and the gradients)
+            let copies = match (mk, self.optimizer) {
+                (true, _) => 5,
+                (false, OptimizerKind::Adam | OptimizerKind::AdamW) => 4,
+                (false, OptimizerKind::Sgd { momentum, .. }) if momentum != 0.0 => 3,
+                (false, OptimizerKind::Sgd { .. }) => 2,
+            };
+            let state = params.checked_mul(copies)?.checked_mul(elem)?;
+            // a batch's pre- and post-activations and their gradients, or an evaluation chunk
+            let batch = self.batch.min(rows).max(1) as u64;
+            let train = batch.checked_mul(outs)?.checked_mul(4 * elem)?;
+            let eval = 1024u64.checked_mul(widest)?.checked_mul(2 * elem)?;
+            let activations = train.max(eval);
+            // initialization draws each layer in f64 and scales it before the cast; each layer's
+            // module and tensor handles take a little besides
+            let init = largest.checked_mul(3 * 8)?.checked_add(depth.checked_mul(1024)?)?;
+            let model = params.checked_mul(elem)?;
+            Some(if on_gpu {
+                MemoryNeed { host: model.checked_mul(2)?.checked_add(init)?, device: state.checked_add(activations)? }
+            } else {
+                MemoryNeed { host: state.checked_add(activations)?.checked_add(init)?, device: 0 }
+            })
+        };
+        need().unwrap_or(MemoryNeed { host: u64::MAX, device: if on_gpu { u64::MAX } else { 0 } })
+    }
+
+    /// [`TrainConfig::memory_need`] against the memory the host (and the GPU, when given) has
+    /// available: an [`Error::OutOfMemory`] that says what to lower, never an abort.
+    pub fn check_memory(
+        &self,
+        features: usize,
+        classes: usize,
+        rows: usize,
+        gpu: Option<&crate::cuda::Device>,
+    ) -> Result<()> {
+        let need = self.memory_need(features, classes, rows, gpu.is_some());
+        let what = format!(
+            "an MLP of {features} inputs, {} hidden layers of width {} and {classes} outputs, trained in batches of {}",
+            self.depth.saturating_sub(1),
+            self.width,
+            self.batch
+        );
+        check_memory(&what, need, gpu, "lower --width, --depth or --batch")
+    }
+}
+
+/// Bytes of memory a piece of work needs, by place.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryNeed {
+    /// Host memory.
+    pub host: u64,
+    /// GPU memory (0 for work that stays on the CPU).
+    pub device: u64,
+}
+
+/// The host memory available to this process, in bytes: `MemAvailable` of `/proc/meminfo`, and
+/// no more than the room left under the cgroup's limit in a container (`memory.max` minus the
+/// working set: `memory.current` less the reclaimable `inactive_file` of `memory.stat`). None
+/// where neither can be read (the check is then skipped; a size beyond 64 bits is still refused).
+pub fn host_memory_available() -> Option<u64> {
+    let field = |text: &str, key: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.split_whitespace().next() == Some(key))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    let meminfo = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| field(&m, "MemAvailable:"))
+        .and_then(|kib| kib.checked_mul(1024));
+    let read = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{f}")).ok();
+    let cgroup = read("memory.max").and_then(|max| max.trim().parse::<u64>().ok()).map(|max| {
+        let current = read("memory.current").and_then(|c| c.trim().parse::<u64>().ok()).unwrap_or(0);
+        let inactive = read("memory.stat").and_then(|s| field(&s, "inactive_file")).unwrap_or(0);
+        max.saturating_sub(current.saturating_sub(inactive))
+    });
+    match (meminfo, cgroup) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Checks `need` against the host's available memory and, when `gpu` is given, the GPU's free
+/// memory: [`Error::OutOfMemory`] naming `what` and `hint` (what to lower) if either falls short.
+pub fn check_memory(what: &str, need: MemoryNeed, gpu: Option<&crate::cuda::Device>, hint: &str) -> Result<()> {
+    let short = |place, needed, available| Error::OutOfMemory {
+        what: what.to_string(),
+        place,
+        needed,
+        available,
+        hint: hint.to_string(),
+    };
+    match host_memory_available() {
+        Some(available) if need.host > available => return Err(short("host", need.host, available)),
+        None if need.host == u64::MAX => return Err(short("host", need.host, 0)),
+        _ => {}
+    }
+    if let Some(d) = gpu {
+        let (free, _) = d.context().mem_get_info().map_err(Error::driver("reading the GPU's free memory"))?;
+        if need.device > free as u64 {
+            return Err(short("GPU", need.device, free as u64));
+        }
+    }
+    Ok(())
+}
+
 /// One epoch's numbers.
 #[derive(Clone, Debug)]
 pub struct EpochReport {
@@ -157,6 +399,15 @@ pub struct TrainReport {
 fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset)> {
     match &cfg.data {
         DataSource::Spirals { per_class, classes, noise } => {
+            // the points, their classes and the split's copies and shuffle, generated in memory
+            let bytes = per_class.checked_mul(*classes).and_then(|rows| rows.checked_mul(3 * (2 * 4 + 2 * 8)));
+            let need = MemoryNeed { host: bytes.map_or(u64::MAX, |b| b as u64), device: 0 };
+            check_memory(
+                &format!("{per_class} spiral points per class for {classes} classes"),
+                need,
+                None,
+                "lower the points per class or the classes",
+            )?;
             let mut rng = Tensor::rng(cfg.seed);
             let all = data::spirals(*per_class, *classes, *noise, &mut rng);
             Ok(all.split(0.2, &mut rng))
@@ -209,6 +460,27 @@ fn precision_words(p: crate::cuda::MatmulPrecision) -> &'static str {
     }
 }
 
+/// The run's steps, `epochs` passes of `steps_per_epoch`, counted without overflow.
+fn total_steps(steps_per_epoch: usize, epochs: usize) -> Result<usize> {
+    steps_per_epoch.checked_mul(epochs).ok_or_else(|| {
+        invalid(
+            "--epochs",
+            epochs,
+            format!("{epochs} epochs of {steps_per_epoch} steps are more steps than can be counted"),
+        )
+    })
+}
+
+/// The learning-rate schedule of a run of `total` steps: cosine with `cfg.warmup` steps of
+/// warmup, or constant when `cfg.warmup` is 0.
+fn lr_schedule(cfg: &TrainConfig, total: usize) -> LrSchedule {
+    if cfg.warmup > 0 {
+        LrSchedule::CosineWarmup { warmup: cfg.warmup.min(total), total, min_ratio: 0.05 }
+    } else {
+        LrSchedule::Constant
+    }
+}
+
 /// Checkpoint metadata describing the model, so `eval` can rebuild it.
 fn metadata(cfg: &TrainConfig, data: &Dataset) -> HashMap<String, String> {
     let mut m = HashMap::new();
@@ -223,27 +495,30 @@ fn metadata(cfg: &TrainConfig, data: &Dataset) -> HashMap<String, String> {
     m
 }
 
-/// Trains per `cfg`, printing one line per epoch to `log`.
+/// Trains per `cfg`, printing one line per epoch to `log`. Every setting is checked
+/// ([`TrainConfig::validate`]), and the model's size against the memory there is
+/// ([`TrainConfig::check_memory`]), before anything is built.
 pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport> {
-    if cfg.batch == 0 || cfg.epochs == 0 {
-        return Err(Error::shape("train", format!("batch {} and epochs {} must be positive", cfg.batch, cfg.epochs)));
-    }
+    cfg.validate()?;
     // a checkpoint that cannot be written is found out before any work, not after the last epoch
     if let Some(path) = &cfg.checkpoint {
         checkpoint::check_destination(path)?;
     }
     if cfg.megakernel {
-        if cfg.matmul_precision != crate::cuda::MatmulPrecision::F32 {
-            return Err(Error::Unsupported {
-                op: "train",
-                what: "--matmul-precision with --megakernel: the megakernel's products follow --mega-path \
-                       (cuda-cores, tf32, tf32x3 or bf16); drop one of the two options"
-                    .into(),
-            });
-        }
         return train_megakernel(cfg, log);
     }
     let (device, device_name) = pick_device(cfg.device, cfg.dtype)?;
+    let (train_set, test_set) = load_data(cfg)?;
+    if train_set.is_empty() || test_set.is_empty() {
+        return Err(Error::shape("train", "the dataset split left no training or no test rows"));
+    }
+    let gpu = match &device {
+        Device::Cuda(d) => Some(&**d),
+        Device::Cpu => None,
+    };
+    cfg.check_memory(train_set.features, train_set.classes, train_set.len(), gpu)?;
+    let steps_per_epoch = train_set.len().div_ceil(cfg.batch);
+    let total = total_steps(steps_per_epoch, cfg.epochs)?;
     log(&format!("training on the {device_name}"));
     // this thread's setting for the run (the training loop runs here), restored on return
     let _precision = crate::cuda::matmul_precision_scope(cfg.matmul_precision);
@@ -253,10 +528,6 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
             log("matrix products: f32 (the CPU backend has no bf16 products; the precision applies on CUDA)")
         }
         Device::Cpu => {}
-    }
-    let (train_set, test_set) = load_data(cfg)?;
-    if train_set.is_empty() || test_set.is_empty() {
-        return Err(Error::shape("train", "the dataset split left no training or no test rows"));
     }
     let mut rng = Tensor::rng(cfg.seed.wrapping_add(1));
     let model = mlp(train_set.features, cfg.width, cfg.depth, train_set.classes, cfg.activation, cfg.dtype, &mut rng)?;
@@ -285,13 +556,7 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         OptimizerKind::Adam => Box::new(Adam::adam(params, cfg.lr, cfg.weight_decay)),
         OptimizerKind::AdamW => Box::new(Adam::adamw(params, cfg.lr, cfg.weight_decay)),
     };
-    let steps_per_epoch = train_set.len().div_ceil(cfg.batch);
-    let total = steps_per_epoch * cfg.epochs;
-    let schedule = if cfg.warmup > 0 {
-        LrSchedule::CosineWarmup { warmup: cfg.warmup.min(total), total, min_ratio: 0.05 }
-    } else {
-        LrSchedule::Constant
-    };
+    let schedule = lr_schedule(cfg, total);
     let mut reports = Vec::new();
     let mut step = 0usize;
     let mut order: Vec<usize> = (0..train_set.len()).collect();
@@ -362,23 +627,67 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
 }
 
 /// Rebuilds the model a checkpoint describes and loads its parameters (the checksums checked; a
-/// checkpoint from a kiln without checksums loads unchecked).
+/// checkpoint from a kiln without checksums loads unchecked). The metadata (`features`, `width`,
+/// `depth`, `classes`, `activation`) is checked against the shapes of the tensors the file holds
+/// before any model is built from it, so a checkpoint whose metadata lies is an error naming the
+/// key and the tensor, never an allocation of the size it claims.
 pub fn load_model(path: &std::path::Path) -> Result<(Sequential, HashMap<String, String>)> {
     let (tensors, meta) = checkpoint::load(path)?;
+    let bad = |msg: String| Error::File { path: path.into(), msg };
     let get = |k: &str| -> Result<usize> {
-        meta.get(k)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| Error::File { path: path.into(), msg: format!("metadata `{k}` missing") })
+        let v = meta.get(k).ok_or_else(|| bad(format!("metadata `{k}` missing")))?;
+        v.parse().map_err(|_| bad(format!("metadata `{k}` = {v:?} is not a whole number")))
     };
-    let act =
-        if meta.get("activation").map(String::as_str) == Some("Gelu") { Activation::Gelu } else { Activation::Relu };
+    let act = match meta.get("activation").map(String::as_str) {
+        Some("Relu") | None => Activation::Relu,
+        Some("Gelu") => Activation::Gelu,
+        Some(other) => return Err(bad(format!("metadata `activation` = {other:?}: kiln knows Relu and Gelu"))),
+    };
     let dtype = match meta.get("dtype").map(String::as_str) {
         Some("f64") => DType::F64,
         _ => DType::F32,
     };
-    let model = mlp(get("features")?, get("width")?, get("depth")?, get("classes")?, act, dtype, &mut Tensor::rng(0))?;
+    let (features, width, depth, classes) = (get("features")?, get("width")?, get("depth")?, get("classes")?);
+    check_mlp_tensors(&tensors, features, width, depth, classes).map_err(bad)?;
+    let model = mlp(features, width, depth, classes, act, dtype, &mut Tensor::rng(0))?;
     checkpoint::assign(&model.named_parameters(), &tensors, "")?;
     Ok((model, meta))
+}
+
+/// Whether `tensors` hold the layers of [`mlp`]`(features, width, depth, classes)` (`"0.weight"`
+/// and `"0.bias"`, `"2.weight"`, ...) with the shapes that metadata implies: a message naming the
+/// metadata and the tensor where they disagree. Compares shapes only (no size is computed from
+/// the metadata), so it is safe on any numbers.
+fn check_mlp_tensors(
+    tensors: &HashMap<String, Tensor>,
+    features: usize,
+    width: usize,
+    depth: usize,
+    classes: usize,
+) -> std::result::Result<(), String> {
+    let layers = (0..).take_while(|l: &usize| tensors.contains_key(&format!("{}.weight", 2 * l))).count();
+    if depth == 0 || depth != layers {
+        return Err(format!(
+            "metadata `depth` = {depth}, but the file holds the weights of {layers} layers (`0.weight`, `2.weight`, ...)"
+        ));
+    }
+    let described = format!("features {features}, width {width}, depth {depth}, classes {classes}");
+    for l in 0..depth {
+        let inputs = if l == 0 { features } else { width };
+        let outputs = if l + 1 == depth { classes } else { width };
+        for (name, want) in
+            [(format!("{}.weight", 2 * l), vec![outputs, inputs]), (format!("{}.bias", 2 * l), vec![outputs])]
+        {
+            let got = tensors.get(&name).map(|t| t.dims().to_vec());
+            if got.as_deref() != Some(&want[..]) {
+                let got = got.map_or("no such tensor".to_string(), |g| format!("shape {g:?}"));
+                return Err(format!(
+                    "tensor `{name}` has {got}, but the metadata ({described}) describes shape {want:?}"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The main job through the megakernel: one launch per training step (or, without a GPU, the same
@@ -386,10 +695,18 @@ pub fn load_model(path: &std::path::Path) -> Result<(Sequential, HashMap<String,
 fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport> {
     use crate::megakernel::{DataPath, GpuStep, Loss, MlpShape, StepInputs, StepState, build, interpret};
     use crate::nn::{Linear, ReLU};
-    if cfg.depth == 0 {
-        return Err(Error::shape("train", "depth must be at least 1"));
-    }
     let (train_set, test_set) = load_data(cfg)?;
+    let gpu = match cfg.device {
+        DeviceChoice::Cpu => None,
+        DeviceChoice::Cuda => Some(crate::cuda::Device::shared()?),
+        DeviceChoice::Auto => crate::cuda::Device::shared().ok(),
+    };
+    cfg.check_memory(train_set.features, train_set.classes, train_set.len(), gpu.as_deref())?;
+    let (features, momentum) = match cfg.optimizer {
+        OptimizerKind::Sgd { momentum, .. } => (train_set.features, momentum),
+        // TrainConfig::validate refuses the others with the megakernel
+        _ => unreachable!("validate_megakernel admits SGD only"),
+    };
     // The megakernel's layers have no bias; a constant 1 appended to every input row gives the first
     // layer one (without it a ReLU network is positively homogeneous and cannot use the radius).
     let with_one = |d: &crate::data::Dataset| crate::data::Dataset {
@@ -418,11 +735,6 @@ fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<Trai
         }
     }
     let weights: Vec<Vec<f32>> = model.parameters().iter().map(|p| p.to_vec_f32()).collect();
-    let gpu = match cfg.device {
-        DeviceChoice::Cpu => None,
-        DeviceChoice::Cuda => Some(crate::cuda::Device::shared()?),
-        DeviceChoice::Auto => crate::cuda::Device::shared().ok(),
-    };
     let sms = match &gpu {
         Some(d) => d.sm_count()?,
         None => 8,
@@ -453,8 +765,9 @@ fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<Trai
         None => format!("CPU (megakernel schedule on the CPU interpreter, {} instructions)", schedule.order.len()),
     };
     log(&format!("training on the {device_name}"));
-    log(&format!("model: bias-free MLP {dims:?}, SGD lr {} momentum 0.9, batch {}", cfg.lr, cfg.batch));
+    log(&format!("model: bias-free MLP {dims:?}, SGD lr {} momentum {momentum}, batch {}", cfg.lr, cfg.batch));
     let steps_per_epoch = train_set.len() / cfg.batch;
+    let lr_schedule = lr_schedule(cfg, total_steps(steps_per_epoch, cfg.epochs)?);
     let mut order: Vec<usize> = (0..train_set.len()).collect();
     let mut reports = Vec::new();
     let mut step = 0usize;
@@ -465,8 +778,9 @@ fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<Trai
         let started = Instant::now();
         for chunk in order.chunks_exact(cfg.batch) {
             let (x, y) = train_set.gather(chunk);
+            let lr = lr_schedule.lr(cfg.lr, step) as f32;
             let inp =
-                StepInputs { x: &x, y: &[], classes: &y, loss: Loss::CrossEntropy, lr: cfg.lr as f32, momentum: 0.9 };
+                StepInputs { x: &x, y: &[], classes: &y, loss: Loss::CrossEntropy, lr, momentum: momentum as f32 };
             match (&mut on_gpu, &mut on_cpu) {
                 (Some(g), _) => g.step(&inp)?,
                 (_, Some(c)) => interpret(&schedule, c, &inp, step as u64)?,
@@ -506,5 +820,41 @@ fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<Trai
         ));
         reports.push(r);
     }
-    Ok(TrainReport { epochs: reports, model, checkpoint: None, device: device_name })
+    let model = with_biases(&model, features, cfg)?;
+    if let Some(file) = &cfg.checkpoint {
+        // the metadata of the model with biases: the data's own features, without the constant
+        let mut meta = metadata(cfg, &test_set);
+        meta.insert("features".into(), features.to_string());
+        meta.insert("trained_with".into(), format!("megakernel, {path:?} path"));
+        checkpoint::save(file, &model.named_parameters(), meta)?;
+        log(&format!("saved checkpoint {}", file.display()));
+    }
+    Ok(TrainReport { epochs: reports, model, checkpoint: cfg.checkpoint.clone(), device: device_name })
+}
+
+/// The megakernel's bias-free model (its first layer reading `features` inputs and the constant 1
+/// appended to them) as the [`mlp`] with biases that computes the same function: the first layer's
+/// weights of the constant become its bias, the other layers' biases are 0. The model a megakernel
+/// run reports and saves, so that [`load_model`] and `kiln eval` read its checkpoint as any other.
+fn with_biases(bias_free: &Sequential, features: usize, cfg: &TrainConfig) -> Result<Sequential> {
+    let weights = bias_free.parameters();
+    let classes = weights.last().map_or(0, |w| w.dims()[0]);
+    let model = mlp(features, cfg.width, cfg.depth, classes, Activation::Relu, DType::F32, &mut Tensor::rng(0))?;
+    let params = model.named_parameters();
+    for (l, w) in weights.iter().enumerate() {
+        let (outputs, inputs) = (w.dims()[0], w.dims()[1]);
+        let (weight, bias) = (&params[2 * l].1, &params[2 * l + 1].1);
+        let v = w.to_vec_f32();
+        if l == 0 {
+            let row = |r: usize| &v[r * inputs..(r + 1) * inputs];
+            let kept: Vec<f32> = (0..outputs).flat_map(|r| row(r)[..features].to_vec()).collect();
+            let constant: Vec<f32> = (0..outputs).map(|r| row(r)[features]).collect();
+            weight.set_data(&Tensor::from_vec(kept, [outputs, features])?)?;
+            bias.set_data(&Tensor::from_vec(constant, [outputs])?)?;
+        } else {
+            weight.set_data(&Tensor::from_vec(v, [outputs, inputs])?)?;
+            bias.set_data(&Tensor::zeros([outputs], DType::F32))?;
+        }
+    }
+    Ok(model)
 }

@@ -143,7 +143,7 @@ fn megakernel_hundred_steps(_: &Device) -> Outcome {
 
 fn megakernel_main_job(dev: &Device) -> Outcome {
     use kiln::megakernel::DataPath;
-    use kiln::train::{DataSource, DeviceChoice, TrainConfig};
+    use kiln::train::{DataSource, DeviceChoice, OptimizerKind, TrainConfig};
     // the default path, and bf16 where the tensor-core kernels run
     let bf16 = kiln::megakernel::tensor_core_step_supported(dev).then_some(DataPath::Bf16);
     for mega_path in std::iter::once(None).chain(bf16.map(Some)) {
@@ -152,6 +152,7 @@ fn megakernel_main_job(dev: &Device) -> Outcome {
             epochs: 15,
             lr: 0.1,
             megakernel: true,
+            optimizer: OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
             mega_path,
             device: DeviceChoice::Cuda,
             checkpoint: None,
