@@ -332,6 +332,7 @@ fn gpu_bundle(dir: &Path) -> Res<()> {
         if v["reason"] == "compiler-artifact"
             && v["target"]["kind"][0] == "bin"
             && v["target"]["name"] == "kiln"
+            && v["profile"]["test"] == false
             && let Some(exe) = v["executable"].as_str()
         {
             kiln_bin = Some(PathBuf::from(exe));
