@@ -89,10 +89,10 @@ fn sm_100a_cubin_is_ptxas_output_of_the_embedded_ptx() {
 /// bundle); `None` where no binary is here.
 fn kiln(args: &[&str]) -> Option<std::process::Output> {
     let exe = kiln::testing::kiln_binary("kiln info", env!("CARGO_BIN_EXE_kiln"))?;
+    // the child sees this process's environment (KILN_PTX_DIR, KILN_FORCE_PTX), so that what it
+    // reports is what `Device::module_source` says here
     let out = Command::new(exe)
         .args(args)
-        .env_remove(ptx::PTX_DIR_ENV)
-        .env_remove(ptx::FORCE_PTX_ENV)
         .output()
         .expect("running kiln");
     Some(out)
