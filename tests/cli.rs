@@ -29,12 +29,18 @@ fn binary_here(test: &str) -> bool {
 
 /// Runs `kiln ARGS` in `dir` (so that a default checkpoint lands there, not in the source tree).
 fn kiln_in(dir: &Path, args: &[&str]) -> Run {
+    kiln_with_env(dir, args, &[])
+}
+
+/// [`kiln_in`] with environment variables set for the child.
+fn kiln_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let exe = kiln::testing::kiln_binary("cli", env!("CARGO_BIN_EXE_kiln")).expect("binary_here checked");
     let o = Command::new(exe)
         .args(args)
         .current_dir(dir)
         // no progress bar, and no GPU test knobs from the caller's environment
         .env_remove("KILN_SYNC_LAUNCHES")
+        .envs(env.iter().copied())
         .output()
         .expect("the kiln binary runs");
     Run {
@@ -368,5 +374,33 @@ fn gemm_checks_its_arguments_before_the_device() {
     // a product whose operands cannot fit in memory is refused by its size, before the device
     let r = kiln_in(&dir, &["gemm", "--kernel", "sgemm_smem", "--shape", "4000000000x4000000000x4000000000"]);
     assert_refused(&r, &["memory", "--shape"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `kiln gemm --ladder` on a machine without a usable GPU (hidden from the child with
+/// `CUDA_VISIBLE_DEVICES=`, so the case runs alike with or without one): a non-zero exit and a
+/// message that says so, not a panic and not a table. Its flags are checked before the device.
+#[test]
+fn gemm_ladder_without_a_gpu_says_so() {
+    if !binary_here("gemm_ladder_without_a_gpu_says_so") {
+        return;
+    }
+    let dir = tmpdir("gemm-ladder");
+    let no_gpu = [("CUDA_VISIBLE_DEVICES", "")];
+    let r = kiln_with_env(&dir, &["gemm", "--ladder", "--shape", "64x64x64"], &no_gpu);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.err.contains("no usable GPU") && r.err.contains("compute capability 8.0"), "{r:?}");
+    assert!(!r.out.contains("| rung"), "a table without a GPU: {r:?}");
+    // one kernel or the whole ladder, not both; the k split belongs to one kernel
+    for extra in [&["--kernel", "sgemm_smem"][..], &["--split-k", "2"][..]] {
+        let mut a = vec!["gemm", "--ladder"];
+        a.extend_from_slice(extra);
+        let r = kiln_with_env(&dir, &a, &no_gpu);
+        assert_eq!(r.code, Some(2), "{r:?}");
+        assert!(r.err.contains("--ladder") && r.err.contains(extra[0]), "{r:?}");
+    }
+    let r = kiln_with_env(&dir, &["gemm", "--ladder", "--shape", "0x64x64"], &no_gpu);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.err.contains("--shape"), "{r:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

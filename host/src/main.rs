@@ -234,11 +234,15 @@ enum Command {
         load_time: bool,
     },
     /// Run one GEMM kernel of the ladder on random inputs: its error against an f64 reference and
-    /// its time (without --kernel: list the kernels).
+    /// its time (without --kernel: list the kernels; with --ladder: every kernel, cuBLAS around each).
     Gemm {
         /// The kernel, e.g. sgemm_smem, hgemm_mma_bf16_wide, gemm_wgmma_bf16_persistent.
         #[arg(long)]
         kernel: Option<String>,
+        /// Run every kernel of the ladder in order on the same inputs, each checked against the f64
+        /// reference and timed with cuBLAS timed just before and after it, and print the table.
+        #[arg(long, conflicts_with_all = ["kernel", "split_k"])]
+        ladder: bool,
         /// The product, MxNxK (each 1 or more).
         #[arg(long, default_value = "4096x4096x4096", value_parser = parse_shape, allow_negative_numbers = true)]
         shape: kiln::gpu::kernels::mma_tile::GemmShape,
@@ -269,18 +273,47 @@ fn parse_shape(s: &str) -> Result<kiln::gpu::kernels::mma_tile::GemmShape, Strin
 
 /// The memory `kiln gemm` holds for an `m x n x k` product: on the host the f32 operands, their
 /// f64 reference copies, the poisoned and the read-back output; on the GPU the operands (and their
-/// 16-bit copies) and the output. Checked arithmetic: a size beyond 64 bits reads as `u64::MAX`.
-fn gemm_memory(s: kiln::gpu::kernels::mma_tile::GemmShape) -> kiln::train::MemoryNeed {
+/// 16-bit copies) and the output. `--ladder` adds `gemm_bf16`'s packed copies and cuBLAS's on the
+/// GPU (f32, bf16 and f16 operands, an output). Checked arithmetic: a size beyond 64 bits reads as `u64::MAX`.
+fn gemm_memory(s: kiln::gpu::kernels::mma_tile::GemmShape, ladder: bool) -> kiln::train::MemoryNeed {
     let (m, n, k) = (s.m as u64, s.n as u64, s.k as u64);
     let need = || -> Option<kiln::train::MemoryNeed> {
         let operands = m.checked_mul(k)?.checked_add(k.checked_mul(n)?)?;
         let output = m.checked_mul(n)?;
+        let (operand_bytes, output_bytes) = if ladder { (4 + 2 + 2 + 4 + 2 + 2, 4 + 4) } else { (4 + 2, 4) };
         Some(kiln::train::MemoryNeed {
             host: operands.checked_mul(4 + 8)?.checked_add(output.checked_mul(4 + 4)?)?,
-            device: operands.checked_mul(4 + 2)?.checked_add(output.checked_mul(4)?)?,
+            device: operands.checked_mul(operand_bytes)?.checked_add(output.checked_mul(output_bytes)?)?,
         })
     };
     need().unwrap_or(kiln::train::MemoryNeed { host: u64::MAX, device: u64::MAX })
+}
+
+/// Device 0 for `kiln gemm`, or why there is none, said as such.
+fn gemm_device() -> Option<Device> {
+    match Device::new(0) {
+        Ok(dev) => Some(dev),
+        Err(e) => {
+            eprintln!(
+                "error: no usable GPU: {e}. `kiln gemm` runs its kernels on a CUDA GPU of compute capability 8.0 \
+                 or newer"
+            );
+            None
+        }
+    }
+}
+
+/// `kiln gemm --ladder`: every kernel on the same inputs, cuBLAS around each, as the guide's table.
+fn gemm_ladder(shape: kiln::gpu::kernels::mma_tile::GemmShape, reps: usize, seed: u64) -> kiln::Result<bool> {
+    let kiln::gpu::kernels::mma_tile::GemmShape { m, n, k } = shape;
+    let what = format!("gemm --ladder {m}x{n}x{k} (operands, output, their f64 reference and cuBLAS's copies)");
+    let need = gemm_memory(shape, true);
+    kiln::train::check_memory(&what, need, None, "lower --shape")?;
+    let Some(dev) = gemm_device() else { return Ok(false) };
+    kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
+    let table = kiln::tools::ladder_table::run_ladder(&dev, shape, reps, seed)?;
+    say!("{table}");
+    Ok(table.passed())
 }
 
 fn gemm(
@@ -307,9 +340,9 @@ fn gemm(
     }
     let kiln::gpu::kernels::mma_tile::GemmShape { m, n, k } = shape;
     let what = format!("gemm {m}x{n}x{k} (operands, output and their f64 reference)");
-    let need = gemm_memory(shape);
+    let need = gemm_memory(shape, false);
     kiln::train::check_memory(&what, need, None, "lower --shape")?;
-    let dev = Device::new(0)?;
+    let Some(dev) = gemm_device() else { return Ok(false) };
     kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
     say!("device: {} ({})", dev.name(), dev.arch().name());
     let r = kiln::tools::gemm_ladder::run(&dev, &name, shape, reps, seed, split_k)?;
@@ -459,7 +492,8 @@ fn main() -> std::process::ExitCode {
         Some(Command::Train(a)) => train(a),
         Some(Command::Eval { checkpoint, data_dir }) => eval(checkpoint, data_dir).map(|_| true),
         Some(Command::Info { load_time }) => info(load_time).map(|_| true),
-        Some(Command::Gemm { kernel, shape, reps, seed, split_k }) => gemm(kernel, shape, reps, seed, split_k),
+        Some(Command::Gemm { ladder: true, shape, reps, seed, .. }) => gemm_ladder(shape, reps, seed),
+        Some(Command::Gemm { kernel, shape, reps, seed, split_k, .. }) => gemm(kernel, shape, reps, seed, split_k),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! The GEMMs: every rung of the FP32 ladder and its transposed-layout rungs, the `mma.sync` hgemm,
-//! `gemm_bf16` over f32 operands, the `kiln gemm --kernel` command, and the Hopper `wgmma` kernels
-//! (plain, persistent with the fused epilogue and split k, strided batches), each against f64.
+//! `gemm_bf16` over f32 operands, the `kiln gemm --kernel` and `--ladder` commands, and the Hopper
+//! `wgmma` kernels (plain, persistent with the fused epilogue and split k, strided batches), each
+//! against f64.
 
 use crate::common::{Outcome, TestInput, bf16_abt_case, bf16_round, bits, check_abt, err, transposed};
 use crate::{GpuTest, any};
@@ -18,6 +19,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
         GpuTest { name: "gpu::gemm_bf16_of_f32_operands_every_layout", available: any, run: gemm_bf16_case },
         GpuTest { name: "gpu::gemm_ladder_command_runs_every_kernel", available: any, run: ladder_command },
+        GpuTest { name: "gpu::gemm_ladder_table_every_row_within_its_bound", available: any, run: ladder_table },
         GpuTest {
             name: "gpu::gemm_wgmma_bf16_sm90",
             available: |d| d.supports::<kiln::gpu::kernels::gemm_wgmma::GemmWgmmaBf16>(),
@@ -307,6 +309,46 @@ fn ladder_command(dev: &Device) -> Outcome {
         Err(kiln::Error::Unsupported { what, .. }) if what.contains("sgemm_smem") => Ok(()),
         other => Err(format!("an unknown kernel must be refused with the list, got {other:?}")),
     }
+}
+
+/// `kiln gemm --ladder` at a small product: a row per kernel in ladder order, skipped exactly where
+/// the device's module lacks the kernel, every other row run and within its error bound, cuBLAS
+/// timed around each where it loads, and the printed table naming every kernel.
+fn ladder_table(dev: &Device) -> Outcome {
+    use kiln::tools::gemm_ladder::{kernel_names, unavailable};
+    use kiln::tools::ladder_table::{Outcome as Row, run_ladder};
+    let s = GemmShape { m: 200, n: 132, k: 72 }; // n, k multiples of 4 (and k of 8), m odd-sized tiles
+    let t = run_ladder(dev, s, 2, 7).map_err(err)?;
+    let text = t.to_string();
+    let names: Vec<&str> = t.rows.iter().map(|r| r.kernel).collect();
+    if names != kernel_names() {
+        return Err(format!("rows {names:?} are not the kernels in ladder order\n{text}"));
+    }
+    let mut ran = 0;
+    for r in &t.rows {
+        let skip = unavailable(r.kernel, dev.arch());
+        match (&r.outcome, skip) {
+            (Row::Skipped(why), Some(reason)) if why == &reason => {}
+            (Row::Ran { run, cublas_ms }, None) => {
+                if !run.passed() || run.checked != 200 * 132 {
+                    return Err(format!("{run}\n{text}"));
+                }
+                if t.cublas.is_ok() && !cublas_ms.is_some_and(|ms| ms > 0.0) {
+                    return Err(format!("`{}`: cuBLAS loaded but not timed around it\n{text}", r.kernel));
+                }
+                ran += 1;
+            }
+            (other, skip) => return Err(format!("`{}`: {other:?} (skip rule: {skip:?})\n{text}", r.kernel)),
+        }
+        if !text.contains(&format!("`{}`", r.kernel)) {
+            return Err(format!("the table lacks `{}`\n{text}", r.kernel));
+        }
+    }
+    if ran < 20 || !t.passed() {
+        return Err(format!("{ran} kernels ran\n{text}"));
+    }
+    println!("{text}");
+    Ok(())
 }
 
 /// The Hopper wgmma GEMMs (TMA ring, producer and consumer warpgroups; both block tiles) against

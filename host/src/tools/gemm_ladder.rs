@@ -9,6 +9,7 @@ use half::prelude::{HalfFloatSliceExt, HalfFloatVecExt};
 use half::{bf16, f16};
 use kiln_gpu::kernels::hgemm_mma::{HGEMM_NARROW, HGEMM_WIDE, HgemmTile};
 use kiln_gpu::kernels::mma_tile::GemmShape;
+use kiln_gpu::{Arch, Kernel, KernelTarget};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// What `name` runs: an FP32 rung (in its layout), the `mma.sync` GEMM, a Hopper `wgmma` tile, the
@@ -70,6 +71,89 @@ fn entry(name: &str) -> Result<Entry> {
         return Ok(Entry::Bf16Of(layout));
     }
     Err(Error::Unsupported { op: "gemm", what: format!("kernel `{name}`; known: {}", kernel_names().join(", ")) })
+}
+
+/// The random inputs [`run`] draws for `s` from `seed`, uniform in [-1, 1): `m k` values for A and
+/// `k n` for B, in the order the kernel's layout stores them (the 16-bit kernels round them first).
+/// Every kernel gets the same values for the same shape and seed.
+pub fn inputs(s: GemmShape, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut uniform = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
+    let a = uniform(m * k);
+    (a, uniform(k * n))
+}
+
+/// The operands a kernel multiplies, which decides what cuBLAS runs beside it in the ladder's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operands {
+    /// f32 operands stored as the layout says (cuBLAS SGEMM in the same layout).
+    F32(Layout),
+    /// bf16 A (m x k) and B (n x k), f32 out (cuBLAS GemmEx, bf16 in, f32 compute and out). The
+    /// `gemm_bf16_*` kernels take f32 operands and pack them to bf16 in each call; cuBLAS gets the
+    /// packed operands.
+    Bf16,
+    /// f16 A (m x k) and B (n x k), f32 out (cuBLAS GemmEx, f16 in, f32 compute and out).
+    F16,
+}
+
+/// What kernel `name` multiplies (`None` for a name [`kernel_names`] lacks).
+pub fn operands(name: &str) -> Option<Operands> {
+    Some(match entry(name).ok()? {
+        Entry::F32(r) => Operands::F32(r.layout),
+        Entry::Mma { f16: true, .. } => Operands::F16,
+        Entry::Mma { f16: false, .. } | Entry::Wgmma(_) | Entry::Tcgen05 | Entry::Bf16Of(_) => Operands::Bf16,
+    })
+}
+
+/// The guide's rung (chapter) for kernel `name`: the FP32 rungs' levels 1 to 7, 8 for `mma.sync`
+/// (and its TMA-fed twin), 9 to 12 for the Hopper kernels, 13 for the FP32 rungs reading a
+/// transposed operand in place, 14 for `tcgen05`, 15 for f32 operands on the tensor cores.
+pub fn rung(name: &str) -> Option<u32> {
+    Some(match entry(name).ok()? {
+        Entry::F32(r) if gemm::LAYOUT_RUNGS.iter().any(|l| l.name == r.name) => 13,
+        Entry::F32(r) => r.level,
+        Entry::Mma { .. } | Entry::Wgmma(WgmmaTile::MmaSyncTma) => 8,
+        Entry::Wgmma(WgmmaTile::T128x128) => 9,
+        Entry::Wgmma(WgmmaTile::T128x256) => 10,
+        Entry::Wgmma(WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore) => 11,
+        Entry::Wgmma(WgmmaTile::Persistent) => 12,
+        Entry::Tcgen05 => 14,
+        Entry::Bf16Of(_) => 15,
+    })
+}
+
+/// The modules kernel `name` is compiled into (`None` for a name [`kernel_names`] lacks). The FP32
+/// rungs and the `mma.sync` kernels are in every module; `gemm_bf16_*` picks the tensor cores the
+/// device has.
+pub fn target(name: &str) -> Option<KernelTarget> {
+    use kiln_gpu::kernels::{gemm_tcgen05::GemmTcgen05Bf16, gemm_wgmma, hgemm_mma::HgemmMmaBf16Tma};
+    Some(match entry(name).ok()? {
+        Entry::F32(_) | Entry::Mma { .. } | Entry::Bf16Of(_) => KernelTarget::Any,
+        Entry::Wgmma(WgmmaTile::MmaSyncTma) => HgemmMmaBf16Tma::TARGET,
+        Entry::Wgmma(WgmmaTile::T128x128) => gemm_wgmma::GemmWgmmaBf16::TARGET,
+        Entry::Wgmma(WgmmaTile::T128x256) => gemm_wgmma::GemmWgmmaBf16Wide::TARGET,
+        Entry::Wgmma(_) => gemm_wgmma::GemmWgmmaBf16Persistent::TARGET,
+        Entry::Tcgen05 => GemmTcgen05Bf16::TARGET,
+    })
+}
+
+/// Why a device that loads `arch`'s module cannot run kernel `name`, or `None` when it can (and
+/// for unknown names, which [`run`] refuses itself): the `wgmma` kernels and `hgemm_mma_bf16_tma`
+/// are only in the sm_90a module (compute capability 9.0), `tcgen05` only in sm_100a (10.x).
+pub fn unavailable(name: &str, arch: Arch) -> Option<String> {
+    let t = target(name)?;
+    if t.available_on(arch) {
+        return None;
+    }
+    let needs = match t {
+        KernelTarget::Any => "every module".to_string(),
+        KernelTarget::MinSm(sm) => format!("the sm_{sm} module or newer"),
+        KernelTarget::Exact(Arch::Sm90a) => "the sm_90a module (compute capability 9.0, Hopper)".to_string(),
+        KernelTarget::Exact(Arch::Sm100a) => "the sm_100a module (compute capability 10.x, Blackwell)".to_string(),
+        KernelTarget::Exact(a) => format!("the {} module", a.name()),
+    };
+    Some(format!("built only into {needs}; this device loads {}", arch.name()))
 }
 
 /// The outcome of one run.
@@ -138,9 +222,7 @@ pub fn run(dev: &Device, name: &str, s: GemmShape, reps: usize, seed: u64, split
     if m * n == 0 || k == 0 {
         return Err(Error::shape("gemm", format!("empty product {m}x{n}x{k}")));
     }
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut uniform = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
-    let (a32, b32) = (uniform(m * k), uniform(k * n));
+    let (a32, b32) = inputs(s, seed);
     let poison = vec![crate::testing::POISON_F32; m * n];
     let mut c = dev.upload(&poison)?;
     // a(i, p) and b(p, j) as the kernel reads them, and the timed launch
@@ -309,4 +391,99 @@ where
     let b_nk = bh.to_f64_vec();
     let b: Vec<f64> = (0..k * n).map(|x| b_nk[(x % n) * k + x / n]).collect();
     Ok((da, db, ah.to_f64_vec(), b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_are_in_ladder_order_and_each_has_a_rung_and_operands() {
+        let names = kernel_names();
+        let fp32: Vec<&str> = gemm::RUNGS.iter().chain(gemm::LAYOUT_RUNGS).map(|r| r.name).collect();
+        // the FP32 rungs first, in their tables' order, then the tensor cores, then f32 on them
+        assert_eq!(names[..fp32.len()], fp32[..]);
+        assert_eq!(names[0], "sgemm_naive");
+        assert_eq!(names[fp32.len()], "hgemm_mma_bf16");
+        assert_eq!(names[names.len() - 4], TCGEN05);
+        assert_eq!(names[names.len() - 3..], ["gemm_bf16_nn", "gemm_bf16_nt", "gemm_bf16_tn"]);
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "a name twice");
+        for n in &names {
+            assert!(rung(n).is_some() && operands(n).is_some() && target(n).is_some(), "{n}");
+        }
+        // the NN FP32 rungs climb 1 to 7
+        let levels: Vec<u32> = gemm::RUNGS.iter().map(|r| rung(r.name).unwrap()).collect();
+        assert!(levels.windows(2).all(|w| w[0] <= w[1]) && levels[0] == 1 && levels[levels.len() - 1] == 7);
+        let expect = [
+            ("sgemm_smem", 3),
+            ("sgemm_warptile_128x256x8_8x16_db_nt", 13),
+            ("hgemm_mma_f16_wide", 8),
+            ("hgemm_mma_bf16_tma", 8),
+            ("gemm_wgmma_bf16", 9),
+            ("gemm_wgmma_bf16_wide", 10),
+            ("gemm_wgmma_bf16_persistent_regstore", 11),
+            ("gemm_wgmma_bf16_persistent", 12),
+            (TCGEN05, 14),
+            ("gemm_bf16_tn", 15),
+        ];
+        for (n, r) in expect {
+            assert_eq!(rung(n), Some(r), "{n}");
+        }
+        assert_eq!(rung("sgemm_nope"), None);
+        assert_eq!(operands("sgemm_warptile_64x128x8_4x8_db_tn"), Some(Operands::F32(Layout::TN)));
+        assert_eq!(operands("hgemm_mma_f16"), Some(Operands::F16));
+        assert_eq!(operands("gemm_bf16_nt"), Some(Operands::Bf16));
+    }
+
+    #[test]
+    fn the_device_module_decides_which_kernels_are_skipped() {
+        let skipped =
+            |arch| -> Vec<&str> { kernel_names().into_iter().filter(|n| unavailable(n, arch).is_some()).collect() };
+        let hopper: Vec<&str> =
+            kernel_names().into_iter().filter(|n| n.starts_with("gemm_wgmma") || *n == "hgemm_mma_bf16_tma").collect();
+        assert_eq!(hopper.len(), 6);
+        // Ampere (and every device that JITs sm_80): no wgmma, no TMA-fed mma.sync, no tcgen05
+        let mut sm80 = hopper.clone();
+        sm80.push(TCGEN05);
+        assert_eq!(skipped(Arch::Sm80), sm80);
+        assert_eq!(skipped(Arch::Sm90a), [TCGEN05]);
+        // Blackwell's module has tcgen05 and not the sm_90a-only wgmma
+        assert_eq!(skipped(Arch::Sm100a), hopper);
+        let why = unavailable(TCGEN05, Arch::Sm90a).unwrap();
+        assert!(why.contains("sm_100a") && why.contains("10.x") && why.contains("loads sm_90a"), "{why}");
+        let why = unavailable("gemm_wgmma_bf16", Arch::Sm80).unwrap();
+        assert!(why.contains("sm_90a") && why.contains("9.0") && why.contains("loads sm_80"), "{why}");
+        assert_eq!(unavailable("sgemm_nope", Arch::Sm80), None);
+    }
+
+    /// The skipping rule agrees with the modules the build embeds: the kernel a name launches is in
+    /// a module's PTX exactly where [`unavailable`] lets it run (the persistent `wgmma` names are
+    /// configurations of one entry; `gemm_bf16_*` are host paths that pick their kernels).
+    #[test]
+    fn the_skipping_rule_matches_the_embedded_modules() {
+        for arch in Arch::ALL {
+            let entries = crate::ptx::entries(crate::ptx::embedded(arch));
+            for n in kernel_names() {
+                let launched = match entry(n).unwrap() {
+                    Entry::Bf16Of(_) => continue,
+                    Entry::Wgmma(t) if t.is_persistent() => "gemm_wgmma_bf16_persistent",
+                    _ => n,
+                };
+                assert_eq!(entries.contains(&launched), unavailable(n, arch).is_none(), "{n} in {}", arch.name());
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_gets_the_same_inputs() {
+        let s = GemmShape { m: 3, n: 5, k: 7 };
+        let (a, b) = inputs(s, 9);
+        assert_eq!((a.len(), b.len()), (21, 35));
+        assert_eq!(inputs(s, 9), (a.clone(), b));
+        assert!(a.iter().all(|v| (-1.0..1.0).contains(v)));
+        assert_ne!(inputs(s, 10).0, a);
+    }
 }

@@ -3,5 +3,8 @@
 //!
 //! - [`gemm_ladder`]: `kiln gemm --kernel NAME --shape MxNxK`, any GEMM kernel by name on random
 //!   inputs, its error against an f64 reference and its time.
+//! - [`ladder_table`]: `kiln gemm --ladder`, every kernel of the ladder on the same inputs with
+//!   cuBLAS timed around each, as the guide's table.
 
 pub mod gemm_ladder;
+pub mod ladder_table;
