@@ -91,10 +91,7 @@ fn kiln(args: &[&str]) -> Option<std::process::Output> {
     let exe = kiln::testing::kiln_binary("kiln info", env!("CARGO_BIN_EXE_kiln"))?;
     // the child sees this process's environment (KILN_PTX_DIR, KILN_FORCE_PTX), so that what it
     // reports is what `Device::module_source` says here
-    let out = Command::new(exe)
-        .args(args)
-        .output()
-        .expect("running kiln");
+    let out = Command::new(exe).args(args).output().expect("running kiln");
     Some(out)
 }
 
