@@ -10,7 +10,9 @@
 //! - every `kiln` command the guide quotes names a subcommand and flags the built binary's
 //!   `--help` lists, and its `--kernel NAME` is one `kiln gemm` lists;
 //! - every `cargo xtask TASK --flag` the guide quotes names a task of `xtask/src/main.rs`'s `enum
-//!   Task` (variants, kebab-cased) and a `#[arg(long)]` field of it.
+//!   Task` (variants, kebab-cased) and a `#[arg(long)]` field of it;
+//! - every file path the guide names, in prose or code (`benches/results/gemm.md`, `sgemm.rs`,
+//!   `../x`), is a file of the repository (the rule is at [`named_paths`]).
 //!
 //! "Quotes" means inside a code span (`` `...` ``) or a fenced code block. Prose outside code is
 //! not checked for names.
@@ -18,13 +20,26 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Stale references in chapters that other helpers of issue 34 are rewriting in parallel: listed
-/// here so that this test lands before their edits, by (file under guide/src, the quoted item as
+/// Stale references in chapters that other helpers of issue 34 are rewriting in parallel, listed
+/// so that this test lands before their edits: (check, file under guide/src, the quoted item as
 /// the failure message shows it). The lead removes each entry once the chapter's rewrite is
-/// merged; an entry that no longer matches any failure fails the test, so none outlives its fix.
-const ALLOWED: &[(&str, &str)] = &[
-    // introduction.md, rust-to-ptx.md, megakernel.md, determinism.md, gemm/06-vectorized.md,
-    // gemm/07-warp-tiling.md, gemm/14-tcgen05.md: being rewritten (issue 34).
+/// merged; an entry that matches no failure of its check fails that check ("no longer needed"),
+/// so none outlives its fix.
+const ALLOWED: &[(&str, &str, &str)] = &[
+    // Chapters being rewritten (issue 34): introduction.md, rust-to-ptx.md, megakernel.md,
+    // determinism.md, gemm/06-vectorized.md, gemm/07-warp-tiling.md, gemm/14-tcgen05.md.
+    //
+    // gemm/14-tcgen05.md: the CUTLASS trace it cites lives outside the repository (issue 34).
+    ("named_file_paths_exist", "gemm/14-tcgen05.md", "../shared/seeds/001"),
+];
+
+/// The checks [`ALLOWED`] may name.
+const CHECKS: &[&str] = &[
+    "relative_links_and_images_resolve",
+    "quoted_kernel_names_exist",
+    "quoted_kiln_commands_exist",
+    "quoted_xtask_commands_exist",
+    "named_file_paths_exist",
 ];
 
 fn workspace() -> PathBuf {
@@ -161,28 +176,34 @@ fn quoted(chapters: &[Chapter]) -> Vec<(String, usize, String)> {
     out
 }
 
-/// Checks the failures against [`ALLOWED`] and panics with those left (and with allow-list
-/// entries that matched nothing, for `check`'s kinds of failure).
+/// Checks the failures against [`ALLOWED`] and panics with those left, and with the allow-list
+/// entries of `check` that matched no failure.
 fn report(check: &str, failures: Vec<(String, String, String)>, seen: usize) {
+    assert!(CHECKS.contains(&check), "{check}: add it to CHECKS");
     assert!(seen > 0, "{check}: nothing was checked; the rule would be vacuous (did the guide move?)");
-    let mut left = Vec::new();
-    for (file, item, msg) in &failures {
-        if !ALLOWED.iter().any(|(f, i)| f == file && i == item) {
-            left.push(msg.clone());
-        }
-    }
+    let allowed = |file: &str, item: &str| ALLOWED.iter().any(|(c, f, i)| *c == check && *f == file && *i == item);
+    let left: Vec<&str> = failures.iter().filter(|(f, i, _)| !allowed(f, i)).map(|(_, _, msg)| msg.as_str()).collect();
+    let unneeded: Vec<String> = ALLOWED
+        .iter()
+        .filter(|(c, f, i)| *c == check && !failures.iter().any(|(ff, ii, _)| ff == f && ii == i))
+        .map(|(_, f, i)| format!("({check:?}, {f:?}, {i:?})"))
+        .collect();
     assert!(left.is_empty(), "{check}: {} stale reference(s) in the guide:\n{}", left.len(), left.join("\n"));
-    eprintln!("{check}: {seen} checked, {} allowed (ALLOWED)", failures.len());
+    assert!(
+        unneeded.is_empty(),
+        "{check}: ALLOWED entries that match no failure any more (fixed: remove them):\n{}",
+        unneeded.join("\n")
+    );
+    eprintln!("{check}: {seen} checked, {} allowed by ALLOWED", failures.len());
 }
 
 #[test]
-fn allow_list_entries_are_still_needed() {
-    if !sources_here("allow_list_entries_are_still_needed") {
+fn allow_list_names_checks_and_chapters() {
+    if !sources_here("allow_list_names_checks_and_chapters") {
         return;
     }
-    // Each entry must name a chapter that exists; whether it still fails is shown by the other
-    // tests' "allowed" counts (an entry a rewrite made unnecessary is removed by the lead).
-    for (f, _) in ALLOWED {
+    for (c, f, _) in ALLOWED {
+        assert!(CHECKS.contains(c), "ALLOWED names the check {c}, which does not exist");
         assert!(guide_src().join(f).exists(), "ALLOWED names guide/src/{f}, which does not exist");
     }
 }
@@ -853,4 +874,108 @@ fn quoted_xtask_commands_exist() {
         }
     }
     report("quoted_xtask_commands_exist", failures, seen);
+}
+
+// ---------------------------------------------------------------------------------------------
+// file paths
+
+/// Extensions of the repository files the guide names.
+const FILE_EXTENSIONS: &[&str] = &["md", "rs", "json", "svg", "png", "sh", "toml", "py", "ptx", "csv", "log", "txt"];
+
+/// Folders of build outputs: paths under them are made by a command, not kept in the repository.
+const GENERATED: &[&str] = &["target/", ".bundle/"];
+
+/// Every file of the workspace (paths relative to it, with `/`), build outputs and `.git` left out.
+fn repository_files() -> Vec<String> {
+    let ws = workspace();
+    let mut out = Vec::new();
+    let mut stack = vec![ws.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("reading {d:?}: {e}")) {
+            let p = e.expect("a directory entry").path();
+            let rel = p.strip_prefix(&ws).expect("under the workspace").to_string_lossy().replace('\\', "/");
+            if p.is_dir() {
+                if !matches!(rel.as_str(), "target" | ".git" | ".bundle") {
+                    stack.push(p);
+                }
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    out
+}
+
+/// The file paths a line names (prose or code): runs of `[A-Za-z0-9_./-]` that end in `.EXT` for
+/// an extension of [`FILE_EXTENSIONS`], or that start with `../`; not parts of URLs (`://`) and
+/// not absolute.
+fn named_paths(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let is_path = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-');
+    let mut start = None;
+    for (i, c) in line.char_indices().chain(std::iter::once((line.len(), ' '))) {
+        match (is_path(c), start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                start = None;
+                let w = line[s..i].trim_end_matches('.');
+                if line[..s].ends_with(':') || w.starts_with('/') || !w.contains(|c: char| c.is_ascii_alphanumeric()) {
+                    continue;
+                }
+                let ext = w.rsplit_once('.').map(|(stem, e)| (stem, e));
+                let has_ext = ext
+                    .is_some_and(|(stem, e)| !stem.is_empty() && !stem.ends_with('/') && FILE_EXTENSIONS.contains(&e));
+                if has_ext || w.starts_with("../") {
+                    out.push(w.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn named_file_paths_exist() {
+    if !sources_here("named_file_paths_exist") {
+        return;
+    }
+    let ws = workspace();
+    let files = repository_files();
+    assert!(files.iter().any(|f| f == "guide/src/SUMMARY.md"), "the file walk is broken");
+    let mut failures = Vec::new();
+    let mut seen = 0;
+    for c in chapters() {
+        let dir = ws.join("guide/src").join(&c.rel).parent().expect("a folder").to_path_buf();
+        for l in &c.lines {
+            for p in named_paths(&l.text) {
+                let bare = p.trim_start_matches("./");
+                if GENERATED.iter().any(|g| bare.starts_with(g)) {
+                    continue;
+                }
+                seen += 1;
+                // relative to the chapter or the workspace, or a file whose path ends with it
+                // (a `../` path only relative to the chapter, and only inside the workspace)
+                let found = if p.starts_with("../") {
+                    let rel = normalize(&Path::new("guide/src").join(&c.rel).parent().expect("a folder").join(&p));
+                    !rel.starts_with("..") && ws.join(rel).exists()
+                } else {
+                    dir.join(&p).exists()
+                        || ws.join(bare).exists()
+                        || files.iter().any(|f| f.ends_with(&format!("/{bare}")))
+                };
+                if !found {
+                    failures.push((
+                        c.rel.clone(),
+                        p.clone(),
+                        format!(
+                            "guide/src/{}:{}: `{p}`: no such file in the repository (relative to the chapter or the workspace, or as the end of a path)",
+                            c.rel, l.n
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    report("named_file_paths_exist", failures, seen);
 }
