@@ -910,8 +910,8 @@ fn repository_files() -> Vec<String> {
 }
 
 /// The file paths a line names (prose or code): runs of `[A-Za-z0-9_./-]` that end in `.EXT` for
-/// an extension of [`FILE_EXTENSIONS`], or that start with `../`; not parts of URLs (`://`) and
-/// not absolute.
+/// an extension of [`FILE_EXTENSIONS`], or that start with `../`; not parts of URLs (`://`), not
+/// absolute, and not starting with `-` (a flag, or a suffix as in "`a.json` and `-b.json`").
 fn named_paths(line: &str) -> Vec<String> {
     let mut out = Vec::new();
     let is_path = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-');
@@ -922,7 +922,11 @@ fn named_paths(line: &str) -> Vec<String> {
             (false, Some(s)) => {
                 start = None;
                 let w = line[s..i].trim_end_matches('.');
-                if line[..s].ends_with(':') || w.starts_with('/') || !w.contains(|c: char| c.is_ascii_alphanumeric()) {
+                // not a URL's path, an absolute path, a flag or a suffix (`-b.json`), or dots alone
+                if line[..s].ends_with(':')
+                    || w.starts_with(['/', '-'])
+                    || !w.contains(|c: char| c.is_ascii_alphanumeric())
+                {
                     continue;
                 }
                 let ext = w.rsplit_once('.').map(|(stem, e)| (stem, e));
