@@ -279,12 +279,11 @@ fn link_targets(line: &str) -> Vec<String> {
         rest = &after[end.min(after.len())..];
     }
     let t = line.trim_start();
-    if t.starts_with('[') {
-        if let Some(i) = t.find("]: ") {
-            if !t[1..i].contains('[') {
-                out.push(t[i + 3..].split_whitespace().next().unwrap_or("").to_string());
-            }
-        }
+    if t.starts_with('[')
+        && let Some(i) = t.find("]: ")
+        && !t[1..i].contains('[')
+    {
+        out.push(t[i + 3..].split_whitespace().next().unwrap_or("").to_string());
     }
     let mut rest = line;
     while let Some(i) = rest.find("src=\"") {
@@ -785,12 +784,12 @@ fn quoted_kiln_commands_exist() {
                 if !help_lists(&help[&sub], &flag) {
                     let which = if sub.is_empty() { "kiln --help".to_string() } else { format!("kiln {sub} --help") };
                     fail(flag.clone(), format!("{which} lists no `{flag}`"));
-                } else if sub == "gemm" && flag == "--kernel" {
-                    if let Some(k) = value.filter(|k| k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) {
-                        if !gemm_kernels.contains(&k) {
-                            fail(k.clone(), format!("`kiln gemm` lists no kernel `{k}`"));
-                        }
-                    }
+                } else if sub == "gemm"
+                    && flag == "--kernel"
+                    && let Some(k) = value.filter(|k| k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+                    && !gemm_kernels.contains(&k)
+                {
+                    fail(k.clone(), format!("`kiln gemm` lists no kernel `{k}`"));
                 }
             }
         }
@@ -929,7 +928,7 @@ fn named_paths(line: &str) -> Vec<String> {
                 {
                     continue;
                 }
-                let ext = w.rsplit_once('.').map(|(stem, e)| (stem, e));
+                let ext = w.rsplit_once('.');
                 let has_ext = ext
                     .is_some_and(|(stem, e)| !stem.is_empty() && !stem.ends_with('/') && FILE_EXTENSIONS.contains(&e));
                 if has_ext || w.starts_with("../") {
