@@ -37,22 +37,107 @@ fn the_chain_is_a_good_product() {
     }
 }
 
+/// The chain over `a[..k]`, `b[..k]` from +0.0, then `pad` zero-padding steps `fma(0, 0, acc)`, as a
+/// tiled kernel runs it when k is not a multiple of its tile depth.
+fn chain_padded(a: &[f32], b: &[f32], pad: usize) -> f32 {
+    let mut acc = 0.0f32;
+    for (x, y) in a.iter().zip(b) {
+        acc = x.mul_add(*y, acc);
+    }
+    for _ in 0..pad {
+        acc = 0.0f32.mul_add(0.0, acc);
+    }
+    acc
+}
+
 #[test]
-fn zero_padding_cannot_change_a_chain_that_starts_at_plus_zero() {
-    // The GPU kernels pad k with zeros to their tile depth; the chain's bits must not notice.
+fn an_underflowing_product_leaves_minus_zero_and_padding_turns_it_into_plus_zero() {
+    // The exact product -1e-60 is nonzero, so fma(-1e-30, 1e-30, +0.0) rounds it to a zero of its
+    // sign: the chain from +0.0 holds -0.0.
+    let acc = (-1e-30f32).mul_add(1e-30, 0.0);
+    assert_eq!(acc.to_bits(), (-0.0f32).to_bits());
+    assert_eq!(matmul_chain(&[-1e-30], &[1e-30], 1, 1, 1)[0].to_bits(), (-0.0f32).to_bits());
+    // One padding step: (+0) + (-0) = +0 in round-to-nearest.
+    assert_eq!(0.0f32.mul_add(0.0, acc).to_bits(), 0.0f32.to_bits());
+    assert_eq!(chain_padded(&[-1e-30], &[1e-30], 1).to_bits(), 0.0f32.to_bits());
+    // The two agree as values; only the sign of the zero differs.
+    assert_eq!(chain_padded(&[-1e-30], &[1e-30], 0), chain_padded(&[-1e-30], &[1e-30], 7));
+    // A chain whose underflowing products have mixed signs ends at the sign of the last one.
+    assert!(chain_padded(&[1e-30, -1e-30], &[1e-30, 1e-30], 0).is_sign_negative());
+    assert!(chain_padded(&[-1e-30, 1e-30], &[1e-30, 1e-30], 0).is_sign_positive());
+}
+
+/// Values whose products often underflow to zero (magnitudes near 1e-23, products near 1e-46,
+/// below f32's smallest subnormal 1.4e-45), with signed zeros and, if `ordinary`, some values
+/// from [-1, 1].
+fn tiny_data(rng: &mut StdRng, n: usize, ordinary: bool) -> Vec<f32> {
+    (0..n)
+        .map(|i| match i % 7 {
+            0 => 0.0,
+            1 => -0.0,
+            2 if ordinary => rng.random_range(-1.0f32..1.0),
+            _ => rng.random_range(-1.0f32..1.0) * 1e-23,
+        })
+        .collect()
+}
+
+#[test]
+fn zero_padding_changes_at_most_the_sign_of_a_zero_result() {
+    // What holds for the tiled kernels' zero padding: a nonzero (or infinite) result keeps its
+    // bits; a zero result becomes +0.0, so padded and unpadded chains agree as values, and in bits
+    // up to the sign of zero.
     let mut rng = StdRng::seed_from_u64(2);
+    let (mut minus_zero, mut changed) = (0, 0);
     for trial in 0..20_000 {
         let k = 1 + trial % 40;
-        let (a, b) = (data(&mut rng, k), data(&mut rng, k));
-        let mut acc = 0.0f32;
-        for p in 0..k {
-            acc = a[p].mul_add(b[p], acc);
+        let (a, b) = match trial % 3 {
+            0 => (data(&mut rng, k), data(&mut rng, k)),
+            1 => (tiny_data(&mut rng, k, true), tiny_data(&mut rng, k, true)),
+            _ => (tiny_data(&mut rng, k, false), tiny_data(&mut rng, k, false)),
+        };
+        let acc = chain_padded(&a, &b, 0);
+        for pad in [1, 3, 8, 15] {
+            let padded = chain_padded(&a, &b, pad);
+            assert_eq!(padded, acc, "padding changed the value");
+            if acc != 0.0 {
+                assert_eq!(padded.to_bits(), acc.to_bits(), "padding changed a nonzero result");
+            } else {
+                assert_eq!(padded.to_bits(), 0.0f32.to_bits(), "a padded zero is +0.0");
+            }
+            changed += (padded.to_bits() != acc.to_bits()) as usize;
         }
-        assert!(!(acc == 0.0 && acc.is_sign_negative()), "a chain from +0.0 reached -0.0");
-        let padded = 0.0f32.mul_add(0.0, acc);
-        let padded_neg = (-0.0f32).mul_add(0.0, acc);
-        assert_eq!(padded.to_bits(), acc.to_bits());
-        assert_eq!(padded_neg.to_bits(), acc.to_bits());
+        minus_zero += (acc == 0.0 && acc.is_sign_negative()) as usize;
+    }
+    // the data does reach -0.0 from +0.0, and padding does change those bits
+    assert!(minus_zero > 0 && changed > 0, "{minus_zero} chains ended at -0.0, {changed} padded results differ");
+}
+
+#[test]
+fn padding_a_whole_product_matches_the_chain_up_to_the_sign_of_zero() {
+    // matmul_chain (unpadded) against the same product with k zero-padded to a tile depth, as a
+    // tiled GPU kernel computes it.
+    let mut rng = StdRng::seed_from_u64(5);
+    let (m, k, n) = (17, 21, 13);
+    let (a, b) = (tiny_data(&mut rng, m * k, true), tiny_data(&mut rng, k * n, true));
+    let want = matmul_chain(&a, &b, m, k, n);
+    for depth in [8usize, 16, 32] {
+        let kp = k.div_ceil(depth) * depth;
+        let mut ap = vec![0.0f32; m * kp];
+        let mut bp = vec![0.0f32; kp * n];
+        for i in 0..m {
+            ap[i * kp..i * kp + k].copy_from_slice(&a[i * k..(i + 1) * k]);
+        }
+        bp[..k * n].copy_from_slice(&b);
+        let got = matmul_chain(&ap, &bp, m, kp, n);
+        let mut sign_only = 0;
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g, w);
+            if g.to_bits() != w.to_bits() {
+                assert!(*w == 0.0 && w.is_sign_negative() && g.is_sign_positive());
+                sign_only += 1;
+            }
+        }
+        assert!(sign_only > 0, "depth {depth}: the data should reach -0.0 somewhere");
     }
 }
 

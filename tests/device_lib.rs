@@ -384,12 +384,20 @@ fn tcgen05_descriptor_encodings() {
     assert!(instr_desc_f16(F16Kind::Bf16, F16Kind::Bf16, Accum::F32, 64, 12, Major::K, Major::K).is_none());
     assert!(instr_desc_f16(F16Kind::Bf16, F16Kind::Bf16, Accum::F32, 96, 64, Major::K, Major::K).is_none());
     assert!(instr_desc_f16(F16Kind::Bf16, F16Kind::Bf16, Accum::F32, 128, 272, Major::K, Major::K).is_none());
-    // the shared-memory descriptor: version 1 at bit 46, layout in the top 3 bits (128B swizzle = 2)
+    // the shared-memory descriptor (PTX ISA, "Shared memory descriptor"): bits 46-48 the fixed
+    // 0b001, bits 53-60 zero, layout in the top 3 bits (128B swizzle = 2)
     let s = smem_desc(0x8000, 16, 1024, 0, Layout::Swizzle128B);
     assert_eq!(s & 0x3fff, 0x800);
     assert_eq!((s >> 16) & 0x3fff, 1);
     assert_eq!((s >> 32) & 0x3fff, 64);
-    assert_eq!((s >> 46) & 3, 1);
+    assert_eq!((s >> 46) & 0b111, 0b001);
+    assert_eq!((s >> 53) & 0xff, 0);
+    // no field spills into the fixed bits, whatever its operands
+    let full = smem_desc(u32::MAX, u32::MAX, u32::MAX, 7, Layout::Swizzle32B);
+    assert_eq!((full >> 46) & 0b111, 0b001);
+    assert_eq!((full >> 53) & 0xff, 0);
+    assert_eq!((full >> 14) & 3, 0);
+    assert_eq!((full >> 30) & 3, 0);
     assert_eq!(s >> 61, 2);
     assert_eq!(smem_desc(0, 0, 0, 0, Layout::Swizzle32B) >> 61, 6);
     assert_eq!((smem_desc(0, 0, 0, 5, Layout::Interleave) >> 49) & 7, 5);

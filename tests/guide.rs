@@ -20,18 +20,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Stale references in chapters that other helpers of issue 34 are rewriting in parallel, listed
-/// so that this test lands before their edits: (check, file under guide/src, the quoted item as
-/// the failure message shows it). The lead removes each entry once the chapter's rewrite is
-/// merged; an entry that matches no failure of its check fails that check ("no longer needed"),
-/// so none outlives its fix.
-const ALLOWED: &[(&str, &str, &str)] = &[
-    // Chapters being rewritten (issue 34): introduction.md, rust-to-ptx.md, megakernel.md,
-    // determinism.md, gemm/06-vectorized.md, gemm/07-warp-tiling.md, gemm/14-tcgen05.md.
-    //
-    // gemm/14-tcgen05.md: the CUTLASS trace it cites lives outside the repository (issue 34).
-    ("named_file_paths_exist", "gemm/14-tcgen05.md", "../shared/seeds/001"),
-];
+/// Known stale references the checks tolerate, as (check, file under guide/src, the quoted item
+/// as the failure message shows it). Empty: every reference in the guide resolves. An entry that
+/// matches no failure of its check fails that check ("no longer needed"), so none outlives its fix.
+const ALLOWED: &[(&str, &str, &str)] = &[];
 
 /// The checks [`ALLOWED`] may name.
 const CHECKS: &[&str] = &[

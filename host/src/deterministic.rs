@@ -4,14 +4,16 @@
 //! kernel, and so Linear's forward and both backward products — gives each output element as one
 //! fixed association: starting from +0.0, the ascending-k chain of fused multiply-adds
 //! `acc = fma(a[i][p], b[p][j], acc)`. The kernels differ in how they tile and how far they zero-pad
-//! k, but padding cannot change the bits: a chain that starts at +0.0 never holds -0.0 (an exact zero
-//! sum rounds to +0.0, and `(-0.0) + (+0.0) = +0.0`), so each padded step `fma(0, 0, acc)` returns
-//! `acc` unchanged. The association depends on k alone, never on m, the grid, or which kernel the
-//! chooser picks, so:
+//! k, and padding can change one thing: the sign of a zero result. A chain from +0.0 can hold -0.0
+//! (a product that underflows rounds to a zero of its sign: `fma(-1e-30, 1e-30, +0.0)` is -0.0),
+//! and a padded step `fma(0, 0, -0.0)` is +0.0; on any other `acc` it returns `acc` unchanged. The
+//! association depends on k alone, never on m, the grid, or which kernel the chooser picks, so, up
+//! to the sign of a zero result (a kernel that pads gives +0.0 where the unpadded chain gives
+//! -0.0; results always compare equal):
 //!
-//! - the same inputs give the same bits on every run;
+//! - the same inputs give the same bits on every run (exactly: one kernel, one sign);
 //! - row i of `X W^T` is the same whatever batch it is computed in (batch invariance);
-//! - the GPU's bits equal [`matmul_chain`]'s on the CPU.
+//! - the GPU's bits equal [`matmul_chain`]'s on the CPU (the unpadded chain).
 //!
 //! [`set_deterministic`]`(true)` makes the CPU backend compute its f32 and f64 products with the same
 //! chain (its default blocked product rounds the multiply and the add separately, which is faster

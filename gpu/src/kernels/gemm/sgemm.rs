@@ -520,7 +520,8 @@ fn launder_frags<const TM: u32, const TN: u32>((am, bn): ([f32; 16], [f32; 16]))
 /// for A or B stored with k innermost, `m % 4` for A^T, `n % 4` for B and C).
 ///
 /// Numerics: every C element is one chain `acc = fma(a[i][p], b[p][j], acc)` over p = 0, 1, ... in
-/// order from +0; the last tile past k is zero-filled (fma(0, 0, acc) steps). Edges in m and n are
+/// order from +0; the last tile past k is zero-filled (fma(0, 0, acc) steps, which leave acc as it
+/// is except a -0.0, which becomes +0.0: see `kiln::deterministic`). Edges in m and n are
 /// zero-filled on load and masked on store; needs `k % 4 == 0`, `n % 4 == 0` and 16-byte-aligned
 /// a, b, c (C is written with 16-byte stores).
 ///
