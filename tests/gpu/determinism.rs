@@ -14,6 +14,11 @@ pub(crate) fn tests() -> Vec<GpuTest> {
     vec![
         GpuTest { name: "gpu::f32_tier_bits_match_the_cpu_chain", available: any, run: f32_tier_bits },
         GpuTest {
+            name: "gpu::f32_tier_underflow_matches_the_chain_up_to_zero_sign",
+            available: any,
+            run: f32_tier_underflow,
+        },
+        GpuTest {
             name: "gpu::f32_tier_batch_invariant_and_reproducible",
             available: any,
             run: f32_tier_batch_invariance,
@@ -61,6 +66,56 @@ fn f32_tier_bits(dev: &Device) -> Outcome {
         if bits(&got[..(m * n) as usize]) != want || bits(&got[(m * n) as usize..]) != want {
             return Err(format!("batched matmul at {m}x{n}x{k} differs from the CPU chain"));
         }
+    }
+    Ok(())
+}
+
+/// Products that underflow (the contract's one exception): every rung gives the CPU chain's bits
+/// for every result that is not zero, and a zero for every zero, whose sign may differ (a rung that
+/// pads k with `fma(0, 0, -0.0) = +0.0` steps turns the chain's -0.0 into +0.0). The inputs mix
+/// ordinary values, values whose products are subnormal, and values whose products round to zero,
+/// with both signs, so that the chain really ends at -0.0 for some outputs (checked).
+fn f32_tier_underflow(dev: &Device) -> Outcome {
+    use kiln::cuda::gemm::RUNGS;
+    use kiln::deterministic::matmul_chain;
+    let (mut rng, _) = testing::rng();
+    let mut negative_zeros = 0usize;
+    for &(m, n, k) in &[(7u32, 13u32, 5u32), (33, 64, 13), (129, 132, 36), (64, 128, 8)] {
+        // magnitudes: 1 (ordinary), 1e-20 (products 1e-40: subnormal), 1e-24 (products 1e-48: zero)
+        let scale = [1.0f32, 1e-20, 1e-24, 1e-24, 1e-24];
+        let mut tiny = |len: usize| -> Vec<f32> {
+            testing::uniform(&mut rng, len)
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| if i % 3 == 0 { x * 1e-24 } else { x * scale[(i / 7) % scale.len()] })
+                .collect()
+        };
+        let (a, b) = (tiny((m * k) as usize), tiny((k * n) as usize));
+        let want = matmul_chain(&a, &b, m as usize, k as usize, n as usize);
+        negative_zeros += want.iter().filter(|x| x.to_bits() == (-0.0f32).to_bits()).count();
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        for r in RUNGS {
+            if r.vec4 && (k % 4 != 0 || n % 4 != 0) {
+                continue;
+            }
+            let mut dc = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
+            r.run(dev, &da, &db, &mut dc, GemmShape { m, n, k }).map_err(err)?;
+            let got = dev.download(&dc).map_err(err)?;
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let same = g.to_bits() == w.to_bits() || (*g == 0.0 && *w == 0.0);
+                if !same {
+                    return Err(format!(
+                        "{} at {m}x{n}x{k}: element {i} is {g:e} ({:#010x}), the chain gives {w:e} ({:#010x})",
+                        r.name,
+                        g.to_bits(),
+                        w.to_bits()
+                    ));
+                }
+            }
+        }
+    }
+    if negative_zeros == 0 {
+        return Err("no chain ended at -0.0: the inputs do not exercise the contract's exception".into());
     }
     Ok(())
 }
