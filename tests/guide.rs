@@ -20,6 +20,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+#[path = "source_tree.rs"]
+mod source_tree;
+use source_tree::{files, sources_here, workspace};
+
 /// Known stale references the checks tolerate, as (check, file under guide/src, the quoted item
 /// as the failure message shows it). Empty: every reference in the guide resolves. An entry that
 /// matches no failure of its check fails that check ("no longer needed"), so none outlives its fix.
@@ -34,42 +38,8 @@ const CHECKS: &[&str] = &[
     "named_file_paths_exist",
 ];
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host lives in the workspace").to_path_buf()
-}
-
 fn guide_src() -> PathBuf {
     workspace().join("guide/src")
-}
-
-/// Whether the sources are here (not in the GPU bundle).
-fn sources_here(test: &str) -> bool {
-    let ws = workspace();
-    let here = ws.join("gpu/src/lib.rs").exists()
-        && ws.join("host/src/lib.rs").exists()
-        && ws.join("guide/src/SUMMARY.md").exists();
-    if !here {
-        eprintln!("{test}: the sources are not beside this binary (GPU bundle); checked in the source tree by CI");
-    }
-    here
-}
-
-/// Every file under `dir` whose name ends with `ext`, sorted.
-fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("reading {d:?}: {e}")) {
-            let p = e.expect("a directory entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == ext) {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// One line of a chapter: its text, and whether it is inside a fenced code block.

@@ -6,38 +6,9 @@
 //! - the host's modules import downward only: CLI -> train -> megakernel / tools -> nn, optim,
 //!   checkpoint, data -> tensor -> cuda -> ptx -> error -> dtype, testing, deterministic.
 
-use std::path::{Path, PathBuf};
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host lives in the workspace").to_path_buf()
-}
-
-/// Every `.rs` file under `dir`, sorted.
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("reading {d:?}: {e}")) {
-            let p = e.expect("a directory entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// Whether the sources are here (not in the GPU bundle).
-fn sources_here(test: &str) -> bool {
-    let here = workspace().join("gpu/src/lib.rs").exists() && workspace().join("host/src/lib.rs").exists();
-    if !here {
-        eprintln!("{test}: the sources are not beside this binary (GPU bundle); checked in the source tree by CI");
-    }
-    here
-}
+#[path = "source_tree.rs"]
+mod source_tree;
+use source_tree::{files, sources_here, workspace};
 
 /// The lines of `text` outside `//` comments (enough for these rules: no rule's token appears in
 /// a string literal of the sources).
@@ -58,7 +29,7 @@ fn inline_ptx_only_in_the_device_library() {
     let mut bad = Vec::new();
     let mut seen = 0;
     for dir in ["gpu", "host", "xtask", "tests", "benches"] {
-        for f in rust_files(&ws.join(dir)) {
+        for f in files(&ws.join(dir), "rs") {
             if f.ends_with("tests/structure.rs") {
                 continue;
             }
@@ -125,7 +96,7 @@ fn host_modules_import_downward_only() {
     let src = workspace().join("host/src");
     let mut bad = Vec::new();
     let mut edges = 0;
-    for f in rust_files(&src) {
+    for f in files(&src, "rs") {
         let rel = f.strip_prefix(&src).expect("under host/src");
         let top =
             rel.components().next().expect("a path").as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();

@@ -15,6 +15,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
     vec![
         GpuTest { name: "gpu::sgemm_ladder_matches_f64", available: any, run: sgemm_ladder },
         GpuTest { name: "gpu::sgemm_layouts_read_transposes_in_place", available: any, run: sgemm_layouts_case },
+        GpuTest { name: "gpu::cublas_reference_matches_and_checks_sizes", available: any, run: cublas_reference_case },
         GpuTest { name: "gpu::hgemm_mma_bf16", available: any, run: hgemm_case::<bf16> },
         GpuTest { name: "gpu::hgemm_mma_f16", available: any, run: hgemm_case::<f16> },
         GpuTest { name: "gpu::gemm_bf16_of_f32_operands_every_layout", available: any, run: gemm_bf16_case },
@@ -160,6 +161,71 @@ fn sgemm_layouts_case(dev: &Device) -> Outcome {
             Err(kiln::Error::Unsupported { .. }) => {}
             other => return Err(format!("{} must refuse {s:?}, got {other:?}", r.name)),
         }
+    }
+    Ok(())
+}
+
+/// The cuBLAS reference (`kiln::cuda::cublas`, what `kiln gemm --ladder` and the benchmarks time
+/// kiln against) computes the same products as kiln's kernels: SGEMM in every layout against the
+/// f32 tier within a few ulps of the sum of |a b|, GemmEx with bf16 and f16 inputs against the
+/// `mma.sync` kernel; buffers too small for the shape are a shape error, not a launch. Skips (passes
+/// with a message) where libcublas is not on the machine.
+fn cublas_reference_case(dev: &Device) -> Outcome {
+    use kiln::cuda::cublas;
+    use kiln::cuda::gemm::{Layout, hgemm, sgemm_layout};
+    if !cublas::available() {
+        eprintln!("cublas_reference_matches_and_checks_sizes: libcublas not found; nothing to check");
+        return Ok(());
+    }
+    let blas = kiln::cudarc::cublas::CudaBlas::new(dev.stream().clone()).map_err(|e| format!("{e:?}"))?;
+    cublas::set_math_mode(&blas, kiln::cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH).map_err(err)?;
+    let (mut rng, _) = testing::rng();
+    let s = GemmShape { m: 132, n: 260, k: 68 };
+    let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+    let (a, b) = (testing::uniform(&mut rng, m * k), testing::uniform(&mut rng, k * n));
+    let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+    let tol = Tol { abs: 1e-4, rel: 1e-4 };
+    let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&v| v as f64).collect() };
+    for layout in [Layout::NN, Layout::NT, Layout::TN] {
+        let mut want = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
+        sgemm_layout(dev, &da, &db, &mut want, s, layout).map_err(err)?;
+        let mut got = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
+        cublas::sgemm(&blas, &da, &db, &mut got, s, layout).map_err(err)?;
+        let (got, want) = (dev.download(&got).map_err(err)?, dev.download(&want).map_err(err)?);
+        compare(&format!("cuBLAS SGEMM {layout:?}"), &got, &wide(&want), tol).map_err(|e| e.to_string())?;
+    }
+    // bf16 and f16 inputs, a m x k and b n x k, against the mma.sync kernel on the same values
+    let b_nk: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect(); // n x k
+    let (a16, b16) = (
+        Vec::<bf16>::from_iter(a.iter().map(|&x| bf16::from_f32(x))),
+        Vec::<bf16>::from_iter(b_nk.iter().map(|&x| bf16::from_f32(x))),
+    );
+    let (da16, db16) = (dev.upload(&a16).map_err(err)?, dev.upload(&b16).map_err(err)?);
+    let compute = kiln::cudarc::cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
+    let mut want = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
+    hgemm(dev, &da16, &db16, &mut want, s).map_err(err)?;
+    let mut got = dev.upload(&vec![POISON_F32; m * n]).map_err(err)?;
+    cublas::gemm_ex_abt(&blas, &da16, &db16, &mut got, s, compute).map_err(err)?;
+    let (g, w) = (dev.download(&got).map_err(err)?, dev.download(&want).map_err(err)?);
+    compare("cuBLAS GemmEx bf16", &g, &wide(&w), tol).map_err(|e| e.to_string())?;
+    let (a16, b16) = (
+        Vec::<f16>::from_iter(a.iter().map(|&x| f16::from_f32(x))),
+        Vec::<f16>::from_iter(b_nk.iter().map(|&x| f16::from_f32(x))),
+    );
+    let (da16, db16) = (dev.upload(&a16).map_err(err)?, dev.upload(&b16).map_err(err)?);
+    hgemm(dev, &da16, &db16, &mut want, s).map_err(err)?;
+    cublas::gemm_ex_abt(&blas, &da16, &db16, &mut got, s, compute).map_err(err)?;
+    let (g, w) = (dev.download(&got).map_err(err)?, dev.download(&want).map_err(err)?);
+    compare("cuBLAS GemmEx f16", &g, &wide(&w), tol).map_err(|e| e.to_string())?;
+    // a c one element short is refused before cuBLAS runs
+    let mut short = dev.zeros::<f32>(m * n - 1).map_err(err)?;
+    match cublas::sgemm(&blas, &da, &db, &mut short, s, Layout::NN) {
+        Err(kiln::Error::Shape { .. }) => {}
+        other => return Err(format!("a short c must be a shape error, got {other:?}")),
+    }
+    match cublas::gemm_ex_abt(&blas, &da16, &db16, &mut short, s, compute) {
+        Err(kiln::Error::Shape { .. }) => {}
+        other => return Err(format!("a short c must be a shape error, got {other:?}")),
     }
     Ok(())
 }

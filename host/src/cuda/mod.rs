@@ -2,6 +2,7 @@
 //! and TMA tensor maps, on the CUDA driver API through cudarc.
 
 mod buffer;
+pub mod cublas;
 mod device;
 pub mod gemm;
 mod module_load;

@@ -11,10 +11,10 @@
 
 use super::gemm_ladder::{self, Operands, RungRun};
 use crate::cuda::gemm::Layout;
-use crate::cuda::{Device, DeviceBuffer, timing};
+use crate::cuda::{Device, DeviceBuffer, cublas, timing};
 use crate::error::{Error, Result};
 use cudarc::cublas::CudaBlas;
-use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cublasOperation_t, cudaDataType};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasMath_t};
 use half::prelude::HalfFloatVecExt;
 use half::{bf16, f16};
 use kiln_gpu::kernels::mma_tile::GemmShape;
@@ -310,8 +310,7 @@ struct Cublas {
 impl Cublas {
     /// Loads cuBLAS and uploads the inputs; `Ok(Err(why))` where cuBLAS is not here.
     fn load(dev: &Device, s: GemmShape, seed: u64) -> Result<std::result::Result<Cublas, String>> {
-        // SAFETY: only tries to dlopen the library.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        if !cublas::available() {
             return Ok(Err("libcublas not found: put the CUDA libraries on LD_LIBRARY_PATH for the ratios".into()));
         }
         let blas = match CudaBlas::new(dev.stream().clone()) {
@@ -319,10 +318,8 @@ impl Cublas {
             Err(e) => return Ok(Err(format!("creating a cuBLAS handle failed: {e:?}"))),
         };
         // TF32 off for SGEMM: cuBLAS's default math (set explicitly)
-        // SAFETY: a live handle and a valid enum value.
-        let st = unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), cublasMath_t::CUBLAS_DEFAULT_MATH) };
-        if st != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Ok(Err(format!("cublasSetMathMode failed: {st:?}")));
+        if let Err(e) = cublas::set_math_mode(&blas, cublasMath_t::CUBLAS_DEFAULT_MATH) {
+            return Ok(Err(e.to_string()));
         }
         let (a, b) = gemm_ladder::inputs(s, seed);
         Ok(Ok(Cublas {
@@ -339,90 +336,14 @@ impl Cublas {
 
     /// One cuBLAS product of `op`'s kind, row-major `C (m x n)` from the buffers as they are.
     fn launch(&mut self, op: Operands, s: GemmShape) -> std::result::Result<(), String> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        // Column-major cuBLAS computes C^T (n x m) = op(B) op(A) with the buffers as they are: a
-        // row-major r x c buffer reads as its transpose in column-major. Leading dimensions are the
-        // stored row lengths.
-        let (op_b, ld_b, op_a, ld_a, b, a, ty) = match op {
-            Operands::F32(layout) => {
-                let (op_b, ld_b) = match layout {
-                    Layout::NT => (cublasOperation_t::CUBLAS_OP_T, s.k), // B stored n x k
-                    _ => (cublasOperation_t::CUBLAS_OP_N, s.n),          // B stored k x n
-                };
-                let (op_a, ld_a) = match layout {
-                    Layout::TN => (cublasOperation_t::CUBLAS_OP_T, s.m), // A stored k x m
-                    _ => (cublasOperation_t::CUBLAS_OP_N, s.k),          // A stored m x k
-                };
-                (op_b, ld_b, op_a, ld_a, self.b32.addr(), self.a32.addr(), cudaDataType::CUDA_R_32F)
-            }
-            // A m x k, B n x k: C^T = B A^T, B read transposed
-            Operands::Bf16 => (
-                cublasOperation_t::CUBLAS_OP_T,
-                s.k,
-                cublasOperation_t::CUBLAS_OP_N,
-                s.k,
-                self.b_bf16.addr(),
-                self.a_bf16.addr(),
-                cudaDataType::CUDA_R_16BF,
-            ),
-            Operands::F16 => (
-                cublasOperation_t::CUBLAS_OP_T,
-                s.k,
-                cublasOperation_t::CUBLAS_OP_N,
-                s.k,
-                self.b_f16.addr(),
-                self.a_f16.addr(),
-                cudaDataType::CUDA_R_16F,
-            ),
-        };
-        let result = if matches!(op, Operands::F32(_)) {
-            // SGEMM (cublasSgemm_v2), which the default math mode keeps off the TF32 tensor cores
-            // SAFETY: the buffers hold m k, k n and m n elements (allocated in `load` for `s`).
-            unsafe {
-                cudarc::cublas::result::sgemm(
-                    *self.blas.handle(),
-                    op_b,
-                    op_a,
-                    s.n as i32,
-                    s.m as i32,
-                    s.k as i32,
-                    &alpha,
-                    b as *const f32,
-                    ld_b as i32,
-                    a as *const f32,
-                    ld_a as i32,
-                    &beta,
-                    self.c.addr() as *mut f32,
-                    s.n as i32,
-                )
-            }
-        } else {
-            // SAFETY: as above, with m k and n k 16-bit elements.
-            unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    *self.blas.handle(),
-                    op_b,
-                    op_a,
-                    s.n as i32,
-                    s.m as i32,
-                    s.k as i32,
-                    (&alpha) as *const f32 as *const _,
-                    b as *const _,
-                    ty,
-                    ld_b as i32,
-                    a as *const _,
-                    ty,
-                    ld_a as i32,
-                    (&beta) as *const f32 as *const _,
-                    self.c.addr() as *mut _,
-                    cudaDataType::CUDA_R_32F,
-                    s.n as i32,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-        };
-        result.map_err(|e| format!("{e:?}"))
+        let c = &mut self.c;
+        let compute = cublasComputeType_t::CUBLAS_COMPUTE_32F;
+        match op {
+            Operands::F32(layout) => cublas::sgemm(&self.blas, &self.a32, &self.b32, c, s, layout),
+            Operands::Bf16 => cublas::gemm_ex_abt(&self.blas, &self.a_bf16, &self.b_bf16, c, s, compute),
+            Operands::F16 => cublas::gemm_ex_abt(&self.blas, &self.a_f16, &self.b_f16, c, s, compute),
+        }
+        .map_err(|e| e.to_string())
     }
 
     /// The median milliseconds of `reps` cuBLAS products of `op`'s kind (after two warm-ups), or
