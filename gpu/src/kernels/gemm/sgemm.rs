@@ -225,7 +225,9 @@ pub unsafe fn sgemm_tile1d_64x64x8_8(a: DevicePtr<f32>, b: DevicePtr<f32>, c: De
 /// Rung 5 and 6 body, 2-D block tiling: each of the (BM / TM) * (BN / TN) threads computes a TM x TN
 /// block of results from TM values of A and TN values of B held in registers per step of k
 /// (TM * TN multiply-adds per TM + TN shared loads). With `VEC`, A and B are loaded as 16-byte
-/// vectors and A is stored transposed (k-major) so the register loads are contiguous too.
+/// vectors and A is stored transposed (k-major) so the register loads are contiguous too, read as
+/// `ld.shared.v4` ([`load_fragments_v4`]); without it, shared memory is read through generic
+/// pointers.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 unsafe fn tile_2d<const BM: u32, const BN: u32, const BK: u32, const TM: u32, const TN: u32, const VEC: bool>(
@@ -256,21 +258,23 @@ unsafe fn tile_2d<const BM: u32, const BN: u32, const BK: u32, const TM: u32, co
         sync::sync_threads();
         let mut p = 0;
         while p < BK {
+            if VEC {
+                unsafe { load_fragments_v4::<BM, BN, BK, TM, TN>(p, tr, tc, &mut rm, &mut rn) };
+            } else {
+                let mut r = 0;
+                while r < TM {
+                    rm[r as usize] = unsafe { *at.add(((tr * TM + r) * BK + p) as usize) };
+                    r += 1;
+                }
+                let mut q = 0;
+                while q < TN {
+                    rn[q as usize] = unsafe { *bt.add((p * BN + tc * TN + q) as usize) };
+                    q += 1;
+                }
+            }
             let mut r = 0;
             while r < TM {
-                let m = tr * TM + r;
-                rm[r as usize] =
-                    unsafe { if VEC { *at.add((p * BM + m) as usize) } else { *at.add((m * BK + p) as usize) } };
-                r += 1;
-            }
-            let mut q = 0;
-            while q < TN {
-                rn[q as usize] = unsafe { *bt.add((p * BN + tc * TN + q) as usize) };
-                q += 1;
-            }
-            r = 0;
-            while r < TM {
-                q = 0;
+                let mut q = 0;
                 while q < TN {
                     acc[(r * TN + q) as usize] = math::fma(rm[r as usize], rn[q as usize], acc[(r * TN + q) as usize]);
                     q += 1;
@@ -293,6 +297,50 @@ unsafe fn tile_2d<const BM: u32, const BN: u32, const BK: u32, const TM: u32, co
             q += 1;
         }
         r += 1;
+    }
+}
+
+/// Rung 6's register loads for step `p` of k: the thread's TM values of A (from the transposed
+/// tile, `[BK][BM]`) and TN values of B (`[BK][BN]`), each run of four as one `ld.shared.v4`.
+///
+/// Read through the shared state space, not a generic pointer: a generic load of shared memory
+/// runs on the L1TEX path (`LD.E.128` in SASS, waited for on the long scoreboard); `ld.shared`
+/// is `LDS.128`, on the short scoreboard. With generic reads, the same kernel was 11 % slower
+/// (`benches/results/gemm.md`, run 209).
+///
+/// # Safety
+/// The block's dynamic shared memory holds the two tiles (A first), staged and synchronized;
+/// `TM` and `TN` are multiples of 4 (16-byte-aligned runs).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn load_fragments_v4<const BM: u32, const BN: u32, const BK: u32, const TM: u32, const TN: u32>(
+    p: u32,
+    tr: u32,
+    tc: u32,
+    rm: &mut [f32; 8],
+    rn: &mut [f32; 8],
+) {
+    let a_tile = shared::dynamic_smem_addr();
+    let b_tile = a_tile + BM * BK * 4;
+    let mut r = 0;
+    while r < TM {
+        let v = unsafe { shared::ld_shared_v4(a_tile + (p * BM + tr * TM + r) * 4) };
+        let mut j = 0;
+        while j < 4 {
+            rm[(r + j) as usize] = f32::from_bits(v[j as usize]);
+            j += 1;
+        }
+        r += 4;
+    }
+    let mut q = 0;
+    while q < TN {
+        let v = unsafe { shared::ld_shared_v4(b_tile + (p * BN + tc * TN + q) * 4) };
+        let mut j = 0;
+        while j < 4 {
+            rn[(q + j) as usize] = f32::from_bits(v[j as usize]);
+            j += 1;
+        }
+        q += 4;
     }
 }
 
