@@ -76,6 +76,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::bf16_matmul_precision_in_autograd", available: any, run: bf16_precision_autograd },
         GpuTest { name: "gpu::train_main_job_bf16_products", available: any, run: train_main_job_bf16 },
         GpuTest { name: "gpu::training_step_captured_in_a_cuda_graph", available: any, run: captured_training_step },
+        GpuTest { name: "gpu::peak_memory_is_the_pools_high_water_mark", available: any, run: peak_memory },
     ]
 }
 
@@ -255,6 +256,27 @@ fn captured_training_step(dev: &Device) -> Outcome {
     }));
     if panicked.is_ok() || dev.is_capturing() || dev.download(&probe).map_err(err)? != [1.0, 2.0] {
         return Err("the device's stream is unusable after a panic inside a capture".into());
+    }
+    Ok(())
+}
+
+/// `Device::peak_memory` counts what the stream-ordered pool holds at its highest since the last
+/// reset: a 64 MiB buffer raises it by at least 64 MiB while alive, and a reset after the buffer is
+/// freed starts again below that.
+fn peak_memory(dev: &Device) -> Outcome {
+    const BYTES: u64 = 64 << 20;
+    dev.reset_peak_memory().map_err(err)?;
+    let before = dev.peak_memory().map_err(err)?;
+    let buf = dev.zeros::<f32>((BYTES / 4) as usize).map_err(err)?;
+    let during = dev.peak_memory().map_err(err)?;
+    if during < before + BYTES {
+        return Err(format!("peak {during} B with a {BYTES} B buffer alive (was {before} B)"));
+    }
+    drop(buf);
+    dev.reset_peak_memory().map_err(err)?;
+    let after = dev.peak_memory().map_err(err)?;
+    if after >= during {
+        return Err(format!("peak {after} B after freeing the buffer and a reset (was {during} B)"));
     }
     Ok(())
 }

@@ -8,7 +8,10 @@
 //! - `cargo xtask gpu-bundle DIR`: build the test binaries in release mode and the PTX into DIR, with
 //!   `run.sh`, so that a GPU machine with only a driver runs the whole GPU suite (optionally under
 //!   compute-sanitizer).
+//! - `cargo xtask engine-report KILN TORCH`: the engine-step table of issue 31 from the two benches'
+//!   JSON.
 
+mod engine_report;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -75,6 +78,26 @@ enum Task {
         #[arg(long)]
         date: Option<String>,
     },
+    /// Join `benches/engine_step`'s JSON with `benches/torch_engine_step.py`'s (same run) into
+    /// `engine_step.json` and `engine_step.md` under OUT: kiln / PyTorch per case, peak memory.
+    EngineReport {
+        /// kiln's JSON (`results/engine_step.json` from `run.sh --bench`).
+        kiln: PathBuf,
+        /// PyTorch's JSON (`results/torch_engine_step.json`).
+        torch: PathBuf,
+        /// Output folder.
+        #[arg(long, default_value = "benches/results")]
+        out: PathBuf,
+        /// The command that produced the JSON (recorded with the results).
+        #[arg(long, default_value = ".bundle/run.sh --bench")]
+        command: String,
+        /// The date of the run.
+        #[arg(long)]
+        date: String,
+        /// The commit measured.
+        #[arg(long)]
+        commit: String,
+    },
     /// Build a self-contained GPU test bundle: release test binaries, PTX, and run.sh.
     GpuBundle {
         /// The folder to write (created; emptied first).
@@ -98,6 +121,9 @@ fn main() -> ExitCode {
         Task::GpuBundle { dir } => gpu_bundle(&dir),
         Task::Bench { name, out, date } => bench(&name, &out, date),
         Task::BenchReport { input, out, command, date } => report::gemm_report(&input, &out, &command, &date),
+        Task::EngineReport { kiln, torch, out, command, date, commit } => {
+            engine_report::engine_report(&kiln, &torch, &out, &command, &date, &commit)
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

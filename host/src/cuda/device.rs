@@ -447,6 +447,44 @@ impl Device {
         })
     }
 
+    /// The high-water mark, in bytes, of the memory in use in the device's stream-ordered pool (where
+    /// every tensor buffer and workspace kiln allocates comes from) since the device was made or
+    /// since the last [`Device::reset_peak_memory`]: the figure `torch.cuda.max_memory_allocated`
+    /// reports for PyTorch's caching allocator. Waits for the stream first, so that frees already
+    /// queued are counted.
+    pub fn peak_memory(&self) -> Result<u64> {
+        self.pool_attribute(cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, None)
+    }
+
+    /// Starts a new high-water mark for [`Device::peak_memory`] at the memory in use now.
+    pub fn reset_peak_memory(&self) -> Result<()> {
+        self.pool_attribute(cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, Some(0))
+            .map(|_| ())
+    }
+
+    /// Reads (or, with `set`, writes) a u64 attribute of the device's default memory pool.
+    fn pool_attribute(&self, attr: cudarc::driver::sys::CUmemPool_attribute, set: Option<u64>) -> Result<u64> {
+        use cudarc::driver::sys;
+        self.synchronize()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut value = set.unwrap_or(0);
+        // SAFETY: a live context's device; the attribute is a u64 passed by pointer.
+        unsafe {
+            self.ctx.bind_to_thread().map_err(Error::driver("binding the context"))?;
+            sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device())
+                .result()
+                .map_err(Error::driver("finding the device's memory pool"))?;
+            let at = (&mut value) as *mut u64 as *mut std::ffi::c_void;
+            match set {
+                Some(_) => sys::cuMemPoolSetAttribute(pool, attr, at),
+                None => sys::cuMemPoolGetAttribute(pool, attr, at),
+            }
+            .result()
+            .map_err(Error::driver("reading the memory pool's use"))?;
+        }
+        Ok(value)
+    }
+
     /// Allocates `len` elements for a kernel that writes every one of them before anything reads
     /// them: no zeroing pass. The contents are unspecified, so this is not public: with
     /// `KILN_POISON=1` (the GPU test bundle sets it) they are filled with a NaN pattern instead, so a
