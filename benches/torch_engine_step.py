@@ -11,24 +11,10 @@ import json
 import sys
 import torch
 
+from torch_mlp_step import time_ms  # same folder: the median of CUDA-event samples
+
 MODELS = [(64, 256, 4), (256, 1024, 4), (4096, 1024, 8)]
 LR = 0.01
-
-
-def time_ms(f, reps, per):
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(per):
-            f()
-        e.record()
-        e.synchronize()
-        ms.append(s.elapsed_time(e) / per)
-    return sorted(ms)[reps // 2]
 
 
 def case(batch, width, layers, autocast, graph, reps, per):
