@@ -268,6 +268,31 @@ impl CudaStorage {
         Ok(res)
     }
 
+    /// `out[i] = self[a_offset + a(i)] (op) other[b_offset + b(i)]` over an output of `dims`
+    /// (coalesced; each input's strides 0 where it broadcasts): views and broadcasts read in
+    /// place by the strided binary kernel, one launch.
+    pub(crate) fn binary_strided(
+        &self,
+        other: &CudaStorage,
+        dims: &[usize],
+        (a_strides, a_offset): (&[usize], usize),
+        (b_strides, b_offset): (&[usize], usize),
+        op: Binary,
+    ) -> Result<CudaStorage> {
+        let (d, sa) = pad("binary", dims, a_strides).map_err(view_error)?;
+        let (_, sb) = pad("binary", dims, b_strides).map_err(view_error)?;
+        let n: usize = dims.iter().product();
+        let mut res = Self::output(&self.dev, n)?;
+        if n > 0 {
+            let (n, cfg) = grid(n, "binary")?;
+            let p = Strided2 { n, dims: d, a: sa, b: sb, op: binary_code(op) };
+            let (a, b) = (self.buf.ptr().offset(a_offset), other.buf.ptr().offset(b_offset));
+            // SAFETY: every input offset stays inside its buffer (checked by the caller); out holds n.
+            unsafe { self.dev.launch(k::BinaryF32, cfg, (a, b, res.buf.ptr_mut(), p))? };
+        }
+        Ok(res)
+    }
+
     /// `n` elements for an op that writes every one (not cleared; poisoned under `KILN_POISON=1`).
     pub(crate) fn scratch(dev: &Arc<CudaDevice>, n: usize) -> Result<CudaStorage> {
         Self::output(dev, n)

@@ -16,7 +16,13 @@ impl Tensor {
     }
     fn binary(&self, other: &Tensor, op: Binary) -> Result<Tensor> {
         let out = Shape::broadcast(op.name(), self.shape(), other.shape())?;
-        let data = self.data()?.binary(self.shape(), &*other.data()?, other.shape(), &out, op)?;
+        let (a, b) = (self.storage(), other.storage());
+        let dense = self.layout().is_dense_in(a.len()) && other.layout().is_dense_in(b.len());
+        let in_place = if dense { None } else { a.binary_views(self.layout(), &b, other.layout(), &out, op)? };
+        let data = match in_place {
+            Some(data) => data,
+            None => self.data()?.binary(self.shape(), &*other.data()?, other.shape(), &out, op)?,
+        };
         Ok(Tensor::from_storage(data, out, Some(Op::Binary(self.clone(), other.clone(), op))))
     }
 

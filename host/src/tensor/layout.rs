@@ -147,6 +147,22 @@ impl Layout {
         (dims, strides.remove(0))
     }
 
+    /// Strides for reading this layout as if it had shape `target` (a broadcast of its shape):
+    /// its own strides, 0 for the dimensions it is broadcast along (missing leading ones, and
+    /// its 1s that `target` widens).
+    pub fn broadcast_strides(&self, target: &Shape) -> Vec<usize> {
+        let off = target.rank() - self.shape.rank();
+        (0..target.rank())
+            .map(|i| {
+                if i < off || self.shape.dims()[i - off] == 1 && target.dims()[i] != 1 {
+                    0
+                } else {
+                    self.strides[i - off]
+                }
+            })
+            .collect()
+    }
+
     /// For a 2-D layout: whether it is the transpose of a contiguous (cols x rows) matrix stored at
     /// offset 0 over `len` elements (strides `[1, rows]`), the layout a GEMM reads in place as `T`.
     pub fn is_transposed_matrix_in(&self, len: usize) -> bool {
@@ -240,6 +256,15 @@ mod tests {
         let empty = a.narrow(1, 4, 0).unwrap();
         assert_eq!(empty.offsets(), Vec::<usize>::new());
         assert!(empty.is_contiguous());
+    }
+
+    #[test]
+    fn broadcast_strides_of_views() {
+        let t = l(&[3, 1]).transpose(0, 1); // [1, 3], strides [1, 1]
+        assert_eq!(t.broadcast_strides(&Shape(vec![2, 4, 3])), [0, 0, 1]);
+        let n = l(&[4, 5]).narrow(1, 2, 1).unwrap(); // [4, 1] at offset 2
+        assert_eq!(n.broadcast_strides(&Shape(vec![4, 6])), [5, 0]);
+        assert_eq!(l(&[2, 3]).broadcast_strides(&Shape(vec![2, 3])), Shape(vec![2, 3]).strides());
     }
 
     #[test]

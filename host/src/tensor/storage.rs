@@ -179,6 +179,30 @@ impl Storage {
         })
     }
 
+    /// `self (op) other` broadcast to `out`, each input read through its layout in place (views
+    /// and broadcasts in one pass), where the backend can: CUDA, by the strided binary kernel.
+    /// `None` elsewhere (the caller makes dense copies of the views).
+    pub(crate) fn binary_views(
+        &self,
+        la: &Layout,
+        other: &Storage,
+        lb: &Layout,
+        out: &Shape,
+        op: Binary,
+    ) -> Result<Option<Storage>> {
+        Ok(match (self, other) {
+            (Storage::Cuda(x), Storage::Cuda(y)) => {
+                check_span(op.name(), la, x.len())?;
+                check_span(op.name(), lb, y.len())?;
+                let (sa, sb) = (la.broadcast_strides(out), lb.broadcast_strides(out));
+                let (dims, s) = coalesce(out.dims(), &[&out.strides(), &sa, &sb]);
+                let a = (s[1].as_slice(), la.offset());
+                Some(Storage::Cuda(x.binary_strided(y, &dims, a, (&s[2], lb.offset()), op)?))
+            }
+            _ => None,
+        })
+    }
+
     /// This data (shape `from`) broadcast to `to`, materialized.
     pub(crate) fn expand(&self, from: &Shape, to: &Shape) -> Result<Storage> {
         Ok(match self {
