@@ -21,7 +21,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::views::transposed_views_to_the_gemm_in_place", available: any, run: transposed_gemm },
         GpuTest { name: "gpu::views::batched_matmul_broadcast_batches", available: any, run: batched_matmul },
         GpuTest { name: "gpu::views::attention_head_split_and_merge", available: any, run: attention_heads },
-        GpuTest { name: "gpu::views::unmergeable_view_is_refused", available: any, run: unmergeable_view },
+        GpuTest { name: "gpu::views::refusals_are_typed", available: any, run: refusals },
     ]
 }
 
@@ -204,8 +204,9 @@ fn attention_heads(_: &Device) -> Outcome {
 }
 
 /// A 5-dimension view whose dimensions do not merge into the kernels' 4 is refused with a typed
-/// error that says what to change; the CPU backend takes it.
-fn unmergeable_view(_: &Device) -> Outcome {
+/// error that says what to change (the CPU backend takes it); moving a view between devices in
+/// place is refused (it would move the storage it shares).
+fn refusals(_: &Device) -> Outcome {
     let dev = cuda()?;
     let x = Tensor::arange(2 * 3 * 2 * 3 * 2, DType::F32).reshape([2, 3, 2, 3, 2]).map_err(err)?;
     let reversed = |t: &Tensor| t.permute(&[4, 3, 2, 1, 0]);
@@ -225,6 +226,14 @@ fn unmergeable_view(_: &Device) -> Outcome {
     }
     if want.len() != x.elem_count() {
         return Err("the CPU refused the view".into());
+    }
+    let view = x.narrow(0, 1, 1).map_err(err)?;
+    match view.move_to(&dev) {
+        Err(kiln::Error::Unsupported { op: "move_to", .. }) => {}
+        other => return Err(format!("move_to of a view: expected a refusal, got {other:?}")),
+    }
+    if x.device() != TensorDevice::Cpu {
+        return Err("a refused move_to moved the storage".into());
     }
     Ok(())
 }

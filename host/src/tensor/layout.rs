@@ -140,7 +140,7 @@ impl Layout {
         out
     }
 
-    /// The same walk with fewer dimensions (see [`coalesce`]): `(dims, strides)`, at least one
+    /// The same walk with fewer dimensions (see `coalesce` in this file): `(dims, strides)`, at least one
     /// dimension; the offset is unchanged.
     pub fn coalesced(&self) -> (Vec<usize>, Vec<usize>) {
         let (dims, mut strides) = coalesce(self.shape.dims(), &[&self.strides]);
@@ -176,7 +176,7 @@ impl Layout {
 /// steps over exactly the inner one (`stride[i] == stride[i + 1] * dims[i + 1]`). The merged walk
 /// visits the same offsets in the same order. Returns the dimensions (at least one) and each stride
 /// list for them.
-pub fn coalesce(dims: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
+pub(crate) fn coalesce(dims: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
     let (mut out_d, mut out_s): (Vec<usize>, Vec<Vec<usize>>) = (vec![], vec![vec![]; strides.len()]);
     for (i, &d) in dims.iter().enumerate() {
         if d == 1 {

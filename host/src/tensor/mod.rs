@@ -1,23 +1,34 @@
 //! Tensors with reverse-mode autograd, on the CPU reference backend or a CUDA GPU.
 //!
-//! A [`Tensor`] is a shared handle to contiguous data, its shape and dtype, and — when it was made by
-//! an op from tensors that need gradients — the [`Op`] that made it, holding its inputs.
-//! [`Tensor::backward`] sorts that graph topologically and applies each op's backward rule, which is
-//! written next to the op's record in [`ops`], as ordinary tensor operations.
+//! A [`Tensor`] is a shared handle to a storage, the [`Layout`] it reads that storage through
+//! (shape, strides, offset), and — when it was made by an op from tensors that need gradients — the
+//! [`Op`] that made it, holding its inputs. [`Tensor::backward`] sorts that graph topologically and
+//! applies each op's backward rule, which is written next to the op's record in [`ops`], as
+//! ordinary tensor operations.
+//!
+//! A freshly computed tensor owns a contiguous storage. The view ops (`views.rs`: `reshape`,
+//! `permute`, `transpose`, `narrow`, `split`, `chunk`) return tensors that share their input's
+//! storage under a new layout, with no copy; `contiguous` and `cat` copy. An op that cannot read
+//! strides takes a view's elements through `Tensor::data` (one strided copy, the only place views
+//! are materialized); the readers of strides take views directly: the strided copy and scatter,
+//! the CUDA binary kernel, and the GEMM (a transposed 2-D view of a contiguous matrix is its NT or
+//! TN layout, read in place). In-place writes (`set_data`, `with_data_mut`, `move_to`) refuse views.
 //!
 //! The frontend speaks tensors; only the backend table and the backends below it speak a device's
 //! dialect (imports point down this diagram only):
 //!
 //! ```text
-//!  Tensor (this file), its op methods (forward.rs)   autograd.rs
-//!        │ records an Op per result                       │ walks the graph
-//!        ▼                                                ▼
+//!  Tensor, views of a storage (this file)    autograd.rs
+//!   its op methods (forward.rs, views.rs)        │ walks the graph
+//!        │ records an Op per result              │
+//!        ▼                                       ▼
 //!  Op records + backward rules (ops.rs) ─── written with the tensor ops above
-//!        │ every op: one Storage call
+//!        │ every op: one Storage call, given dense data or (where the backend reads strides)
+//!        │ a Layout (layout.rs: strides, offsets, contiguity, coalescing)
 //!        ▼
 //!  Storage, Device (storage.rs): the backend table, one match per op
-//!        ├── Cpu(CpuStorage)    cpu/: reference maps over Float, blocked matmul
-//!        └── Cuda(CudaStorage)  cuda_backend.rs: kiln_gpu opcodes, GEMM layouts
+//!        ├── Cpu(CpuStorage)    cpu/: reference maps over Float, blocked matmul, gather/scatter
+//!        └── Cuda(CudaStorage)  cuda_backend.rs: kiln_gpu opcodes, GEMM layouts, strided kernels
 //!                                      │
 //!                                      ▼
 //!                               crate::cuda (runtime) → kiln_gpu kernels
