@@ -349,7 +349,7 @@ impl Tensor {
     /// `value` everywhere, with this tensor's shape, dtype and device (on a GPU, filled there by the
     /// fill kernel: no host buffer, no upload).
     pub fn full_like(&self, value: f64) -> Result<Tensor> {
-        let data = self.data()?.full_like(value)?;
+        let data = self.storage().filled(self.elem_count(), value)?;
         Ok(Tensor::from_storage(data, self.shape().clone(), None))
     }
     /// Zeros with this tensor's shape, dtype and device.

@@ -153,15 +153,6 @@ impl Storage {
         }
     }
 
-    /// `value` everywhere, with this data's length, dtype and device (on a GPU, filled by the fill
-    /// kernel: no host buffer, no upload).
-    pub(crate) fn full_like(&self, value: f64) -> Result<Storage> {
-        Ok(match self {
-            Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![value; s.len()])),
-            Storage::Cuda(s) => Storage::Cuda(CudaStorage::full(&s.dev, s.len(), value as f32)?),
-        })
-    }
-
     /// An elementwise function of one input.
     pub(crate) fn unary(&self, u: Unary) -> Result<Storage> {
         Ok(match self {
@@ -254,11 +245,12 @@ impl Storage {
         })
     }
 
-    /// `n` zeros of this data's dtype on its device.
-    pub(crate) fn zeros(&self, n: usize) -> Result<Storage> {
+    /// `n` elements equal to `value`, of this data's dtype on its device (on a GPU, filled by the
+    /// fill kernel).
+    pub(crate) fn filled(&self, n: usize, value: f64) -> Result<Storage> {
         Ok(match self {
-            Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![0.0; n])),
-            Storage::Cuda(s) => Storage::Cuda(CudaStorage::full(&s.dev, n, 0.0)?),
+            Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![value; n])),
+            Storage::Cuda(s) => Storage::Cuda(CudaStorage::full(&s.dev, n, value as f32)?),
         })
     }
 

@@ -134,7 +134,7 @@ impl Tensor {
     /// The gradient of a narrow: `self` (this tensor's shape) placed at `start` along `dim` of
     /// zeros of `shape` (one fill and one strided write).
     pub(crate) fn pad_into(&self, shape: &Shape, dim: usize, start: usize) -> Result<Tensor> {
-        let mut data = self.storage().zeros(shape.elem_count())?;
+        let mut data = self.storage().filled(shape.elem_count(), 0.0)?;
         if self.elem_count() > 0 {
             let dst = Layout::contiguous(shape.clone()).narrow(dim, start, self.dims()[dim])?;
             data.write_strided(&dst, &self.storage(), self.layout())?;
