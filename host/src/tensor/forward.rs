@@ -106,7 +106,7 @@ impl Tensor {
             // A vector is a one-row (left) or one-column (right) matrix, its dimension dropped.
             let a = if ra == 1 { self.reshape([1, self.elem_count()])? } else { self.clone() };
             let b = if rb == 1 { other.reshape([other.elem_count(), 1])? } else { other.clone() };
-            let out = a.matmul(&b).map_err(|_| bad())?;
+            let out = a.matmul(&b).map_err(|e| if matches!(e, Error::Shape { .. }) { bad() } else { e })?;
             let mut dims = out.dims().to_vec();
             let (m_at, n_at) = (dims.len() - 2, dims.len() - 1);
             if rb == 1 {
@@ -126,12 +126,9 @@ impl Tensor {
         let batch = Shape::broadcast("matmul", &ba, &bb).map_err(|_| bad())?;
         let full = |rows, cols| Shape([batch.dims(), &[rows, cols]].concat());
         if bb.elem_count() == 1 {
-            // One product: every row of a against the shared (k x n) b.
-            let lhs = if ba.rank() < batch.rank() && ba.elem_count() == batch.elem_count() {
-                self.reshape(full(m, k))? // only leading 1s added
-            } else {
-                self.expand(&full(m, k))?
-            };
+            // One product: every row of a against the shared (k x n) b (the batch is a's, with any
+            // leading 1s of b's added).
+            let lhs = self.reshape(full(m, k))?;
             let rhs = if rb == 2 { other.clone() } else { other.reshape([k, n])? };
             return lhs.matmul_checked(&rhs);
         }

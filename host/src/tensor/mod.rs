@@ -9,8 +9,8 @@
 //! A freshly computed tensor owns a contiguous storage. The view ops (`views.rs`: `reshape`,
 //! `permute`, `transpose`, `narrow`, `split`, `chunk`) return tensors that share their input's
 //! storage under a new layout, with no copy; `contiguous` and `cat` copy. An op that cannot read
-//! strides takes a view's elements through `Tensor::data` (one strided copy, the only place views
-//! are materialized); the readers of strides take views directly: the strided copy and scatter,
+//! strides takes a view's elements through `Tensor::data` (one strided copy, made there for every
+//! such op); the readers of strides take views directly: the strided copy and scatter,
 //! the CUDA binary kernel, and the GEMM (a transposed 2-D view of a contiguous matrix is its NT or
 //! TN layout, read in place). In-place writes (`set_data`, `with_data_mut`, `move_to`) refuse views.
 //!
@@ -286,7 +286,7 @@ impl Tensor {
             return Err(Error::Unsupported {
                 op,
                 what: format!(
-                    "writing in place through a view ({}, shares another tensor's storage): write to the tensor it views, or to a copy (.contiguous()?.detach())",
+                    "writing in place through a view ({}, shares another tensor's storage): write to the tensor it views, or to a copy of the view (.detach() or .contiguous() copies it)",
                     self.shape()
                 ),
             });
