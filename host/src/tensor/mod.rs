@@ -286,7 +286,7 @@ impl Tensor {
             return Err(Error::Unsupported {
                 op,
                 what: format!(
-                    "writing in place through a view ({}, shares another tensor's storage): write to the tensor it views, or to a copy of the view (.detach() or .contiguous() copies it)",
+                    "writing in place through a view ({}, shares another tensor's storage): write to the tensor it views, or to a copy of the view (.detach() makes one)",
                     self.shape()
                 ),
             });
