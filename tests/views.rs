@@ -126,6 +126,24 @@ fn views_share_storage_and_in_place_writes_refuse_them() {
     assert_eq!(leaf.to_vec_f32(), [7.0, 8.0]);
 }
 
+/// Optimizers write only leaves that hold gradients: a view (never a leaf) handed to one as a
+/// parameter is left alone, and so is the storage it shares.
+#[test]
+fn optimizers_never_write_through_a_view() {
+    use kiln::optim::{Optimizer, Sgd};
+    let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]).unwrap().requires_grad();
+    let view = w.transpose(0, 1).unwrap();
+    view.mul(&view).unwrap().sum_all().unwrap().backward().unwrap();
+    assert!(view.grad().is_none() && w.grad().is_some());
+    let mut opt = Sgd::new(vec![("view".to_string(), view.clone())], 0.1, 0.0, 0.0, false);
+    opt.step().unwrap();
+    assert_eq!(w.to_vec_f32(), [1.0, 2.0, 3.0, 4.0]);
+    // the leaf itself steps, and its view sees the new values
+    let mut opt = Sgd::new(vec![("w".to_string(), w.clone())], 0.1, 0.0, 0.0, false);
+    opt.step().unwrap();
+    assert_eq!(view.to_vec_f32(), [0.8, 2.4, 1.6, 3.2]);
+}
+
 #[test]
 fn view_errors_are_typed() {
     let x = iota(&[2, 3]);

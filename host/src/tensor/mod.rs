@@ -343,7 +343,10 @@ impl Tensor {
             Dense::Copied(s) => Ok(s),
         }
     }
+    /// The whole storage, for writing in place: never through a view (the public writers refuse
+    /// views; the optimizers write only leaves that hold gradients, which are never views).
     pub(crate) fn storage_mut(&self) -> std::sync::RwLockWriteGuard<'_, Storage> {
+        debug_assert!(!self.is_view(), "an in-place write through a view of {}", self.shape());
         self.0.data.write().unwrap_or_else(|p| p.into_inner())
     }
     /// `value` everywhere, with this tensor's shape, dtype and device (on a GPU, filled there by the
