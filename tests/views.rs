@@ -223,6 +223,24 @@ fn batched_matmul_forward_matches_naive() {
     assert_eq!(rnd(&[m, k], 19).matmul(&rnd(&[1, 1, k, n], 20)).unwrap().dims(), [1, 1, m, n]);
 }
 
+/// bf16 batched products with broadcast batches on the CPU: the f32 product of the same values,
+/// rounded once (the broadcast is a gather, which takes every dtype).
+#[test]
+fn bf16_broadcast_batches() {
+    let (a, b) = (rnd(&[2, 1, 3, 8], 70), rnd(&[4, 8, 5], 71));
+    let (a16, b16) = (a.to_dtype(DType::BF16).unwrap(), b.to_dtype(DType::BF16).unwrap());
+    let got = a16.matmul(&b16).unwrap();
+    assert_eq!((got.dtype(), got.dims()), (DType::BF16, &[2, 4, 3, 5][..]));
+    let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let want = f32s(&a16).matmul(&f32s(&b16)).unwrap().to_dtype(DType::BF16).unwrap();
+    assert_eq!(got.to_vec_f64(), want.to_vec_f64());
+    // views of bf16 tensors: transpose, narrow and cat copy any dtype
+    let t = b16.transpose(1, 2).unwrap().narrow(1, 1, 3).unwrap();
+    let joined = Tensor::cat(&[&t, &t], 2).unwrap();
+    assert_eq!(joined.dims(), [4, 3, 16]);
+    assert_eq!(joined.narrow(2, 8, 8).unwrap().to_vec_f64(), t.to_vec_f64());
+}
+
 #[test]
 fn gradcheck_batched_matmul() {
     check("bmm", &[rnd(&[3, 2, 4], 30), rnd(&[3, 4, 5], 31)], |t| t[0].matmul(&t[1]));

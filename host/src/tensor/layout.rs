@@ -24,6 +24,11 @@ impl Layout {
         let strides = shape.strides();
         Layout { shape, strides, offset }
     }
+    /// `from` (contiguous, offset 0) read as its broadcast `to`: stride 0 along the broadcast
+    /// dimensions.
+    pub fn broadcast(from: &Shape, to: &Shape) -> Layout {
+        Layout { shape: to.clone(), strides: from.broadcast_strides(to), offset: 0 }
+    }
     /// The shape.
     pub fn shape(&self) -> &Shape {
         &self.shape
@@ -265,6 +270,9 @@ mod tests {
         let n = l(&[4, 5]).narrow(1, 2, 1).unwrap(); // [4, 1] at offset 2
         assert_eq!(n.broadcast_strides(&Shape(vec![4, 6])), [5, 0]);
         assert_eq!(l(&[2, 3]).broadcast_strides(&Shape(vec![2, 3])), Shape(vec![2, 3]).strides());
+        let b = Layout::broadcast(&Shape(vec![3, 1]), &Shape(vec![2, 3, 2]));
+        assert_eq!(b.offsets(), [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]);
+        assert_eq!(b.span(), 3);
     }
 
     #[test]

@@ -194,10 +194,11 @@ impl Storage {
         })
     }
 
-    /// This data (shape `from`) broadcast to `to`, materialized.
+    /// This data (shape `from`) broadcast to `to`, materialized (a gather through stride-0
+    /// dimensions: every dtype).
     pub(crate) fn expand(&self, from: &Shape, to: &Shape) -> Result<Storage> {
         Ok(match self {
-            Storage::Cpu(s) => Storage::Cpu(s.expand(from, to)?),
+            Storage::Cpu(s) => Storage::Cpu(s.gather(&Layout::broadcast(from, to).offsets())),
             Storage::Cuda(s) => Storage::Cuda(s.strided_copy(to, &from.broadcast_strides(to))?),
         })
     }

@@ -28,12 +28,6 @@ impl CpuStorage {
         })
     }
 
-    /// `self` (shape `from`) broadcast to `to`, materialized.
-    pub(crate) fn expand(&self, from: &Shape, to: &Shape) -> Result<CpuStorage> {
-        let zero = CpuStorage::from_f64(self.dtype(), &vec![0.0; to.elem_count()]);
-        BroadcastBinary { op: Binary::Add, a: from, b: to, out: to }.map(self, &zero)
-    }
-
     /// The elements at `offsets`, in order (a dense copy of a view; every dtype).
     pub(crate) fn gather(&self, offsets: &[usize]) -> CpuStorage {
         fn pick<T: Copy>(v: &[T], offsets: &[usize]) -> Vec<T> {
