@@ -86,7 +86,7 @@ impl safetensors::View for View {
 }
 
 fn view(t: &Tensor) -> Result<View> {
-    let s = t.storage().to_cpu()?;
+    let s = t.data()?.to_cpu()?;
     let (dtype, bytes) = match &s {
         CpuStorage::F32(v) => (safetensors::Dtype::F32, bytemuck::cast_slice(v).to_vec()),
         CpuStorage::F64(v) => (safetensors::Dtype::F64, bytemuck::cast_slice(v).to_vec()),

@@ -15,6 +15,7 @@
 //! tcgen05         TMEM and tcgen05 on Blackwell (ignored below compute capability 10.0)
 //! tensor          the tensor backend, autograd and training on CUDA, a CUDA-graph step
 //! gemm            the FP32 ladder, mma.sync hgemm, gemm_bf16, the ladder command, wgmma
+//! views           strided views and batched products against the CPU, the GEMM reading views
 //! determinism     bit-exact tiers: batch invariance, repeats, across processes
 //! megakernel/     both megakernels against the CPU interpreter, their stalls and refusals
 //! common          helpers the families share (error text, bits, the A B^T check)
@@ -28,6 +29,7 @@ mod megakernel;
 mod tcgen05;
 mod tensor;
 mod tma;
+mod views;
 
 #[path = "../backend_cases.rs"]
 mod backend_cases;
@@ -58,6 +60,7 @@ fn tests() -> Vec<GpuTest> {
         tma::tests(),
         tcgen05::tests(),
         tensor::tests(),
+        views::tests(),
         gemm::tests(),
         determinism::tests(),
         megakernel::tests(),

@@ -331,6 +331,21 @@ pub unsafe fn strided_copy_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, p: Str
     }
 }
 
+/// `out[off_b(i)] = x[off_a(i)]` for `i < p.n`: a strided copy whose destination is strided too
+/// (views written into a slice of a larger tensor: `cat`, the zero-padded gradient of `narrow`).
+/// `p.dims` is the shape walked, `p.a` the source strides and `p.b` the destination strides (the
+/// host offsets both pointers to the views' first elements); the destination offsets must be
+/// distinct. One thread per element, grid-stride.
+#[kernel]
+pub unsafe fn strided_scatter_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, p: Strided2) {
+    let mut i = thread::global_idx_x();
+    while i < p.n {
+        let (oa, ob) = strided_offsets(&p, i);
+        unsafe { out.write(ob as usize, x.read(oa as usize)) };
+        i += thread::grid_stride_x();
+    }
+}
+
 /// `out[i] = value`: quads with 16-byte stores (16-byte aligned `out`), then the tail. Grid-stride.
 #[kernel]
 pub unsafe fn fill_f32(out: DevicePtrMut<f32>, n: u32, value: f32) {

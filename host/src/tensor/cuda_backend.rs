@@ -87,6 +87,20 @@ fn pad(op: &'static str, dims: &[usize], strides: &[usize]) -> Result<([u32; MAX
     Ok((d, s))
 }
 
+/// A view the strided kernels cannot take (more than [`MAX_DIMS`] dimensions after merging), said
+/// as what to change.
+fn view_error(e: Error) -> Error {
+    match e {
+        Error::Unsupported { op, what } => Error::Unsupported {
+            op,
+            what: format!(
+                "{what}; this view does not merge into {MAX_DIMS} dimensions: call .contiguous() at an earlier step, or reshape to fewer dimensions"
+            ),
+        },
+        e => e,
+    }
+}
+
 /// The unary kernel's function code and scalar for `u`.
 fn unary_code(u: Unary) -> (u32, f32) {
     match u {
@@ -252,6 +266,74 @@ impl CudaStorage {
             unsafe { self.dev.launch(k::StridedCopyF32, cfg, (self.buf.ptr(), res.buf.ptr_mut(), p))? };
         }
         Ok(res)
+    }
+
+    /// `out[i] = self[a_offset + a(i)] (op) other[b_offset + b(i)]` over an output of `dims`
+    /// (coalesced; each input's strides 0 where it broadcasts): views and broadcasts read in
+    /// place by the strided binary kernel, one launch.
+    pub(crate) fn binary_strided(
+        &self,
+        other: &CudaStorage,
+        dims: &[usize],
+        (a_strides, a_offset): (&[usize], usize),
+        (b_strides, b_offset): (&[usize], usize),
+        op: Binary,
+    ) -> Result<CudaStorage> {
+        let (d, sa) = pad("binary", dims, a_strides).map_err(view_error)?;
+        let (_, sb) = pad("binary", dims, b_strides).map_err(view_error)?;
+        let n: usize = dims.iter().product();
+        let mut res = Self::output(&self.dev, n)?;
+        if n > 0 {
+            let (n, cfg) = grid(n, "binary")?;
+            let p = Strided2 { n, dims: d, a: sa, b: sb, op: binary_code(op) };
+            let (a, b) = (self.buf.ptr().offset(a_offset), other.buf.ptr().offset(b_offset));
+            // SAFETY: every input offset stays inside its buffer (checked by the caller); out holds n.
+            unsafe { self.dev.launch(k::BinaryF32, cfg, (a, b, res.buf.ptr_mut(), p))? };
+        }
+        Ok(res)
+    }
+
+    /// `n` elements for an op that writes every one (not cleared; poisoned under `KILN_POISON=1`).
+    pub(crate) fn scratch(dev: &Arc<CudaDevice>, n: usize) -> Result<CudaStorage> {
+        Self::output(dev, n)
+    }
+
+    /// A dense copy of a view: `out[i] = self[offset + off(i)]` for an output of `dims` read
+    /// through `strides` (a coalesced layout; the caller checked it stays inside the buffer).
+    pub(crate) fn view_copy(&self, dims: &[usize], strides: &[usize], offset: usize) -> Result<CudaStorage> {
+        let (d, sa) = pad("view copy", dims, strides).map_err(view_error)?;
+        let n: usize = dims.iter().product();
+        let mut res = Self::output(&self.dev, n)?;
+        if n > 0 {
+            let (n, cfg) = grid(n, "view copy")?;
+            let p = Strided2 { n, dims: d, a: sa, b: [0; MAX_DIMS], op: 0 };
+            // SAFETY: every offset + off(i) is inside the input (checked by the caller); out holds n.
+            unsafe { self.dev.launch(k::StridedCopyF32, cfg, (self.buf.ptr().offset(offset), res.buf.ptr_mut(), p))? };
+        }
+        Ok(res)
+    }
+
+    /// `self[dst_offset + dst(i)] = src[src_offset + src(i)]` over a walk of `dims` (coalesced),
+    /// each side read or written through its strides (the scatter kernel, one launch).
+    pub(crate) fn scatter_from(
+        &mut self,
+        src: &CudaStorage,
+        dims: &[usize],
+        (src_strides, src_offset): (&[usize], usize),
+        (dst_strides, dst_offset): (&[usize], usize),
+    ) -> Result<()> {
+        let (d, sa) = pad("strided write", dims, src_strides).map_err(view_error)?;
+        let (_, sb) = pad("strided write", dims, dst_strides).map_err(view_error)?;
+        let n: usize = dims.iter().product();
+        if n > 0 {
+            let (n, cfg) = grid(n, "strided write")?;
+            let p = Strided2 { n, dims: d, a: sa, b: sb, op: 0 };
+            let (x, out) = (src.buf.ptr().offset(src_offset), self.buf.ptr_mut().offset(dst_offset));
+            // SAFETY: both walks stay inside their buffers (checked by the caller); the destination
+            // places are distinct, so no two threads write one element.
+            unsafe { self.dev.launch(k::StridedScatterF32, cfg, (x, out, p))? };
+        }
+        Ok(())
     }
 
     /// Sum of `self` (shape `from`) into `to` (a shape that broadcasts to `from`).

@@ -11,12 +11,18 @@ use std::sync::Arc;
 
 impl Tensor {
     pub(crate) fn unary(&self, u: Unary) -> Result<Tensor> {
-        let data = self.storage().unary(u)?;
+        let data = self.data()?.unary(u)?;
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::Unary(self.clone(), u))))
     }
     fn binary(&self, other: &Tensor, op: Binary) -> Result<Tensor> {
         let out = Shape::broadcast(op.name(), self.shape(), other.shape())?;
-        let data = self.storage().binary(self.shape(), &other.storage(), other.shape(), &out, op)?;
+        let (a, b) = (self.storage(), other.storage());
+        let dense = self.layout().is_dense_in(a.len()) && other.layout().is_dense_in(b.len());
+        let in_place = if dense { None } else { a.binary_views(self.layout(), &b, other.layout(), &out, op)? };
+        let data = match in_place {
+            Some(data) => data,
+            None => self.data()?.binary(self.shape(), &*other.data()?, other.shape(), &out, op)?,
+        };
         Ok(Tensor::from_storage(data, out, Some(Op::Binary(self.clone(), other.clone(), op))))
     }
 
@@ -77,22 +83,92 @@ impl Tensor {
         self.unary(Unary::Sigmoid)
     }
 
-    /// Matrix product: (M, K) x (K, N), (B, M, K) x (B, K, N) or (B, M, K) x (K, N). bf16 and f16
+    /// Matrix product with numpy/PyTorch rules: `(..., M, K) x (..., K, N) -> (..., M, N)`, the
+    /// batch dimensions (all but the last two) broadcast against each other; a 1-D left operand is
+    /// a row (its dimension dropped from the result), a 1-D right operand a column. bf16 and f16
     /// inputs are multiplied in f32 and rounded once to the input dtype.
+    ///
+    /// A right operand without batch dimensions (or only 1s) is one product for all of the left
+    /// operand's rows. Broadcast batch dimensions are expanded (copied) first, and their gradients
+    /// summed back. A 2-D operand that is a transposed view of a contiguous matrix is read in
+    /// place where the backend can (CUDA f32: the GEMM's NT and TN layouts); other views are
+    /// copied to contiguous storage first.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
-        let (a, b) = (self.dims(), other.dims());
+        let (ra, rb) = (self.shape().rank(), other.shape().rank());
         let bad = || Error::shape("matmul", format!("cannot multiply {} by {}", self.shape(), other.shape()));
-        let (batch, m, k, n, b_batched, out_shape) = match (a.len(), b.len()) {
-            (2, 2) if a[1] == b[0] => (1, a[0], a[1], b[1], false, vec![a[0], b[1]]),
-            (3, 3) if a[0] == b[0] && a[2] == b[1] => (a[0], a[1], a[2], b[2], true, vec![a[0], a[1], b[2]]),
-            (3, 2) if a[2] == b[0] => (a[0], a[1], a[2], b[1], false, vec![a[0], a[1], b[1]]),
-            _ => return Err(bad()),
-        };
+        if ra == 0 || rb == 0 {
+            return Err(bad());
+        }
         if self.dtype() != other.dtype() {
             return Err(Error::DType { op: "matmul", got: other.dtype(), expected: self.dtype() });
         }
-        let data = self.storage().matmul(&other.storage(), batch, m, k, n, b_batched)?;
-        Ok(Tensor::from_storage(data, Shape(out_shape), Some(Op::Matmul(self.clone(), other.clone()))))
+        if ra == 1 || rb == 1 {
+            // A vector is a one-row (left) or one-column (right) matrix, its dimension dropped.
+            let a = if ra == 1 { self.reshape([1, self.elem_count()])? } else { self.clone() };
+            let b = if rb == 1 { other.reshape([other.elem_count(), 1])? } else { other.clone() };
+            let out = a.matmul(&b).map_err(|e| if matches!(e, Error::Shape { .. }) { bad() } else { e })?;
+            let mut dims = out.dims().to_vec();
+            let (m_at, n_at) = (dims.len() - 2, dims.len() - 1);
+            if rb == 1 {
+                dims.remove(n_at);
+            }
+            if ra == 1 {
+                dims.remove(m_at);
+            }
+            return out.reshape(dims);
+        }
+        let (a, b) = (self.dims(), other.dims());
+        let (m, k, n) = (a[ra - 2], a[ra - 1], b[rb - 1]);
+        if b[rb - 2] != k {
+            return Err(bad());
+        }
+        let (ba, bb) = (Shape(a[..ra - 2].to_vec()), Shape(b[..rb - 2].to_vec()));
+        let batch = Shape::broadcast("matmul", &ba, &bb).map_err(|_| bad())?;
+        let full = |rows, cols| Shape([batch.dims(), &[rows, cols]].concat());
+        if bb.elem_count() == 1 {
+            // One product: every row of a against the shared (k x n) b (the batch is a's, with any
+            // leading 1s of b's added).
+            let lhs = self.reshape(full(m, k))?;
+            let rhs = if rb == 2 { other.clone() } else { other.reshape([k, n])? };
+            return lhs.matmul_checked(&rhs);
+        }
+        self.expand(&full(m, k))?.matmul_checked(&other.expand(&full(k, n))?)
+    }
+
+    /// The product of checked operands: `self` (..., m, k) and `other` either (k, n) or (..., k, n)
+    /// with `self`'s batch dimensions. Records [`Op::Matmul`].
+    fn matmul_checked(&self, other: &Tensor) -> Result<Tensor> {
+        let r = self.shape().rank();
+        let (m, k, n) = (self.dims()[r - 2], self.dims()[r - 1], other.dims()[other.shape().rank() - 1]);
+        let batch: usize = self.dims()[..r - 2].iter().product();
+        let mut out_shape = self.dims().to_vec();
+        out_shape[r - 1] = n;
+        let out_shape = Shape(out_shape);
+        let op = Some(Op::Matmul(self.clone(), other.clone()));
+        if other.shape().rank() == 2
+            && let Some(data) = self.matmul_in_place(other, batch * m, k, n)?
+        {
+            return Ok(Tensor::from_storage(data, out_shape, op));
+        }
+        let b_batched = other.shape().rank() > 2;
+        let data = self.data()?.matmul(&*other.data()?, batch, m, k, n, b_batched)?;
+        Ok(Tensor::from_storage(data, out_shape, op))
+    }
+
+    /// `self` (rows x k) times the 2-D `other` (k x n) with a transposed-view operand read in place
+    /// by the backend: `other` a transposed contiguous (n x k) matrix (the NT layout), or a 2-D
+    /// `self` a transposed contiguous (k x rows) matrix (TN). `None` when neither operand is such a
+    /// view or the backend cannot take the shape (the caller copies).
+    fn matmul_in_place(&self, other: &Tensor, rows: usize, k: usize, n: usize) -> Result<Option<Storage>> {
+        let b = other.storage();
+        if other.layout().is_transposed_matrix_in(b.len()) {
+            return self.data()?.matmul_abt(&b, rows, k, n);
+        }
+        let a = self.storage();
+        if self.layout().is_transposed_matrix_in(a.len()) {
+            return a.matmul_atb(&*other.data()?, rows, k, n);
+        }
+        Ok(None)
     }
 
     /// `self w^T` for a 2-D `w` (N x K): (M, K) -> (M, N), or (B, M, K) -> (B, M, N). A Linear
@@ -116,10 +192,10 @@ impl Tensor {
         let rows = self.shape().elem_count() / k.max(1);
         let mut out_shape = a.to_vec();
         *out_shape.last_mut().expect("rank 2 or 3") = n;
-        let in_place = self.storage().matmul_abt(&w.storage(), rows, k, n)?;
+        let in_place = self.data()?.matmul_abt(&*w.data()?, rows, k, n)?;
         let data = match in_place {
             Some(data) => data,
-            None => self.storage().matmul(&w.transpose_data(0, 1)?, 1, rows, k, n, false)?,
+            None => self.data()?.matmul(&w.transpose_data(0, 1)?, 1, rows, k, n, false)?,
         };
         Ok(Tensor::from_storage(data, Shape(out_shape), Some(Op::MatmulT(self.clone(), w.clone()))))
     }
@@ -140,7 +216,7 @@ impl Tensor {
 
     /// The data summed from this shape into `to` (which broadcasts to it), on either backend.
     fn sum_storage(&self, op: &'static str, to: &Shape) -> Result<Storage> {
-        self.storage().sum_into(op, self.shape(), to)
+        self.data()?.sum_into(op, self.shape(), to)
     }
 
     /// Sum of every element (a scalar).
@@ -192,7 +268,7 @@ impl Tensor {
         } else {
             Shape(dims.iter().enumerate().filter(|(i, _)| *i != d).map(|(_, &x)| x).collect())
         };
-        let (vals, argmax) = self.storage().max_dim(outer, len, inner)?;
+        let (vals, argmax) = self.data()?.max_dim(outer, len, inner)?;
         let op = Op::Max { x: self.clone(), dim: d, keepdim, argmax: Arc::new(argmax) };
         Ok(Tensor::from_storage(vals, out, Some(op)))
     }
@@ -203,7 +279,7 @@ impl Tensor {
         if d == 0 || self.shape().rank() == 0 {
             return Err(Error::shape("argmax", format!("empty last dimension in {}", self.shape())));
         }
-        self.storage().argmax_last(d)
+        self.data()?.argmax_last(d)
     }
 
     /// Broadcasts to `shape` (a larger shape this one broadcasts to).
@@ -215,7 +291,7 @@ impl Tensor {
         if &b != shape {
             return Err(Error::shape("expand", format!("{} does not broadcast to {shape}", self.shape())));
         }
-        let data = self.storage().expand(self.shape(), shape)?;
+        let data = self.data()?.expand(self.shape(), shape)?;
         Ok(Tensor::from_storage(data, shape.clone(), Some(Op::Expand(self.clone()))))
     }
 
@@ -232,38 +308,9 @@ impl Tensor {
         Ok(Tensor::from_storage(data, shape.clone(), Some(Op::SumTo(self.clone()))))
     }
 
-    /// The same elements in a new shape (`view`; the data is contiguous, so nothing moves).
-    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
-        let shape = shape.into();
-        if shape.elem_count() != self.elem_count() {
-            return Err(Error::shape(
-                "reshape",
-                format!("cannot view {} ({} elements) as {shape}", self.shape(), self.elem_count()),
-            ));
-        }
-        let data = self.storage().try_clone()?;
-        Ok(Tensor::from_storage(data, shape, Some(Op::Reshape(self.clone()))))
-    }
-    /// Alias of [`Tensor::reshape`].
-    pub fn view(&self, shape: impl Into<Shape>) -> Result<Tensor> {
-        self.reshape(shape)
-    }
-
-    /// Swaps two dimensions (materialized).
-    pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
-        let (a, b) = (self.shape().dim("transpose", d0)?, self.shape().dim("transpose", d1)?);
-        if a == b {
-            return Ok(self.clone());
-        }
-        let mut dims = self.dims().to_vec();
-        dims.swap(a, b);
-        let data = self.transpose_data(a, b)?;
-        Ok(Tensor::from_storage(data, Shape(dims), Some(Op::Transpose(self.clone(), a, b))))
-    }
-
     /// The data of this tensor with dimensions `a` and `b` (resolved) swapped, materialized.
     fn transpose_data(&self, a: usize, b: usize) -> Result<Storage> {
-        self.storage().transpose(self.shape(), a, b)
+        self.storage().strided_copy(&self.layout().transpose(a, b))
     }
 
     fn last_dim_op(&self, op: &'static str) -> Result<usize> {
@@ -276,13 +323,13 @@ impl Tensor {
     /// Softmax over the last dimension (max-subtracted).
     pub fn softmax(&self) -> Result<Tensor> {
         let d = self.last_dim_op("softmax")?;
-        let data = self.storage().softmax(d, false)?;
+        let data = self.data()?.softmax(d, false)?;
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::Softmax(self.clone()))))
     }
     /// Log-softmax over the last dimension (max-subtracted).
     pub fn log_softmax(&self) -> Result<Tensor> {
         let d = self.last_dim_op("log_softmax")?;
-        let data = self.storage().softmax(d, true)?;
+        let data = self.data()?.softmax(d, true)?;
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::LogSoftmax(self.clone()))))
     }
 
@@ -308,7 +355,7 @@ impl Tensor {
             return Err(Error::Index { op, msg: format!("target {t} at row {i} is out of range for {c} classes") });
         }
         let op = Op::CrossEntropy { logits: self.clone(), targets: targets.clone() };
-        let data = self.storage().cross_entropy(&targets, c)?;
+        let data = self.data()?.cross_entropy(&targets, c)?;
         Ok(Tensor::from_storage(data, Shape(vec![]), Some(op)))
     }
 
@@ -345,7 +392,7 @@ impl Tensor {
         if let Some(other) = devs[1..].iter().find(|d| **d != devs[0]) {
             return Err(Error::Device { op, a: devs[0].name(), b: other.name() });
         }
-        let (out, mean, rstd) = self.storage().layer_norm(&weight.storage(), &bias.storage(), d, eps)?;
+        let (out, mean, rstd) = self.data()?.layer_norm(&*weight.data()?, &*bias.data()?, d, eps)?;
         let mean = Tensor::from_storage(mean, stat_shape.clone(), None);
         let rstd = Tensor::from_storage(rstd, stat_shape, None);
         let op = Op::LayerNorm { x: self.clone(), weight: weight.clone(), bias: bias.clone(), mean, rstd };
@@ -372,7 +419,7 @@ impl Tensor {
         let mut dims = ids_shape.dims().to_vec();
         dims.push(d);
         let op = Op::Embedding { weight: self.clone(), ids: Arc::new(ids.to_vec()) };
-        let data = self.storage().embedding(ids, d)?;
+        let data = self.data()?.embedding(ids, d)?;
         Ok(Tensor::from_storage(data, Shape(dims), Some(op)))
     }
 
@@ -390,7 +437,7 @@ impl Tensor {
         let data = {
             let _g = no_grad();
             let out = self.detach().mul(&mask)?;
-            out.storage().try_clone()?
+            out.data_owned()?
         };
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::Dropout(self.clone(), mask))))
     }

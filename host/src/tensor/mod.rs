@@ -1,23 +1,34 @@
 //! Tensors with reverse-mode autograd, on the CPU reference backend or a CUDA GPU.
 //!
-//! A [`Tensor`] is a shared handle to contiguous data, its shape and dtype, and — when it was made by
-//! an op from tensors that need gradients — the [`Op`] that made it, holding its inputs.
-//! [`Tensor::backward`] sorts that graph topologically and applies each op's backward rule, which is
-//! written next to the op's record in [`ops`], as ordinary tensor operations.
+//! A [`Tensor`] is a shared handle to a storage, the [`Layout`] it reads that storage through
+//! (shape, strides, offset), and — when it was made by an op from tensors that need gradients — the
+//! [`Op`] that made it, holding its inputs. [`Tensor::backward`] sorts that graph topologically and
+//! applies each op's backward rule, which is written next to the op's record in [`ops`], as
+//! ordinary tensor operations.
+//!
+//! A freshly computed tensor owns a contiguous storage. The view ops (`views.rs`: `reshape`,
+//! `permute`, `transpose`, `narrow`, `split`, `chunk`) return tensors that share their input's
+//! storage under a new layout, with no copy; `contiguous` and `cat` copy. An op that cannot read
+//! strides takes a view's elements through `Tensor::data` (one strided copy, made there for every
+//! such op); the readers of strides take views directly: the strided copy and scatter,
+//! the CUDA binary kernel, and the GEMM (a transposed 2-D view of a contiguous matrix is its NT or
+//! TN layout, read in place). In-place writes (`set_data`, `with_data_mut`, `move_to`) refuse views.
 //!
 //! The frontend speaks tensors; only the backend table and the backends below it speak a device's
 //! dialect (imports point down this diagram only):
 //!
 //! ```text
-//!  Tensor (this file), its op methods (forward.rs)   autograd.rs
-//!        │ records an Op per result                       │ walks the graph
-//!        ▼                                                ▼
+//!  Tensor, views of a storage (this file)    autograd.rs
+//!   its op methods (forward.rs, views.rs)        │ walks the graph
+//!        │ records an Op per result              │
+//!        ▼                                       ▼
 //!  Op records + backward rules (ops.rs) ─── written with the tensor ops above
-//!        │ every op: one Storage call
+//!        │ every op: one Storage call, given dense data or (where the backend reads strides)
+//!        │ a Layout (layout.rs: strides, offsets, contiguity, coalescing)
 //!        ▼
 //!  Storage, Device (storage.rs): the backend table, one match per op
-//!        ├── Cpu(CpuStorage)    cpu/: reference maps over Float, blocked matmul
-//!        └── Cuda(CudaStorage)  cuda_backend.rs: kiln_gpu opcodes, GEMM layouts
+//!        ├── Cpu(CpuStorage)    cpu/: reference maps over Float, blocked matmul, gather/scatter
+//!        └── Cuda(CudaStorage)  cuda_backend.rs: kiln_gpu opcodes, GEMM layouts, strided kernels
 //!                                      │
 //!                                      ▼
 //!                               crate::cuda (runtime) → kiln_gpu kernels
@@ -59,16 +70,19 @@ pub mod cpu;
 pub mod cuda_backend;
 mod elementwise;
 mod forward;
+mod layout;
 pub mod operators;
 pub mod ops;
 mod shape;
 mod storage;
 mod targets;
+mod views;
 
 pub use crate::dtype::DType;
 pub use autograd::{NoGradGuard, gradcheck, is_grad_enabled, no_grad};
 pub use cpu::{CpuStorage, Float};
 pub use cuda_backend::CudaStorage;
+pub use layout::Layout;
 pub use shape::Shape;
 pub use storage::{Device, Storage};
 pub use targets::Targets;
@@ -92,8 +106,13 @@ impl TensorId {
 
 pub(crate) struct Inner {
     id: TensorId,
-    data: RwLock<Storage>,
-    shape: Shape,
+    /// The storage, shared with the tensor's views (and the tensor it is a view of).
+    data: Arc<RwLock<Storage>>,
+    /// Where the elements sit in `data`.
+    layout: Layout,
+    /// Whether this tensor reads another tensor's storage (made by a view op): in-place writes
+    /// refuse it.
+    is_view: bool,
     op: Option<Op>,
     requires_grad: bool,
     grad: Mutex<Option<Tensor>>,
@@ -117,6 +136,25 @@ impl Drop for Inner {
     }
 }
 
+/// A tensor's elements as one dense storage: borrowed where the stored data is already that,
+/// else a copy made through the layout (see `Tensor::data`).
+pub(crate) enum Dense<'a> {
+    /// The stored data (the layout covers it in order).
+    Stored(std::sync::RwLockReadGuard<'a, Storage>),
+    /// A dense copy of a view.
+    Copied(Storage),
+}
+
+impl std::ops::Deref for Dense<'_> {
+    type Target = Storage;
+    fn deref(&self) -> &Storage {
+        match self {
+            Dense::Stored(s) => s,
+            Dense::Copied(s) => s,
+        }
+    }
+}
+
 /// An n-dimensional array with autograd. Cloning is cheap (a shared handle).
 #[derive(Clone)]
 pub struct Tensor(Arc<Inner>);
@@ -128,12 +166,23 @@ impl Tensor {
 
     pub(crate) fn from_storage(data: Storage, shape: Shape, op: Option<Op>) -> Tensor {
         debug_assert_eq!(data.len(), shape.elem_count(), "storage and shape disagree");
+        Tensor::with_layout(Arc::new(RwLock::new(data)), Layout::contiguous(shape), false, op)
+    }
+
+    /// A view: this tensor's storage read through `layout` (no copy), made by `op`.
+    pub(crate) fn view_with(&self, layout: Layout, op: Op) -> Tensor {
+        debug_assert!(layout.span() <= self.storage().len(), "a view past the end of its storage");
+        Tensor::with_layout(self.0.data.clone(), layout, true, Some(op))
+    }
+
+    fn with_layout(data: Arc<RwLock<Storage>>, layout: Layout, is_view: bool, op: Option<Op>) -> Tensor {
         let op =
             if autograd::is_grad_enabled() { op.filter(|o| o.inputs().iter().any(|t| t.is_tracked())) } else { None };
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
-            data: RwLock::new(data),
-            shape,
+            data,
+            layout,
+            is_view,
             op,
             requires_grad: false,
             grad: Mutex::new(None),
@@ -206,15 +255,43 @@ impl Tensor {
     }
     /// The shape.
     pub fn shape(&self) -> &Shape {
-        &self.0.shape
+        self.0.layout.shape()
     }
     /// The dimensions.
     pub fn dims(&self) -> &[usize] {
-        self.0.shape.dims()
+        self.shape().dims()
     }
     /// Number of elements.
     pub fn elem_count(&self) -> usize {
-        self.0.shape.elem_count()
+        self.shape().elem_count()
+    }
+    /// Where the elements sit in the storage (strides and offset; see [`Layout`]).
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+    /// Whether the elements are in row-major order with no gaps (a view may still start at an
+    /// offset into its storage).
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+    /// Whether this tensor is a view of another's storage (made by `permute`, `transpose`,
+    /// `narrow`, `split`, `chunk` or `reshape`): in-place writes ([`Tensor::set_data`],
+    /// [`Tensor::with_data_mut`], [`Tensor::move_to`]) refuse it.
+    pub fn is_view(&self) -> bool {
+        self.0.is_view
+    }
+    /// The error for an in-place write through a view.
+    fn refuse_view(&self, op: &'static str) -> Result<()> {
+        if self.is_view() {
+            return Err(Error::Unsupported {
+                op,
+                what: format!(
+                    "writing in place through a view ({}, shares another tensor's storage): write to the tensor it views, or to a copy of the view (.detach() makes one)",
+                    self.shape()
+                ),
+            });
+        }
+        Ok(())
     }
     /// The dtype.
     pub fn dtype(&self) -> DType {
@@ -230,7 +307,7 @@ impl Tensor {
         if &self.device() == device {
             return Ok(self.clone());
         }
-        let data = self.storage().to_device(device)?;
+        let data = self.data()?.to_device(device)?;
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::ToDevice(self.clone()))))
     }
     /// Moves a tensor's data to `device` in place, keeping its identity (parameters move this way,
@@ -239,20 +316,43 @@ impl Tensor {
         if &self.device() == device {
             return Ok(());
         }
+        self.refuse_view("move_to")?;
         let data = self.storage().to_device(device)?;
         *self.storage_mut() = data;
         Ok(())
     }
+    /// The whole storage, as stored (shared with views: read it through [`Tensor::layout`], or use
+    /// [`Tensor::data`] for this tensor's elements alone).
     pub(crate) fn storage(&self) -> std::sync::RwLockReadGuard<'_, Storage> {
         self.0.data.read().unwrap_or_else(|p| p.into_inner())
     }
+    /// This tensor's elements as a dense storage (exactly `elem_count` elements, row-major): the
+    /// stored data itself where the layout covers it in order, else a copy through the layout (one
+    /// strided-copy launch on a GPU). Ops that cannot read strides take their input this way.
+    pub(crate) fn data(&self) -> Result<Dense<'_>> {
+        let s = self.storage();
+        if self.0.layout.is_dense_in(s.len()) {
+            return Ok(Dense::Stored(s));
+        }
+        Ok(Dense::Copied(s.strided_copy(&self.0.layout)?))
+    }
+    /// This tensor's elements in a storage of their own (always a fresh copy).
+    pub(crate) fn data_owned(&self) -> Result<Storage> {
+        match self.data()? {
+            Dense::Stored(s) => s.try_clone(),
+            Dense::Copied(s) => Ok(s),
+        }
+    }
+    /// The whole storage, for writing in place: never through a view (the public writers refuse
+    /// views; the optimizers write only leaves that hold gradients, which are never views).
     pub(crate) fn storage_mut(&self) -> std::sync::RwLockWriteGuard<'_, Storage> {
+        debug_assert!(!self.is_view(), "an in-place write through a view of {}", self.shape());
         self.0.data.write().unwrap_or_else(|p| p.into_inner())
     }
     /// `value` everywhere, with this tensor's shape, dtype and device (on a GPU, filled there by the
     /// fill kernel: no host buffer, no upload).
     pub fn full_like(&self, value: f64) -> Result<Tensor> {
-        let data = self.storage().full_like(value)?;
+        let data = self.storage().filled(self.elem_count(), value)?;
         Ok(Tensor::from_storage(data, self.shape().clone(), None))
     }
     /// Zeros with this tensor's shape, dtype and device.
@@ -269,7 +369,7 @@ impl Tensor {
 
     /// Every element as f64, in row-major order (downloaded from a GPU).
     pub fn try_to_vec_f64(&self) -> Result<Vec<f64>> {
-        Ok(self.storage().to_cpu()?.to_f64_vec())
+        Ok(self.data()?.to_cpu()?.to_f64_vec())
     }
     /// Every element as f64. Panics only if a GPU download fails (a device fault, not a usage
     /// error); use [`Tensor::try_to_vec_f64`] to handle that.
@@ -278,7 +378,7 @@ impl Tensor {
     }
     /// Every element as f32 (see [`Tensor::to_vec_f64`]).
     pub fn to_vec_f32(&self) -> Vec<f32> {
-        let s = self.storage().to_cpu().unwrap_or_else(|e| panic!("downloading a tensor: {e}"));
+        let s = self.data().and_then(|d| d.to_cpu()).unwrap_or_else(|e| panic!("downloading a tensor: {e}"));
         s.as_f32().into_owned()
     }
     /// The value of a one-element tensor.
@@ -297,18 +397,19 @@ impl Tensor {
         if d == self.dtype() {
             return Ok(self.clone());
         }
-        let data = self.storage().to_dtype(d)?;
+        let data = self.data()?.to_dtype(d)?;
         Ok(Tensor::from_storage(data, self.shape().clone(), Some(Op::ToDType(self.clone()))))
     }
 
     /// Marks a leaf tensor as needing gradients (returns a new handle sharing nothing with `self`'s
     /// graph). Panics only if copying the data on its GPU fails (a device fault, not a usage error).
     pub fn requires_grad(self) -> Tensor {
-        let data = self.storage().try_clone().unwrap_or_else(|e| panic!("copying a tensor on its device: {e}"));
+        let data = self.data_owned().unwrap_or_else(|e| panic!("copying a tensor on its device: {e}"));
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
-            data: RwLock::new(data),
-            shape: self.shape().clone(),
+            data: Arc::new(RwLock::new(data)),
+            layout: Layout::contiguous(self.shape().clone()),
+            is_view: false,
             op: None,
             requires_grad: true,
             grad: Mutex::new(None),
@@ -325,7 +426,7 @@ impl Tensor {
     /// The same data, cut from the graph (a copy). Panics only if copying on the GPU fails (a device
     /// fault, not a usage error).
     pub fn detach(&self) -> Tensor {
-        let data = self.storage().try_clone().unwrap_or_else(|e| panic!("copying a tensor on its device: {e}"));
+        let data = self.data_owned().unwrap_or_else(|e| panic!("copying a tensor on its device: {e}"));
         Tensor::from_storage(data, self.shape().clone(), None)
     }
     /// The accumulated gradient of a leaf, if any.
@@ -346,8 +447,10 @@ impl Tensor {
         Ok(())
     }
 
-    /// Overwrites the data in place (optimizers; the shape and dtype must match).
+    /// Overwrites the data in place (optimizers, checkpoint loads; the shape and dtype must match).
+    /// The tensor's views see the new data; a view itself refuses (see [`Tensor::is_view`]).
     pub fn set_data(&self, src: &Tensor) -> Result<()> {
+        self.refuse_view("set_data")?;
         if src.device() != self.device() {
             return Err(Error::Device { op: "set_data", a: self.device().name(), b: src.device().name() });
         }
@@ -360,13 +463,15 @@ impl Tensor {
         if src.id() == self.id() {
             return Ok(());
         }
-        let data = src.storage().try_clone()?;
+        let data = src.data_owned()?;
         *self.storage_mut() = data;
         Ok(())
     }
 
-    /// Runs `f` on the data as a mutable slice of `T` (optimizer kernels).
+    /// Runs `f` on the data as a mutable slice of `T` (optimizer kernels). A view refuses (see
+    /// [`Tensor::is_view`]).
     pub fn with_data_mut<T: Float, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        self.refuse_view("with_data_mut")?;
         Ok(f(self.storage_mut().host_slice_mut("with_data_mut")?))
     }
 }

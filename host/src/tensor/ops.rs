@@ -5,7 +5,7 @@
 
 pub use super::elementwise::{Binary, Unary};
 pub use super::storage::ArgMax;
-use super::{DType, Shape, Storage, Tensor};
+use super::{DType, Tensor};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -16,7 +16,9 @@ pub enum Op {
     Unary(Tensor, Unary),
     /// Elementwise function of two inputs, broadcast.
     Binary(Tensor, Tensor, Binary),
-    /// Matrix product (2-D, or batched 3-D).
+    /// Matrix product of `a` (..., M, K) and `b`, either (K, N) shared by every row of `a` or
+    /// (..., K, N) with `a`'s batch dimensions (`Tensor::matmul` broadcasts the batches before
+    /// recording, so their gradients are summed back by the broadcast's own rule).
     Matmul(Tensor, Tensor),
     /// `x w^T` with `w` (N x K) 2-D: a Linear layer's product, `w` read in place.
     MatmulT(Tensor, Tensor),
@@ -46,8 +48,28 @@ pub enum Op {
     SumTo(Tensor),
     /// Same data, new shape.
     Reshape(Tensor),
-    /// Two dimensions swapped (materialized).
+    /// Two dimensions swapped (a view).
     Transpose(Tensor, usize, usize),
+    /// Dimensions reordered (a view): output dimension `i` is input dimension `perm[i]`.
+    Permute(Tensor, Vec<usize>),
+    /// A range of one dimension (a view).
+    Narrow {
+        /// Input.
+        x: Tensor,
+        /// The dimension.
+        dim: usize,
+        /// The first entry kept.
+        start: usize,
+    },
+    /// Tensors joined along one dimension (a copy).
+    Cat {
+        /// The inputs, in order.
+        xs: Vec<Tensor>,
+        /// The dimension.
+        dim: usize,
+    },
+    /// A view copied into contiguous storage.
+    Contiguous(Tensor),
     /// Softmax over the last dimension.
     Softmax(Tensor),
     /// Log-softmax over the last dimension.
@@ -101,6 +123,10 @@ impl Op {
             Op::SumTo(_) => "sum_to",
             Op::Reshape(_) => "reshape",
             Op::Transpose(..) => "transpose",
+            Op::Permute(..) => "permute",
+            Op::Narrow { .. } => "narrow",
+            Op::Cat { .. } => "cat",
+            Op::Contiguous(_) => "contiguous",
             Op::Softmax(_) => "softmax",
             Op::LogSoftmax(_) => "log_softmax",
             Op::CrossEntropy { .. } => "cross_entropy",
@@ -120,6 +146,9 @@ impl Op {
             | Op::SumTo(x)
             | Op::Reshape(x)
             | Op::Transpose(x, ..)
+            | Op::Permute(x, _)
+            | Op::Narrow { x, .. }
+            | Op::Contiguous(x)
             | Op::Softmax(x)
             | Op::LogSoftmax(x)
             | Op::Dropout(x, _)
@@ -127,6 +156,7 @@ impl Op {
             | Op::ToDevice(x) => vec![x],
             Op::Binary(a, b, _) | Op::Matmul(a, b) | Op::MatmulT(a, b) => vec![a, b],
             Op::Sum { x, .. } | Op::Max { x, .. } => vec![x],
+            Op::Cat { xs, .. } => xs.iter().collect(),
             Op::CrossEntropy { logits, .. } => vec![logits],
             Op::LayerNorm { x, weight, bias, .. } => vec![x, weight, bias],
             Op::Embedding { weight, .. } => vec![weight],
@@ -141,6 +171,9 @@ impl Op {
             | Op::SumTo(x)
             | Op::Reshape(x)
             | Op::Transpose(x, ..)
+            | Op::Permute(x, _)
+            | Op::Narrow { x, .. }
+            | Op::Contiguous(x)
             | Op::Softmax(x)
             | Op::LogSoftmax(x)
             | Op::ToDType(x)
@@ -148,6 +181,7 @@ impl Op {
             | Op::Sum { x, .. }
             | Op::Max { x, .. } => vec![x],
             Op::Dropout(x, m) => vec![x, m],
+            Op::Cat { xs, .. } => xs,
             Op::Binary(a, b, _) | Op::Matmul(a, b) | Op::MatmulT(a, b) => vec![a, b],
             Op::CrossEntropy { logits, .. } => vec![logits],
             Op::LayerNorm { x, weight, bias, mean, rstd } => vec![x, weight, bias, mean, rstd],
@@ -187,41 +221,29 @@ impl Op {
                 vec![(a.clone(), ga.sum_to(a.shape())?), (b.clone(), gb.sum_to(b.shape())?)]
             }
             Op::Matmul(a, b) => {
-                // Against a 2-D b, each gradient reads its transposed operand in place where the
-                // backend can (CUDA f32: the GEMM ladder's layout rungs, the same chains as
-                // transposing first, bit for bit), and falls back to a transposed copy on its own.
+                // Against a 2-D b (k x n), both gradients are 2-D products with one operand a
+                // transposed view, which `matmul` reads in place where the backend can (CUDA f32:
+                // the GEMM ladder's NT and TN rungs, the same bits as multiplying a transposed
+                // copy) and copies elsewhere. Against a batched b, batched products of transposed
+                // views (copied).
                 let (k, n) = (a.dims()[a.shape().rank() - 1], g.dims()[g.shape().rank() - 1]);
                 let rows = a.elem_count() / k.max(1);
-                let two_d = b.shape().rank() == 2;
-                // da (rows x k) = g (rows x n) b^T, b stored k x n
-                let ga =
-                    if two_d { product_in_place(g, b, (rows, n, k), Storage::matmul_abt, a.shape())? } else { None };
-                let ga = match ga {
-                    Some(ga) => ga,
-                    None => g.matmul(&b.transpose(-1, -2)?)?,
-                };
-                // db (k x n) = a^T g over all rows, a stored rows x k
-                let gb =
-                    if two_d { product_in_place(a, g, (k, rows, n), Storage::matmul_atb, b.shape())? } else { None };
-                let gb = match gb {
-                    Some(gb) => gb,
-                    None if a.shape().rank() == 3 && two_d => {
-                        a.reshape([rows, k])?.transpose(0, 1)?.matmul(&g.reshape([rows, n])?)?
-                    }
-                    None => a.transpose(-1, -2)?.matmul(g)?,
-                };
-                vec![(a.clone(), ga), (b.clone(), gb)]
+                if b.shape().rank() == 2 {
+                    // da (rows x k) = g (rows x n) b^T; db (k x n) = a^T g over all rows
+                    let ga = g.reshape([rows, n])?.matmul(&b.transpose(0, 1)?)?.reshape(a.shape().clone())?;
+                    let gb = a.reshape([rows, k])?.transpose(0, 1)?.matmul(&g.reshape([rows, n])?)?;
+                    vec![(a.clone(), ga), (b.clone(), gb)]
+                } else {
+                    vec![(a.clone(), g.matmul(&b.transpose(-1, -2)?)?), (b.clone(), a.transpose(-1, -2)?.matmul(g)?)]
+                }
             }
             Op::MatmulT(x, w) => {
-                // y = x w^T: dx = g w; dw (n x k) = g^T x over all rows (g read in place where the
-                // backend can).
+                // y = x w^T: dx = g w; dw (n x k) = g^T x over all rows (g a transposed view, read
+                // in place where the backend can).
                 let (n, k) = (w.dims()[0], w.dims()[1]);
                 let rows = x.elem_count() / k.max(1);
                 let gx = g.matmul(w)?;
-                let gw = match product_in_place(g, x, (n, rows, k), Storage::matmul_atb, w.shape())? {
-                    Some(gw) => gw,
-                    None => g.reshape([rows, n])?.transpose(0, 1)?.matmul(&x.reshape([rows, k])?)?,
-                };
+                let gw = g.reshape([rows, n])?.transpose(0, 1)?.matmul(&x.reshape([rows, k])?)?;
                 vec![(x.clone(), gx), (w.clone(), gw)]
             }
             Op::Sum { x, dims, keepdim } => {
@@ -229,13 +251,32 @@ impl Op {
                 vec![(x.clone(), kept.expand(x.shape())?)]
             }
             Op::Max { x, argmax, .. } => {
-                let gx = g.storage().scatter_argmax(argmax, &x.storage())?;
+                let gx = g.data()?.scatter_argmax(argmax, &*x.data()?)?;
                 vec![(x.clone(), Tensor::from_storage(gx, x.shape().clone(), None))]
             }
             Op::Expand(x) => vec![(x.clone(), g.sum_to(x.shape())?)],
             Op::SumTo(x) => vec![(x.clone(), g.expand(x.shape())?)],
             Op::Reshape(x) => vec![(x.clone(), g.reshape(x.shape().clone())?)],
             Op::Transpose(x, d0, d1) => vec![(x.clone(), g.transpose(*d0 as isize, *d1 as isize)?)],
+            Op::Permute(x, perm) => {
+                let mut inverse = vec![0isize; perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    inverse[p] = i as isize;
+                }
+                vec![(x.clone(), g.permute(&inverse)?)]
+            }
+            Op::Narrow { x, dim, start } => vec![(x.clone(), g.pad_into(x.shape(), *dim, *start)?)],
+            Op::Cat { xs, dim } => {
+                let mut start = 0;
+                let mut grads = Vec::with_capacity(xs.len());
+                for x in xs {
+                    let len = x.dims()[*dim];
+                    grads.push((x.clone(), g.narrow(*dim as isize, start, len)?));
+                    start += len;
+                }
+                grads
+            }
+            Op::Contiguous(x) => vec![(x.clone(), g.clone())],
             Op::Softmax(x) => {
                 let dot = g.mul(out)?.sum_keepdim(-1)?;
                 vec![(x.clone(), out.mul(&g.sub(&dot)?)?)]
@@ -247,7 +288,7 @@ impl Op {
             Op::CrossEntropy { logits, targets } => {
                 let c = logits.dims()[1];
                 // Fused where the backend has it (CUDA); composed from tensor ops elsewhere.
-                let fused = logits.storage().cross_entropy_backward(targets, c, &g.storage())?;
+                let fused = logits.data()?.cross_entropy_backward(targets, c, &*g.data()?)?;
                 if let Some(gl) = fused {
                     return Ok(vec![(logits.clone(), Tensor::from_storage(gl, logits.shape().clone(), None))]);
                 }
@@ -269,7 +310,7 @@ impl Op {
             }
             Op::Embedding { weight, ids } => {
                 let (v, d) = (weight.dims()[0], weight.dims()[1]);
-                let gw = g.storage().embedding_backward(ids, v, d, weight.dtype())?;
+                let gw = g.data()?.embedding_backward(ids, v, d, weight.dtype())?;
                 vec![(weight.clone(), Tensor::from_storage(gw, weight.shape().clone(), None))]
             }
             Op::Dropout(x, mask) => vec![(x.clone(), g.mul(mask)?)],
@@ -285,18 +326,4 @@ fn one_hot(targets: &[usize], classes: usize, dtype: DType) -> Result<Tensor> {
         v[i * classes + t] = 1.0;
     }
     Tensor::from_f64(&v, [targets.len(), classes], dtype)
-}
-
-/// A product whose one operand the backend reads transposed in place ([`Storage::matmul_abt`] or
-/// [`Storage::matmul_atb`], `(m, k, n)`), as an untracked gradient of `shape`; `None` where the
-/// backend cannot (the caller multiplies a transposed copy).
-fn product_in_place(
-    a: &Tensor,
-    b: &Tensor,
-    (m, k, n): (usize, usize, usize),
-    product: fn(&Storage, &Storage, usize, usize, usize) -> Result<Option<Storage>>,
-    shape: &Shape,
-) -> Result<Option<Tensor>> {
-    let data = product(&a.storage(), &b.storage(), m, k, n)?;
-    Ok(data.map(|data| Tensor::from_storage(data, shape.clone(), None)))
 }

@@ -6,6 +6,7 @@ use super::Targets;
 use super::cpu::{CpuStorage, Float};
 use super::cuda_backend::CudaStorage;
 use super::elementwise::{Binary, Unary};
+use super::layout::{Layout, coalesce};
 use super::shape::Shape;
 use crate::cuda::DeviceBuffer;
 use crate::dtype::DType;
@@ -60,6 +61,14 @@ pub enum ArgMax {
     Host(Vec<usize>),
     /// Device offsets.
     Device(DeviceBuffer<u32>),
+}
+
+/// The error for a layout that reads past the end of its storage (a bug in a view op).
+fn check_span(op: &'static str, layout: &Layout, len: usize) -> Result<()> {
+    if layout.span() > len {
+        return Err(Error::shape(op, format!("a view reading up to element {} of a storage of {len}", layout.span())));
+    }
+    Ok(())
 }
 
 /// The error for two inputs on different devices.
@@ -144,15 +153,6 @@ impl Storage {
         }
     }
 
-    /// `value` everywhere, with this data's length, dtype and device (on a GPU, filled by the fill
-    /// kernel: no host buffer, no upload).
-    pub(crate) fn full_like(&self, value: f64) -> Result<Storage> {
-        Ok(match self {
-            Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![value; s.len()])),
-            Storage::Cuda(s) => Storage::Cuda(CudaStorage::full(&s.dev, s.len(), value as f32)?),
-        })
-    }
-
     /// An elementwise function of one input.
     pub(crate) fn unary(&self, u: Unary) -> Result<Storage> {
         Ok(match self {
@@ -170,25 +170,88 @@ impl Storage {
         })
     }
 
-    /// This data (shape `from`) broadcast to `to`, materialized.
+    /// `self (op) other` broadcast to `out`, each input read through its layout in place (views
+    /// and broadcasts in one pass), where the backend can: CUDA, by the strided binary kernel.
+    /// `None` elsewhere (the caller makes dense copies of the views).
+    pub(crate) fn binary_views(
+        &self,
+        la: &Layout,
+        other: &Storage,
+        lb: &Layout,
+        out: &Shape,
+        op: Binary,
+    ) -> Result<Option<Storage>> {
+        Ok(match (self, other) {
+            (Storage::Cuda(x), Storage::Cuda(y)) => {
+                check_span(op.name(), la, x.len())?;
+                check_span(op.name(), lb, y.len())?;
+                let (sa, sb) = (la.broadcast_strides(out), lb.broadcast_strides(out));
+                let (dims, s) = coalesce(out.dims(), &[&out.strides(), &sa, &sb]);
+                let a = (s[1].as_slice(), la.offset());
+                Some(Storage::Cuda(x.binary_strided(y, &dims, a, (&s[2], lb.offset()), op)?))
+            }
+            _ => None,
+        })
+    }
+
+    /// This data (shape `from`) broadcast to `to`, materialized (a gather through stride-0
+    /// dimensions: every dtype).
     pub(crate) fn expand(&self, from: &Shape, to: &Shape) -> Result<Storage> {
         Ok(match self {
-            Storage::Cpu(s) => Storage::Cpu(s.expand(from, to)?),
+            Storage::Cpu(s) => Storage::Cpu(s.gather(&Layout::broadcast(from, to).offsets())),
             Storage::Cuda(s) => Storage::Cuda(s.strided_copy(to, &from.broadcast_strides(to))?),
         })
     }
 
-    /// This data (shape `shape`) with dimensions `d0` and `d1` swapped, materialized.
-    pub(crate) fn transpose(&self, shape: &Shape, d0: usize, d1: usize) -> Result<Storage> {
+    /// The elements `layout` reads from this data, in row-major order of its shape (a dense copy of
+    /// a view: one strided-copy launch on a GPU).
+    pub(crate) fn strided_copy(&self, layout: &Layout) -> Result<Storage> {
+        check_span("strided copy", layout, self.len())?;
         Ok(match self {
-            Storage::Cpu(s) => Storage::Cpu(s.transpose(shape, d0, d1)?),
+            Storage::Cpu(s) => Storage::Cpu(s.gather(&layout.offsets())),
             Storage::Cuda(s) => {
-                let mut dims = shape.dims().to_vec();
-                dims.swap(d0, d1);
-                let mut strides = shape.strides();
-                strides.swap(d0, d1);
-                Storage::Cuda(s.strided_copy(&Shape(dims), &strides)?)
+                let (dims, strides) = layout.coalesced();
+                Storage::Cuda(s.view_copy(&dims, &strides, layout.offset())?)
             }
+        })
+    }
+
+    /// Writes the elements `src_layout` reads from `src` to the places `dst` names in this data
+    /// (the same shape; `dst`'s places distinct): `cat`, and the zero-padded gradient of `narrow`.
+    pub(crate) fn write_strided(&mut self, dst: &Layout, src: &Storage, src_layout: &Layout) -> Result<()> {
+        if dst.shape() != src_layout.shape() {
+            return Err(Error::shape(
+                "strided write",
+                format!("destination {} and source {} differ", dst.shape(), src_layout.shape()),
+            ));
+        }
+        check_span("strided write", dst, self.len())?;
+        check_span("strided write", src_layout, src.len())?;
+        match (self, src) {
+            (Storage::Cpu(d), Storage::Cpu(s)) => d.scatter(&dst.offsets(), s, &src_layout.offsets()),
+            (Storage::Cuda(d), Storage::Cuda(s)) => {
+                let (dims, strides) = coalesce(dst.shape().dims(), &[src_layout.strides(), dst.strides()]);
+                d.scatter_from(s, &dims, (&strides[0], src_layout.offset()), (&strides[1], dst.offset()))
+            }
+            (d, s) => Err(devices("strided write", d, s)),
+        }
+    }
+
+    /// `n` elements of this data's dtype on its device, for an op that writes every one (zeros on
+    /// the host; not cleared on a GPU, where `KILN_POISON=1` poisons them).
+    pub(crate) fn scratch(&self, n: usize) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![0.0; n])),
+            Storage::Cuda(s) => Storage::Cuda(CudaStorage::scratch(&s.dev, n)?),
+        })
+    }
+
+    /// `n` elements equal to `value`, of this data's dtype on its device (on a GPU, filled by the
+    /// fill kernel).
+    pub(crate) fn filled(&self, n: usize, value: f64) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![value; n])),
+            Storage::Cuda(s) => Storage::Cuda(CudaStorage::full(&s.dev, n, value as f32)?),
         })
     }
 

@@ -28,15 +28,35 @@ impl CpuStorage {
         })
     }
 
-    /// `self` (shape `from`) broadcast to `to`, materialized.
-    pub(crate) fn expand(&self, from: &Shape, to: &Shape) -> Result<CpuStorage> {
-        let zero = CpuStorage::from_f64(self.dtype(), &vec![0.0; to.elem_count()]);
-        BroadcastBinary { op: Binary::Add, a: from, b: to, out: to }.map(self, &zero)
+    /// The elements at `offsets`, in order (a dense copy of a view; every dtype).
+    pub(crate) fn gather(&self, offsets: &[usize]) -> CpuStorage {
+        fn pick<T: Copy>(v: &[T], offsets: &[usize]) -> Vec<T> {
+            offsets.iter().map(|&o| v[o]).collect()
+        }
+        match self {
+            CpuStorage::F32(v) => CpuStorage::F32(pick(v, offsets)),
+            CpuStorage::F64(v) => CpuStorage::F64(pick(v, offsets)),
+            CpuStorage::BF16(v) => CpuStorage::BF16(pick(v, offsets)),
+            CpuStorage::F16(v) => CpuStorage::F16(pick(v, offsets)),
+        }
     }
 
-    /// `self` (shape `shape`) with dimensions `d0` and `d1` swapped, materialized.
-    pub(crate) fn transpose(&self, shape: &Shape, d0: usize, d1: usize) -> Result<CpuStorage> {
-        Transpose2 { shape, d0, d1 }.map(self)
+    /// `self[dst[i]] = src[src_offsets[i]]` for every `i` (a strided write; every dtype, both the
+    /// same).
+    pub(crate) fn scatter(&mut self, dst: &[usize], src: &CpuStorage, src_offsets: &[usize]) -> Result<()> {
+        fn put<T: Copy>(out: &mut [T], dst: &[usize], v: &[T], src: &[usize]) {
+            for (&d, &s) in dst.iter().zip(src) {
+                out[d] = v[s];
+            }
+        }
+        match (self, src) {
+            (CpuStorage::F32(o), CpuStorage::F32(v)) => put(o, dst, v, src_offsets),
+            (CpuStorage::F64(o), CpuStorage::F64(v)) => put(o, dst, v, src_offsets),
+            (CpuStorage::BF16(o), CpuStorage::BF16(v)) => put(o, dst, v, src_offsets),
+            (CpuStorage::F16(o), CpuStorage::F16(v)) => put(o, dst, v, src_offsets),
+            (o, v) => return Err(Error::DType { op: "strided write", got: v.dtype(), expected: o.dtype() }),
+        }
+        Ok(())
     }
 
     /// `self` (shape `from`) summed into `to`, a shape that broadcasts to `from` (`op` names errors).
@@ -300,27 +320,6 @@ impl Map1 for SoftmaxRows {
                 }
             }
         }))
-    }
-}
-
-struct Transpose2<'a> {
-    shape: &'a Shape,
-    d0: usize,
-    d1: usize,
-}
-impl Map1 for Transpose2<'_> {
-    const OP: &'static str = "transpose";
-    fn f<T: Float>(&self, x: &[T]) -> Result<Vec<T>> {
-        let mut out_dims = self.shape.dims().to_vec();
-        out_dims.swap(self.d0, self.d1);
-        let out = Shape(out_dims);
-        // Read the input through permuted strides while walking the output in order.
-        let mut s = self.shape.strides();
-        s.swap(self.d0, self.d1);
-        let zeros = vec![0; out.rank()];
-        let mut v = Vec::with_capacity(x.len());
-        for_each_broadcast(&out, &s, &zeros, |i, _| v.push(x[i]));
-        Ok(v)
     }
 }
 
