@@ -245,7 +245,7 @@ enum Command {
         ladder: bool,
         /// With --ladder: also write the table as JSON to PATH, with the device, date, commit and
         /// command (what `cargo xtask figures` plots from `benches/results/`).
-        #[arg(long, value_name = "PATH", requires = "ladder")]
+        #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
         /// The product, MxNxK (each 1 or more).
         #[arg(long, default_value = "4096x4096x4096", value_parser = parse_shape, allow_negative_numbers = true)]
@@ -532,6 +532,16 @@ fn main() -> std::process::ExitCode {
         Some(Command::Eval { checkpoint, data_dir }) => eval(checkpoint, data_dir).map(|_| true),
         Some(Command::Info { load_time }) => info(load_time).map(|_| true),
         Some(Command::Gemm { ladder: true, shape, reps, seed, json, .. }) => gemm_ladder(shape, reps, seed, json),
+        Some(Command::Gemm { json: Some(_), .. }) => {
+            // (clap's `requires` counts a flag's default `false` as given)
+            use clap::CommandFactory;
+            Cli::command()
+                .error(
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "--json PATH writes the table of --ladder: add --ladder",
+                )
+                .exit()
+        }
         Some(Command::Gemm { kernel, shape, reps, seed, split_k, .. }) => gemm(kernel, shape, reps, seed, split_k),
     };
     match result {
