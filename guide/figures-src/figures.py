@@ -5,7 +5,12 @@
 
 Standard library only. The layouts come from the code: the thread maps of rungs 1 and 2 and the
 warp tile of rung 7 from gpu/src/kernels/gemm/sgemm.rs, the mma.sync fragments from the
-(host-tested) layout functions of gpu/src/mma.rs, the swizzle from gpu/src/swizzle.rs.
+(host-tested) layout functions of gpu/src/mma.rs, the swizzle from gpu/src/swizzle.rs. The
+asynchronous pipelines follow the kernels: the TMA ring and its parities (rung 9), cluster multicast
+(rung 11) and the staged epilogue (rung 12) from gpu/src/kernels/gemm/gemm_wgmma.rs, tensor memory
+(rung 14) from gemm_tcgen05.rs and gpu/src/tcgen05.rs, the megakernel's instruction lists and page
+ring from gpu/src/megakernel.rs and gpu/src/kernels/megakernel/tensor_cores/. Their timelines are
+illustrative (made-up durations); the order of events, the counts and the parities are the code's.
 
 The plots from measured data (the ladder, the roofline) are not drawn here: `cargo xtask figures`
 draws them from benches/results/*.json (xtask/src/figures.rs).
