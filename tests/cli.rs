@@ -402,5 +402,9 @@ fn gemm_ladder_without_a_gpu_says_so() {
     let r = kiln_with_env(&dir, &["gemm", "--ladder", "--shape", "0x64x64"], &no_gpu);
     assert_eq!(r.code, Some(2), "{r:?}");
     assert!(r.err.contains("--shape"), "{r:?}");
+    // the JSON is the ladder's: --json without --ladder is a usage error
+    let r = kiln_with_env(&dir, &["gemm", "--kernel", "sgemm_smem", "--json", "x.json"], &no_gpu);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.err.contains("--json") && r.err.contains("--ladder"), "{r:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,22 +5,22 @@
 
 Standard library only. The layouts come from the code: the thread maps of rungs 1 and 2 and the
 warp tile of rung 7 from gpu/src/kernels/gemm/sgemm.rs, the mma.sync fragments from the
-(host-tested) layout functions of gpu/src/mma.rs, the swizzle from gpu/src/swizzle.rs. The plots
-read run 13's table at the top of benches/results/gemm.md (H200, 2026-11-21). The peaks are those
-of guide/src/hardware.md.
+(host-tested) layout functions of gpu/src/mma.rs, the swizzle from gpu/src/swizzle.rs. The
+asynchronous pipelines follow the kernels: the TMA ring and its parities (rung 9), cluster multicast
+(rung 11) and the staged epilogue (rung 12) from gpu/src/kernels/gemm/gemm_wgmma.rs, tensor memory
+(rung 14) from gemm_tcgen05.rs and gpu/src/tcgen05.rs, the megakernel's instruction lists and page
+ring from gpu/src/megakernel.rs and gpu/src/kernels/megakernel/tensor_cores/. Their timelines are
+illustrative (made-up durations); the order of events, the counts and the parities are the code's.
+
+The plots from measured data (the ladder, the roofline) are not drawn here: `cargo xtask figures`
+draws them from benches/results/*.json (xtask/src/figures.rs).
 """
 
-import math
 import os
-import re
 import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "guide", "src", "figures")
-
-FP32_PEAK = 66.9  # TFLOP/s, H100/H200 SXM FP32 non-tensor
-BF16_PEAK = 989.4  # TFLOP/s, H100/H200 SXM bf16 dense tensor core
-H200_BW = 4.8  # TB/s
 
 FONT = 'font-family="sans-serif"'
 COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"]
@@ -369,122 +369,350 @@ def swizzle():
     svg.save("swizzle-128b.svg")
 
 
-# (e) plots from benches/results/gemm.md (run 13) -------------------------------------------------
+
+# (e) rung 9: the TMA + mbarrier ring over time, from gpu/src/kernels/gemm/gemm_wgmma.rs -----------
 
 
-def run13():
-    text = open(os.path.join(ROOT, "benches", "results", "gemm.md")).read()
-    first = text.split("\n## ")[0]  # run 13's table: the file's first section
-    rows = []
-    for line in first.splitlines():
-        m = re.match(r"\| (\d+) x (\d+) x (\d+) \| (\S+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", line)
-        if m:
-            rows.append(((int(m[1]), int(m[2]), int(m[3])), m[4], float(m[5]), float(m[6])))
-    return rows
-
-
-FP32_RUNGS = [
-    ("3", "sgemm_smem", "smem"),
-    ("4", "sgemm_tile1d_64x64x8_8", "tile1d"),
-    ("5", "sgemm_tile2d_64x64x8_4x4", "tile2d 4x4"),
-    ("6", "sgemm_vec_128x128x8_8x8", "vec 8x8"),
-    ("7", "sgemm_warptile_128x128x16", "warptile, 1st"),
-    ("7", "sgemm_warptile_128x256x8_8x16_db", "128x256 db"),
-    ("13", "sgemm_warptile_128x256x8_8x16_db_tn", "128x256 db, TN"),
-]
-# In run 13, gemm_wgmma_bf16_persistent was rung 11's kernel (register-store epilogue); the staged
-# epilogue of rung 12 came in runs 15-16 under the same name.
-TC_RUNGS = [
-    ("8", "hgemm_mma_bf16", "mma.sync"),
-    ("9", "gemm_wgmma_bf16", "wgmma"),
-    ("10", "gemm_wgmma_bf16_wide", "wgmma wide"),
-    ("11", "gemm_wgmma_bf16_persistent", "persistent"),
-]
-
-
-def ladder_plot():
-    rows = run13()
-    shape = (4096, 4096, 4096)
-    at = {(s, k): (t, c) for s, k, t, c in rows}
-    svg = Svg(980, 470)
-    svg.text(490, 22, "The ladder at 4096^3 against cuBLAS and the hardware peak (H200, run 13, 2026-11-21)", 14, "middle", weight="bold")
-    for panel, (title, rungs, peak, top, step, cublas_name) in enumerate([
-        ("FP32 rungs (CUDA cores) vs cuBLAS SGEMM, TF32 off", FP32_RUNGS, FP32_PEAK, 70, 10, "FP32"),
-        ("tensor-core rungs, bf16 in, f32 out, vs cuBLAS GemmEx", TC_RUNGS, BF16_PEAK, 1000, 100, "bf16"),
-    ]):
-        ox, oy, w, h = 70 + panel * 490, 60, 400, 320
-        svg.text(ox + w / 2, oy - 8, title, 11.5, "middle", weight="bold")
-        y = lambda v: oy + h - v / top * h
-        for v in range(0, top + 1, step):
-            svg.line(ox, y(v), ox + w, y(v), "#ddd", 0.8)
-            svg.text(ox - 5, y(v) + 4, str(v), 10, "end")
-        svg.text(ox - 42, oy + h / 2, "TFLOP/s", 11, "middle", extra=f'transform="rotate(-90 {ox - 42} {oy + h / 2})"')
-        bw = w / len(rungs)
-        cub = None
-        for i, (rung, name, short) in enumerate(rungs):
-            t, c = at[(shape, name)]
-            cub = c
-            x = ox + i * bw + bw * 0.15
-            svg.rect(x, y(t), bw * 0.7, y(0) - y(t), COLORS[0] if panel == 0 else COLORS[2], "none", 0)
-            svg.text(x + bw * 0.35, y(t) - 4, f"{t:g}", 10, "middle")
-            svg.text(x + bw * 0.35, oy + h + 14, f"rung {rung}", 10, "middle")
-            svg.text(x + bw * 0.35, oy + h + 27 + 11 * (i % 2), short, 9, "middle", fill="#555")
-        svg.line(ox, y(peak), ox + w, y(peak), COLORS[3], 2)
-        svg.text(ox + w - 4, y(peak) + 14, f"{cublas_name} peak {peak} TFLOP/s", 10.5, "end", fill=COLORS[3])
-        svg.line(ox, y(cub), ox + w, y(cub), "#000", 1.5, 'stroke-dasharray="6,4"')
-        svg.text(ox + 2, y(cub) - 5, f"cuBLAS {cub:g}", 10.5, fill="#000")
-        svg.rect(ox, oy, w, h, "none", "#000", 1)
-    svg.text(490, 440, "Data: the first table of benches/results/gemm.md (one run; cuBLAS measured first in the same process). Later runs moved some", 10.5, "middle")
-    svg.text(490, 455, "rungs (the staged epilogue of rung 12 reached 757-763 TFLOP/s); the chapters give those. Peaks: guide/src/hardware.md.", 10.5, "middle")
-    svg.save("ladder-4096.svg")
-
-
-def roofline():
-    rows = run13()
-    shape = (4096, 4096, 4096)
-    at = {(s, k): t for s, k, t, c in rows}
-    svg = Svg(820, 520)
-    svg.text(410, 22, "Roofline of the H200 (4.8 TB/s) with the ladder at 4096^3 (run 13)", 14, "middle", weight="bold")
-    ox, oy, w, h = 80, 50, 680, 380
-    xmin, xmax, ymin, ymax = -1, 4, -1, math.log10(3000)  # log10 of FLOP/byte and TFLOP/s
-    X = lambda v: ox + (math.log10(v) - xmin) / (xmax - xmin) * w
-    Y = lambda v: oy + h - (math.log10(v) - ymin) / (ymax - ymin) * h
-    for e in range(xmin, xmax + 1):
-        svg.line(X(10**e), oy, X(10**e), oy + h, "#ddd", 0.8)
-        svg.text(X(10**e), oy + h + 15, f"{10**e:g}", 10, "middle")
-    for e in range(ymin, 4):
-        svg.line(ox, Y(10**e), ox + w, Y(10**e), "#ddd", 0.8)
-        svg.text(ox - 5, Y(10**e) + 4, f"{10**e:g}", 10, "end")
-    svg.text(ox + w / 2, oy + h + 34, "arithmetic intensity (FLOP per byte of DRAM traffic)", 11, "middle")
-    svg.text(ox - 45, oy + h / 2, "TFLOP/s", 11, "middle", extra=f'transform="rotate(-90 {ox - 45} {oy + h / 2})"')
-    for peak, col, name in [(FP32_PEAK, COLORS[0], "FP32"), (BF16_PEAK, COLORS[2], "bf16 dense")]:
-        ridge = peak / H200_BW
-        svg.line(X(0.1), Y(0.1 * H200_BW), X(ridge), Y(peak), col, 2)
-        svg.line(X(ridge), Y(peak), X(10**xmax), Y(peak), col, 2)
-        svg.line(X(ridge), Y(peak), X(ridge), oy + h, col, 1, 'stroke-dasharray="3,3"')
-        svg.text(X(10**xmax) - 4, Y(peak) - 6, f"{name} peak {peak}", 10.5, "end", fill=col)
-        svg.text(X(ridge) + 4, oy + h - 6, f"ridge {ridge:.1f}", 10, fill=col)
-    svg.text(X(0.5), Y(0.5 * H200_BW) - 10, "HBM 4.8 TB/s", 10.5, extra=f'transform="rotate(-{math.degrees(math.atan(h / (ymax - ymin) / (w / (xmax - xmin)))):.1f} {X(0.5):.1f} {Y(0.5 * H200_BW) - 10:.1f})"')
-    # ideal intensities at 4096^3: f32 operands n/6, bf16 in + f32 out n/4
-    n = 4096
-    for ai, rungs, col in [(n / 6, FP32_RUNGS, COLORS[0]), (n / 4, TC_RUNGS, COLORS[2])]:
-        pts = sorted(((at[(shape, name)], rung) for rung, name, _ in rungs), reverse=True)
-        last = -1e9
-        for t, rung in pts:
-            svg.circle(X(ai), Y(t), 4, col)
-            # labels in a column to the left, at least 12 px apart, with a leader line
-            ly = max(Y(t), last + 12)
-            last = ly
-            svg.line(X(ai) - 5, Y(t), X(ai) - 40, ly, "#999", 0.6)
-            svg.text(X(ai) - 43, ly + 4, f"rung {rung}: {t:g}", 9.5, "end")
-    svg.rect(ox, oy, w, h, "none", "#000", 1)
-    notes = [
-        "Points: each rung's TFLOP/s (numbered by rung) at the intensity of an ideal GEMM (each matrix through DRAM once): n/6 = 683 FLOP/byte",
-        "for f32 operands, n/4 = 1,024 for bf16 inputs and f32 output. Both are right of the ridges, so the distance to the roof is the kernel's.",
+def ring_timeline():
+    # A toy schedule with the kernel's rules (Ring::fill_at, Ring::wait_full, gemm_wgmma_bf16):
+    # the producer issues use t once stage t % 4 is free; a load lands D after its issue; the
+    # consumers start use t once it has landed and use t - 1 is done (wait_group::<0>), take M,
+    # then arrive on empty[t % 4]. The times are illustrative; the order and parities are the code's.
+    STAGES, T, D, M, ISSUE = 4, 11, 3.2, 1.9, 0.35
+    L, F, C, E = [], [], [], []
+    for t in range(T):
+        l = (L[-1] + ISSUE) if L else 0.0
+        if t >= STAGES:
+            l = max(l, E[t - STAGES])
+        L.append(l)
+        F.append(l + D)
+        c = max(F[t], E[-1] if E else 0.0)
+        C.append(c)
+        E.append(c + M)
+    svg = Svg(1120, 640)
+    svg.text(560, 22, "Rung 9 (gemm_wgmma_bf16): the 4-stage TMA ring over time, and the parity every wait names", 14, "middle", weight="bold")
+    ox, U = 300, (1120 - 300 - 30) / (E[-1] + 0.5)
+    X = lambda v: ox + v * U
+    rows = {"prod": 60, 0: 130, 1: 170, 2: 210, 3: 250, "cons": 320}
+    svg.text(ox - 10, rows["prod"] + 18, "producer", 11, "end", weight="bold")
+    svg.text(ox - 10, rows["prod"] + 32, "warpgroup 0, thread 0", 9.5, "end", fill="#555")
+    for st in range(STAGES):
+        svg.text(ox - 10, rows[st] + 17, f"stage {st} (32 KiB)", 11, "end")
+    svg.text(ox - 10, rows["cons"] + 18, "consumers", 11, "end", weight="bold")
+    svg.text(ox - 10, rows["cons"] + 32, "warpgroups 1 and 2", 9.5, "end", fill="#555")
+    for t in range(T):
+        st, col, light = t % STAGES, COLORS[t % STAGES], LIGHT[t % STAGES]
+        # producer: wait empty (from lap 1), arrive_expect_tx, two tma::load_2d
+        svg.rect(X(L[t]), rows["prod"] + 6, ISSUE * U * 0.9, 26, col, "#000", 0.5)
+        svg.text(X(L[t]) + ISSUE * U * 0.45, rows["prod"] + 24, f"{t}", 10, "middle", fill="#fff", weight="bold")
+        # the stage: bytes in flight (light), then read by the consumers (dark)
+        y = rows[st]
+        svg.rect(X(L[t]), y + 4, X(F[t]) - X(L[t]), 24, light, col, 0.8)
+        svg.text((X(L[t]) + X(F[t])) / 2, y + 20, f"TMA t={t}", 9.5, "middle")
+        svg.rect(X(C[t]), y + 4, X(E[t]) - X(C[t]), 24, col, "#000", 0.5)
+        svg.text((X(C[t]) + X(E[t])) / 2, y + 20, f"read t={t}", 9.5, "middle", fill="#fff")
+        # consumers: 4 wgmma m64n128k16 per warpgroup, commit, wait_group::<0>, arrive(empty)
+        svg.rect(X(C[t]), rows["cons"] + 6, X(E[t]) - X(C[t]), 26, col, "#000", 0.5)
+        svg.text((X(C[t]) + X(E[t])) / 2, rows["cons"] + 24, f"wgmma {t}", 9.5, "middle", fill="#fff")
+    # two hand-offs, drawn once each
+    svg.arrow(X(F[1]), rows[1] + 28, X(C[1]) + 2, rows["cons"] + 5)
+    svg.text(X(F[1]) - 4, rows["cons"] - 24, "full[1] completes (1 arrival + 32 KiB):", 9.5, "end")
+    svg.text(X(F[1]) - 4, rows["cons"] - 12, "consumers' wait, parity 0, passes", 9.5, "end")
+    svg.arrow(X(E[0]), rows["cons"] + 6, X(L[4]) + 1, rows["prod"] + 33)
+    svg.text(X(L[4]) + 8, rows["prod"] + 48, "empty[0] completes (2 arrivals, one per consumer warpgroup):", 9.5)
+    svg.text(X(L[4]) + 8, rows["prod"] + 60, "the producer's wait for use 4 (parity 0: phase 0 of empty[0]) passes; it refills stage 0", 9.5)
+    svg.line(ox, rows["cons"] + 44, X(E[-1]), rows["cons"] + 44, "#000", 1, 'marker-end="url(#arrow)"')
+    svg.text(X(E[-1]), rows["cons"] + 58, "time (illustrative)", 10, "end", fill="#555")
+    # the table: each use t, its stage, its lap and the parities
+    ty, cw = 410, (1120 - 300 - 30) / T
+    heads = [
+        ("use t (k tile)", lambda t: f"{t}"),
+        ("stage s = t % 4", lambda t: f"{t % STAGES}"),
+        ("phase of full[s], empty[s] = t / 4", lambda t: f"{t // STAGES}"),
+        ("consumers wait full[s], parity (t / 4) & 1", lambda t: f"{(t // STAGES) & 1}"),
+        ("producer waits empty[s], parity (t / 4 + 1) & 1", lambda t: "-" if t < STAGES else f"{((t // STAGES) + 1) & 1}"),
     ]
-    for i, s in enumerate(notes):
-        svg.text(40, 490 + i * 15, s, 10.5)
-    svg.save("roofline.svg")
+    for i, (name, f) in enumerate(heads):
+        y = ty + i * 24
+        svg.text(ox - 10, y + 16, name, 10.5, "end", weight="bold" if i == 0 else "normal")
+        for t in range(T):
+            fill = LIGHT[t % STAGES] if i == 1 else ("#fff" if i != 3 and i != 4 else ("#ddd" if f(t) == "1" else "#fff"))
+            svg.rect(ox + t * cw, y, cw, 24, fill, "#999", 0.5)
+            svg.text(ox + t * cw + cw / 2, y + 16, f(t), 11, "middle")
+    notes = [
+        "Ring::init: full[s] expects 1 arrival (arrive_expect_tx) plus the stage's bytes; empty[s] expects 2 arrivals. A phase completes when both",
+        "counts reach zero; then the barrier's phase bit flips. wait_parity_bounded(bar, p) returns once the phase with parity p has completed, so the",
+        "parity of use t is that of its lap, t / 4, and flips every wrap. Lap 0 needs no empty wait: the stages start empty (full_parity, empty_parity).",
+    ]
+    for i, n in enumerate(notes):
+        svg.text(40, 560 + i * 16, n, 10.5)
+    svg.save("tma-ring-parity.svg")
+
+
+# (f) rung 11: cluster multicast of B, from gemm_wgmma_bf16_persistent ----------------------------
+
+
+def cluster_multicast():
+    svg = Svg(1120, 600)
+    svg.text(560, 22, "Rung 11 (gemm_wgmma_bf16_persistent): a cluster of 2 CTAs shares B; each producer loads half and multicasts it", 14, "middle", weight="bold")
+    # global memory: A rows of the cluster tile (256), B rows (256), one k tile of 64
+    svg.rect(30, 50, 1060, 150, "#f6f6f6", "#999", 1)
+    svg.text(42, 68, "global memory (through L2), one k tile (64 bf16 = 128 bytes per row)", 11, weight="bold")
+    boxes = {
+        "A0": (70, 104, COLORS[0], "A: tile rows 0 .. 127", "(rank 0's), 16 KiB"),
+        "A1": (270, 104, COLORS[1], "A: tile rows 128 .. 255", "(rank 1's), 16 KiB"),
+        "B0": (620, 104, COLORS[2], "B rows n0 .. n0+127", "(share 0), 16 KiB"),
+        "B1": (830, 104, COLORS[6], "B rows n0+128 .. n0+255", "(share 1), 16 KiB"),
+    }
+    for key, (x, y, col, t1, t2) in boxes.items():
+        svg.rect(x, y, 180, 56, col, "#000", 0.8)
+        svg.text(x + 90, y + 24, t1, 10.5, "middle", fill="#fff", weight="bold")
+        svg.text(x + 90, y + 40, t2, 10, "middle", fill="#fff")
+    svg.text(260, 94, "each A box: tma::load_2d, into its own CTA only", 10.5, "middle")
+    svg.text(820, 82, "each B share: tma::load_2d_multicast(.., mask 0b11), issued once, by the", 10.5, "middle")
+    svg.text(820, 96, "producer of the CTA whose rank is the share's number; it lands in both CTAs", 10.5, "middle")
+    # the two CTAs
+    for r in range(2):
+        x0 = 40 + r * 550
+        svg.rect(x0, 250, 500, 250, "#fff", "#000", 1.5)
+        svg.text(x0 + 10, 270, f"CTA rank {r} (its SM): shared memory, stage s", 12, weight="bold")
+        svg.text(x0 + 10, 286, f"computes rows {128 * r} .. {128 * r + 127} of the 256 x 256 cluster tile, all 256 columns", 10, fill="#555")
+        slots = [("A" + str(r), "A box", 0), ("B0", "B share 0", 1), ("B1", "B share 1", 2)]
+        for key, name, i in slots:
+            bx = x0 + 20 + i * 155
+            svg.rect(bx, 300, 140, 56, boxes[key][2], "#000", 0.8)
+            svg.text(bx + 70, 324, name, 11, "middle", fill="#fff", weight="bold")
+            svg.text(bx + 70, 340, "16 KiB", 10, "middle", fill="#fff")
+        # barriers
+        svg.rect(x0 + 20, 380, 215, 50, "#fff", "#000", 1)
+        svg.text(x0 + 30, 398, "full[s]", 11, weight="bold")
+        svg.text(x0 + 30, 414, "1 arrival: own producer's", 9.5)
+        svg.text(x0 + 30, 426, "arrive_expect_tx(48 KiB)", 9.5)
+        svg.rect(x0 + 265, 380, 215, 50, "#fff", "#000", 1)
+        svg.text(x0 + 275, 398, "empty[s]", 11, weight="bold")
+        svg.text(x0 + 275, 414, "WP_EMPTY_ARRIVALS = 4: both consumer", 9.5)
+        svg.text(x0 + 275, 426, "warpgroups of both CTAs", 9.5)
+        svg.text(x0 + 20, 452, "consumer warpgroups 1 and 2: wgmma m64n256k16 on the stage, then", 10)
+        svg.text(x0 + 20, 466, "each arrives on empty[s] here and, through cluster::map_shared + ", 10)
+        svg.text(x0 + 20, 480, "mbarrier::arrive_cluster, on the peer CTA's empty[s]", 10)
+        # arrows from global memory
+        ax = boxes["A" + str(r)][0] + 90
+        svg.arrow(ax, 160, x0 + 20 + 70, 298)
+        for j, key in enumerate(["B0", "B1"]):
+            bx = boxes[key][0] + 90
+            svg.arrow(bx, 160, x0 + 20 + (1 + j) * 155 + 70, 298)
+    # complete_tx bytes: the loads complete on full[s] at the same offset in each destination CTA
+    notes = [
+        "A multicast load writes the same shared-memory offset in every CTA of the mask and signals, in each, the mbarrier at the same offset: each CTA's full[s]",
+        "receives its A box's bytes and both B shares' bytes, 48 KiB (persistent_stage_bytes), though its own producer issued only 32 KiB of the loads.",
+        "L2 serves 32 KiB per CTA per k tile instead of 48. A stage then holds bytes that the peer's producer wrote, so neither producer may refill it before",
+        "all four consumer warpgroups are done with it: that is why empty[s] counts 4, and why cluster::sync() runs after the barriers are initialized and before exit.",
+    ]
+    for i, n in enumerate(notes):
+        svg.text(30, 530 + i * 16, n, 10.5)
+    svg.save("cluster-multicast.svg")
+
+
+# (g) rung 12: the staged epilogue, from StagedStore in gemm_wgmma.rs ------------------------------
+
+
+def staged_epilogue():
+    svg = Svg(1120, 640)
+    svg.text(560, 22, "Rung 12: the staged epilogue (StagedStore): registers -> shared staging box -> TMA store, overlapped with the next tile", 14, "middle", weight="bold")
+    # left: one consumer warpgroup's 64 x 256 accumulator in 8 subtiles of 32 columns
+    x0, y0, cw, ch = 40, 70, 52, 90
+    svg.text(x0, y0 - 10, "one consumer warpgroup's accumulators: 64 rows x 256 columns of C, 128 f32 registers per thread (acc_m64)", 11, weight="bold")
+    for j in range(8):
+        svg.rect(x0 + j * cw, y0, cw, ch, LIGHT[j % 2], "#000", 0.8)
+        svg.text(x0 + j * cw + cw / 2, y0 + 40, f"j = {j}", 11, "middle")
+        svg.text(x0 + j * cw + cw / 2, y0 + 56, f"box {j % 2}", 10, "middle", fill="#555")
+    svg.text(x0 + 4 * cw, y0 + ch + 16, "8 subtiles of WP_EPI_COLS = 32 columns: accumulator elements 16 j .. 16 j + 16 of every thread", 10, "middle")
+    # staging boxes
+    sx, sy = 40, 220
+    for b in range(2):
+        svg.rect(sx + b * 200, sy, 180, 70, COLORS[b] if b == 0 else COLORS[1], "#000", 0.8)
+        svg.text(sx + b * 200 + 90, sy + 28, f"staging box {b}", 11, "middle", fill="#fff", weight="bold")
+        svg.text(sx + b * 200 + 90, sy + 46, "64 x 32 f32, 8 KiB,", 10, "middle", fill="#fff")
+        svg.text(sx + b * 200 + 90, sy + 60, "128-byte swizzle", 10, "middle", fill="#fff")
+    svg.text(sx, sy + 90, "shared memory, per warpgroup (WP_EPI_BUFFERS = 2); subtile j uses box j % 2", 10)
+    steps = [
+        "for each subtile j:",
+        "1. every thread: act(acc + bias) -> st_shared_v2 into box j % 2 (tile_offset, swizzled: conflict-free)",
+        "2. fence::proxy_async_shared_cta (the async proxy, TMA, will read what the generic proxy wrote)",
+        "3. thread 0: tma::wait_group_read::<0>() (store j - 1 has read box (j + 1) % 2, which subtile j + 1 fills next)",
+        "4. named_barrier_sync(WP_EPI_BARRIER + cons, 128): the warpgroup's writes are all in",
+        "5. thread 0: tma::store_2d(c_map, box) + tma::commit_group; the copy engine writes C and clips at m and n",
+    ]
+    for i, t in enumerate(steps):
+        svg.text(500, 80 + i * 18, t, 10.5, weight="bold" if i == 0 else "normal")
+    svg.arrow(x0 + 2 * cw, y0 + ch + 22, sx + 90, sy - 2)
+    svg.arrow(x0 + 3 * cw, y0 + ch + 22, sx + 290, sy - 2)
+    svg.rect(500, 220, 280, 70, "#eee", "#000", 1)
+    svg.text(640, 250, "C in global memory", 11, "middle", weight="bold")
+    svg.text(640, 266, "(TMA store, box 32 x 64, C's tensor map)", 10, "middle")
+    svg.arrow(sx + 380, sy + 35, 498, 255)
+    # timeline
+    ty = 360
+    svg.text(40, ty - 10, "over time, for one consumer warpgroup (the other does the same with its 64 rows)", 11, weight="bold")
+    ox, U = 200, 34
+    X = lambda v: ox + v * U
+    lanes = [("producer (thread 0 of warpgroup 0)", ty + 10), ("consumer warpgroup", ty + 60), ("TMA stores (copy engine)", ty + 104)]
+    for name, y in lanes:
+        svg.text(ox - 8, y + 18, name, 10.5, "end")
+    # tile i mainloop, epilogue, tile i+1 mainloop
+    svg.rect(X(0), ty + 62, X(10) - X(0), 26, COLORS[2], "#000", 0.5)
+    svg.text((X(0) + X(10)) / 2, ty + 80, "tile i: k tiles, wgmma m64n256k16 (one group in flight)", 10, "middle", fill="#fff")
+    for j in range(8):
+        a, b = 10 + j * 0.7, 10 + (j + 1) * 0.7
+        svg.rect(X(a), ty + 62, X(b) - X(a), 26, LIGHT[j % 2], "#000", 0.5)
+        svg.text((X(a) + X(b)) / 2, ty + 80, f"{j}", 9.5, "middle")
+        # store j: issued after subtile j's barrier, on the row of its box
+        sy = ty + 100 + 18 * (j % 2)
+        svg.rect(X(b), sy, 1.3 * U, 16, COLORS[j % 2], "#000", 0.5)
+        svg.text(X(b) + 0.65 * U, sy + 12, f"store {j}", 8.5, "middle", fill="#fff")
+    svg.rect(X(15.6), ty + 62, X(26) - X(15.6), 26, COLORS[2], "#000", 0.5)
+    svg.text((X(15.6) + X(26)) / 2, ty + 80, "tile i+1: k tiles", 10, "middle", fill="#fff")
+    # the producer: tile i's loads, then tile i+1's first 4 stages (the ring's depth) during the
+    # epilogue, then one load per stage the consumers free
+    loads = [k - 3.0 for k in range(3, 10)] + [7.3, 8.3, 9.3] + [10.0, 10.4, 10.8, 11.2] + [16.6 + k for k in range(9)]
+    for i, k in enumerate(loads):
+        svg.rect(X(k), ty + 12, 0.32 * U, 26, LIGHT[4] if i < 10 else COLORS[4], "#000", 0.4)
+    svg.text(X(10.6), ty + 8, "tile i+1's first 4 stages (the ring's depth)", 9.5, "middle")
+    svg.line(ox, ty + 150, X(26), ty + 150, "#000", 1, 'marker-end="url(#arrow)"')
+    svg.text(X(26), ty + 164, "time (illustrative)", 10, "end", fill="#555")
+    svg.text(X(12.8), ty + 164, "the epilogue: 8 subtiles", 9.5, "middle")
+    notes = [
+        "Without staging (rung 11's kernel with stores from registers, `_regstore`), each thread writes its scattered outputs to global memory itself and the warpgroup",
+        "waits for them before the next tile. Staged, the consumers only write shared memory, 16 values per thread per subtile; the global writes run on the copy engine",
+        "while the next tile's wgmma run, and the last tile's stores are waited for (tma::wait_group::<0>) once, before the kernel exits.",
+    ]
+    for i, n in enumerate(notes):
+        svg.text(40, 560 + i * 16, n, 10.5)
+    svg.save("staged-epilogue.svg")
+
+
+# (h) rung 14: tensor memory, from gemm_tcgen05.rs and gpu/src/tcgen05.rs ----------------------------
+
+
+def tmem_lanes():
+    svg = Svg(1120, 600)
+    svg.text(560, 22, "Rung 14 (gemm_tcgen05_bf16): the accumulators live in tensor memory (TMEM), 128 lanes x 512 columns of 32 bits per SM", 14, "middle", weight="bold")
+    ox, oy, W, H = 250, 70, 800, 384
+    lw = H / 128
+    cwid = W / 512
+    # columns: two accumulators
+    for acc in range(2):
+        for ch in range(8):
+            c0 = acc * 256 + ch * 32
+            for q in range(4):
+                svg.rect(ox + c0 * cwid, oy + q * 32 * lw, 32 * cwid, 32 * lw, LIGHT[q], "#999", 0.4)
+        svg.rect(ox + acc * 256 * cwid, oy, 256 * cwid, H, "none", "#000", 2)
+        svg.text(ox + (acc * 256 + 128) * cwid, oy - 22, f"accumulator {acc}: columns {256 * acc} .. {256 * acc + 255}", 11.5, "middle", weight="bold")
+        svg.text(ox + (acc * 256 + 128) * cwid, oy - 8, f"tiles j with j % 2 == {acc} (accumulator(j))", 10, "middle", fill="#555")
+    for c in range(0, 513, 64):
+        svg.text(ox + c * cwid, oy + H + 14, f"{c}", 9.5, "middle", fill="#555")
+    svg.text(ox + W / 2, oy + H + 30, "TMEM column = output column of the 128 x 256 tile (+ 256 for accumulator 1); tcgen05::tmem_addr(base, lane, col): lane << 16 | col", 10, "middle")
+    for q in range(4):
+        y = oy + q * 32 * lw
+        svg.text(ox - 10, y + 16 * lw + 4, f"lanes {32 * q} .. {32 * q + 31}  <-  warp {4 + q}", 11, "end", weight="bold")
+        svg.text(ox - 10, y + 16 * lw + 18, f"(warp_lane_base({4 + q}) = {32 * q})", 9.5, "end", fill="#555")
+    svg.text(ox - 10, oy - 8, "lane = row of the tile", 10.5, "end")
+    # one load highlighted
+    q, ch = 1, 3
+    svg.rect(ox + (ch * 32) * cwid, oy + q * 32 * lw, 32 * cwid, 32 * lw, COLORS[5], "#000", 1.5)
+    svg.text(ox + (ch * 32 + 16) * cwid, oy + q * 32 * lw + 16 * lw + 4, "x32", 9, "middle")
+    svg.rect(ox + 212, oy + q * 32 * lw + 16 * lw - 10, 500, 20, "#fff", "#000", 0.5)
+    svg.text(ox + 218, oy + q * 32 * lw + 16 * lw + 4, "<- one tcgen05::ld_32x32b_x32 by warp 5: thread l gets lane 32 + l, columns 96 .. 127", 10)
+    notes = [
+        "Roles (TC_THREADS = 256, 8 warps): warp 0, one thread, fills the TMA ring (Ring::fill_at); warp 1, one thread, issues tcgen05::mma_f16 (128 x 256 x 16, four per k tile)",
+        "into accumulator j % 2 and tcgen05::commit(empty[s]) per stage, then commit(acc_full[j % 2]) per tile; warp 2 allocates all 512 columns (tcgen05::alloc) and frees",
+        "them at the end; warp 3 idles; warps 4-7, the epilogue warpgroup, wait acc_full (parity acc_full_parity(j)), read their lanes 32 columns at a time, store C, and",
+        "arrive on acc_empty (128 arrivals), which the issuer waits for (acc_empty_parity) before reusing the accumulator for tile j + 2: one tile's epilogue overlaps the next's MMAs.",
+        "A warp may only reach the lane quarter 32 (w % 4) of TMEM, so the four epilogue warps must be a whole warpgroup, here warps 4-7.",
+    ]
+    for i, n in enumerate(notes):
+        svg.text(30, 505 + i * 16, n, 10.5)
+    svg.save("tmem-lanes.svg")
+
+
+# (i) the megakernel: instruction stream and page ring, from gpu/src/megakernel.rs and
+# gpu/src/kernels/megakernel/tensor_cores/ --------------------------------------------------------
+
+
+def megakernel_stream():
+    svg = Svg(1120, 700)
+    svg.text(560, 22, "The megakernel: per-SM instruction lists, dependency counters in global memory, and each block's page ring", 14, "middle", weight="bold")
+    # host
+    svg.rect(30, 44, 1060, 44, "#f6f6f6", "#999", 1)
+    svg.text(42, 62, "host: schedule::build lists every Instruction (12 words: opcode, layer, tile_row, tile_col, wait, wait_value, wait2, wait2_value, signal, signal2)", 10.5)
+    svg.text(42, 78, "in one topological order and deals them to the SMs (per_sm, in that order); block b runs its list, instructions sm_offsets[b] .. sm_offsets[b + 1]", 10.5)
+    # an example dealing of a 2-layer step: 2 row blocks (rb) x 2 column tiles per layer
+    S, W = "#c00", "#06c"
+    lists = [
+        ("block 0", [("FWD 0", "rb 0, col 0", "+1 fwd[0][rb 0]", S), ("FWD 1", "rb 0, col 0", "wait fwd[0][rb 0] >= 2", W),
+                     ("LOSS", "rb 0, col 0", "wait fwd[1][rb 0] >= 2", W), ("BWD_INPUT 1", "rb 0, col 0", "wait grad[2][rb 0] >= 2", W),
+                     ("BWD_W + SGD 1", "tile (0, 0)", "wait grad_total[2]", W)]),
+        ("block 1", [("FWD 0", "rb 0, col 1", "+1 fwd[0][rb 0]", S), ("FWD 1", "rb 0, col 1", "wait fwd[0][rb 0] >= 2", W),
+                     ("LOSS", "rb 0, col 1", "+1 grad[2][rb 0], grad_total[2]", S), ("BWD_W + SGD 1", "tile (0, 1)", "wait grad_total[2]", W),
+                     ("BWD_W + SGD 0", "tile (0, 0)", "wait grad_total[1]", W)]),
+        ("block 2", [("FWD 0", "rb 1, col 0", "+1 fwd[0][rb 1]", S), ("FWD 0", "rb 1, col 1", "+1 fwd[0][rb 1]", S),
+                     ("FWD 1", "rb 1, col 0", "wait fwd[0][rb 1] >= 2", W), ("FWD 1", "rb 1, col 1", "wait fwd[0][rb 1] >= 2", W),
+                     ("LOSS", "rb 1, col 0", "wait fwd[1][rb 1] >= 2", W)]),
+    ]
+    ox, bw, gap = 90, 156, 10
+    svg.text(ox, 104, "an example dealing (2 layers, 2 row blocks, 2 column tiles); red: what an instruction signals when done, blue: what it waits for first", 10, fill="#333")
+    for i, (name, ins) in enumerate(lists):
+        y = 112 + i * 56
+        svg.text(ox - 8, y + 28, name, 11, "end", weight="bold")
+        for k, (op, arg, dep, dc) in enumerate(ins):
+            x = ox + k * (bw + gap)
+            col = LIGHT[0] if op.startswith("FWD") else (LIGHT[3] if op == "LOSS" else LIGHT[2])
+            svg.rect(x, y, bw, 50, col, "#000", 0.8)
+            svg.text(x + bw / 2, y + 15, op, 10.5, "middle", weight="bold")
+            svg.text(x + bw / 2, y + 29, arg, 9.5, "middle", fill="#555")
+            svg.text(x + bw / 2, y + 43, dep, 9, "middle", fill=dc)
+        svg.text(ox + 5 * (bw + gap) - 4, y + 30, "...", 12)
+    # counters
+    cx, cy = 960, 112
+    svg.rect(cx - 6, cy, 136, 162, "#fff8e1", "#000", 1)
+    svg.text(cx + 62, cy + 16, "counters (global)", 10.5, "middle", weight="bold")
+    for k, c in enumerate(["fwd[l][rb]", "grad[l][rb]", "grad_total[l]", "dw_total[l]", "all start at 0;", "instruction waits:", "counter >= value"]):
+        svg.text(cx + 2, cy + 36 + k * 18, c, 10, fill="#000" if k < 4 else "#555")
+    svg.text(30, 296, "Any order the host deals keeps each list in the global topological order, so the first unfinished instruction overall is first in its list with its waits met:", 10)
+    svg.text(30, 310, "some block always makes progress (no deadlock by construction). Every wait is bounded; a stall sets an abort flag and the host gets Error::Stalled.", 10)
+    # the page ring of one block
+    py = 340
+    svg.rect(30, py, 1060, 290, "#fff", "#000", 1.5)
+    svg.text(42, py + 20, "inside one block (tensor-core path, sm_90): the page ring, PAGE_STAGES = 8 slots in shared memory, each with a ready and a free mbarrier", 11.5, weight="bold")
+    svg.rect(50, py + 50, 200, 110, LIGHT[1], "#000", 1)
+    for i, t in enumerate(["loader: warp 8, lane 0", "for each instruction of the list:", "wait its counters (acquire),", "fence.proxy.async.global,", "then per page use u:", "wait free[u % 8], parity (u/8 + 1) & 1", "arrive_expect_tx(ready[u % 8]) + TMA"]):
+        svg.text(58, py + 66 + i * 13.5, t, 9.5, weight="bold" if i == 0 else "normal")
+    rx, ry = 300, py + 60
+    for sl in range(8):
+        x = rx + sl * 58
+        svg.rect(x, ry, 52, 80, LIGHT[sl % 8], "#000", 0.8)
+        svg.text(x + 26, ry + 20, f"slot {sl}", 10, "middle", weight="bold")
+        svg.text(x + 26, ry + 38, "16 KiB", 9, "middle")
+        svg.text(x + 26, ry + 56, "ready", 9, "middle", fill="#06c")
+        svg.text(x + 26, ry + 70, "free", 9, "middle", fill="#c00")
+    svg.arrow(252, py + 100, rx - 4, py + 100)
+    svg.rect(800, py + 50, 270, 110, LIGHT[2], "#000", 1)
+    for i, t in enumerate(["consumers: warps 0-7 (two warpgroups)", "per page use u: wait ready[u % 8],", "parity (u / 8) & 1; wgmma (or ldmatrix +", "mma.sync) from the slot; each reading warp", "arrives on free[u % 8]: page_free_arrivals =", "4 warps (tile <= 64) or all 8 (tile 128)"]):
+        svg.text(808, py + 66 + i * 14, t, 9.5, weight="bold" if i == 0 else "normal")
+    svg.arrow(rx + 8 * 58, py + 100, 798, py + 100)
+    svg.rect(800, py + 180, 270, 90, LIGHT[6], "#000", 1)
+    for i, t in enumerate(["storer: warp 9, lane 0 (bf16 tile 128)", "the consumers stage each finished tile", "(arrive staged); it TMA-stores the tile,", "waits for the writes, fences and signals", "the instruction's counters"]):
+        svg.text(808, py + 196 + i * 14, t, 9.5, weight="bold" if i == 0 else "normal")
+    svg.arrow(935, py + 162, 935, py + 178)
+    notes = [
+        "u counts every page use of the block, over all its instructions in order, so the loader and the consumers agree on slot u % 8 and",
+        "parity without talking: they walk the same list with the same k extents. At tile 128 a page fills a slot and a K block takes two uses",
+        "(A, then B: slot_uses_per_block). The loader runs up to the whole ring ahead, across instructions, so the next tile's loads overlap this tile's math.",
+        "(ready: PAGE_READY_ARRIVALS = 1 plus the bytes; page_slot, ready_parity, free_parity in gpu/src/megakernel.rs; block.rs sets the roles.)",
+    ]
+    for i, n in enumerate(notes):
+        svg.text(50, py + 196 + i * 16, n, 10) if False else svg.text(50, py + 196 + i * 16, n, 9.5)
+    svg.save("megakernel-stream.svg")
 
 
 if __name__ == "__main__":
@@ -493,5 +721,8 @@ if __name__ == "__main__":
     tiles()
     fragments()
     swizzle()
-    ladder_plot()
-    roofline()
+    ring_timeline()
+    cluster_multicast()
+    staged_epilogue()
+    tmem_lanes()
+    megakernel_stream()

@@ -243,6 +243,10 @@ enum Command {
         /// reference and timed with cuBLAS timed just before and after it, and print the table.
         #[arg(long, conflicts_with_all = ["kernel", "split_k"])]
         ladder: bool,
+        /// With --ladder: also write the table as JSON to PATH, with the device, date, commit and
+        /// command (what `cargo xtask figures` plots from `benches/results/`).
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
         /// The product, MxNxK (each 1 or more).
         #[arg(long, default_value = "4096x4096x4096", value_parser = parse_shape, allow_negative_numbers = true)]
         shape: kiln::gpu::kernels::mma_tile::GemmShape,
@@ -304,16 +308,51 @@ fn gemm_device() -> Option<Device> {
 }
 
 /// `kiln gemm --ladder`: every kernel on the same inputs, cuBLAS around each, as the guide's table.
-fn gemm_ladder(shape: kiln::gpu::kernels::mma_tile::GemmShape, reps: usize, seed: u64) -> kiln::Result<bool> {
+fn gemm_ladder(
+    shape: kiln::gpu::kernels::mma_tile::GemmShape,
+    reps: usize,
+    seed: u64,
+    json: Option<PathBuf>,
+) -> kiln::Result<bool> {
     let kiln::gpu::kernels::mma_tile::GemmShape { m, n, k } = shape;
     let what = format!("gemm --ladder {m}x{n}x{k} (operands, output, their f64 reference and cuBLAS's copies)");
     let need = gemm_memory(shape, true);
     kiln::train::check_memory(&what, need, None, "lower --shape")?;
     let Some(dev) = gemm_device() else { return Ok(false) };
     kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
+    // the JSON's file is created before the ladder runs, so a bad path fails at once
+    let file_error = |path: &PathBuf, e: std::io::Error| kiln::Error::File { path: path.clone(), msg: e.to_string() };
+    let json_file = match &json {
+        Some(path) => Some(std::fs::File::create(path).map_err(|e| file_error(path, e))?),
+        None => None,
+    };
     let table = kiln::tools::ladder_table::run_ladder(&dev, shape, reps, seed)?;
     say!("{table}");
+    if let (Some(path), Some(mut file)) = (json, json_file) {
+        let p = kiln::tools::ladder_table::Provenance {
+            date: kiln::tools::ladder_table::utc_date_today(),
+            commit: source_commit(),
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+        };
+        file.write_all(table.to_json(&p).as_bytes()).map_err(|e| file_error(&path, e))?;
+        say!("wrote {}", path.display());
+    }
     Ok(table.passed())
+}
+
+/// The commit the binary's source is at: `KILN_COMMIT` if set, else `git rev-parse --short HEAD`
+/// in the source tree it was built from, if that is still here (not on a machine that runs a GPU
+/// bundle: there, set `KILN_COMMIT`).
+fn source_commit() -> Option<String> {
+    if let Ok(c) = std::env::var("KILN_COMMIT") {
+        return Some(c);
+    }
+    let out = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_string()).filter(|c| !c.is_empty())
 }
 
 fn gemm(
@@ -492,7 +531,17 @@ fn main() -> std::process::ExitCode {
         Some(Command::Train(a)) => train(a),
         Some(Command::Eval { checkpoint, data_dir }) => eval(checkpoint, data_dir).map(|_| true),
         Some(Command::Info { load_time }) => info(load_time).map(|_| true),
-        Some(Command::Gemm { ladder: true, shape, reps, seed, .. }) => gemm_ladder(shape, reps, seed),
+        Some(Command::Gemm { ladder: true, shape, reps, seed, json, .. }) => gemm_ladder(shape, reps, seed, json),
+        Some(Command::Gemm { json: Some(_), .. }) => {
+            // (clap's `requires` counts a flag's default `false` as given)
+            use clap::CommandFactory;
+            Cli::command()
+                .error(
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "--json PATH writes the table of --ladder: add --ladder",
+                )
+                .exit()
+        }
         Some(Command::Gemm { kernel, shape, reps, seed, split_k, .. }) => gemm(kernel, shape, reps, seed, split_k),
     };
     match result {

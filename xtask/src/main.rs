@@ -12,6 +12,11 @@
 //!   JSON.
 
 mod engine_report;
+//! - `cargo xtask figures`: the guide's plots (the ladder, the roofline) from `benches/results/*.json`
+//!   into `guide/src/figures/`; `--check` fails where a committed one differs.
+//! - `cargo xtask book`: `mdbook build guide`, failing on its warnings and errors.
+
+mod figures;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -98,6 +103,16 @@ enum Task {
         #[arg(long)]
         commit: String,
     },
+    /// Draw the guide's plots (the ladder against cuBLAS and the peaks, the roofline) from the recorded
+    /// results (`benches/results/gemm_ladder_4096.json`) into guide/src/figures/.
+    Figures {
+        /// Write nothing; fail if a committed figure differs from what its data gives.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build the guide with mdBook (`mdbook build guide`, into target/book), failing on any warning or
+    /// error it prints. Needs `mdbook` on PATH (`cargo install mdbook --locked --version 0.4.52`).
+    Book,
     /// Build a self-contained GPU test bundle: release test binaries, PTX, and run.sh.
     GpuBundle {
         /// The folder to write (created; emptied first).
@@ -119,6 +134,8 @@ fn main() -> ExitCode {
             test(require_ptxas || std::env::var("KILN_REQUIRE_PTXAS").is_ok_and(|v| v == "1"), &args)
         }
         Task::GpuBundle { dir } => gpu_bundle(&dir),
+        Task::Figures { check } => figures::figures(&workspace(), check),
+        Task::Book => book(),
         Task::Bench { name, out, date } => bench(&name, &out, date),
         Task::BenchReport { input, out, command, date } => report::gemm_report(&input, &out, &command, &date),
         Task::EngineReport { kiln, torch, out, command, date, commit } => {
@@ -223,6 +240,33 @@ fn docs() -> Res<()> {
         .status()
         .map_err(|e| format!("running cargo doc: {e}"))?;
     if status.success() { Ok(()) } else { Err(format!("cargo doc found broken intra-doc links ({status})")) }
+}
+
+/// `mdbook build guide` into target/book; any line mdBook prints at WARN or ERROR level fails it
+/// (mdBook itself exits 0 after some warnings, such as a chapter file it cannot find).
+fn book() -> Res<()> {
+    let ws = workspace();
+    let dest = ws.join("target/book");
+    let out =
+        Command::new("mdbook")
+            .current_dir(&ws)
+            .arg("build")
+            .arg("guide")
+            .arg("--dest-dir")
+            .arg(&dest)
+            .output()
+            .map_err(|e| format!("running mdbook: {e} (install it: cargo install mdbook --locked --version 0.4.52)"))?;
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    print!("{log}");
+    let bad: Vec<&str> = log.lines().filter(|l| l.contains("[WARN]") || l.contains("[ERROR]")).collect();
+    if !out.status.success() {
+        return Err(format!("mdbook build failed ({})", out.status));
+    }
+    if !bad.is_empty() {
+        return Err(format!("mdbook build printed {} warning(s) or error(s)", bad.len()));
+    }
+    println!("book: {}", dest.join("index.html").display());
+    Ok(())
 }
 
 fn bench(name: &str, out: &Path, date: Option<String>) -> Res<()> {

@@ -288,6 +288,96 @@ impl std::fmt::Display for LadderTable {
     }
 }
 
+/// Where and how a ladder was run, recorded with its JSON ([`LadderTable::to_json`]).
+#[derive(Clone, Debug)]
+pub struct Provenance {
+    /// The date of the run (UTC, `YYYY-MM-DD`).
+    pub date: String,
+    /// The commit of the source the binary was built from, where known.
+    pub commit: Option<String>,
+    /// The command line that ran it.
+    pub command: String,
+}
+
+impl LadderTable {
+    /// The table as JSON, the form `cargo xtask figures` plots (`benches/results/gemm_ladder_*.json`):
+    /// `{device, compute_capability, module, date, commit, command, shape: {m, n, k}, reps, seed,
+    /// cublas, rows: [{rung, kernel, status, cublas, ms, tflops, cublas_tflops, ratio, max_err,
+    /// bound, reason}]}`. Times and rates are unrounded; `cublas` is `null` when cuBLAS was loaded,
+    /// else why not; a row's cuBLAS fields are `null` without a cuBLAS time, its measurements
+    /// `null` unless it ran (`status` `ok` or `failed_check`; `skipped` and `error` give a
+    /// `reason`).
+    pub fn to_json(&self, p: &Provenance) -> String {
+        use serde_json::{Value, json};
+        let rows: Vec<Value> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let mut v = json!({ "rung": r.rung, "kernel": r.kernel, "cublas": cublas_name(r.operands) });
+                match &r.outcome {
+                    Outcome::Ran { run, cublas_ms } => {
+                        v["status"] = json!(if run.passed() { "ok" } else { "failed_check" });
+                        v["ms"] = json!(run.ms);
+                        v["tflops"] = json!(run.tflops);
+                        v["cublas_tflops"] = json!(cublas_ms.map(|ms| tflops(self.shape, ms)));
+                        v["ratio"] = json!(cublas_ms.map(|ms| ratio(run.ms, ms)));
+                        v["max_err"] = json!(run.max_error);
+                        v["bound"] = json!(run.bound);
+                    }
+                    Outcome::Skipped(why) => {
+                        v["status"] = json!("skipped");
+                        v["reason"] = json!(why);
+                    }
+                    Outcome::Failed(e) => {
+                        v["status"] = json!("error");
+                        v["reason"] = json!(e);
+                    }
+                }
+                v
+            })
+            .collect();
+        let GemmShape { m, n, k } = self.shape;
+        let (major, minor) = self.compute_capability;
+        let doc = json!({
+            "device": self.device,
+            "compute_capability": format!("{major}.{minor}"),
+            "module": self.module,
+            "date": p.date,
+            "commit": p.commit,
+            "command": p.command,
+            "shape": { "m": m, "n": n, "k": k },
+            "reps": self.reps,
+            "seed": self.seed,
+            "cublas": self.cublas.as_ref().err(),
+            "notes": self.notes,
+            "rows": rows,
+        });
+        let mut s = serde_json::to_string_pretty(&doc).expect("a JSON value serializes");
+        s.push('\n');
+        s
+    }
+}
+
+/// Today's date in UTC as `YYYY-MM-DD`, from the system clock (days since 1970 to a civil date).
+pub fn utc_date_today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    civil_date((secs / 86_400) as i64)
+}
+
+/// The proleptic Gregorian date of `days` since 1970-01-01 (Howard Hinnant's `civil_from_days`).
+pub fn civil_date(days: i64) -> String {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(mo <= 2);
+    format!("{y:04}-{mo:02}-{d:02}")
+}
+
 /// Whether `e` is a kernel refusing the product or the device (a typed refusal before any
 /// launch), not a failure.
 fn refusal(e: &Error) -> bool {
@@ -550,5 +640,47 @@ mod tests {
         assert!(t.to_string().contains("errors:\n- `sgemm_smem`: launch failed"));
         // a skipped kernel alone is no failure
         assert!(table(vec![row("sgemm_smem", Outcome::Skipped("refused".into()))], Ok(())).passed());
+    }
+
+    #[test]
+    fn the_json_has_the_provenance_and_one_row_per_kernel() {
+        let why = gemm_ladder::unavailable(gemm_ladder::TCGEN05, Arch::Sm90a).unwrap();
+        let t = table(
+            vec![
+                row("sgemm_naive", Outcome::Ran { run: run("sgemm_naive", 2.0, 1e-7), cublas_ms: Some(0.5) }),
+                row("hgemm_mma_bf16", Outcome::Ran { run: run("hgemm_mma_bf16", 1.0, 1e-7), cublas_ms: None }),
+                row(gemm_ladder::TCGEN05, Outcome::Skipped(why.clone())),
+            ],
+            Ok(()),
+        );
+        let p = Provenance { date: "2026-11-28".into(), commit: Some("abc1234".into()), command: "kiln gemm".into() };
+        let v: serde_json::Value = serde_json::from_str(&t.to_json(&p)).unwrap();
+        assert_eq!(v["device"], "test device");
+        assert_eq!(v["date"], "2026-11-28");
+        assert_eq!(v["commit"], "abc1234");
+        assert_eq!(v["command"], "kiln gemm");
+        assert_eq!(v["shape"]["k"], 64);
+        assert!(v["cublas"].is_null());
+        let rows = v["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0]["kernel"], "sgemm_naive");
+        assert_eq!(rows[0]["rung"], 1);
+        assert_eq!(rows[0]["status"], "ok");
+        assert_eq!(rows[0]["cublas"], "SGEMM NN");
+        assert_eq!(rows[0]["ratio"], 0.25);
+        assert_eq!(rows[0]["tflops"], tflops(GemmShape { m: 64, n: 64, k: 64 }, 2.0));
+        assert_eq!(rows[0]["max_err"], 1e-7);
+        assert!(rows[1]["cublas_tflops"].is_null() && rows[1]["ratio"].is_null());
+        assert_eq!(rows[2]["status"], "skipped");
+        assert_eq!(rows[2]["reason"], why.as_str());
+        assert!(rows[2]["tflops"].is_null());
+    }
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_date(0), "1970-01-01");
+        assert_eq!(civil_date(59), "1970-03-01");
+        assert_eq!(civil_date(11_016), "2000-02-29");
+        assert_eq!(civil_date(20_785), "2026-11-28");
     }
 }
