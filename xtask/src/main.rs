@@ -10,12 +10,11 @@
 //!   compute-sanitizer).
 //! - `cargo xtask engine-report KILN TORCH`: the engine-step table of issue 31 from the two benches'
 //!   JSON.
-
-mod engine_report;
 //! - `cargo xtask figures`: the guide's plots (the ladder, the roofline) from `benches/results/*.json`
 //!   into `guide/src/figures/`; `--check` fails where a committed one differs.
 //! - `cargo xtask book`: `mdbook build guide`, failing on its warnings and errors.
 
+mod engine_report;
 mod figures;
 mod report;
 
