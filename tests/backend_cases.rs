@@ -269,7 +269,8 @@ pub fn dtypes_round_trip(dev: &Device) {
         let f64s = Tensor::from_f64(&[1.0], [1], DType::F64).unwrap();
         assert!(matches!(f64s.to_device(dev), Err(kiln::Error::Unsupported { op: "to_device", .. })));
     }
-    let dtypes: &[DType] = if *dev == Device::Cpu { &[DType::BF16, DType::F16, DType::F64] } else { &[DType::BF16, DType::F16] };
+    let dtypes: &[DType] =
+        if *dev == Device::Cpu { &[DType::BF16, DType::F16, DType::F64] } else { &[DType::BF16, DType::F16] };
     for &d in dtypes {
         let y = x.to_dtype(d).unwrap();
         assert_eq!(y.dtype(), d);

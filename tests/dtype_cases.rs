@@ -84,7 +84,12 @@ impl Case {
         Ok(())
     }
     fn check_value(&self, what: &str, got: f64, want: f64, tol: Tol) -> Outcome {
-        compare(&format!("{what} ({:?} on {}, seed {})", self.dt, self.dev.name(), self.seed), &[got as f32], &[want], tol)
+        compare(
+            &format!("{what} ({:?} on {}, seed {})", self.dt, self.dev.name(), self.seed),
+            &[got as f32],
+            &[want],
+            tol,
+        )
     }
 }
 
@@ -161,10 +166,17 @@ pub fn elementwise(dev: &Device, dt: DType) -> Outcome {
         c.check(&format!("add [{n}]"), &x.add(&y).unwrap(), &pairs(|a, b| a + b), tol)?;
         c.check(&format!("sub [{n}]"), &x.sub(&y).unwrap(), &pairs(|a, b| a - b), tol)?;
         c.check(&format!("mul [{n}]"), &x.mul(&y).unwrap(), &pairs(|a, b| a * b), tol)?;
-        c.check(&format!("div [{n}]"), &x.div(&p).unwrap(), &v.iter().zip(&pv).map(|(a, b)| a / b).collect::<Vec<_>>(), tol)?;
+        c.check(
+            &format!("div [{n}]"),
+            &x.div(&p).unwrap(),
+            &v.iter().zip(&pv).map(|(a, b)| a / b).collect::<Vec<_>>(),
+            tol,
+        )?;
     }
     // broadcasts: rows + a row, a column times a row, a scalar-like [1]
-    for (a, b) in [(vec![3, 257], vec![257]), (vec![5, 1, 7], vec![1, 4, 1]), (vec![1025], vec![1]), (vec![2, 3], vec![3, 2, 1])] {
+    for (a, b) in
+        [(vec![3, 257], vec![257]), (vec![5, 1, 7], vec![1, 4, 1]), (vec![1025], vec![1]), (vec![2, 3], vec![3, 2, 1])]
+    {
         let (x, v) = c.input(&a, 2.0);
         let (y, w) = c.input(&b, 2.0);
         let out = Shape::broadcast("test", &Shape::from(a.clone()), &Shape::from(b.clone())).unwrap();

@@ -467,7 +467,11 @@ impl CudaStorage {
         if rows > 0 {
             // SAFETY: rows * d elements in and out.
             unsafe {
-                self.dev.launch(T::SoftmaxRows::default(), CudaStorage::rows_cfg(rows)?, (p(x), pm(&mut out), d as u32, log as u32))?
+                self.dev.launch(
+                    T::SoftmaxRows::default(),
+                    CudaStorage::rows_cfg(rows)?,
+                    (p(x), pm(&mut out), d as u32, log as u32),
+                )?
             };
         }
         Ok(self.wrap16(out, self.len))

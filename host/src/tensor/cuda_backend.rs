@@ -17,9 +17,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::cpu::CpuStorage;
 use kiln_gpu::kernels::reduce::ReduceSumF32;
-use kiln_gpu::kernels::tensor_ops::{
-    self as k, AdamStep, MAX_DIMS, MatmulShape, ROW_THREADS, SgdStep, Strided2,
-};
+use kiln_gpu::kernels::tensor_ops::{self as k, AdamStep, MAX_DIMS, MatmulShape, ROW_THREADS, SgdStep, Strided2};
 use std::sync::{Arc, Mutex};
 
 #[path = "cuda_b16.rs"]
@@ -231,8 +229,9 @@ impl CudaStorage {
             CpuStorage::F16(v) => Self::upload_b16(dev, v),
             CpuStorage::F64(_) => Err(Error::Unsupported {
                 op: "to_device",
-                what: "F64 tensors on CUDA (CUDA tensors are f32, bf16 or f16: convert with .to_dtype(DType::F32) first)"
-                    .into(),
+                what:
+                    "F64 tensors on CUDA (CUDA tensors are f32, bf16 or f16: convert with .to_dtype(DType::F32) first)"
+                        .into(),
             }),
         }
     }
@@ -330,9 +329,7 @@ impl CudaStorage {
             // No broadcasting: the flat kernel, 16-byte accesses and no index arithmetic.
             let (n, cfg) = grid4(out.elem_count(), "binary")?;
             // SAFETY: both inputs and the output hold n elements, in fresh 16-byte aligned buffers.
-            unsafe {
-                self.dev.launch(k::BinaryFlatF32, cfg, (x.ptr(), y.ptr(), res.f32_mut().ptr_mut(), n, op))?
-            };
+            unsafe { self.dev.launch(k::BinaryFlatF32, cfg, (x.ptr(), y.ptr(), res.f32_mut().ptr_mut(), n, op))? };
         } else if out.elem_count() > 0 {
             let (n, cfg) = grid(out.elem_count(), "binary")?;
             let p = Strided2 { n, dims, a: sa, b: sb, op };
@@ -526,7 +523,9 @@ impl CudaStorage {
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: `rows` holds n elements; `mean` one slot for the single block.
         let rows = rows.f32_mut();
-        unsafe { self.dev.launch(ReduceSumF32, cfg, (rows.ptr(), mean.f32_mut().ptr_mut(), n as u32, 1.0 / n as f32))? };
+        unsafe {
+            self.dev.launch(ReduceSumF32, cfg, (rows.ptr(), mean.f32_mut().ptr_mut(), n as u32, 1.0 / n as f32))?
+        };
         Ok(mean)
     }
 
@@ -722,7 +721,9 @@ impl CudaStorage {
         let g = g.f32_buf("adam")?;
         h.n = n;
         // SAFETY: all four buffers hold n elements.
-        unsafe { dev.launch(k::AdamStepF32, cfg, (p.ptr_mut(), g.ptr(), m.f32_mut().ptr_mut(), v.f32_mut().ptr_mut(), h)) }
+        unsafe {
+            dev.launch(k::AdamStepF32, cfg, (p.ptr_mut(), g.ptr(), m.f32_mut().ptr_mut(), v.f32_mut().ptr_mut(), h))
+        }
     }
 
     /// One fused SGD step on `self` from `g`, updating the velocity (all f32).
@@ -754,4 +755,26 @@ fn bucket_by_id(ids: &[usize], v: usize) -> (Vec<u32>, Vec<u32>) {
         fill[id] += 1;
     }
     (order, offsets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_bucketed_by_id_in_order() {
+        let (order, offsets) = bucket_by_id(&[2, 0, 2, 1, 2], 4);
+        assert_eq!(offsets, [0, 1, 2, 5, 5]);
+        assert_eq!(order, [1, 3, 0, 2, 4]);
+        let (order, offsets) = bucket_by_id(&[], 2);
+        assert!(order.is_empty());
+        assert_eq!(offsets, [0, 0, 0]);
+    }
+
+    #[test]
+    fn pad_left_pads_and_refuses_rank_five() {
+        let (d, s) = pad("t", &[3, 5], &[5, 1]).unwrap();
+        assert_eq!((d, s), ([1, 1, 3, 5], [0, 0, 5, 1]));
+        assert!(matches!(pad("t", &[1; 5], &[0; 5]), Err(Error::Unsupported { op: "t", .. })));
+    }
 }

@@ -159,7 +159,6 @@ pub(crate) trait Map2 {
     }
 }
 
-
 impl CpuStorage {
     /// The element type.
     pub fn dtype(&self) -> DType {
