@@ -138,8 +138,9 @@ pub fn elementwise(dev: &Device, dt: DType) -> Outcome {
         let (x, v) = c.input(&[n], 3.0);
         let tol = c.one_rounding();
         type F = fn(&Tensor) -> kiln::Result<Tensor>;
+        type Unary = (&'static str, F, fn(f64) -> f64);
         let gelu = |x: f64| 0.5 * x * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044_715 * x * x * x)).tanh());
-        let cases: Vec<(&str, F, fn(f64) -> f64)> = vec![
+        let cases: Vec<Unary> = vec![
             ("neg", |x| x.neg(), |x| -x),
             ("exp", |x| x.exp(), f64::exp),
             ("relu", |x| x.relu(), |x| x.max(0.0)),

@@ -692,18 +692,21 @@ impl CudaStorage {
         g: &CudaStorage,
         state: &[&CudaStorage],
     ) -> Result<&'a mut DeviceBuffer<f32>> {
-        for s in std::iter::once(g).chain(state.iter().copied()) {
-            s.f32_buf(op)?;
-        }
         let dtype = p.dtype();
-        match &mut p.data {
-            CudaData::F32(b) => Ok(b),
-            _ => Err(Error::Unsupported {
+        if dtype != DType::F32 {
+            return Err(Error::Unsupported {
                 op,
                 what: format!(
                     "{dtype:?} parameters on CUDA (the fused optimizer kernels update f32 parameters: keep the parameter in f32)"
                 ),
-            }),
+            });
+        }
+        for s in std::iter::once(g).chain(state.iter().copied()) {
+            s.f32_buf(op)?;
+        }
+        match &mut p.data {
+            CudaData::F32(b) => Ok(b),
+            _ => unreachable!("checked f32 above"),
         }
     }
 
