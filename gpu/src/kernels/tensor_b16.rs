@@ -3,7 +3,7 @@
 //! type, nearest-even).
 //!
 //! Elements travel as their 16-bit patterns (`u16`). Each op is one generic `#[inline(always)]`
-//! body over a [`Half16`] format (widen to f32 on load, round on store) and one monomorphic
+//! body over a `Half16` format (widen to f32 on load, round on store) and one monomorphic
 //! `#[kernel]` per format (`unary_bf16`, `unary_f16`, ...). Ops that only move bits (strided copy,
 //! fill, the argmax scatter, the embedding gather, the operand packing of the products) are one
 //! kernel for both formats. The f32 kernels are in [`tensor_ops`](super::tensor_ops); the function
@@ -29,9 +29,9 @@ pub(crate) trait Half16 {
     fn narrow(v: f32) -> u16;
 }
 
-/// bfloat16 ([`Half16`]).
+/// bfloat16 (a `Half16` format of the kernels).
 pub struct Bf16;
-/// IEEE half ([`Half16`]).
+/// IEEE half (a `Half16` format of the kernels).
 pub struct F16;
 
 #[cfg(target_arch = "nvptx64")]
