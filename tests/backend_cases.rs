@@ -262,14 +262,16 @@ pub fn embedding_and_transpose(dev: &Device) {
 }
 
 pub fn dtypes_round_trip(dev: &Device) {
-    if *dev != Device::Cpu {
-        // CUDA tensors are f32: other dtypes are a typed error, not a silent conversion.
-        let x = t(&[1.0], &[1], dev);
-        assert!(matches!(x.to_dtype(DType::BF16), Err(kiln::Error::Unsupported { op: "to_dtype", .. })));
-        return;
-    }
     let x = t(&[1.0, -2.5, 3.140625], &[3], dev);
-    for d in [DType::BF16, DType::F16, DType::F64] {
+    if *dev != Device::Cpu {
+        // CUDA tensors are f32, bf16 or f16: f64 is a typed error, not a silent conversion.
+        assert!(matches!(x.to_dtype(DType::F64), Err(kiln::Error::Unsupported { op: "to_dtype", .. })));
+        let f64s = Tensor::from_f64(&[1.0], [1], DType::F64).unwrap();
+        assert!(matches!(f64s.to_device(dev), Err(kiln::Error::Unsupported { op: "to_device", .. })));
+    }
+    let dtypes: &[DType] =
+        if *dev == Device::Cpu { &[DType::BF16, DType::F16, DType::F64] } else { &[DType::BF16, DType::F16] };
+    for &d in dtypes {
         let y = x.to_dtype(d).unwrap();
         assert_eq!(y.dtype(), d);
         assert_eq!(y.to_dtype(DType::F32).unwrap().to_vec_f64(), vec![1.0, -2.5, 3.140625]);

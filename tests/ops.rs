@@ -3,6 +3,7 @@
 //! `backend_cases.rs`.
 
 mod backend_cases;
+mod dtype_cases;
 
 macro_rules! cpu_tests {
     ($($name:ident),* $(,)?) => {
@@ -22,3 +23,32 @@ cpu_tests!(
     embedding_and_transpose,
     dtypes_round_trip,
 );
+
+/// The bf16 / f16 cases (`dtype_cases.rs`) on the CPU backend, each for both 16-bit dtypes.
+macro_rules! cpu_dtype_tests {
+    ($($name:ident),* $(,)?) => {
+        $(#[test] fn $name() {
+            for dt in [kiln::tensor::DType::BF16, kiln::tensor::DType::F16] {
+                dtype_cases::$name(&kiln::tensor::Device::Cpu, dt).unwrap();
+            }
+        })*
+    };
+}
+
+mod dtypes {
+    use super::dtype_cases;
+    cpu_dtype_tests!(
+        conversions,
+        elementwise,
+        copies,
+        sums,
+        max_and_argmax,
+        softmax_rows,
+        cross_entropy,
+        layer_norm,
+        embedding,
+        matmul,
+        dropout,
+        mixed_dtypes,
+    );
+}

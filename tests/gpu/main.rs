@@ -14,6 +14,7 @@
 //! tma             mbarrier phases, TMA tile round trips, large dynamic shared memory
 //! tcgen05         TMEM and tcgen05 on Blackwell (ignored below compute capability 10.0)
 //! tensor          the tensor backend, autograd and training on CUDA, a CUDA-graph step
+//! dtypes          bf16 and f16 tensors on CUDA against the CPU reference (tests/dtype_cases.rs)
 //! gemm            the FP32 ladder, mma.sync hgemm, gemm_bf16, the ladder command, wgmma
 //! views           strided views and batched products against the CPU, the GEMM reading views
 //! determinism     bit-exact tiers: batch invariance, repeats, across processes
@@ -23,6 +24,7 @@
 
 mod common;
 mod determinism;
+mod dtypes;
 mod first_kernels;
 mod gemm;
 mod megakernel;
@@ -33,6 +35,8 @@ mod views;
 
 #[path = "../backend_cases.rs"]
 mod backend_cases;
+#[path = "../dtype_cases.rs"]
+mod dtype_cases;
 
 use kiln::cuda::Device;
 use kiln::testing;
@@ -61,6 +65,7 @@ fn tests() -> Vec<GpuTest> {
         tcgen05::tests(),
         tensor::tests(),
         views::tests(),
+        dtypes::tests(),
         gemm::tests(),
         determinism::tests(),
         megakernel::tests(),

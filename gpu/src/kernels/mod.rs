@@ -35,6 +35,7 @@ pub mod mma_tile;
 pub mod reduce;
 #[path = "gemm/sgemm.rs"]
 pub mod sgemm;
+pub mod tensor_b16;
 pub mod tensor_ops;
 #[path = "probe/tma_stream.rs"]
 pub mod tma_stream;

@@ -278,7 +278,7 @@ pub unsafe fn unary_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, n: u32, op: u
 
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-fn apply_binary(op: u32, x: f32, y: f32) -> f32 {
+pub(crate) fn apply_binary(op: u32, x: f32, y: f32) -> f32 {
     match op {
         binary::ADD => x + y,
         binary::SUB => x - y,
@@ -464,7 +464,7 @@ shared_array!(fn row_red() -> [f32; 32], align 16);
 /// All threads of the block must call it.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-fn block_reduce(v: f32, max: bool) -> f32 {
+pub(crate) fn block_reduce(v: f32, max: bool) -> f32 {
     let (lane, w) = (thread::lane_id(), thread::warp_id());
     let warps = thread::block_dim_x() / warp::WARP_SIZE;
     let r = if max { warp::reduce_max_f32(v) } else { warp::reduce_sum_f32(v) };

@@ -502,6 +502,12 @@ impl Device {
         self.alloc_uninit(len, |at, n, st| unsafe { cudarc::driver::sys::cuMemsetD16Async(at, 0xffff, n, st) })
     }
 
+    /// As [`Device::alloc_uninit_f32`], for f16 (poisoned with the NaN pattern `0xffff`).
+    pub(crate) fn alloc_uninit_f16(&self, len: usize) -> Result<DeviceBuffer<half::f16>> {
+        // SAFETY: fills `n` 2-byte elements at a live allocation on this device's stream.
+        self.alloc_uninit(len, |at, n, st| unsafe { cudarc::driver::sys::cuMemsetD16Async(at, 0xffff, n, st) })
+    }
+
     /// `len` elements of a type with no invalid bit patterns, unwritten, or filled by `poison`
     /// (address, elements, stream) under `KILN_POISON=1`.
     fn alloc_uninit<T: DeviceRepr>(

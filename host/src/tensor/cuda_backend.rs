@@ -1,26 +1,57 @@
-//! The CUDA backend of tensors: f32 device buffers and one safe launcher per kernel family of
-//! `kiln_gpu::kernels::tensor_ops`. Every CUDA op runs a kiln Rust kernel; none is computed on the
-//! host, and none falls back to the CPU. The backend's dialect lives here: the kernels' function
-//! codes for each [`Unary`] and [`Binary`], and the GEMM [`Layout`] of each in-place product.
+//! The CUDA backend of tensors: f32, bf16 and f16 device buffers ([`CudaData`]) and one safe
+//! launcher per kernel family of `kiln_gpu::kernels::tensor_ops` (f32) and
+//! `kiln_gpu::kernels::tensor_b16` (bf16 and f16: 16-bit in and out, f32 arithmetic inside). Every
+//! CUDA op runs a kiln Rust kernel; none is computed on the host, and none falls back to the CPU.
+//! The backend's dialect lives here: the kernels' function codes for each [`Unary`] and [`Binary`],
+//! and the GEMM [`Layout`] of each in-place product.
+//!
+//! Each op method starts from the f32 path; bf16 and f16 data leave it at the method's first line
+//! (`f32_or_b16!`) for the generic 16-bit path in `cuda_b16.rs`, whose kernels for each format
+//! are one table (the impls of its `B16` trait). f64 tensors do not live on CUDA (convert first).
 
 use super::elementwise::{Binary, Unary};
 use super::shape::Shape;
 use crate::cuda::gemm::Layout;
 use crate::cuda::{Device as CudaDevice, DeviceBuffer, LaunchConfig, MatmulPrecision};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::tensor::cpu::CpuStorage;
 use kiln_gpu::kernels::reduce::ReduceSumF32;
-use kiln_gpu::kernels::tensor_ops::{
-    self as k, AdamStep, MAX_DIMS, MatmulShape, ROW_THREADS, ReduceDims, SgdStep, Strided2,
-};
+use kiln_gpu::kernels::tensor_ops::{self as k, AdamStep, MAX_DIMS, MatmulShape, ROW_THREADS, SgdStep, Strided2};
 use std::sync::{Arc, Mutex};
 
-/// An f32 tensor's data on a GPU.
+#[path = "cuda_b16.rs"]
+mod b16;
+
+/// A CUDA tensor's elements, typed (at least one allocated, so that empty tensors need no
+/// zero-byte allocation).
+pub enum CudaData {
+    /// f32 elements.
+    F32(DeviceBuffer<f32>),
+    /// bf16 elements.
+    BF16(DeviceBuffer<half::bf16>),
+    /// f16 elements.
+    F16(DeviceBuffer<half::f16>),
+}
+
+/// A tensor's data on a GPU: f32, bf16 or f16.
 pub struct CudaStorage {
-    /// The elements (at least one allocated, so that empty tensors need no zero-byte allocation).
-    pub buf: DeviceBuffer<f32>,
+    data: CudaData,
     /// The device.
     pub dev: Arc<CudaDevice>,
     len: usize,
+}
+
+/// The f32 buffer of `$s` (a `CudaStorage`), or, for bf16 and f16 data, a return from the calling
+/// method with `$b16` evaluated on the typed 16-bit buffer `$x` (the generic path of `cuda_b16.rs`).
+macro_rules! f32_or_b16 {
+    ($s:expr, |$x:ident| $b16:expr) => {
+        match &$s.data {
+            CudaData::F32(buf) => buf,
+            CudaData::BF16($x) => return $b16,
+            CudaData::F16($x) => return $b16,
+        }
+    };
 }
 
 /// Most elements a CUDA tensor may hold: the kernels index in u32, and every offset product and
@@ -41,7 +72,7 @@ fn check_len(op: &'static str, n: usize) -> Result<()> {
 
 impl std::fmt::Debug for CudaStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaStorage({} f32 on {})", self.len, self.dev.name())
+        write!(f, "CudaStorage({} {:?} on {})", self.len, self.dtype(), self.dev.name())
     }
 }
 
@@ -153,33 +184,85 @@ impl DeviceIndices {
 }
 
 impl CudaStorage {
-    /// `n` zeroed elements (for kernels that accumulate into their output or leave parts of it).
+    /// `n` elements of `data` on `dev`.
+    fn wrap(dev: &Arc<CudaDevice>, data: CudaData, n: usize) -> CudaStorage {
+        CudaStorage { data, dev: dev.clone(), len: n }
+    }
+    /// `n` zeroed f32 elements (for kernels that accumulate into their output or leave parts of it).
     fn alloc(dev: &Arc<CudaDevice>, n: usize) -> Result<CudaStorage> {
         check_len("alloc", n)?;
-        Ok(CudaStorage { buf: dev.zeros::<f32>(n.max(1))?, dev: dev.clone(), len: n })
+        Ok(Self::wrap(dev, CudaData::F32(dev.zeros::<f32>(n.max(1))?), n))
     }
-    /// `n` elements for a kernel that writes every one: no zeroing pass over memory about to be
+    /// `n` f32 elements for a kernel that writes every one: no zeroing pass over memory about to be
     /// overwritten (poisoned instead under `KILN_POISON=1`, so a missed element fails the tests).
     fn output(dev: &Arc<CudaDevice>, n: usize) -> Result<CudaStorage> {
         check_len("alloc", n)?;
-        Ok(CudaStorage { buf: dev.alloc_uninit_f32(n.max(1))?, dev: dev.clone(), len: n })
+        Ok(Self::wrap(dev, CudaData::F32(dev.alloc_uninit_f32(n.max(1))?), n))
     }
-    /// Copies host values to the device.
+    /// The f32 buffer of a storage this file just made as f32.
+    fn f32_mut(&mut self) -> &mut DeviceBuffer<f32> {
+        match &mut self.data {
+            CudaData::F32(b) => b,
+            _ => unreachable!("made as f32 by this file"),
+        }
+    }
+    /// The element type: F32, BF16 or F16.
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            CudaData::F32(_) => DType::F32,
+            CudaData::BF16(_) => DType::BF16,
+            CudaData::F16(_) => DType::F16,
+        }
+    }
+    /// The typed elements (at least one allocated; the first [`CudaStorage::len`] are the tensor's).
+    pub fn data(&self) -> &CudaData {
+        &self.data
+    }
+    /// The f32 elements, or a typed error naming `op` for bf16 / f16 data (the ops that have only an
+    /// f32 kernel, such as the optimizers' updates).
+    pub fn f32_buf(&self, op: &'static str) -> Result<&DeviceBuffer<f32>> {
+        match &self.data {
+            CudaData::F32(b) => Ok(b),
+            _ => Err(Error::DType { op, got: self.dtype(), expected: DType::F32 }),
+        }
+    }
+    /// Copies host f32 values to the device.
     pub fn upload(dev: &Arc<CudaDevice>, v: &[f32]) -> Result<CudaStorage> {
         check_len("to_device", v.len())?;
         if v.is_empty() {
             return Self::alloc(dev, 0);
         }
-        Ok(CudaStorage { buf: dev.upload(v)?, dev: dev.clone(), len: v.len() })
+        Ok(Self::wrap(dev, CudaData::F32(dev.upload(v)?), v.len()))
     }
-    /// Copies the elements to the host.
+    /// Copies host data of any CUDA dtype (f32, bf16, f16) to the device as it is (no conversion);
+    /// f64 is a typed error that says to convert first.
+    pub fn upload_cpu(dev: &Arc<CudaDevice>, s: &CpuStorage) -> Result<CudaStorage> {
+        match s {
+            CpuStorage::F32(v) => Self::upload(dev, v),
+            CpuStorage::BF16(v) => Self::upload_b16(dev, v),
+            CpuStorage::F16(v) => Self::upload_b16(dev, v),
+            CpuStorage::F64(_) => Err(Error::Unsupported {
+                op: "to_device",
+                what:
+                    "F64 tensors on CUDA (CUDA tensors are f32, bf16 or f16: convert with .to_dtype(DType::F32) first)"
+                        .into(),
+            }),
+        }
+    }
+    /// Copies the elements to the host as f32 (bf16 and f16 widened exactly on the host).
     pub fn download(&self) -> Result<Vec<f32>> {
-        let mut v = self.dev.download(&self.buf)?;
+        Ok(self.download_cpu()?.as_f32().into_owned())
+    }
+    /// Copies the elements to the host in their dtype.
+    pub fn download_cpu(&self) -> Result<CpuStorage> {
+        let buf = f32_or_b16!(self, |x| self.download_b16(x));
+        let mut v = self.dev.download(buf)?;
         v.truncate(self.len);
-        Ok(v)
+        Ok(CpuStorage::F32(v))
     }
     /// A device-side copy.
     pub fn try_clone(&self) -> Result<CudaStorage> {
+        let buf = f32_or_b16!(self, |x| self.try_clone_b16(x));
         let mut out = Self::output(&self.dev, self.len)?;
         let p = Strided2 {
             n: self.len as u32,
@@ -190,9 +273,14 @@ impl CudaStorage {
         if self.len > 0 {
             let (_, cfg) = grid(self.len, "copy")?;
             // SAFETY: both buffers hold n elements.
-            unsafe { self.dev.launch(k::StridedCopyF32, cfg, (self.buf.ptr(), out.buf.ptr_mut(), p))? };
+            unsafe { self.dev.launch(k::StridedCopyF32, cfg, (buf.ptr(), out.f32_mut().ptr_mut(), p))? };
         }
         Ok(out)
+    }
+    /// The data converted to `d` on the device, by kernel (f32, bf16 and f16 each way; round to
+    /// nearest-even when narrowing); f64 is a typed error.
+    pub fn to_dtype(&self, d: DType) -> Result<CudaStorage> {
+        b16::to_dtype(self, d)
     }
     /// Number of elements.
     pub fn len(&self) -> usize {
@@ -203,25 +291,31 @@ impl CudaStorage {
         self.len == 0
     }
 
-    /// `value` everywhere.
+    /// `value` everywhere (f32).
     pub fn full(dev: &Arc<CudaDevice>, n: usize, value: f32) -> Result<CudaStorage> {
         let mut out = Self::output(dev, n)?;
         if n > 0 {
             let (n32, cfg) = grid4(n, "full")?;
             // SAFETY: out holds n elements.
-            unsafe { dev.launch(k::FillF32, cfg, (out.buf.ptr_mut(), n32, value))? };
+            unsafe { dev.launch(k::FillF32, cfg, (out.f32_mut().ptr_mut(), n32, value))? };
         }
         Ok(out)
     }
 
+    /// `value` (rounded once to `dtype`) everywhere, in `dtype` (f32, bf16 or f16).
+    pub fn full_dtype(dev: &Arc<CudaDevice>, n: usize, value: f64, dtype: DType) -> Result<CudaStorage> {
+        b16::full_dtype(dev, n, value, dtype)
+    }
+
     /// An elementwise function of one input (the unary kernel, by its [`k::unary`] code).
     pub fn unary(&self, u: Unary) -> Result<CudaStorage> {
+        let buf = f32_or_b16!(self, |x| self.unary_b16(x, u));
         let (op, s) = unary_code(u);
         let mut out = Self::output(&self.dev, self.len())?;
         if !self.is_empty() {
             let (n, cfg) = grid4(self.len(), "unary")?;
             // SAFETY: same length in and out.
-            unsafe { self.dev.launch(k::UnaryF32, cfg, (self.buf.ptr(), out.buf.ptr_mut(), n, op, s))? };
+            unsafe { self.dev.launch(k::UnaryF32, cfg, (buf.ptr(), out.f32_mut().ptr_mut(), n, op, s))? };
         }
         Ok(out)
     }
@@ -235,6 +329,12 @@ impl CudaStorage {
         out: &Shape,
         op: Binary,
     ) -> Result<CudaStorage> {
+        let (x, y) = match (&self.data, &other.data) {
+            (CudaData::F32(x), CudaData::F32(y)) => (x, y),
+            (CudaData::BF16(x), CudaData::BF16(y)) => return self.binary_b16(x, a_shape, y, b_shape, out, op),
+            (CudaData::F16(x), CudaData::F16(y)) => return self.binary_b16(x, a_shape, y, b_shape, out, op),
+            _ => return Err(Error::DType { op: op.name(), got: other.dtype(), expected: self.dtype() }),
+        };
         let op = binary_code(op);
         let (dims, sa) = pad("binary", out.dims(), &a_shape.broadcast_strides(out))?;
         let (_, sb) = pad("binary", out.dims(), &b_shape.broadcast_strides(out))?;
@@ -243,27 +343,26 @@ impl CudaStorage {
             // No broadcasting: the flat kernel, 16-byte accesses and no index arithmetic.
             let (n, cfg) = grid4(out.elem_count(), "binary")?;
             // SAFETY: both inputs and the output hold n elements, in fresh 16-byte aligned buffers.
-            unsafe {
-                self.dev.launch(k::BinaryFlatF32, cfg, (self.buf.ptr(), other.buf.ptr(), res.buf.ptr_mut(), n, op))?
-            };
+            unsafe { self.dev.launch(k::BinaryFlatF32, cfg, (x.ptr(), y.ptr(), res.f32_mut().ptr_mut(), n, op))? };
         } else if out.elem_count() > 0 {
             let (n, cfg) = grid(out.elem_count(), "binary")?;
             let p = Strided2 { n, dims, a: sa, b: sb, op };
             // SAFETY: offsets stay inside each input by construction of the strides.
-            unsafe { self.dev.launch(k::BinaryF32, cfg, (self.buf.ptr(), other.buf.ptr(), res.buf.ptr_mut(), p))? };
+            unsafe { self.dev.launch(k::BinaryF32, cfg, (x.ptr(), y.ptr(), res.f32_mut().ptr_mut(), p))? };
         }
         Ok(res)
     }
 
     /// `out[i] = self[offset(i)]` for an output of `out` dims read through `strides`.
     pub fn strided_copy(&self, out: &Shape, strides: &[usize]) -> Result<CudaStorage> {
+        let buf = f32_or_b16!(self, |x| self.strided_copy_b16(x, out, strides));
         let (dims, sa) = pad("strided copy", out.dims(), strides)?;
         let mut res = Self::output(&self.dev, out.elem_count())?;
         if out.elem_count() > 0 {
             let (n, cfg) = grid(out.elem_count(), "strided copy")?;
             let p = Strided2 { n, dims, a: sa, b: [0; MAX_DIMS], op: 0 };
             // SAFETY: offsets stay inside the input.
-            unsafe { self.dev.launch(k::StridedCopyF32, cfg, (self.buf.ptr(), res.buf.ptr_mut(), p))? };
+            unsafe { self.dev.launch(k::StridedCopyF32, cfg, (buf.ptr(), res.f32_mut().ptr_mut(), p))? };
         }
         Ok(res)
     }
@@ -282,20 +381,31 @@ impl CudaStorage {
         let (d, sa) = pad("binary", dims, a_strides).map_err(view_error)?;
         let (_, sb) = pad("binary", dims, b_strides).map_err(view_error)?;
         let n: usize = dims.iter().product();
+        let (x, y) = match (&self.data, &other.data) {
+            (CudaData::F32(x), CudaData::F32(y)) => (x, y),
+            (CudaData::BF16(x), CudaData::BF16(y)) => {
+                return self.binary_strided_b16(x, (a_offset, sa), y, (b_offset, sb), d, n, op);
+            }
+            (CudaData::F16(x), CudaData::F16(y)) => {
+                return self.binary_strided_b16(x, (a_offset, sa), y, (b_offset, sb), d, n, op);
+            }
+            _ => return Err(Error::DType { op: op.name(), got: other.dtype(), expected: self.dtype() }),
+        };
         let mut res = Self::output(&self.dev, n)?;
         if n > 0 {
             let (n, cfg) = grid(n, "binary")?;
             let p = Strided2 { n, dims: d, a: sa, b: sb, op: binary_code(op) };
-            let (a, b) = (self.buf.ptr().offset(a_offset), other.buf.ptr().offset(b_offset));
+            let (a, b) = (x.ptr().offset(a_offset), y.ptr().offset(b_offset));
             // SAFETY: every input offset stays inside its buffer (checked by the caller); out holds n.
-            unsafe { self.dev.launch(k::BinaryF32, cfg, (a, b, res.buf.ptr_mut(), p))? };
+            unsafe { self.dev.launch(k::BinaryF32, cfg, (a, b, res.f32_mut().ptr_mut(), p))? };
         }
         Ok(res)
     }
 
     /// `n` elements for an op that writes every one (not cleared; poisoned under `KILN_POISON=1`).
-    pub(crate) fn scratch(dev: &Arc<CudaDevice>, n: usize) -> Result<CudaStorage> {
-        Self::output(dev, n)
+    pub(crate) fn scratch(dev: &Arc<CudaDevice>, n: usize, dtype: DType) -> Result<CudaStorage> {
+        check_len("alloc", n)?;
+        b16::scratch(dev, n, dtype)
     }
 
     /// A dense copy of a view: `out[i] = self[offset + off(i)]` for an output of `dims` read
@@ -303,12 +413,13 @@ impl CudaStorage {
     pub(crate) fn view_copy(&self, dims: &[usize], strides: &[usize], offset: usize) -> Result<CudaStorage> {
         let (d, sa) = pad("view copy", dims, strides).map_err(view_error)?;
         let n: usize = dims.iter().product();
+        let buf = f32_or_b16!(self, |x| self.view_copy_b16(x, d, sa, offset, n));
         let mut res = Self::output(&self.dev, n)?;
         if n > 0 {
             let (n, cfg) = grid(n, "view copy")?;
             let p = Strided2 { n, dims: d, a: sa, b: [0; MAX_DIMS], op: 0 };
             // SAFETY: every offset + off(i) is inside the input (checked by the caller); out holds n.
-            unsafe { self.dev.launch(k::StridedCopyF32, cfg, (self.buf.ptr().offset(offset), res.buf.ptr_mut(), p))? };
+            unsafe { self.dev.launch(k::StridedCopyF32, cfg, (buf.ptr().offset(offset), res.f32_mut().ptr_mut(), p))? };
         }
         Ok(res)
     }
@@ -325,54 +436,41 @@ impl CudaStorage {
         let (d, sa) = pad("strided write", dims, src_strides).map_err(view_error)?;
         let (_, sb) = pad("strided write", dims, dst_strides).map_err(view_error)?;
         let n: usize = dims.iter().product();
-        if n > 0 {
-            let (n, cfg) = grid(n, "strided write")?;
-            let p = Strided2 { n, dims: d, a: sa, b: sb, op: 0 };
-            let (x, out) = (src.buf.ptr().offset(src_offset), self.buf.ptr_mut().offset(dst_offset));
-            // SAFETY: both walks stay inside their buffers (checked by the caller); the destination
-            // places are distinct, so no two threads write one element.
-            unsafe { self.dev.launch(k::StridedScatterF32, cfg, (x, out, p))? };
+        if n == 0 {
+            return Ok(());
         }
-        Ok(())
+        let (n, cfg) = grid(n, "strided write")?;
+        let p = Strided2 { n, dims: d, a: sa, b: sb, op: 0 };
+        let dev = self.dev.clone();
+        // SAFETY (every arm): both walks stay inside their buffers (checked by the caller); the
+        // destination places are distinct, so no two threads write one element.
+        match (&mut self.data, &src.data) {
+            (CudaData::F32(o), CudaData::F32(x)) => unsafe {
+                dev.launch(k::StridedScatterF32, cfg, (x.ptr().offset(src_offset), o.ptr_mut().offset(dst_offset), p))
+            },
+            (CudaData::BF16(o), CudaData::BF16(x)) => unsafe {
+                b16::scatter(&dev, cfg, x, src_offset, o, dst_offset, p)
+            },
+            (CudaData::F16(o), CudaData::F16(x)) => unsafe { b16::scatter(&dev, cfg, x, src_offset, o, dst_offset, p) },
+            _ => Err(Error::DType { op: "strided write", got: src.dtype(), expected: self.dtype() }),
+        }
     }
 
     /// Sum of `self` (shape `from`) into `to` (a shape that broadcasts to `from`).
     pub fn sum_into(&self, from: &Shape, to: &Shape) -> Result<CudaStorage> {
-        let padded = Shape([vec![1; from.rank() - to.rank()], to.dims().to_vec()].concat());
-        let strides = from.strides();
-        let (mut kept_dims, mut kept_strides, mut red_dims, mut red_strides) = (vec![], vec![], vec![], vec![]);
-        for (i, (&fd, &td)) in from.dims().iter().zip(padded.dims()).enumerate() {
-            if td == fd {
-                kept_dims.push(fd);
-                kept_strides.push(strides[i]);
-            } else {
-                red_dims.push(fd);
-                red_strides.push(strides[i]);
-            }
-        }
-        let (kd, ks) = pad("sum", &kept_dims, &kept_strides)?;
-        let (rd, rs) = pad("sum", &red_dims, &red_strides)?;
-        let out_n = to.elem_count();
-        let red_n: usize = red_dims.iter().product();
+        let buf = f32_or_b16!(self, |x| self.sum_into_b16(x, from, to));
+        let (p, out_n, red_n) = b16::reduce_dims(from, to)?;
         if out_n == 1 && red_n > 1 {
             // One output: a block-parallel two-pass reduction (fixed order for a given size)
             // instead of one thread walking every element.
-            let total = crate::cuda::ops::sum_on_device(&self.dev, &self.buf)?;
-            return Ok(CudaStorage { buf: total, dev: self.dev.clone(), len: 1 });
+            let total = crate::cuda::ops::sum_on_device(&self.dev, buf)?;
+            return Ok(Self::wrap(&self.dev, CudaData::F32(total), 1));
         }
         let mut res = Self::output(&self.dev, out_n)?;
         if out_n > 0 {
-            let (n, cfg) = grid(out_n, "sum")?;
-            let p = ReduceDims {
-                out_n: n,
-                kept_dims: kd,
-                kept_strides: ks,
-                red_n: red_n as u32,
-                red_dims: rd,
-                red_strides: rs,
-            };
+            let (_, cfg) = grid(out_n, "sum")?;
             // SAFETY: every offset is a valid index of `from`.
-            unsafe { self.dev.launch(k::ReduceSumDimsF32, cfg, (self.buf.ptr(), res.buf.ptr_mut(), p))? };
+            unsafe { self.dev.launch(k::ReduceSumDimsF32, cfg, (buf.ptr(), res.f32_mut().ptr_mut(), p))? };
         }
         Ok(res)
     }
@@ -390,6 +488,12 @@ impl CudaStorage {
         n: usize,
         layout: Layout,
     ) -> Result<Option<CudaStorage>> {
+        let (x, y) = match (&self.data, &b.data) {
+            (CudaData::F32(x), CudaData::F32(y)) => (x, y),
+            (CudaData::BF16(x), CudaData::BF16(y)) => return self.matmul_layout_b16(x, y, m, k, n, layout).map(Some),
+            (CudaData::F16(x), CudaData::F16(y)) => return self.matmul_layout_b16(x, y, m, k, n, layout).map(Some),
+            _ => return Err(Error::DType { op: "matmul", got: b.dtype(), expected: self.dtype() }),
+        };
         let v = u32s("matmul", &[m, n, k])?;
         let s = kiln_gpu::kernels::mma_tile::GemmShape { m: v[0], n: v[1], k: v[2] };
         let bf16 = crate::cuda::matmul_precision() == MatmulPrecision::Bf16;
@@ -398,9 +502,9 @@ impl CudaStorage {
         }
         let mut c = Self::alloc(&self.dev, m * n)?;
         if bf16 {
-            crate::cuda::gemm::gemm_bf16(&self.dev, &self.buf, &b.buf, &mut c.buf, s, layout)?;
+            crate::cuda::gemm::gemm_bf16(&self.dev, x, y, c.f32_mut(), s, layout)?;
         } else {
-            crate::cuda::gemm::sgemm_layout(&self.dev, &self.buf, &b.buf, &mut c.buf, s, layout)?;
+            crate::cuda::gemm::sgemm_layout(&self.dev, x, y, c.f32_mut(), s, layout)?;
         }
         Ok(Some(c))
     }
@@ -428,6 +532,12 @@ impl CudaStorage {
         n: usize,
         b_batched: bool,
     ) -> Result<CudaStorage> {
+        let (x, y) = match (&self.data, &b.data) {
+            (CudaData::F32(x), CudaData::F32(y)) => (x, y),
+            (CudaData::BF16(x), CudaData::BF16(y)) => return self.matmul_b16(x, y, batch, m, kk, n, b_batched),
+            (CudaData::F16(x), CudaData::F16(y)) => return self.matmul_b16(x, y, batch, m, kk, n, b_batched),
+            _ => return Err(Error::DType { op: "matmul", got: b.dtype(), expected: self.dtype() }),
+        };
         let mut c = Self::alloc(&self.dev, batch * m * n)?;
         if batch * m * n == 0 || kk == 0 {
             return Ok(c); // zeros
@@ -438,9 +548,9 @@ impl CudaStorage {
             let s = kiln_gpu::kernels::mma_tile::GemmShape { m: (batch * m) as u32, n: n as u32, k: kk as u32 };
             if crate::cuda::matmul_precision() == MatmulPrecision::Bf16 {
                 let nn = Layout::NN;
-                crate::cuda::gemm::gemm_bf16(&self.dev, &self.buf, &b.buf, &mut c.buf, s, nn)?;
+                crate::cuda::gemm::gemm_bf16(&self.dev, x, y, c.f32_mut(), s, nn)?;
             } else {
-                crate::cuda::gemm::sgemm(&self.dev, &self.buf, &b.buf, &mut c.buf, s)?;
+                crate::cuda::gemm::sgemm(&self.dev, x, y, c.f32_mut(), s)?;
             }
             return Ok(c);
         }
@@ -467,7 +577,7 @@ impl CudaStorage {
             shared_mem_bytes: 0,
         };
         // SAFETY: a, b and c hold the products' operands as described by `s`.
-        unsafe { self.dev.launch(k::MatmulF32, cfg, (self.buf.ptr(), b.buf.ptr(), c.buf.ptr_mut(), s))? };
+        unsafe { self.dev.launch(k::MatmulF32, cfg, (x.ptr(), y.ptr(), c.f32_mut().ptr_mut(), s))? };
         Ok(c)
     }
 
@@ -478,6 +588,7 @@ impl CudaStorage {
 
     /// Softmax or log-softmax of each row of `d`.
     pub fn softmax(&self, d: usize, log: bool) -> Result<CudaStorage> {
+        let buf = f32_or_b16!(self, |x| self.softmax_b16(x, d, log));
         let rows = self.len() / d;
         let mut out = Self::output(&self.dev, self.len())?;
         if rows == 0 {
@@ -488,7 +599,7 @@ impl CudaStorage {
             self.dev.launch(
                 k::SoftmaxRowsF32,
                 Self::rows_cfg(rows)?,
-                (self.buf.ptr(), out.buf.ptr_mut(), d as u32, log as u32),
+                (buf.ptr(), out.f32_mut().ptr_mut(), d as u32, log as u32),
             )?
         };
         Ok(out)
@@ -497,6 +608,7 @@ impl CudaStorage {
     /// Mean cross-entropy of (n, c) logits against `targets` (already range-checked; `copy` keeps
     /// their device copy).
     pub(crate) fn cross_entropy(&self, targets: &[usize], copy: &DeviceIndices, c: usize) -> Result<CudaStorage> {
+        let buf = f32_or_b16!(self, |x| self.cross_entropy_b16(x, targets, copy, c));
         let n = targets.len();
         let t = copy.on(&self.dev, targets, "cross_entropy")?;
         let mut rows = Self::output(&self.dev, n)?;
@@ -505,7 +617,7 @@ impl CudaStorage {
             self.dev.launch(
                 k::CrossEntropyRowsF32,
                 Self::rows_cfg(n)?,
-                (self.buf.ptr(), t.ptr(), rows.buf.ptr_mut(), c as u32),
+                (buf.ptr(), t.ptr(), rows.f32_mut().ptr_mut(), c as u32),
             )?
         };
         // The mean in one launch: one block (of 1024 threads, the most it takes) sums the row losses
@@ -513,7 +625,10 @@ impl CudaStorage {
         let mut mean = Self::output(&self.dev, 1)?;
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: `rows` holds n elements; `mean` one slot for the single block.
-        unsafe { self.dev.launch(ReduceSumF32, cfg, (rows.buf.ptr(), mean.buf.ptr_mut(), n as u32, 1.0 / n as f32))? };
+        let rows = rows.f32_mut();
+        unsafe {
+            self.dev.launch(ReduceSumF32, cfg, (rows.ptr(), mean.f32_mut().ptr_mut(), n as u32, 1.0 / n as f32))?
+        };
         Ok(mean)
     }
 
@@ -526,6 +641,12 @@ impl CudaStorage {
         c: usize,
         g: &CudaStorage,
     ) -> Result<CudaStorage> {
+        let (x, gb) = match (&self.data, &g.data) {
+            (CudaData::F32(x), CudaData::F32(gb)) => (x, gb),
+            (CudaData::BF16(x), CudaData::BF16(gb)) => return self.cross_entropy_backward_b16(x, targets, copy, c, gb),
+            (CudaData::F16(x), CudaData::F16(gb)) => return self.cross_entropy_backward_b16(x, targets, copy, c, gb),
+            _ => return Err(Error::DType { op: "cross_entropy backward", got: g.dtype(), expected: self.dtype() }),
+        };
         let n = targets.len();
         let t = copy.on(&self.dev, targets, "cross_entropy backward")?;
         let mut grad = Self::output(&self.dev, n * c)?;
@@ -535,7 +656,7 @@ impl CudaStorage {
             self.dev.launch(
                 k::CrossEntropyBackwardRowsF32,
                 cfg,
-                (self.buf.ptr(), t.ptr(), g.buf.ptr(), grad.buf.ptr_mut(), c as u32, 1.0 / n as f32),
+                (x.ptr(), t.ptr(), gb.ptr(), grad.f32_mut().ptr_mut(), c as u32, 1.0 / n as f32),
             )?
         };
         Ok(grad)
@@ -549,6 +670,15 @@ impl CudaStorage {
         d: usize,
         eps: f64,
     ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+        let (xb, wb, bb) = match (&self.data, &w.data, &b.data) {
+            (CudaData::F32(x), CudaData::F32(w), CudaData::F32(b)) => (x, w, b),
+            (CudaData::BF16(x), CudaData::BF16(w), CudaData::BF16(b)) => return self.layer_norm_b16(x, w, b, d, eps),
+            (CudaData::F16(x), CudaData::F16(w), CudaData::F16(b)) => return self.layer_norm_b16(x, w, b, d, eps),
+            _ => {
+                let got = if w.dtype() != self.dtype() { w.dtype() } else { b.dtype() };
+                return Err(Error::DType { op: "layer_norm", got, expected: self.dtype() });
+            }
+        };
         let rows = self.len() / d;
         let mut out = Self::output(&self.dev, self.len())?;
         let mut mean = Self::output(&self.dev, rows)?;
@@ -562,12 +692,12 @@ impl CudaStorage {
                 k::LayerNormRowsF32,
                 Self::rows_cfg(rows)?,
                 (
-                    self.buf.ptr(),
-                    w.buf.ptr(),
-                    b.buf.ptr(),
-                    out.buf.ptr_mut(),
-                    mean.buf.ptr_mut(),
-                    rstd.buf.ptr_mut(),
+                    xb.ptr(),
+                    wb.ptr(),
+                    bb.ptr(),
+                    out.f32_mut().ptr_mut(),
+                    mean.f32_mut().ptr_mut(),
+                    rstd.f32_mut().ptr_mut(),
                     d as u32,
                     eps as f32,
                 ),
@@ -578,6 +708,7 @@ impl CudaStorage {
 
     /// Rows of the (v, d) table `self` for `ids` (already range-checked).
     pub fn embedding(&self, ids: &[usize], d: usize) -> Result<CudaStorage> {
+        let buf = f32_or_b16!(self, |x| self.embedding_b16(x, ids, d));
         let dev_ids = self.dev.upload(&u32s("embedding", ids)?)?;
         let mut out = Self::output(&self.dev, ids.len() * d)?;
         if !ids.is_empty() && d > 0 {
@@ -587,7 +718,7 @@ impl CudaStorage {
                 self.dev.launch(
                     k::EmbeddingGatherF32,
                     cfg,
-                    (self.buf.ptr(), dev_ids.ptr(), out.buf.ptr_mut(), ids.len() as u32, d as u32),
+                    (buf.ptr(), dev_ids.ptr(), out.f32_mut().ptr_mut(), ids.len() as u32, d as u32),
                 )?
             };
         }
@@ -597,19 +728,8 @@ impl CudaStorage {
     /// The embedding gradient: rows of `self` (n, d) summed per id into a (v, d) table, in position
     /// order (positions are bucketed by id on the host: a counting sort).
     pub fn embedding_backward(&self, ids: &[usize], v: usize, d: usize) -> Result<CudaStorage> {
-        let mut offsets = vec![0u32; v + 1];
-        for &id in ids {
-            offsets[id + 1] += 1;
-        }
-        for i in 0..v {
-            offsets[i + 1] += offsets[i];
-        }
-        let mut fill = offsets.clone();
-        let mut order = vec![0u32; ids.len()];
-        for (p, &id) in ids.iter().enumerate() {
-            order[fill[id] as usize] = p as u32;
-            fill[id] += 1;
-        }
+        let (order, offsets) = bucket_by_id(ids, v);
+        let buf = f32_or_b16!(self, |x| self.embedding_backward_b16(x, &order, &offsets, v, d));
         let (o, off) = (self.dev.upload(&order)?, self.dev.upload(&offsets)?);
         let mut gw = Self::output(&self.dev, v * d)?;
         if v * d > 0 {
@@ -619,7 +739,7 @@ impl CudaStorage {
                 self.dev.launch(
                     k::EmbeddingScatterF32,
                     cfg,
-                    (self.buf.ptr(), o.ptr(), off.ptr(), gw.buf.ptr_mut(), v as u32, d as u32),
+                    (buf.ptr(), o.ptr(), off.ptr(), gw.f32_mut().ptr_mut(), v as u32, d as u32),
                 )?
             };
         }
@@ -628,6 +748,7 @@ impl CudaStorage {
 
     /// Maximum along the middle of (outer, len, inner): values and the input offset of each.
     pub fn max_dim(&self, outer: usize, len: usize, inner: usize) -> Result<(CudaStorage, DeviceBuffer<u32>)> {
+        let buf = f32_or_b16!(self, |x| self.max_dim_b16(x, outer, len, inner));
         let n = outer * inner;
         let mut vals = Self::output(&self.dev, n)?;
         let mut arg = self.dev.zeros::<u32>(n)?;
@@ -639,7 +760,7 @@ impl CudaStorage {
                 self.dev.launch(
                     k::MaxDimF32,
                     cfg,
-                    (self.buf.ptr(), vals.buf.ptr_mut(), arg.ptr_mut(), v[0], v[1], v[2]),
+                    (buf.ptr(), vals.f32_mut().ptr_mut(), arg.ptr_mut(), v[0], v[1], v[2]),
                 )?
             };
         }
@@ -655,16 +776,44 @@ impl CudaStorage {
 
     /// The gradient of a max: `g` scattered to the argmax offsets of an input of `n_in` elements.
     pub fn scatter_argmax(&self, argmax: &DeviceBuffer<u32>, n_in: usize) -> Result<CudaStorage> {
+        let buf = f32_or_b16!(self, |x| self.scatter_argmax_b16(x, argmax, n_in));
         let mut gx = Self::alloc(&self.dev, n_in)?;
         if !argmax.is_empty() {
             let (n, cfg) = grid(argmax.len(), "max backward")?;
             // SAFETY: argmax offsets are < n_in and distinct.
-            unsafe { self.dev.launch(k::ScatterArgmaxF32, cfg, (self.buf.ptr(), argmax.ptr(), gx.buf.ptr_mut(), n))? };
+            unsafe { self.dev.launch(k::ScatterArgmaxF32, cfg, (buf.ptr(), argmax.ptr(), gx.f32_mut().ptr_mut(), n))? };
         }
         Ok(gx)
     }
 
-    /// One fused Adam step on `self` (the parameter) from `g`, updating `m` and `v`.
+    /// The f32 buffers of an optimizer's parameter and state, or a typed error: the fused
+    /// optimizer kernels update f32 parameters only (keep f32 master weights for bf16 / f16
+    /// compute).
+    fn f32_state<'a>(
+        op: &'static str,
+        p: &'a mut CudaStorage,
+        g: &CudaStorage,
+        state: &[&CudaStorage],
+    ) -> Result<&'a mut DeviceBuffer<f32>> {
+        let dtype = p.dtype();
+        if dtype != DType::F32 {
+            return Err(Error::Unsupported {
+                op,
+                what: format!(
+                    "{dtype:?} parameters on CUDA (the fused optimizer kernels update f32 parameters: keep the parameter in f32)"
+                ),
+            });
+        }
+        for s in std::iter::once(g).chain(state.iter().copied()) {
+            s.f32_buf(op)?;
+        }
+        match &mut p.data {
+            CudaData::F32(b) => Ok(b),
+            _ => unreachable!("checked f32 above"),
+        }
+    }
+
+    /// One fused Adam step on `self` (the parameter) from `g`, updating `m` and `v` (all f32).
     pub fn adam_step(
         &mut self,
         g: &CudaStorage,
@@ -672,19 +821,66 @@ impl CudaStorage {
         v: &mut CudaStorage,
         mut h: AdamStep,
     ) -> Result<()> {
+        let dev = self.dev.clone();
         let (n, cfg) = grid(self.len(), "adam")?;
+        let p = Self::f32_state("adam", self, g, &[&*m, &*v])?;
+        let g = g.f32_buf("adam")?;
         h.n = n;
         // SAFETY: all four buffers hold n elements.
         unsafe {
-            self.dev.launch(k::AdamStepF32, cfg, (self.buf.ptr_mut(), g.buf.ptr(), m.buf.ptr_mut(), v.buf.ptr_mut(), h))
+            dev.launch(k::AdamStepF32, cfg, (p.ptr_mut(), g.ptr(), m.f32_mut().ptr_mut(), v.f32_mut().ptr_mut(), h))
         }
     }
 
-    /// One fused SGD step on `self` from `g`, updating the velocity.
+    /// One fused SGD step on `self` from `g`, updating the velocity (all f32).
     pub fn sgd_step(&mut self, g: &CudaStorage, vel: &mut CudaStorage, mut h: SgdStep) -> Result<()> {
+        let dev = self.dev.clone();
         let (n, cfg) = grid(self.len(), "sgd")?;
+        let p = Self::f32_state("sgd", self, g, &[&*vel])?;
+        let g = g.f32_buf("sgd")?;
         h.n = n;
         // SAFETY: all three buffers hold n elements.
-        unsafe { self.dev.launch(k::SgdStepF32, cfg, (self.buf.ptr_mut(), g.buf.ptr(), vel.buf.ptr_mut(), h)) }
+        unsafe { dev.launch(k::SgdStepF32, cfg, (p.ptr_mut(), g.ptr(), vel.f32_mut().ptr_mut(), h)) }
+    }
+}
+
+/// The embedding backward's counting sort of positions by id: (`order`, `offsets`), with
+/// `order[offsets[v]..offsets[v + 1]]` the positions of id `v`, in position order.
+fn bucket_by_id(ids: &[usize], v: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut offsets = vec![0u32; v + 1];
+    for &id in ids {
+        offsets[id + 1] += 1;
+    }
+    for i in 0..v {
+        offsets[i + 1] += offsets[i];
+    }
+    let mut fill = offsets.clone();
+    let mut order = vec![0u32; ids.len()];
+    for (p, &id) in ids.iter().enumerate() {
+        order[fill[id] as usize] = p as u32;
+        fill[id] += 1;
+    }
+    (order, offsets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_bucketed_by_id_in_order() {
+        let (order, offsets) = bucket_by_id(&[2, 0, 2, 1, 2], 4);
+        assert_eq!(offsets, [0, 1, 2, 5, 5]);
+        assert_eq!(order, [1, 3, 0, 2, 4]);
+        let (order, offsets) = bucket_by_id(&[], 2);
+        assert!(order.is_empty());
+        assert_eq!(offsets, [0, 0, 0]);
+    }
+
+    #[test]
+    fn pad_left_pads_and_refuses_rank_five() {
+        let (d, s) = pad("t", &[3, 5], &[5, 1]).unwrap();
+        assert_eq!((d, s), ([1, 1, 3, 5], [0, 0, 5, 1]));
+        assert!(matches!(pad("t", &[1; 5], &[0; 5]), Err(Error::Unsupported { op: "t", .. })));
     }
 }

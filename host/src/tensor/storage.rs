@@ -18,7 +18,7 @@ use std::sync::Arc;
 pub enum Device {
     /// Host memory, the reference backend.
     Cpu,
-    /// A CUDA GPU (f32 tensors; every op a kiln kernel).
+    /// A CUDA GPU (f32, bf16 and f16 tensors; every op a kiln kernel).
     Cuda(Arc<crate::cuda::Device>),
 }
 
@@ -51,7 +51,7 @@ impl Device {
 pub enum Storage {
     /// On the host.
     Cpu(CpuStorage),
-    /// On a GPU (f32).
+    /// On a GPU (f32, bf16 or f16).
     Cuda(CudaStorage),
 }
 
@@ -81,7 +81,7 @@ impl Storage {
     pub fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(s) => s.dtype(),
-            Storage::Cuda(_) => DType::F32,
+            Storage::Cuda(s) => s.dtype(),
         }
     }
     /// Number of elements.
@@ -113,35 +113,25 @@ impl Storage {
     pub fn to_cpu(&self) -> Result<CpuStorage> {
         Ok(match self {
             Storage::Cpu(s) => s.clone(),
-            Storage::Cuda(s) => CpuStorage::F32(s.download()?),
+            Storage::Cuda(s) => s.download_cpu()?,
         })
     }
     /// The data on `device`.
     pub fn to_device(&self, device: &Device) -> Result<Storage> {
         Ok(match (self, device) {
             (Storage::Cpu(s), Device::Cpu) => Storage::Cpu(s.clone()),
-            (Storage::Cuda(s), Device::Cpu) => Storage::Cpu(CpuStorage::F32(s.download()?)),
-            (Storage::Cpu(CpuStorage::F32(v)), Device::Cuda(d)) => Storage::Cuda(CudaStorage::upload(d, v)?),
-            (Storage::Cpu(s), Device::Cuda(_)) => {
-                return Err(Error::Unsupported {
-                    op: "to_device",
-                    what: format!("{:?} tensors on CUDA (convert with .to_dtype(DType::F32) first)", s.dtype()),
-                });
-            }
+            (Storage::Cuda(s), Device::Cpu) => Storage::Cpu(s.download_cpu()?),
+            // f32, bf16 and f16 travel as they are; f64 is a typed error (convert first)
+            (Storage::Cpu(s), Device::Cuda(d)) => Storage::Cuda(CudaStorage::upload_cpu(d, s)?),
             (Storage::Cuda(s), Device::Cuda(d)) if Arc::ptr_eq(&s.dev, d) => Storage::Cuda(s.try_clone()?),
-            (Storage::Cuda(s), Device::Cuda(d)) => Storage::Cuda(CudaStorage::upload(d, &s.download()?)?),
+            (Storage::Cuda(s), Device::Cuda(d)) => Storage::Cuda(CudaStorage::upload_cpu(d, &s.download_cpu()?)?),
         })
     }
-    /// The data converted to `d` (a different dtype; CUDA tensors are f32 only).
+    /// The data converted to `d` (a different dtype; on CUDA by kernel, among f32, bf16 and f16).
     pub(crate) fn to_dtype(&self, d: DType) -> Result<Storage> {
         Ok(match self {
             Storage::Cpu(s) => Storage::Cpu(s.to_dtype(d)),
-            Storage::Cuda(_) => {
-                return Err(Error::Unsupported {
-                    op: "to_dtype",
-                    what: format!("{d:?} on CUDA: kiln's CUDA tensors are f32"),
-                });
-            }
+            Storage::Cuda(s) => Storage::Cuda(s.to_dtype(d)?),
         })
     }
     /// The host data as a mutable slice of `T` (`op` names errors; CUDA data has none).
@@ -242,7 +232,7 @@ impl Storage {
     pub(crate) fn scratch(&self, n: usize) -> Result<Storage> {
         Ok(match self {
             Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![0.0; n])),
-            Storage::Cuda(s) => Storage::Cuda(CudaStorage::scratch(&s.dev, n)?),
+            Storage::Cuda(s) => Storage::Cuda(CudaStorage::scratch(&s.dev, n, s.dtype())?),
         })
     }
 
@@ -251,7 +241,7 @@ impl Storage {
     pub(crate) fn filled(&self, n: usize, value: f64) -> Result<Storage> {
         Ok(match self {
             Storage::Cpu(s) => Storage::Cpu(CpuStorage::from_f64(s.dtype(), &vec![value; n])),
-            Storage::Cuda(s) => Storage::Cuda(CudaStorage::full(&s.dev, n, value as f32)?),
+            Storage::Cuda(s) => Storage::Cuda(CudaStorage::full_dtype(&s.dev, n, value, s.dtype())?),
         })
     }
 
@@ -363,7 +353,10 @@ impl Storage {
     pub(crate) fn embedding_backward(&self, ids: &[usize], v: usize, d: usize, dtype: DType) -> Result<Storage> {
         Ok(match self {
             Storage::Cpu(s) => Storage::Cpu(s.embedding_backward(ids, v, d, dtype)),
-            Storage::Cuda(s) => Storage::Cuda(s.embedding_backward(ids, v, d)?),
+            Storage::Cuda(s) => {
+                let gw = s.embedding_backward(ids, v, d)?;
+                Storage::Cuda(if gw.dtype() == dtype { gw } else { gw.to_dtype(dtype)? })
+            }
         })
     }
 

@@ -131,20 +131,20 @@ macro_rules! float_impl {
 float_impl!(f32, F32);
 float_impl!(f64, F64);
 
-/// An operation on one input, written once for every float type.
+/// An operation on one input, written once for every float type (bf16 and f16: computed in f32,
+/// each output rounded once to the input's dtype, as the CUDA kernels do).
 pub(crate) trait Map1 {
-    const OP: &'static str;
     fn f<T: Float>(&self, x: &[T]) -> Result<Vec<T>>;
     fn map(&self, s: &CpuStorage) -> Result<CpuStorage> {
         match s {
             CpuStorage::F32(v) => Ok(f32::wrap(self.f(v)?)),
             CpuStorage::F64(v) => Ok(f64::wrap(self.f(v)?)),
-            other => Err(unsupported(Self::OP, other.dtype())),
+            CpuStorage::BF16(_) | CpuStorage::F16(_) => Ok(f32::wrap(self.f(&s.as_f32())?).to_dtype(s.dtype())),
         }
     }
 }
 
-/// An operation on two inputs of the same dtype.
+/// An operation on two inputs of the same dtype (bf16 and f16 as in [`Map1`]).
 pub(crate) trait Map2 {
     const OP: &'static str;
     fn f<T: Float>(&self, a: &[T], b: &[T]) -> Result<Vec<T>>;
@@ -153,13 +153,10 @@ pub(crate) trait Map2 {
             (CpuStorage::F32(x), CpuStorage::F32(y)) => Ok(f32::wrap(self.f(x, y)?)),
             (CpuStorage::F64(x), CpuStorage::F64(y)) => Ok(f64::wrap(self.f(x, y)?)),
             (x, y) if x.dtype() != y.dtype() => Err(Error::DType { op: Self::OP, got: y.dtype(), expected: x.dtype() }),
-            (x, _) => Err(unsupported(Self::OP, x.dtype())),
+            // bf16 / f16 (both the same): in f32, rounded once
+            (x, y) => Ok(f32::wrap(self.f(&x.as_f32(), &y.as_f32())?).to_dtype(x.dtype())),
         }
     }
-}
-
-pub(crate) fn unsupported(op: &'static str, d: DType) -> Error {
-    Error::Unsupported { op, what: format!("dtype {d:?} (convert with .to_dtype(DType::F32) first)") }
 }
 
 impl CpuStorage {

@@ -1,7 +1,7 @@
 //! The CPU reference of every op: maps written once over [`Float`], and the [`CpuStorage`] methods
 //! the backend table (`Storage` in `storage.rs`) calls, one per op.
 
-use super::{CpuStorage, Float, Map1, Map2, par_rows, unsupported};
+use super::{CpuStorage, Float, Map1, Map2, par_rows};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::elementwise::{Binary, Unary};
@@ -59,12 +59,14 @@ impl CpuStorage {
         Ok(())
     }
 
-    /// `self` (shape `from`) summed into `to`, a shape that broadcasts to `from` (`op` names errors).
-    pub(crate) fn sum_into(&self, op: &'static str, from: &Shape, to: &Shape) -> Result<CpuStorage> {
+    /// `self` (shape `from`) summed into `to`, a shape that broadcasts to `from` (every dtype: `_op`
+    /// names no error).
+    pub(crate) fn sum_into(&self, _op: &'static str, from: &Shape, to: &Shape) -> Result<CpuStorage> {
         match self {
             CpuStorage::F32(v) => Ok(CpuStorage::F32(sum_into(v, from, to))),
             CpuStorage::F64(v) => Ok(CpuStorage::F64(sum_into(v, from, to))),
-            other => Err(unsupported(op, other.dtype())),
+            // bf16 / f16: accumulated in f64, rounded once
+            other => Ok(CpuStorage::F32(sum_into(&other.as_f32(), from, to)).to_dtype(other.dtype())),
         }
     }
 
@@ -107,7 +109,12 @@ impl CpuStorage {
             (x, _, b) if x.dtype() != b.dtype() => {
                 return Err(Error::DType { op, got: b.dtype(), expected: x.dtype() });
             }
-            (x, ..) => return Err(unsupported(op, x.dtype())),
+            // bf16 / f16: in f32 (statistics in f64), out, mean and rstd rounded once to the dtype
+            (x, w, b) => {
+                let (o, m, r) = f.run(&x.as_f32(), &w.as_f32(), &b.as_f32());
+                let d = x.dtype();
+                (CpuStorage::F32(o).to_dtype(d), CpuStorage::F32(m).to_dtype(d), CpuStorage::F32(r).to_dtype(d))
+            }
         })
     }
 
@@ -180,7 +187,6 @@ const GELU_C: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
 const GELU_A: f64 = 0.044_715;
 
 impl Map1 for Unary {
-    const OP: &'static str = "unary";
     fn f<T: Float>(&self, x: &[T]) -> Result<Vec<T>> {
         let c = T::from_f64(GELU_C);
         let a = T::from_f64(GELU_A);
@@ -300,7 +306,6 @@ struct SoftmaxRows {
     d: usize,
 }
 impl Map1 for SoftmaxRows {
-    const OP: &'static str = "softmax";
     fn f<T: Float>(&self, x: &[T]) -> Result<Vec<T>> {
         Ok(map_rows(x, self.d, |_, row, out| {
             let m = row.iter().fold(T::from_f64(f64::NEG_INFINITY), |a, &b| a.maxf(b));
