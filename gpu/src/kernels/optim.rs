@@ -130,19 +130,33 @@ impl Default for GradPatch {
     }
 }
 
+/// Runs `$body` with `$j` bound to each literal slot index `0 .. GRAD_PATCH` in turn: the kernels
+/// read a [`GradPatch`] parameter only at constant offsets, so it stays in the parameter space
+/// (indexing it with a register would copy all of it into every thread's local memory first).
+macro_rules! each_slot {
+    ($j:ident => $body:block) => {
+        each_slot!(@ $j $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
+    };
+    (@ $j:ident $body:block; $($n:literal)*) => {
+        $({
+            let $j: usize = $n;
+            $body
+        })*
+    };
+}
+const _: () = assert!(GRAD_PATCH == 32, "each_slot! lists the slots 0..32");
+
 impl GradPatch {
     /// The gradient address of parameter `t`: the patch's when it has one, else `table_grad`.
     #[inline(always)]
     pub fn grad_of(&self, t: u32, table_grad: u64) -> u64 {
-        let n = if (self.n as usize) < GRAD_PATCH { self.n as usize } else { GRAD_PATCH };
-        let mut j = 0;
-        while j < n {
-            if self.tensor[j] == t {
-                return self.grad[j];
+        let mut g = table_grad;
+        each_slot!(j => {
+            if (j as u32) < self.n && self.tensor[j] == t {
+                g = self.grad[j];
             }
-            j += 1;
-        }
-        table_grad
+        });
+        g
     }
 }
 
@@ -234,9 +248,14 @@ shared_array!(fn optim_last() -> [u32; 4], align 16);
 #[inline(always)]
 unsafe fn write_patch(tensors: DevicePtrMut<OptimTensor>, patch: &GradPatch) {
     let t = thread::thread_idx_x() as usize;
-    if thread::block_idx_x() == 0 && t < GRAD_PATCH && (t as u32) < patch.n {
-        unsafe { (*tensors.as_mut_ptr().add(patch.tensor[t] as usize)).grad = patch.grad[t] };
+    if thread::block_idx_x() != 0 || t >= GRAD_PATCH || t as u32 >= patch.n {
+        return;
     }
+    each_slot!(j => {
+        if t == j {
+            unsafe { (*tensors.as_mut_ptr().add(patch.tensor[j] as usize)).grad = patch.grad[j] };
+        }
+    });
 }
 
 /// Sum of one value per thread over the block (fixed order: warp butterflies, then warp 0 over the
