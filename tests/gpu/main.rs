@@ -17,6 +17,7 @@
 //! gemm            the FP32 ladder, mma.sync hgemm, gemm_bf16, the ladder command, wgmma
 //! determinism     bit-exact tiers: batch invariance, repeats, across processes
 //! megakernel/     both megakernels against the CPU interpreter, their stalls and refusals
+//! optim           the fused multi-tensor optimizer and clipping against the CPU reference
 //! common          helpers the families share (error text, bits, the A B^T check)
 //! ```
 
@@ -25,6 +26,7 @@ mod determinism;
 mod first_kernels;
 mod gemm;
 mod megakernel;
+mod optim;
 mod tcgen05;
 mod tensor;
 mod tma;
@@ -61,6 +63,7 @@ fn tests() -> Vec<GpuTest> {
         gemm::tests(),
         determinism::tests(),
         megakernel::tests(),
+        optim::tests(),
     ]
     .into_iter()
     .flatten()

@@ -468,8 +468,9 @@ pub unsafe fn multi_adam_f32(
 /// - Mapping: each thread sums the squares of its elements of the block's chunks in order (quads
 ///   as in the update kernels, then the tail); the block combines them ([`block_sum`]) into
 ///   `partials[block]`. Each block then takes a ticket (an integer `atom.add` after a GPU-scope
-///   fence); the block that draws the last one sums `partials[0 .. gridDim.x]` in a fixed order
-///   (thread `t` takes `t, t + 256, ...`, then the block sum), writes `norm = sqrt(total)` and
+///   fence); the block that draws the last one, after a fence, sums `partials[0 .. gridDim.x]`
+///   (GPU-scope relaxed loads, past its L1) in a fixed order (thread `t` takes `t, t + 256, ...`,
+///   then the block sum), writes `norm = sqrt(total)` and
 ///   `scale = min(1, max_norm / (norm + 1e-6))`, and resets the ticket.
 /// - Launch: `min(chunks, MAX_OPTIM_BLOCKS)` blocks of [`OPTIM_THREADS`].
 #[kernel]
@@ -534,7 +535,8 @@ pub unsafe fn multi_grad_norm_f32(
     let mut acc = 0.0f32;
     let mut b = tid;
     while b < blocks {
-        acc += unsafe { partials.as_const().read(b) };
+        // other blocks' sums: read at GPU scope, past this SM's L1
+        acc += f32::from_bits(unsafe { atomic::load_relaxed_gpu(partials.as_const().as_ptr().add(b).cast::<u32>()) });
         b += threads;
     }
     let total = block_sum(acc);
