@@ -126,7 +126,7 @@ enum LastNorm {
 /// The CUDA side of an optimizer: the state arrays of its parameters on the GPU, the
 /// multi-tensor table over them, the compute copies, and the clipping state.
 struct Fused {
-    /// State arrays per parameter (SGD: the velocity; Adam: m and v).
+    /// State arrays per parameter (SGD: the velocity, none without momentum; Adam: m and v).
     n_states: usize,
     /// Each parameter's device state (empty until it is first seen on CUDA or loaded there).
     state: Vec<Vec<CudaStorage>>,
@@ -178,6 +178,16 @@ impl Fused {
         for (i, (name, p)) in params.iter().enumerate() {
             let st = p.storage();
             let Storage::Cuda(pc) = &*st else { continue };
+            if st.dtype() != DType::F32 {
+                return Err(Error::Unsupported {
+                    op,
+                    what: format!(
+                        "`{name}` is {:?}: the fused update keeps f32 master weights; make the parameter f32 and \
+                         register its 16-bit copy with set_compute_copy",
+                        st.dtype()
+                    ),
+                });
+            }
             match &dev {
                 None => dev = Some(pc.dev.clone()),
                 Some(d) if !Arc::ptr_eq(d, &pc.dev) => {
@@ -192,7 +202,14 @@ impl Fused {
             let g = match p.grad() {
                 None => 0,
                 Some(g) => {
-                    let addr = match &*g.storage() {
+                    let gs = g.storage();
+                    let addr = match &*gs {
+                        Storage::Cuda(_) if gs.dtype() != DType::F32 => {
+                            return Err(Error::Unsupported {
+                                op,
+                                what: format!("`{name}` has a {:?} gradient: the fused update reads f32", gs.dtype()),
+                            });
+                        }
                         Storage::Cuda(gc) if gc.len() == pc.len() => cuda_addr(gc),
                         Storage::Cuda(gc) => {
                             return Err(Error::shape(
@@ -200,14 +217,15 @@ impl Fused {
                                 format!("`{name}` has {} elements, its gradient {}", pc.len(), gc.len()),
                             ));
                         }
-                        _ => {
+                        Storage::Cpu(_) => {
                             return Err(Error::Device {
                                 op,
                                 a: Device::Cuda(pc.dev.clone()).name(),
-                                b: g.device().name(),
+                                b: Device::Cpu.name(),
                             });
                         }
                     };
+                    drop(gs);
                     keep.push(g);
                     addr
                 }
@@ -392,12 +410,28 @@ impl Sgd {
     /// A new optimizer.
     pub fn new(params: Vec<(String, Tensor)>, lr: f64, momentum: f64, weight_decay: f64, nesterov: bool) -> Sgd {
         let n = params.len();
-        Sgd { params, lr, momentum, weight_decay, nesterov, velocity: vec![None; n], fused: Fused::new(n, 1) }
+        Sgd {
+            params,
+            lr,
+            momentum,
+            weight_decay,
+            nesterov,
+            velocity: vec![None; n],
+            fused: Fused::new(n, usize::from(momentum != 0.0)),
+        }
+    }
+}
+
+impl Sgd {
+    /// Device state arrays the current settings need: the velocity with momentum.
+    fn sync_states(&mut self) {
+        self.fused.n_states = usize::from(self.momentum != 0.0);
     }
 }
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
+        self.sync_states();
         let clip = std::mem::replace(&mut self.fused.clip, PendingClip::None);
         let h = MultiSgd {
             chunks: 0,
@@ -485,6 +519,7 @@ impl Optimizer for Sgd {
         Ok(())
     }
     fn clip_grad_norm(&mut self, max_norm: f64) -> Result<()> {
+        self.sync_states();
         self.fused.clip_grad_norm(&self.params, max_norm)
     }
     fn grad_norm(&self) -> Result<Option<f64>> {
