@@ -189,15 +189,17 @@ fn fused_steps_are_deterministic(_: &Device) -> Outcome {
     Ok(())
 }
 
-/// On a device of its own (so that other tests' launches do not count): a step is one launch for
-/// up to GRAD_PATCH moved gradients (one more per further GRAD_PATCH), one when none moved, and
-/// clipping is one launch; parameters without gradients are left alone.
+/// On a device of its own (so that other tests' launches do not count): after a first step (which
+/// allocates the optimizer's state), a step is one launch whether no gradient moved or up to
+/// GRAD_PATCH did, one more per further GRAD_PATCH moved gradients, and clipping is one launch;
+/// parameters without gradients are left alone. The old gradients are kept alive while new ones
+/// are made, so that the new ones are at new addresses.
 fn one_launch_per_step(_: &Device) -> Outcome {
     let dev = Arc::new(Device::new(0).map_err(err)?);
     let td = TDev::Cuda(dev.clone());
     let n = GRAD_PATCH + 8;
     let lens: Vec<usize> = (0..n).map(|i| 3 * i + 1).collect();
-    let x = inputs(1, &lens);
+    let x = inputs(2, &lens);
     let ps = params(&x.weights, &td)?;
     let mut opt = Adam::adamw(ps.clone(), 0.01, 0.01);
     let launches = |f: &mut dyn FnMut() -> kiln::Result<()>| -> Result<u64, String> {
@@ -205,30 +207,38 @@ fn one_launch_per_step(_: &Device) -> Outcome {
         f().map_err(err)?;
         Ok(dev.launch_count() - before)
     };
-    // the first GRAD_PATCH parameters get gradients: one launch
+    let held = |ps: &[(String, Tensor)]| ps.iter().filter_map(|(_, p)| p.grad()).collect::<Vec<_>>();
+    // the first GRAD_PATCH parameters get gradients; the first step allocates the state
     set_grads(&ps[..GRAD_PATCH], &x.grads[0][..GRAD_PATCH], &td)?;
-    let k = launches(&mut || opt.step())?;
-    if k != 1 {
-        return Err(format!("a step with {GRAD_PATCH} new gradients made {k} launches, not 1"));
-    }
+    opt.step().map_err(err)?;
     for (i, (_, p)) in ps.iter().enumerate().skip(GRAD_PATCH) {
         if bits(&p.to_vec_f32()) != bits(&x.weights[i]) {
             return Err(format!("parameter {i} has no gradient but changed"));
         }
     }
-    // the same gradients again: nothing moved, one launch; clipping: one launch
+    // the same gradients again: nothing moved; clipping; a clipped step
     let k = launches(&mut || opt.step())?;
     let c = launches(&mut || opt.clip_grad_norm(1.0))?;
     let s = launches(&mut || opt.step())?;
     if (k, c, s) != (1, 1, 1) {
         return Err(format!("launches: step {k}, clip {c}, clipped step {s}; expected 1 each"));
     }
-    // every gradient new: GRAD_PATCH + 8 moved, one patch launch and the step
+    // GRAD_PATCH new gradients: one launch
+    let old = held(&ps);
+    set_grads(&ps[..GRAD_PATCH], &x.grads[1][..GRAD_PATCH], &td)?;
+    let k = launches(&mut || opt.step())?;
+    if k != 1 {
+        return Err(format!("a step with {GRAD_PATCH} new gradients made {k} launches, not 1"));
+    }
+    drop(old);
+    // every gradient new (GRAD_PATCH + 8): one patch launch, then the step
+    let old = held(&ps);
     set_grads(&ps, &x.grads[0], &td)?;
     let k = launches(&mut || opt.step())?;
     if k != 2 {
         return Err(format!("a step with {n} new gradients made {k} launches, not 2"));
     }
+    drop(old);
     Ok(())
 }
 
