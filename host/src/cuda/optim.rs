@@ -40,6 +40,17 @@ pub struct ComputeCopy {
     pub format: CopyFormat,
 }
 
+impl ComputeCopy {
+    /// The copy held in a bf16 buffer (its whole length).
+    pub fn bf16(buf: &DeviceBuffer<half::bf16>) -> ComputeCopy {
+        ComputeCopy { addr: buf.addr(), len: buf.len(), format: CopyFormat::Bf16 }
+    }
+    /// The copy held in an f16 buffer (its whole length).
+    pub fn f16(buf: &DeviceBuffer<half::f16>) -> ComputeCopy {
+        ComputeCopy { addr: buf.addr(), len: buf.len(), format: CopyFormat::F16 }
+    }
+}
+
 /// One parameter of a [`MultiTensorTable`], by device address (0: none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TensorSlot {
