@@ -17,7 +17,7 @@
 //! for a patched parameter, and block 0 writes the patch into the table for the next launches. So
 //! a step whose gradients moved is still one launch, and a step captured in a CUDA graph carries
 //! its gradients' addresses in the graph (no copy from the host). More than [`GRAD_PATCH`] moved
-//! gradients take [`multi_patch_grads`] launches first, [`GRAD_PATCH`] at a time.
+//! gradients take `multi_patch_grads` launches first, [`GRAD_PATCH`] at a time.
 //!
 //! ## Thread mapping
 //! Blocks of [`OPTIM_THREADS`] threads; block `b` takes chunks `b, b + gridDim.x, ...` (the host
@@ -30,9 +30,10 @@
 //!
 //! ## Arithmetic
 //! The per-element updates are the expressions of the per-tensor kernels `sgd_step_f32` and
-//! `adam_step_f32` in the same order, so without clipping both give the same bits. With clipping,
+//! `adam_step_f32` in the same order, so without clipping both give the same bits (but for a
+//! first SGD step on a gradient of exactly -0.0, which gives +0.0 here). With clipping,
 //! the gradient is multiplied by the clip scale first (before weight decay), the scale read from
-//! the [`ClipState`] that [`multi_grad_norm_f32`] wrote. SGD's velocity starts at zero, so the first
+//! the [`ClipState`] that `multi_grad_norm_f32` wrote. SGD's velocity starts at zero, so the first
 //! step's `momentum * 0 + g` is PyTorch's "the first buffer is the gradient".
 
 use crate::{DevicePtr, DevicePtrMut, KernelParam, kernel, shared_array};
