@@ -111,6 +111,9 @@ fn every_numeric_training_flag_names_itself_and_its_range() {
         (&["--lr", "inf"], &["--lr", "finite"]),
         (&["--weight-decay=-5"], &["--weight-decay", "0 or more"]),
         (&["--weight-decay", "-5"], &["--weight-decay", "0 or more"]),
+        (&["--clip-grad-norm", "0"], &["--clip-grad-norm", "greater than 0"]),
+        (&["--clip-grad-norm=-1"], &["--clip-grad-norm", "greater than 0"]),
+        (&["--clip-grad-norm", "inf"], &["--clip-grad-norm", "finite"]),
         (&["--width", "0"], &["--width", "1 or more"]),
         (&["--width", "-3"], &["--width", "1 or more"]),
         (&["--depth", "0"], &["--depth", "1 or more"]),
@@ -281,6 +284,7 @@ fn the_megakernel_refuses_the_flags_it_cannot_honour() {
         (&["--activation", "gelu"], "--activation"),
         (&["--dtype", "f64"], "--dtype"),
         (&["--weight-decay", "0.1"], "--weight-decay"),
+        (&["--clip-grad-norm", "1"], "--clip-grad-norm"),
         (&["--matmul-precision", "bf16"], "--matmul-precision"),
     ];
     for (args, flag) in cases {

@@ -89,6 +89,57 @@ fn adam_and_adamw_match_the_reference_formulas() {
     }
 }
 
+/// Gradient-norm clipping on the CPU reference: the global L2 norm over every parameter, the
+/// scale min(1, max_norm / (norm + 1e-6)) applied by the next step only (before weight decay), the
+/// gradients themselves untouched, and the range of max_norm checked.
+#[test]
+fn clip_grad_norm_scales_the_next_step_only() {
+    let (p, q) = (param(&[1.0, -2.0]), param(&[0.5]));
+    let mut opt = Sgd::new(vec![("p".into(), p.clone()), ("q".into(), q.clone())], 1.0, 0.0, 0.0, false);
+    assert_eq!(opt.grad_norm().unwrap(), None);
+    set_grad(&p, &[3.0, 4.0]);
+    set_grad(&q, &[12.0]);
+    opt.clip_grad_norm(1.3).unwrap();
+    assert_eq!(opt.grad_norm().unwrap(), Some(13.0));
+    close(&p.grad().unwrap().to_vec_f64(), &[3.0, 4.0]); // the gradients stay as they were
+    opt.step().unwrap();
+    let s = 1.3 / (13.0 + 1e-6);
+    close(&p.to_vec_f64(), &[1.0 - 3.0 * s, -2.0 - 4.0 * s]);
+    close(&q.to_vec_f64(), &[0.5 - 12.0 * s]);
+    opt.step().unwrap(); // no clip since: the full gradient
+    close(&q.to_vec_f64(), &[0.5 - 12.0 * s - 12.0]);
+    // a norm below max_norm: scale 1
+    opt.clip_grad_norm(100.0).unwrap();
+    let before = q.to_vec_f64()[0];
+    opt.step().unwrap();
+    close(&q.to_vec_f64(), &[before - 12.0]);
+    // a parameter without a gradient counts for nothing
+    q.zero_grad();
+    opt.clip_grad_norm(1.0).unwrap();
+    assert_eq!(opt.grad_norm().unwrap(), Some(5.0));
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        match opt.clip_grad_norm(bad) {
+            Err(kiln::Error::InvalidSetting { setting, .. }) => assert_eq!(setting, "--clip-grad-norm"),
+            other => panic!("max_norm {bad}: {other:?}"),
+        }
+    }
+    // Adam: the clipped gradient enters the moments, weight decay is added after the scale
+    let r = param(&[0.5]);
+    let mut adam = Adam::adam(vec![("r".into(), r.clone())], 0.01, 0.1);
+    set_grad(&r, &[2.0]);
+    adam.clip_grad_norm(0.5).unwrap();
+    adam.step().unwrap();
+    let g = 2.0 * (0.5 / (2.0 + 1e-6)) + 0.1 * 0.5;
+    let (m, v) = (0.1 * g, 0.001 * g * g);
+    let w = 0.5 - 0.01 * (m / 0.1) / ((v / (1.0 - 0.999f64)).sqrt() + 1e-8);
+    close(&r.to_vec_f64(), &[w]);
+    // no parameters: norm 0
+    let mut empty = Sgd::new(Vec::new(), 0.1, 0.0, 0.0, false);
+    empty.clip_grad_norm(1.0).unwrap();
+    assert_eq!(empty.grad_norm().unwrap(), Some(0.0));
+    empty.step().unwrap();
+}
+
 #[test]
 fn schedules() {
     let s = LrSchedule::Step { every: 10, gamma: 0.5 };
@@ -203,6 +254,18 @@ fn settings_are_checked_before_training_starts() {
         (TrainConfig { lr: 0.0, ..base.clone() }, "--lr"),
         (TrainConfig { lr: f64::NAN, ..base.clone() }, "--lr"),
         (TrainConfig { weight_decay: -5.0, ..base.clone() }, "--weight-decay"),
+        (TrainConfig { clip_grad_norm: Some(0.0), ..base.clone() }, "--clip-grad-norm"),
+        (TrainConfig { clip_grad_norm: Some(f64::NAN), ..base.clone() }, "--clip-grad-norm"),
+        (TrainConfig { clip_grad_norm: Some(-1.0), ..base.clone() }, "--clip-grad-norm"),
+        (
+            TrainConfig {
+                megakernel: true,
+                optimizer: OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
+                clip_grad_norm: Some(1.0),
+                ..base.clone()
+            },
+            "--clip-grad-norm",
+        ),
         (TrainConfig { width: 0, ..base.clone() }, "--width"),
         (TrainConfig { depth: 0, ..base.clone() }, "--depth"),
         (TrainConfig { batch: 0, ..base.clone() }, "--batch"),

@@ -118,7 +118,7 @@ mod parse {
     fn real(s: &str) -> Result<f64, String> {
         s.trim().parse::<f64>().map_err(|_| "must be a number".to_string())
     }
-    /// A finite number greater than 0 (`--lr`).
+    /// A finite number greater than 0 (`--lr`, `--clip-grad-norm`).
     pub fn positive(s: &str) -> Result<f64, String> {
         match real(s)? {
             v if v.is_finite() && v > 0.0 => Ok(v),
@@ -174,6 +174,10 @@ struct TrainArgs {
     /// Weight decay (a finite number, 0 or more).
     #[arg(long, default_value_t = 0.0, value_parser = parse::non_negative, allow_negative_numbers = true)]
     weight_decay: f64,
+    /// Clip the gradients to this global L2 norm before each step (a finite number greater than
+    /// 0; on the GPU one reduction, no host round trip) [default: no clipping].
+    #[arg(long, value_parser = parse::positive, allow_negative_numbers = true)]
+    clip_grad_norm: Option<f64>,
     /// Warmup steps of the cosine schedule (0: constant rate).
     #[arg(long, default_value_t = 50, value_parser = parse::steps, allow_negative_numbers = true)]
     warmup: usize,
@@ -197,7 +201,7 @@ struct TrainArgs {
     /// feature giving its first layer a bias; SGD with momentum 0.9 on the --warmup schedule;
     /// without a GPU, its schedule runs on the CPU interpreter). It saves --checkpoint as an
     /// ordinary MLP, which `kiln eval` reads. It refuses --optimizer other than sgd, --activation
-    /// gelu, --dtype f64, --weight-decay and --matmul-precision.
+    /// gelu, --dtype f64, --weight-decay, --clip-grad-norm and --matmul-precision.
     #[arg(long)]
     megakernel: bool,
     /// The megakernel's data path: tf32x3 (tensor cores, about f32 accuracy), tf32 (tensor cores,
@@ -464,6 +468,7 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         },
         lr: a.lr,
         weight_decay: a.weight_decay,
+        clip_grad_norm: a.clip_grad_norm,
         warmup: a.warmup,
         device: match a.device {
             Dev::Auto => DeviceChoice::Auto,

@@ -1,29 +1,28 @@
-//! Optimizers and learning-rate schedules. Updates run in place on the parameters' data, in f64,
-//! rounding once to the parameter's dtype.
+//! Optimizers and learning-rate schedules.
+//!
+//! - On the CPU (the reference), updates run in place on the parameters' data in f64, rounding
+//!   once to the parameter's dtype.
+//! - On CUDA, one launch updates every parameter (the multi-tensor kernels of
+//!   [`crate::cuda::optim`]), reading a table of the parameters, their state and their gradients
+//!   that is uploaded when the set of parameters changes, not per step. The state tensors stay
+//!   one per parameter with the names and shapes the CPU path uses, so checkpoints load either way.
+//! - [`Optimizer::clip_grad_norm`] measures the global L2 norm of all gradients (on CUDA: one
+//!   deterministic launch, the scale kept on the device) and the next [`Optimizer::step`] scales
+//!   the gradients by `min(1, max_norm / (norm + 1e-6))` inside its update, with no host round
+//!   trip; [`Optimizer::grad_norm`] reads the norm for logging (on CUDA: one download).
+//! - [`Optimizer::set_compute_copy`] is the hook for mixed precision: a 16-bit copy of an f32
+//!   parameter that the same launch writes from the updated master weights.
 
+use crate::cuda::optim::{ComputeCopy, MultiTensorTable, TensorSlot};
 use crate::error::{Error, Result};
-use crate::tensor::{CudaStorage, DType, Storage, Tensor};
-use kiln_gpu::kernels::tensor_ops::{AdamStep, SgdStep};
-
-/// Runs `f` on a CUDA parameter's storage and its gradient's; `None` when the parameter is not on
-/// a GPU (the caller takes the host path).
-fn on_cuda<R>(p: &Tensor, f: impl FnOnce(&mut CudaStorage, &CudaStorage) -> Result<R>) -> Option<Result<R>> {
-    if !matches!(p.device(), crate::tensor::Device::Cuda(_)) {
-        return None;
-    }
-    let g = p.grad()?;
-    let gs = g.storage();
-    let mut ps = p.storage_mut();
-    match (&mut *ps, &*gs) {
-        (Storage::Cuda(pc), Storage::Cuda(gc)) => Some(f(pc, gc)),
-        _ => Some(Err(Error::Device { op: "optimizer step", a: p.device().name(), b: g.device().name() })),
-    }
-}
+use crate::tensor::{CudaStorage, DType, Device, Storage, Tensor};
+use kiln_gpu::kernels::optim::{CLIP_EPS, MultiAdam, MultiSgd};
+use std::sync::Arc;
 
 /// An optimizer over a fixed list of named parameters.
 pub trait Optimizer {
     /// Applies one update from the parameters' accumulated gradients (parameters without a gradient
-    /// are left alone).
+    /// are left alone). On CUDA: one launch for all the parameters on the GPU.
     fn step(&mut self) -> Result<()>;
     /// The current learning rate.
     fn lr(&self) -> f64;
@@ -41,6 +40,30 @@ pub trait Optimizer {
     fn state(&self) -> Result<Vec<(String, Tensor)>>;
     /// Restores state saved by [`Optimizer::state`].
     fn load_state(&mut self, state: &std::collections::HashMap<String, Tensor>) -> Result<()>;
+    /// Measures the global L2 norm of all the parameters' gradients, and makes the next
+    /// [`Optimizer::step`] (only the next) scale every gradient by
+    /// `min(1, max_norm / (norm + 1e-6))` before its update (before weight decay), like PyTorch's
+    /// `clip_grad_norm_` followed by `step`. The gradients themselves are left as they are.
+    ///
+    /// On CUDA the norm is one deterministic multi-tensor reduction (the same gradients give the
+    /// same bits) and the scale stays on the device: no host synchronization. On the CPU it is
+    /// the f64 reference. Parameters split between the CPU and a GPU are refused.
+    /// `max_norm` must be a finite number greater than 0.
+    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<()>;
+    /// The norm the last [`Optimizer::clip_grad_norm`] measured (None before any); on CUDA one
+    /// download, so ask only when logging.
+    fn grad_norm(&self) -> Result<Option<f64>>;
+    /// Registers (or, with `None`, removes) a 16-bit compute copy of parameter `index` (f32, on
+    /// CUDA): every later step writes the updated weights into it, rounded to nearest-even, in the
+    /// same launch as the update. The copy is not written until the next step: fill it from the
+    /// master weights when it is made. The hook of mixed-precision training: the optimizer keeps
+    /// the f32 masters, the model computes with the copies.
+    ///
+    /// # Safety
+    /// `copy.addr` must point to `copy.len` u16 values on the parameter's device that stay
+    /// allocated, and are written by nothing else during a step, for as long as the copy is
+    /// registered (until it is removed or replaced, or the optimizer is dropped).
+    unsafe fn set_compute_copy(&mut self, index: usize, copy: Option<ComputeCopy>) -> Result<()>;
 }
 
 fn grad_of(p: &Tensor) -> Option<Vec<f64>> {
@@ -73,6 +96,302 @@ fn load_vec(
     Ok(t.to_vec_f64())
 }
 
+/// The device address of a CUDA tensor's elements.
+fn cuda_addr(s: &CudaStorage) -> u64 {
+    s.addr()
+}
+
+/// The scale the next step applies to the gradients.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PendingClip {
+    /// No clipping.
+    None,
+    /// The CPU reference's scale.
+    Host(f64),
+    /// The scale the norm launch left on the device.
+    Device,
+}
+
+/// The norm of the last `clip_grad_norm`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum LastNorm {
+    /// Not measured yet.
+    None,
+    /// Measured on the CPU.
+    Host(f64),
+    /// On the device, in the table's clip state.
+    Device,
+}
+
+/// The CUDA side of an optimizer: the state arrays of its parameters on the GPU, the
+/// multi-tensor table over them, the compute copies, and the clipping state.
+struct Fused {
+    /// State arrays per parameter (SGD: the velocity, none without momentum; Adam: m and v).
+    n_states: usize,
+    /// Each parameter's device state (empty until it is first seen on CUDA or loaded there).
+    state: Vec<Vec<CudaStorage>>,
+    /// Whether a parameter's device state means something (a fused step updated it, or it was
+    /// loaded): [`Optimizer::state`] saves it then.
+    has_state: Vec<bool>,
+    /// Each parameter's compute copy.
+    copies: Vec<Option<ComputeCopy>>,
+    table: Option<MultiTensorTable>,
+    /// The table's parameters: (index, address, elements) as built.
+    members: Vec<(usize, u64, usize)>,
+    /// The state or the copies changed: rebuild the table before the next launch.
+    dirty: bool,
+    clip: PendingClip,
+    last_norm: LastNorm,
+}
+
+/// What a launch over the table needs: each member's gradient address (0: none), and the gradient
+/// tensors, held until the launch is enqueued.
+struct Gathered {
+    grads: Vec<u64>,
+    _keep: Vec<Tensor>,
+}
+
+impl Fused {
+    fn new(n_params: usize, n_states: usize) -> Fused {
+        Fused {
+            n_states,
+            state: (0..n_params).map(|_| Vec::new()).collect(),
+            has_state: vec![false; n_params],
+            copies: vec![None; n_params],
+            table: None,
+            members: Vec::new(),
+            dirty: false,
+            clip: PendingClip::None,
+            last_norm: LastNorm::None,
+        }
+    }
+
+    /// Brings the table up to date with the parameters now on CUDA (allocating zeroed state for
+    /// parameters seen there for the first time) and gathers their gradients. None when no
+    /// parameter is on CUDA.
+    fn prepare(&mut self, params: &[(String, Tensor)]) -> Result<Option<Gathered>> {
+        let op = "optimizer step";
+        let mut members = Vec::new();
+        let mut grads = Vec::new();
+        let mut keep = Vec::new();
+        let mut dev: Option<Arc<crate::cuda::Device>> = None;
+        for (i, (name, p)) in params.iter().enumerate() {
+            let st = p.storage();
+            let Storage::Cuda(pc) = &*st else { continue };
+            if st.dtype() != DType::F32 {
+                return Err(Error::Unsupported {
+                    op,
+                    what: format!(
+                        "`{name}` is {:?}: the fused update keeps f32 master weights; make the parameter f32 and \
+                         register its 16-bit copy with set_compute_copy",
+                        st.dtype()
+                    ),
+                });
+            }
+            match &dev {
+                None => dev = Some(pc.dev.clone()),
+                Some(d) if !Arc::ptr_eq(d, &pc.dev) => {
+                    return Err(Error::Unsupported {
+                        op,
+                        what: format!("parameter `{name}` is on another GPU than the others: keep them on one"),
+                    });
+                }
+                Some(_) => {}
+            }
+            members.push((i, cuda_addr(pc), pc.len()));
+            let g = match p.grad() {
+                None => 0,
+                Some(g) => {
+                    let gs = g.storage();
+                    let addr = match &*gs {
+                        Storage::Cuda(_) if gs.dtype() != DType::F32 => {
+                            return Err(Error::Unsupported {
+                                op,
+                                what: format!("`{name}` has a {:?} gradient: the fused update reads f32", gs.dtype()),
+                            });
+                        }
+                        Storage::Cuda(gc) if gc.len() == pc.len() => cuda_addr(gc),
+                        Storage::Cuda(gc) => {
+                            return Err(Error::shape(
+                                op,
+                                format!("`{name}` has {} elements, its gradient {}", pc.len(), gc.len()),
+                            ));
+                        }
+                        Storage::Cpu(_) => {
+                            return Err(Error::Device {
+                                op,
+                                a: Device::Cuda(pc.dev.clone()).name(),
+                                b: Device::Cpu.name(),
+                            });
+                        }
+                    };
+                    drop(gs);
+                    keep.push(g);
+                    addr
+                }
+            };
+            grads.push(g);
+        }
+        let Some(dev) = dev else { return Ok(None) };
+        for &(i, _, len) in &members {
+            let fits = self.state[i].len() == self.n_states
+                && self.state[i].iter().all(|s| s.len() == len && Arc::ptr_eq(&s.dev, &dev));
+            if !fits {
+                self.state[i] = (0..self.n_states).map(|_| CudaStorage::full(&dev, len, 0.0)).collect::<Result<_>>()?;
+                self.has_state[i] = false;
+                self.dirty = true;
+            }
+        }
+        let same_device = self.table.as_ref().is_some_and(|t| Arc::ptr_eq(t.device(), &dev));
+        if self.dirty || !same_device || self.members != members {
+            let slots: Vec<TensorSlot> = members
+                .iter()
+                .map(|&(i, addr, len)| {
+                    let s = &self.state[i];
+                    TensorSlot {
+                        param: addr,
+                        len,
+                        state1: s.first().map_or(0, cuda_addr),
+                        state2: s.get(1).map_or(0, cuda_addr),
+                        copy: self.copies[i],
+                    }
+                })
+                .collect();
+            match &mut self.table {
+                Some(t) if same_device => t.set_tensors(&slots)?,
+                _ => self.table = Some(MultiTensorTable::new(&dev, &slots)?),
+            }
+            self.members = members;
+            self.dirty = false;
+        }
+        Ok(Some(Gathered { grads, _keep: keep }))
+    }
+
+    /// Runs `launch` over the CUDA parameters (with the clip scale when the last clip left one on
+    /// the device) and returns which parameters it updated; the caller updates the others on the
+    /// host.
+    fn step(
+        &mut self,
+        params: &[(String, Tensor)],
+        clip: PendingClip,
+        launch: impl FnOnce(&mut MultiTensorTable, &[u64], bool) -> Result<()>,
+    ) -> Result<Vec<bool>> {
+        let mut on_cuda = vec![false; params.len()];
+        let Some(g) = self.prepare(params)? else { return Ok(on_cuda) };
+        let table = self.table.as_mut().expect("prepare built the table");
+        launch(table, &g.grads, clip == PendingClip::Device)?;
+        for (&(i, _, _), &grad) in self.members.iter().zip(&g.grads) {
+            on_cuda[i] = true;
+            if grad != 0 {
+                self.has_state[i] = true;
+            }
+        }
+        Ok(on_cuda)
+    }
+
+    /// [`Optimizer::clip_grad_norm`].
+    fn clip_grad_norm(&mut self, params: &[(String, Tensor)], max_norm: f64) -> Result<()> {
+        if !(max_norm.is_finite() && max_norm > 0.0) {
+            return Err(Error::InvalidSetting {
+                setting: "--clip-grad-norm",
+                value: max_norm.to_string(),
+                allowed: "the largest gradient norm must be a finite number greater than 0".into(),
+            });
+        }
+        let cuda = params.iter().filter(|(_, p)| matches!(p.device(), Device::Cuda(_))).count();
+        if cuda > 0 && cuda < params.len() {
+            return Err(Error::Unsupported {
+                op: "clip_grad_norm",
+                what: format!(
+                    "{cuda} of {} parameters on a GPU, the rest on the CPU: move them to one device",
+                    params.len()
+                ),
+            });
+        }
+        if cuda > 0 {
+            let g = self.prepare(params)?.expect("every parameter is on CUDA");
+            let table = self.table.as_mut().expect("prepare built the table");
+            // SAFETY: the table's parameters, state and copies are alive (this optimizer holds the
+            // parameters and the state; the copies by set_compute_copy's contract), and `g` holds
+            // the gradients until the launch is enqueued (their memory is freed in stream order).
+            unsafe { table.grad_norm(&g.grads, max_norm as f32)? };
+            self.clip = PendingClip::Device;
+            self.last_norm = LastNorm::Device;
+            return Ok(());
+        }
+        let mut sum = 0.0f64;
+        for (_, p) in params {
+            if let Some(g) = grad_of(p) {
+                sum += g.iter().map(|x| x * x).sum::<f64>();
+            }
+        }
+        let norm = sum.sqrt();
+        let coef = max_norm / (norm + CLIP_EPS as f64);
+        self.clip = PendingClip::Host(if coef < 1.0 { coef } else { 1.0 });
+        self.last_norm = LastNorm::Host(norm);
+        Ok(())
+    }
+
+    /// [`Optimizer::grad_norm`].
+    fn grad_norm(&self) -> Result<Option<f64>> {
+        match self.last_norm {
+            LastNorm::None => Ok(None),
+            LastNorm::Host(n) => Ok(Some(n)),
+            LastNorm::Device => match &self.table {
+                Some(t) => Ok(Some(t.clip_state()?.norm as f64)),
+                None => Ok(None),
+            },
+        }
+    }
+
+    /// [`Optimizer::set_compute_copy`] (the caller has the safety contract).
+    fn set_compute_copy(&mut self, params: &[(String, Tensor)], index: usize, copy: Option<ComputeCopy>) -> Result<()> {
+        let op = "set_compute_copy";
+        let (name, p) =
+            params.get(index).ok_or_else(|| Error::shape(op, format!("parameter {index} of {}", params.len())))?;
+        if let Some(c) = copy {
+            if !matches!(p.device(), Device::Cuda(_)) || p.dtype() != DType::F32 {
+                return Err(Error::Unsupported {
+                    op,
+                    what: format!(
+                        "`{name}` is {:?} on the {}: compute copies are of f32 parameters on CUDA",
+                        p.dtype(),
+                        p.device().name()
+                    ),
+                });
+            }
+            if c.len != p.elem_count() {
+                return Err(Error::shape(
+                    op,
+                    format!("a copy of {} values for `{name}` of {} elements", c.len, p.elem_count()),
+                ));
+            }
+        }
+        self.copies[index] = copy;
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Replaces parameter `i`'s device state with `arrays` uploaded to `dev`.
+    fn load(&mut self, i: usize, dev: &Arc<crate::cuda::Device>, arrays: &[&[f64]]) -> Result<()> {
+        self.state[i] = arrays
+            .iter()
+            .map(|v| CudaStorage::upload(dev, &v.iter().map(|&x| x as f32).collect::<Vec<_>>()))
+            .collect::<Result<_>>()?;
+        self.has_state[i] = true;
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Parameter `i`'s device state array `k`, when it means something.
+    fn saved(&self, i: usize, k: usize) -> Result<Option<Vec<f64>>> {
+        match self.state[i].get(k) {
+            Some(s) if self.has_state[i] => Ok(Some(s.download()?.into_iter().map(f64::from).collect())),
+            _ => Ok(None),
+        }
+    }
+}
+
 /// Stochastic gradient descent with momentum, weight decay and Nesterov momentum.
 pub struct Sgd {
     params: Vec<(String, Tensor)>,
@@ -84,7 +403,7 @@ pub struct Sgd {
     /// Nesterov momentum.
     pub nesterov: bool,
     velocity: Vec<Option<Vec<f64>>>,
-    device_velocity: Vec<Option<CudaStorage>>,
+    fused: Fused,
 }
 
 impl Sgd {
@@ -98,38 +417,44 @@ impl Sgd {
             weight_decay,
             nesterov,
             velocity: vec![None; n],
-            device_velocity: (0..n).map(|_| None).collect(),
+            fused: Fused::new(n, usize::from(momentum != 0.0)),
         }
+    }
+}
+
+impl Sgd {
+    /// Device state arrays the current settings need: the velocity with momentum.
+    fn sync_states(&mut self) {
+        self.fused.n_states = usize::from(self.momentum != 0.0);
     }
 }
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
+        self.sync_states();
+        let clip = std::mem::replace(&mut self.fused.clip, PendingClip::None);
+        let h = MultiSgd {
+            chunks: 0,
+            lr: self.lr as f32,
+            momentum: self.momentum as f32,
+            weight_decay: self.weight_decay as f32,
+            nesterov: self.nesterov as u32,
+        };
+        // SAFETY: the table's parameters and velocities are alive (held by this optimizer), the
+        // copies by set_compute_copy's contract, and the gradients until the launch is enqueued.
+        let on_cuda = self.fused.step(&self.params, clip, |t, grads, clip| unsafe { t.sgd(grads, h, clip) })?;
+        let scale = if let PendingClip::Host(s) = clip { s } else { 1.0 };
         for (i, (_, p)) in self.params.iter().enumerate() {
-            let (lr, momentum, weight_decay, nesterov) = (self.lr, self.momentum, self.weight_decay, self.nesterov);
-            let slot = &mut self.device_velocity[i];
-            let fused = on_cuda(p, |pc, gc| {
-                let first = slot.is_none();
-                let vel = match slot {
-                    Some(v) => v,
-                    None => slot.insert(CudaStorage::full(&pc.dev, pc.len(), 0.0)?),
-                };
-                let h = SgdStep {
-                    n: 0,
-                    lr: lr as f32,
-                    momentum: momentum as f32,
-                    weight_decay: weight_decay as f32,
-                    nesterov: nesterov as u32,
-                    first: first as u32,
-                };
-                pc.sgd_step(gc, vel, h)
-            });
-            if let Some(r) = fused {
-                r?;
+            if on_cuda[i] {
                 continue;
             }
             let Some(mut g) = grad_of(p) else { continue };
             let mut w = p.to_vec_f64();
+            if scale != 1.0 {
+                for gi in g.iter_mut() {
+                    *gi *= scale;
+                }
+            }
             if self.weight_decay != 0.0 {
                 for (gi, wi) in g.iter_mut().zip(&w) {
                     *gi += self.weight_decay * wi;
@@ -173,8 +498,7 @@ impl Optimizer for Sgd {
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for (i, (name, p)) in self.params.iter().enumerate() {
-            if let Some(v) = &self.device_velocity[i] {
-                let v: Vec<f64> = v.download()?.into_iter().map(f64::from).collect();
+            if let Some(v) = self.fused.saved(i, 0)? {
                 out.push(state_vec(name, "sgd.velocity", &v, p)?);
             } else if let Some(v) = &self.velocity[i] {
                 out.push(state_vec(name, "sgd.velocity", v, p)?);
@@ -186,14 +510,23 @@ impl Optimizer for Sgd {
         for (i, (name, p)) in self.params.iter().enumerate() {
             if state.contains_key(&format!("sgd.velocity.{name}")) {
                 let v = load_vec(state, "sgd.velocity", name, p)?;
-                if let crate::tensor::Device::Cuda(dev) = p.device() {
-                    self.device_velocity[i] =
-                        Some(CudaStorage::upload(&dev, &v.iter().map(|&x| x as f32).collect::<Vec<_>>())?);
+                if let Device::Cuda(dev) = p.device() {
+                    self.fused.load(i, &dev, &[&v])?;
                 }
                 self.velocity[i] = Some(v);
             }
         }
         Ok(())
+    }
+    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<()> {
+        self.sync_states();
+        self.fused.clip_grad_norm(&self.params, max_norm)
+    }
+    fn grad_norm(&self) -> Result<Option<f64>> {
+        self.fused.grad_norm()
+    }
+    unsafe fn set_compute_copy(&mut self, index: usize, copy: Option<ComputeCopy>) -> Result<()> {
+        self.fused.set_compute_copy(&self.params, index, copy)
     }
 }
 
@@ -214,7 +547,7 @@ pub struct Adam {
     t: u64,
     m: Vec<Vec<f64>>,
     v: Vec<Vec<f64>>,
-    device_mv: Vec<Option<(CudaStorage, CudaStorage)>>,
+    fused: Fused,
 }
 
 impl Adam {
@@ -230,8 +563,8 @@ impl Adam {
     fn new(params: Vec<(String, Tensor)>, lr: f64, weight_decay: f64, decoupled: bool) -> Adam {
         let m = params.iter().map(|(_, p)| vec![0.0; p.elem_count()]).collect();
         let v = params.iter().map(|(_, p)| vec![0.0; p.elem_count()]).collect();
-        let device_mv = params.iter().map(|_| None).collect();
-        Adam { params, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, decoupled, t: 0, m, v, device_mv }
+        let fused = Fused::new(params.len(), 2);
+        Adam { params, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, decoupled, t: 0, m, v, fused }
     }
     /// Steps taken.
     pub fn steps(&self) -> u64 {
@@ -245,35 +578,32 @@ impl Optimizer for Adam {
         let (b1, b2) = (self.beta1, self.beta2);
         let c1 = 1.0 - b1.powi(self.t as i32);
         let c2 = 1.0 - b2.powi(self.t as i32);
+        let clip = std::mem::replace(&mut self.fused.clip, PendingClip::None);
+        let h = MultiAdam {
+            chunks: 0,
+            lr: self.lr as f32,
+            beta1: b1 as f32,
+            beta2: b2 as f32,
+            eps: self.eps as f32,
+            weight_decay: self.weight_decay as f32,
+            c1: c1 as f32,
+            c2: c2 as f32,
+            decoupled: self.decoupled as u32,
+        };
+        // SAFETY: as Sgd::step, with both moments held by this optimizer.
+        let on_cuda = self.fused.step(&self.params, clip, |t, grads, clip| unsafe { t.adam(grads, h, clip) })?;
+        let scale = if let PendingClip::Host(s) = clip { s } else { 1.0 };
         for (i, (_, p)) in self.params.iter().enumerate() {
-            let h = AdamStep {
-                n: 0,
-                lr: self.lr as f32,
-                beta1: b1 as f32,
-                beta2: b2 as f32,
-                eps: self.eps as f32,
-                weight_decay: self.weight_decay as f32,
-                c1: c1 as f32,
-                c2: c2 as f32,
-                decoupled: self.decoupled as u32,
-            };
-            let slot = &mut self.device_mv[i];
-            let fused = on_cuda(p, |pc, gc| {
-                let (m, v) = match slot {
-                    Some(mv) => mv,
-                    None => slot.insert((
-                        CudaStorage::full(&pc.dev, pc.len(), 0.0)?,
-                        CudaStorage::full(&pc.dev, pc.len(), 0.0)?,
-                    )),
-                };
-                pc.adam_step(gc, m, v, h)
-            });
-            if let Some(r) = fused {
-                r?;
+            if on_cuda[i] {
                 continue;
             }
             let Some(mut g) = grad_of(p) else { continue };
             let mut w = p.to_vec_f64();
+            if scale != 1.0 {
+                for gi in g.iter_mut() {
+                    *gi *= scale;
+                }
+            }
             if self.weight_decay != 0.0 && !self.decoupled {
                 for (gi, wi) in g.iter_mut().zip(&w) {
                     *gi += self.weight_decay * wi;
@@ -306,12 +636,9 @@ impl Optimizer for Adam {
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = vec![("adam.t".to_string(), Tensor::from_f64(&[self.t as f64], [1], DType::F64)?)];
         for (i, (name, p)) in self.params.iter().enumerate() {
-            let (m, v) = match &self.device_mv[i] {
-                Some((m, v)) => (
-                    m.download()?.into_iter().map(f64::from).collect(),
-                    v.download()?.into_iter().map(f64::from).collect(),
-                ),
-                None => (self.m[i].clone(), self.v[i].clone()),
+            let (m, v) = match (self.fused.saved(i, 0)?, self.fused.saved(i, 1)?) {
+                (Some(m), Some(v)) => (m, v),
+                _ => (self.m[i].clone(), self.v[i].clone()),
             };
             out.push(state_vec(name, "adam.m", &m, p)?);
             out.push(state_vec(name, "adam.v", &v, p)?);
@@ -324,12 +651,20 @@ impl Optimizer for Adam {
         for (i, (name, p)) in self.params.iter().enumerate() {
             self.m[i] = load_vec(state, "adam.m", name, p)?;
             self.v[i] = load_vec(state, "adam.v", name, p)?;
-            if let crate::tensor::Device::Cuda(dev) = p.device() {
-                let up = |v: &[f64]| CudaStorage::upload(&dev, &v.iter().map(|&x| x as f32).collect::<Vec<_>>());
-                self.device_mv[i] = Some((up(&self.m[i])?, up(&self.v[i])?));
+            if let Device::Cuda(dev) = p.device() {
+                self.fused.load(i, &dev, &[&self.m[i], &self.v[i]])?;
             }
         }
         Ok(())
+    }
+    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<()> {
+        self.fused.clip_grad_norm(&self.params, max_norm)
+    }
+    fn grad_norm(&self) -> Result<Option<f64>> {
+        self.fused.grad_norm()
+    }
+    unsafe fn set_compute_copy(&mut self, index: usize, copy: Option<ComputeCopy>) -> Result<()> {
+        self.fused.set_compute_copy(&self.params, index, copy)
     }
 }
 

@@ -75,6 +75,9 @@ pub struct TrainConfig {
     pub lr: f64,
     /// Weight decay.
     pub weight_decay: f64,
+    /// Clip the gradients to this global L2 norm before each step
+    /// ([`Optimizer::clip_grad_norm`]; None: no clipping).
+    pub clip_grad_norm: Option<f64>,
     /// Warmup steps of the cosine schedule (0: constant rate).
     pub warmup: usize,
     /// Device.
@@ -113,6 +116,7 @@ impl Default for TrainConfig {
             optimizer: OptimizerKind::Adam,
             lr: 1e-2,
             weight_decay: 0.0,
+            clip_grad_norm: None,
             warmup: 50,
             device: DeviceChoice::Auto,
             dtype: DType::F32,
@@ -147,6 +151,15 @@ impl TrainConfig {
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             return Err(invalid("--weight-decay", self.weight_decay, "must be a finite number, 0 or more"));
+        }
+        if let Some(c) = self.clip_grad_norm
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(invalid(
+                "--clip-grad-norm",
+                c,
+                "the largest gradient norm must be a finite number greater than 0",
+            ));
         }
         if let OptimizerKind::Sgd { momentum, .. } = self.optimizer
             && !(0.0..1.0).contains(&momentum)
@@ -222,6 +235,13 @@ impl TrainConfig {
                 "--weight-decay",
                 self.weight_decay,
                 format!("--megakernel's SGD has no weight decay: pass --weight-decay 0, or {drop}"),
+            ));
+        }
+        if let Some(c) = self.clip_grad_norm {
+            return Err(invalid(
+                "--clip-grad-norm",
+                c,
+                format!("--megakernel's SGD does not clip gradients: drop --clip-grad-norm, or {drop}"),
             ));
         }
         if self.matmul_precision != crate::cuda::MatmulPrecision::F32 {
@@ -589,6 +609,9 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
                 return Err(Error::NonFinite { what: "the training loss".into(), value: lv, step });
             }
             loss.backward()?;
+            if let Some(max_norm) = cfg.clip_grad_norm {
+                opt.clip_grad_norm(max_norm)?;
+            }
             opt.step()?;
             opt.zero_grad();
             loss_sum += lv * chunk.len() as f64;

@@ -19,6 +19,7 @@
 //! views           strided views and batched products against the CPU, the GEMM reading views
 //! determinism     bit-exact tiers: batch invariance, repeats, across processes
 //! megakernel/     both megakernels against the CPU interpreter, their stalls and refusals
+//! optim           the fused multi-tensor optimizer and clipping against the CPU reference
 //! common          helpers the families share (error text, bits, the A B^T check)
 //! ```
 
@@ -28,6 +29,7 @@ mod dtypes;
 mod first_kernels;
 mod gemm;
 mod megakernel;
+mod optim;
 mod tcgen05;
 mod tensor;
 mod tma;
@@ -69,6 +71,7 @@ fn tests() -> Vec<GpuTest> {
         gemm::tests(),
         determinism::tests(),
         megakernel::tests(),
+        optim::tests(),
     ]
     .into_iter()
     .flatten()

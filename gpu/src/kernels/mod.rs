@@ -1,6 +1,6 @@
 //! kiln's kernels, one folder per family: the GEMM ladder (`gemm/`, index [`gemm`]), the training
 //! megakernel (`megakernel/`, index [`megakernel`]), the hardware probes (`probe/`, index
-//! [`probe`]), and the tensor ops, conversions and reductions beside them. Each kernel's doc
+//! [`probe`]), and the tensor ops, conversions, reductions and the multi-tensor optimizer beside them. Each kernel's doc
 //! comment gives its parameters, tiling and thread mapping; the host launches it through the
 //! descriptor `#[kernel]` generates (for `vector_add`, `VectorAdd`).
 //!
@@ -32,6 +32,7 @@ pub mod megakernel_step;
 pub mod megakernel_tc;
 #[path = "probe/mma_tile.rs"]
 pub mod mma_tile;
+pub mod optim;
 pub mod reduce;
 #[path = "gemm/sgemm.rs"]
 pub mod sgemm;

@@ -35,6 +35,8 @@ pub struct Device {
     pub(super) captured_maps: Mutex<Vec<Arc<super::DeviceTensorMap>>>,
     /// [`Device::max_active_clusters`] answers by (kernel, threads, shared memory).
     clusters: Mutex<HashMap<(&'static str, u32, u32), u32>>,
+    /// Kernels launched through [`Device::launch`]: see [`Device::launch_count`].
+    launches: std::sync::atomic::AtomicU64,
 }
 
 /// How the matrix products of f32 CUDA tensors are computed (`Tensor::matmul`, `matmul_t` and
@@ -175,6 +177,7 @@ impl Device {
             tensor_map_cache: Mutex::new(HashMap::new()),
             captured_maps: Mutex::new(Vec::new()),
             clusters: Mutex::new(HashMap::new()),
+            launches: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -350,10 +353,18 @@ impl Device {
             )
         }
         .map_err(|source| Error::Launch { kernel: K::NAME, source })?;
+        self.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if self.sync_launches {
             self.stream.synchronize().map_err(|source| Error::Launch { kernel: K::NAME, source })?;
         }
         Ok(())
+    }
+
+    /// How many kernels [`Device::launch`] has enqueued on this device (captured launches count
+    /// too; graph replays and cuBLAS calls do not). A test hook: the difference around a call is
+    /// the number of kernels it launched (a fused optimizer step is one).
+    pub fn launch_count(&self) -> u64 {
+        self.launches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the device's stream is being captured into a graph ([`Device::capture`]).

@@ -7,6 +7,7 @@ mod device;
 pub mod gemm;
 mod module_load;
 pub mod ops;
+pub mod optim;
 mod tensor_map;
 pub mod timing;
 

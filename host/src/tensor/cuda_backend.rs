@@ -218,6 +218,15 @@ impl CudaStorage {
     pub fn data(&self) -> &CudaData {
         &self.data
     }
+    /// The device address of the elements (any dtype), for runtime tables that hold raw
+    /// pointers (the fused optimizer's).
+    pub fn addr(&self) -> u64 {
+        match &self.data {
+            CudaData::F32(b) => b.addr(),
+            CudaData::BF16(b) => b.addr(),
+            CudaData::F16(b) => b.addr(),
+        }
+    }
     /// The f32 elements, or a typed error naming `op` for bf16 / f16 data (the ops that have only an
     /// f32 kernel, such as the optimizers' updates).
     pub fn f32_buf(&self, op: &'static str) -> Result<&DeviceBuffer<f32>> {
