@@ -2,7 +2,7 @@
 //! its tensor maps, block tile, persistent grid, k split and strided batches, and its launcher.
 
 use super::check::Checked;
-use super::epilogue::GemmEpilogue;
+use super::epilogue::{GemmEpilogue, GemmOutput};
 use super::operand_spec;
 use crate::cuda::{Device, DeviceBuffer, LaunchConfig};
 use crate::error::{Error, Result};
@@ -35,6 +35,43 @@ impl WgmmaTile {
     /// Whether this is one of the persistent kernel's configurations (which fuse an epilogue).
     pub const fn is_persistent(self) -> bool {
         matches!(self, WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore)
+    }
+}
+
+/// How a [`WgmmaGemm`]'s operands are stored, for `c` (m x n) summed over k. Every layout reads
+/// its operands in place: bf16 `wgmma` reads either operand K-major (k contiguous) or MN-major (m
+/// or n contiguous) through its transpose flags, so no transposed copy is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaLayout {
+    /// `a` m x k, `b` n x k: `c = a b^T` (both K-major; `y = x W^T`). Needs `k % 8 == 0`.
+    ABt,
+    /// `a` m x k, `b` k x n: `c = a b` (`b` read MN-major; the input gradient `dX = dY W` with
+    /// `W` stored n_out x k_in). Needs `k % 8 == 0` and `n % 8 == 0` (TMA's 16-byte row pitch).
+    AB,
+    /// `a` k x m, `b` k x n: `c = a^T b` (both MN-major; the weight gradient `dW = dY^T X`). Needs
+    /// `m % 8 == 0` and `n % 8 == 0`; k (the batch of the layer) is free.
+    AtB,
+}
+
+impl WgmmaLayout {
+    /// The fused kernel's code (`kiln_gpu::kernels::gemm_wgmma_fused::layout`).
+    fn code(self) -> u32 {
+        use kiln_gpu::kernels::gemm_wgmma_fused::layout;
+        match self {
+            WgmmaLayout::ABt => layout::ABT,
+            WgmmaLayout::AB => layout::AB,
+            WgmmaLayout::AtB => layout::ATB,
+        }
+    }
+
+    /// The row pitches (in elements) of `a` and `b` as stored for shape `s`: each must be a
+    /// multiple of 8 (16 bytes of bf16) for its tensor map.
+    pub fn pitches(self, s: GemmShape) -> (u32, u32) {
+        match self {
+            WgmmaLayout::ABt => (s.k, s.k),
+            WgmmaLayout::AB => (s.k, s.n),
+            WgmmaLayout::AtB => (s.m, s.n),
+        }
     }
 }
 
@@ -75,6 +112,8 @@ pub struct WgmmaGemm<'a> {
     batch: kiln_gpu::kernels::gemm_wgmma::Batch,
     /// The staged epilogue's tensor map of the last C it stored to (from the device's cache).
     c_map: std::cell::RefCell<Option<std::sync::Arc<crate::cuda::DeviceTensorMap>>>,
+    /// How the operands are stored ([`WgmmaLayout::ABt`] unless built by [`WgmmaGemm::with_layout`]).
+    layout: WgmmaLayout,
     _operands: std::marker::PhantomData<&'a DeviceBuffer<half::bf16>>,
 }
 
@@ -100,6 +139,59 @@ impl<'a> WgmmaGemm<'a> {
         let (m, n) = (s.m as usize, s.n as usize);
         let checked = Checked::operands("wgmma gemm", a.len(), b.len(), m * n, s)?;
         Self::build(dev, a, b, checked, tile, kiln_gpu::kernels::gemm_wgmma::Batch::ONE, s.m, s.n)
+    }
+
+    /// The persistent kernel's product with its operands stored in `layout` (`a` and `b` hold m k
+    /// and n k elements either way): [`WgmmaLayout::ABt`] is [`WgmmaGemm::new`]; the others run the
+    /// fused kernel (`gemm_wgmma_bf16_fused`), which reads MN-major operands in place through
+    /// 64 x 64 boxes of their k x m (k x n) tensor maps. No k split, one product.
+    pub fn with_layout(
+        dev: &'a Device,
+        a: &'a DeviceBuffer<half::bf16>,
+        b: &'a DeviceBuffer<half::bf16>,
+        s: GemmShape,
+        layout: WgmmaLayout,
+    ) -> Result<Self> {
+        use kiln_gpu::kernels::gemm_wgmma::WG_BM;
+        if layout == WgmmaLayout::ABt {
+            return Self::new(dev, a, b, s);
+        }
+        let (m, n) = (s.m as usize, s.n as usize);
+        let checked = Checked::operands("wgmma gemm", a.len(), b.len(), m * n, s)?.non_empty()?;
+        let (pa, pb) = layout.pitches(s);
+        if let Some((which, p)) = [("a", pa), ("b", pb)].into_iter().find(|(_, p)| !p.is_multiple_of(8)) {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!(
+                    "{which} stored with rows of {p} elements in the {layout:?} layout: TMA needs 16-byte row pitches, so a multiple of 8"
+                ),
+            });
+        }
+        let a_spec = if layout == WgmmaLayout::AtB { mn_operand_spec(s.k, s.m) } else { operand_spec(s.m, s.k, WG_BM) };
+        let a_map = dev.tensor_map_cached(a.addr(), &a_spec)?;
+        let b_map = dev.tensor_map_cached(b.addr(), &mn_operand_spec(s.k, s.n))?;
+        let resident = resident_clusters(dev)?;
+        let g = WgmmaGemm {
+            dev,
+            a_map,
+            b_map,
+            checked,
+            tile: WgmmaTile::Persistent,
+            clusters: 0,
+            resident,
+            splits: 1,
+            workspace: std::cell::RefCell::new(None),
+            batch: kiln_gpu::kernels::gemm_wgmma::Batch::ONE,
+            c_map: std::cell::RefCell::new(None),
+            layout,
+            _operands: std::marker::PhantomData,
+        };
+        g.with_split_k(1)
+    }
+
+    /// The layout the plan reads its operands in.
+    pub fn layout(&self) -> WgmmaLayout {
+        self.layout
     }
 
     /// `batch.count` products `c_i = a_i b_i^T` (persistent kernel) with `a_i` at element
@@ -202,6 +294,7 @@ impl<'a> WgmmaGemm<'a> {
             workspace: std::cell::RefCell::new(None),
             batch,
             c_map: std::cell::RefCell::new(None),
+            layout: WgmmaLayout::ABt,
             _operands: std::marker::PhantomData,
         };
         if tile.is_persistent() {
@@ -217,7 +310,7 @@ impl<'a> WgmmaGemm<'a> {
     /// [`WgmmaGemm::with_split_k`] where speed matters more than that.
     pub fn suggested_split_k(&self) -> u32 {
         use kiln_gpu::kernels::gemm_wgmma::{WG_BK, choose_split_k};
-        if !self.tile.is_persistent() || self.batch.count > 1 {
+        if !self.tile.is_persistent() || self.batch.count > 1 || self.layout != WgmmaLayout::ABt {
             return 1; // batches are not split
         }
         choose_split_k(self.cluster_tiles(), self.checked.shape().k.div_ceil(WG_BK), self.resident)
@@ -237,6 +330,12 @@ impl<'a> WgmmaGemm<'a> {
     pub fn with_split_k(mut self, splits: u32) -> Result<Self> {
         use kiln_gpu::kernels::gemm_wgmma::{WG_BK, split_k_fits};
         let k_tiles = self.checked.shape().k.div_ceil(WG_BK);
+        if self.layout != WgmmaLayout::ABt && splits != 1 {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!("a k split of the {:?} layout: only A B^T products are split", self.layout),
+            });
+        }
         if !self.tile.is_persistent() && splits != 1 {
             return Err(Error::Unsupported {
                 op: "wgmma gemm",
@@ -311,6 +410,9 @@ impl<'a> WgmmaGemm<'a> {
     /// Launches into `c` (m x n f32) with the epilogue applied to each output. The persistent
     /// kernel fuses it; the other tiles refuse a non-empty epilogue.
     pub fn run_with(&self, c: &mut DeviceBuffer<f32>, epi: GemmEpilogue<'_>) -> Result<()> {
+        if self.layout != WgmmaLayout::ABt || epi.has_additions() {
+            return self.run_fused(c, epi);
+        }
         use kiln_gpu::kernels::gemm_wgmma::{
             ACT_NONE, Epilogue, GemmWgmmaBf16, GemmWgmmaBf16Persistent, GemmWgmmaBf16Wide, WG_BM, WG_BN, WG_SMEM_BYTES,
             WG_THREADS, WP_SMEM_BYTES, WW_BN, WW_SMEM_BYTES,
@@ -416,6 +518,123 @@ impl<'a> WgmmaGemm<'a> {
             }
         }
     }
+}
+
+impl WgmmaGemm<'_> {
+    /// Launches into `c` (m x n of `T`: f32, bf16 or f16) with the whole fused epilogue
+    /// ([`GemmEpilogue`]: `c = act(acc + bias) + residual + table[row % period]`, rounded once to
+    /// `T`), on the fused kernel (`gemm_wgmma_bf16_fused`, stores from registers). Needs a
+    /// persistent tile, no k split and one product; the buffers are checked against the shape
+    /// (typed errors). [`WgmmaGemm::run_with`] comes here for f32 outputs with additions or a
+    /// layout other than [`WgmmaLayout::ABt`].
+    pub fn run_fused<T: GemmOutput>(&self, c: &mut DeviceBuffer<T>, epi: GemmEpilogue<'_, T>) -> Result<()> {
+        use kiln_gpu::kernels::gemm_wgmma::{ACT_NONE, WG_THREADS, WP_SMEM_BYTES};
+        use kiln_gpu::kernels::gemm_wgmma_fused::{FusedEpilogue, GemmWgmmaBf16Fused};
+        if !self.tile.is_persistent() || self.splits != 1 || self.batch.count != 1 {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!(
+                    "the fused epilogue with the {:?} tile, {} k parts and {} products: it needs a persistent tile, no k split and one product",
+                    self.tile, self.splits, self.batch.count
+                ),
+            });
+        }
+        let elem = std::mem::size_of::<T>() as u64;
+        let at = |b: &DeviceBuffer<T>| (b.len(), b.addr());
+        self.checked.epilogue(
+            elem,
+            at(c),
+            epi.bias.map(|b| (b.len(), b.addr())),
+            epi.residual.map(at),
+            epi.periodic.map(|(t, p)| (at(t), p)),
+        )?;
+        let null = kiln_gpu::DevicePtr::from_addr(0);
+        let fused = FusedEpilogue {
+            bias: epi.bias.map_or(null, |b| b.ptr()),
+            residual: kiln_gpu::DevicePtr::from_addr(epi.residual.map_or(0, |r| r.addr())),
+            table: kiln_gpu::DevicePtr::from_addr(epi.periodic.map_or(0, |(t, _)| t.addr())),
+            has_bias: epi.bias.is_some() as u32,
+            act: epi.act.map_or(ACT_NONE, |a| a.code()),
+            has_residual: epi.residual.is_some() as u32,
+            period: epi.periodic.map_or(0, |(_, p)| p),
+            format: T::FORMAT,
+            pad: 0,
+        };
+        type K = GemmWgmmaBf16Fused;
+        let multicast = (self.tile != WgmmaTile::PersistentUnicast) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (self.clusters * <K as kiln_gpu::Kernel>::CLUSTER, 1, 1),
+            block_dim: (WG_THREADS, 1, 1),
+            shared_mem_bytes: WP_SMEM_BYTES,
+        };
+        let c_ptr = kiln_gpu::DevicePtrMut::<u8>::from_addr(c.addr());
+        let args =
+            (self.a_map.ptr(), self.b_map.ptr(), c_ptr, self.checked.shape(), fused, multicast, self.layout.code());
+        // SAFETY: the maps describe the borrowed operands in the plan's layout (boxes as the
+        // kernel loads them); c, the bias, the residual and the table are checked against the
+        // shape and aligned to their elements above; stores are masked; the shared memory is the
+        // persistent kernel's ring.
+        self.checked.launch(cfg, |cfg| unsafe { self.dev.launch(K::default(), cfg, args) })
+    }
+}
+
+/// The tensor map of an operand read MN-major by the fused kernel: the k x `mn` bf16 matrix
+/// (row pitch `mn`), boxes of 64 k rows by 64 columns, 128-byte swizzle.
+fn mn_operand_spec(k: u32, mn: u32) -> crate::cuda::TensorMapSpec {
+    use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_SWIZZLE};
+    use kiln_gpu::kernels::gemm_wgmma_fused::MN_BOX;
+    crate::cuda::TensorMapSpec {
+        dtype: crate::cuda::TmaDtype::Bf16,
+        rows: k as u64,
+        cols: mn as u64,
+        row_pitch: mn as u64,
+        box_rows: WG_BK,
+        box_cols: MN_BOX,
+        swizzle: WG_SWIZZLE,
+    }
+}
+
+/// `out[col] = sum over rows of x[row][col]` for the m x n row-major `x` (f32, bf16 or f16), in f32
+/// (`gemm_column_sums`, one launch, a fixed order: the same bits on every run). The bias gradient
+/// of `y = x W^T + b` is the column sums of dY.
+pub fn column_sums<T: GemmOutput>(
+    dev: &Device,
+    x: &DeviceBuffer<T>,
+    out: &mut DeviceBuffer<f32>,
+    m: u32,
+    n: u32,
+) -> Result<()> {
+    use kiln_gpu::kernels::gemm_wgmma_fused::{COLSUM_SMEM_BYTES, COLSUM_THREADS, GemmColumnSums};
+    let op = "column sums";
+    if x.len() as u64 != m as u64 * n as u64 || out.len() != n as usize {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{m} x {n}: x needs {} elements and out {n}; got {} and {}",
+                m as u64 * n as u64,
+                x.len(),
+                out.len()
+            ),
+        ));
+    }
+    if x.len() > super::MAX_OPERAND_ELEMENTS {
+        return Err(Error::Unsupported {
+            op,
+            what: format!("{m} x {n}: over 2^31 elements (32-bit indexing); split the rows"),
+        });
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(32), 1, 1),
+        block_dim: (COLSUM_THREADS, 1, 1),
+        shared_mem_bytes: COLSUM_SMEM_BYTES,
+    };
+    let x_ptr = kiln_gpu::DevicePtr::<u8>::from_addr(x.addr());
+    // SAFETY: x holds m n elements of T and out n f32 (checked above); the kernel reads and
+    // writes only those.
+    unsafe { dev.launch(GemmColumnSums, cfg, (x_ptr, out.ptr_mut(), m, n, T::FORMAT)) }
 }
 
 /// The epilogue of a split product's parts: none (the reduction applies the real one).
