@@ -262,8 +262,11 @@ fn main() {
             let (ms, r) = around_cublas(&mut || rs.run(&mut dc).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent_regstore", ms, r);
             let bias = dev.upload(&vec![0.5f32; n as usize]).expect("upload");
-            let epi =
-                kiln::cuda::gemm::GemmEpilogue { bias: Some(&bias), act: Some(kiln::cuda::gemm::Activation::Relu) };
+            let epi = kiln::cuda::gemm::GemmEpilogue {
+                bias: Some(&bias),
+                act: Some(kiln::cuda::gemm::Activation::Relu),
+                ..Default::default()
+            };
             let (ms, r) = around_cublas(&mut || g.run_with(&mut dc, epi).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent_bias_relu", ms, r);
         }
