@@ -16,9 +16,10 @@
 //!   map is over the k x m (k x n) matrix with a 64 x 64 box. So the backward products of
 //!   `y = x W^T` need no transposed copies: `dX = dY W` is [`layout::AB`] (A = dY K-major,
 //!   B = W read MN-major) and `dW = dY^T X` is [`layout::ATB`] (both MN-major).
-//! - Stores: from registers, two adjacent columns per store where n is even and the buffers are
-//!   aligned for it, masked at the edges (the staged TMA-store epilogue of
-//!   `gemm_wgmma_bf16_persistent` stays with that kernel: f32, bias and activation only).
+//! - Stores: through shared-memory staging boxes and TMA stores where C's rows are a multiple of
+//!   16 bytes (the persistent kernel's staged epilogue, for f32, bf16 and f16 C); otherwise from
+//!   registers, two adjacent columns per store where n is even and the buffers are aligned for
+//!   it, masked at the edges.
 //!
 //! The reduction over k of every output is the persistent kernel's: the same sequence of k16
 //! steps, so with layout [`layout::ABT`] the accumulators have that kernel's bits.
@@ -48,10 +49,11 @@ pub mod layout {
     }
 }
 
-/// Element formats of C, the residual and the table (`convert::format` codes where they exist).
+/// Element formats of C, the residual and the table (`convert::format` codes for the 16-bit ones,
+/// which are 0 and 1).
 pub mod format {
     /// f32.
-    pub const F32: u32 = 0;
+    pub const F32: u32 = 2;
     /// bf16 (`convert::format::BF16`).
     pub const BF16: u32 = crate::kernels::convert::format::BF16;
     /// f16 (`convert::format::F16`).
@@ -134,6 +136,7 @@ pub struct FusedEpilogue {
     /// Padding (keeps the struct's size a multiple of 8 on both sides).
     pub pad: u32,
 }
+const _: () = assert!(format::F32 != format::BF16 && format::F32 != format::F16 && format::BF16 != format::F16);
 // SAFETY: repr(C): three pointers and six u32, the same on both sides.
 unsafe impl crate::KernelParam for FusedEpilogue {}
 
@@ -316,6 +319,115 @@ mod dev {
         );
     }
 
+    /// One consumer warpgroup's staged epilogue for one tile (thread `ct` of warpgroup `cons`,
+    /// whose 64 x 256 block of C starts at (`row0`, `n0`); `staging` is its first staging box):
+    /// the persistent kernel's `StagedStore` for any [`format`]. For each subtile of 128 bytes of
+    /// columns (32 f32 or 64 bf16 / f16: 8 or 4 subtiles a tile), every thread writes its outputs
+    /// after the epilogue to a 128-byte-swizzled box of 64 rows (8-byte pair stores for f32, 4-byte
+    /// packed pairs for 16-bit C; either way the 8 rows a warp writes at once fall on 8 different
+    /// 16-byte chunks), fences them to the async proxy, and after a warpgroup barrier one thread
+    /// issues the box's TMA store (which clips rows and columns outside C). The two boxes
+    /// alternate (an even count of subtiles per tile keeps the alternation across tiles); thread
+    /// 0 waits until earlier stores have read their boxes before the barrier. The residual, table
+    /// and bias are read only inside C.
+    #[derive(Clone, Copy)]
+    pub(super) struct Staged {
+        pub(super) ct: u32,
+        pub(super) cons: u32,
+        pub(super) row0: u32,
+        pub(super) n0: u32,
+        pub(super) c_map: DevicePtr<TensorMap>,
+        pub(super) s: GemmShape,
+        pub(super) epi: FusedEpilogue,
+        pub(super) staging: u32,
+        /// Whether the epilogue's buffers take pair loads ([`FusedEpilogue::pairs`]).
+        pub(super) pairs: bool,
+    }
+
+    impl Staged {
+        /// Stores the warpgroup's `m64n256` accumulators through the staging boxes: subtile `j`
+        /// holds accumulator elements `W j .. W j + W` (`W` = 16 for f32 C, 32 for 16-bit C: 128
+        /// bytes of columns either way), listed pair by pair with constant indices so that the
+        /// accumulators stay in registers.
+        #[inline(always)]
+        pub(super) fn store(self, acc: &[f32; 128]) {
+            macro_rules! sub {
+                ($half:literal, $j:literal; $($i:literal),*) => {{
+                    $( self.put::<$half>($j, $i, [acc[$i], acc[$i + 1]]); )*
+                    self.flush::<$half>($j);
+                }};
+            }
+            if self.epi.format == format::F32 {
+                sub!(false, 0; 0, 2, 4, 6, 8, 10, 12, 14);
+                sub!(false, 1; 16, 18, 20, 22, 24, 26, 28, 30);
+                sub!(false, 2; 32, 34, 36, 38, 40, 42, 44, 46);
+                sub!(false, 3; 48, 50, 52, 54, 56, 58, 60, 62);
+                sub!(false, 4; 64, 66, 68, 70, 72, 74, 76, 78);
+                sub!(false, 5; 80, 82, 84, 86, 88, 90, 92, 94);
+                sub!(false, 6; 96, 98, 100, 102, 104, 106, 108, 110);
+                sub!(false, 7; 112, 114, 116, 118, 120, 122, 124, 126);
+            } else {
+                sub!(true, 0; 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                sub!(true, 1; 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62);
+                sub!(true, 2; 64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84, 86, 88, 90, 92, 94);
+                sub!(true, 3; 96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120, 122, 124, 126);
+            }
+        }
+
+        /// Accumulator elements `i, i + 1` (one row, two adjacent columns) of subtile `j` through
+        /// the epilogue into the subtile's staging box.
+        #[inline(always)]
+        fn put<const HALF: bool>(self, j: u32, i: u32, v: [f32; 2]) {
+            use crate::kernels::gemm_wgmma::{WG_SWIZZLE, WP_EPI_BOX_BYTES, WP_EPI_BUFFERS};
+            use crate::swizzle::tile_offset;
+            let (cols, elem) = if HALF { (64, 2) } else { (32, 4) };
+            let (e, s) = (self.epi, self.s);
+            let buf = self.staging + (j % WP_EPI_BUFFERS) * WP_EPI_BOX_BYTES;
+            let (r, col) = wgmma::acc_m64(self.ct, i);
+            let (row, gcol) = (self.row0 + r, self.n0 + col);
+            // n is a multiple of 4 (f32) or 8 (16-bit) here, so col + 1 < n when col < n
+            let x = if row >= s.m || gcol >= s.n {
+                [0.0, 0.0]
+            } else if self.pairs {
+                e.apply2(v, row, gcol, s.n)
+            } else {
+                [e.apply(v[0], row, gcol, s.n), e.apply(v[1], row, gcol + 1, s.n)]
+            };
+            let at = buf + tile_offset(WG_SWIZZLE, r, col - cols * j, 128, elem);
+            unsafe {
+                if !HALF {
+                    shared::st_shared_v2(at, [x[0].to_bits(), x[1].to_bits()]);
+                } else if e.format == format::BF16 {
+                    shared::st_shared_b32(at, crate::convert::pack_bf16x2(x[0], x[1]));
+                } else {
+                    shared::st_shared_b32(at, crate::convert::pack_f16x2(x[0], x[1]));
+                }
+            }
+        }
+
+        /// Subtile `j`'s box is written: fence, warpgroup barrier, one thread's TMA store.
+        #[inline(always)]
+        fn flush<const HALF: bool>(self, j: u32) {
+            use crate::kernels::gemm_wgmma::{WP_EPI_BARRIER, WP_EPI_BOX_BYTES, WP_EPI_BUFFERS};
+            use crate::{fence, sync};
+            let cols = if HALF { 64 } else { 32 };
+            let buf = self.staging + (j % WP_EPI_BUFFERS) * WP_EPI_BOX_BYTES;
+            fence::proxy_async_shared_cta();
+            if self.ct == 0 {
+                // every earlier store has read its box, so the next subtile may refill the other one
+                tma::wait_group_read::<0>();
+            }
+            unsafe { sync::named_barrier_sync(WP_EPI_BARRIER + self.cons, 128) };
+            if self.ct == 0 {
+                let col = self.n0 + cols * j;
+                if self.row0 < self.s.m && col < self.s.n {
+                    unsafe { tma::store_2d(self.c_map.as_ptr(), col as i32, self.row0 as i32, buf) };
+                }
+                tma::commit_group();
+            }
+        }
+    }
+
     /// Consumer warpgroup `cons`'s products on the stage of k tile `t` in `layout` (as the
     /// persistent kernel's `mma_m64n256`, one wgmma group left in flight).
     #[inline(always)]
@@ -431,6 +543,7 @@ mod dev {
         epi: FusedEpilogue,
         multicast: bool,
         layout: u32,
+        c_map: DevicePtr<TensorMap>,
     ) {
         let tid = thread::thread_idx_x();
         let wg = tid / 128;
@@ -507,6 +620,11 @@ mod dev {
                     }
                 }
             };
+            let staged = c_map.addr() != 0;
+            let staging = ring.base
+                + crate::kernels::gemm_wgmma::WP_EPI_OFFSET
+                + cons * crate::kernels::gemm_wgmma::WP_EPI_BUFFERS * crate::kernels::gemm_wgmma::WP_EPI_BOX_BYTES;
+            let pairs = epi.pairs(c, s.n);
             let mut acc = [0.0f32; 128];
             let mut t = 0;
             let mut i = 0;
@@ -524,8 +642,19 @@ mod dev {
                 }
                 wgmma::wait_group::<0>();
                 release(t - 1);
-                store_m64n256(&acc, ct, m0 + cons * 64, n0, c, s, epi);
+                // the thread index laundered per tile: the epilogue's per-pair offsets are then
+                // recomputed here instead of hoisted out of the tile loop (and spilled)
+                let lt = crate::hint::launder(ct);
+                if staged {
+                    Staged { ct: lt, cons, row0: m0 + cons * 64, n0, c_map, s, epi, staging, pairs }.store(&acc);
+                } else {
+                    store_m64n256(&acc, lt, m0 + cons * 64, n0, c, s, epi);
+                }
                 i += 1;
+            }
+            if staged && ct == 0 {
+                // the last stores have written C (and stopped reading shared memory) before the exit
+                tma::wait_group::<0>();
             }
         }
         // no CTA leaves while its peer may still multicast into it or arrive on its barriers
@@ -546,13 +675,17 @@ mod dev {
 ///   and the cluster's B tile, whose two 128-row shares each CTA loads itself (`multicast` zero) or
 ///   loads its own and multicasts it to both (`multicast` nonzero); K-major B shares are one box,
 ///   MN-major ones two. Stages as the persistent kernel's (4 x 48 KiB, 128-byte swizzle).
-/// - Epilogue: [`FusedEpilogue`], stored from registers (see the module docs).
+/// - Epilogue: [`FusedEpilogue`]. With a C tensor map (`c_map` not null: C's format, box 64 rows
+///   by 128 bytes of columns, 128-byte swizzle; needs [`staged_store_fits`]) the outputs go through
+///   swizzled staging boxes in shared memory and TMA stores that overlap the next tile's products
+///   (the persistent kernel's staged epilogue, for every format); without one, each thread stores
+///   its outputs from registers, masked.
 ///
 /// Parameters: `a_map`, `b_map` (bf16 tensor maps: K-major over the m x k (n x k) matrix with box
 /// 64 x 128; MN-major over the k x m (k x n) matrix with box 64 x 64; 128-byte swizzle), `c` (m x n
-/// in `epi.format`), the shape, the epilogue, `multicast`, `layout` ([`layout`]). Dynamic shared
-/// memory `WP_SMEM_BYTES` (the persistent kernel's: its staging boxes go unused); grid x a multiple
-/// of 2.
+/// in `epi.format`), the shape, the epilogue, `multicast`, `layout` ([`layout`]), `c_map` (or
+/// null). Dynamic shared memory `WP_SMEM_BYTES` (the persistent kernel's ring and staging boxes);
+/// grid x a multiple of 2.
 #[kernel(arch = "sm_90a", max_threads = 384, cluster = 2)]
 pub unsafe fn gemm_wgmma_bf16_fused(
     a_map: DevicePtr<TensorMap>,
@@ -562,8 +695,20 @@ pub unsafe fn gemm_wgmma_bf16_fused(
     epi: FusedEpilogue,
     multicast: u32,
     layout: u32,
+    c_map: DevicePtr<TensorMap>,
 ) {
-    unsafe { dev::fused_body(a_map, b_map, c.addr(), s, epi, multicast != 0, layout) }
+    unsafe { dev::fused_body(a_map, b_map, c.addr(), s, epi, multicast != 0, layout, c_map) }
+}
+
+/// Columns of C in one staging box of the fused kernel's staged epilogue: 128 bytes of `format`.
+pub const fn staged_box_cols(format: u32) -> u32 {
+    128 / FusedEpilogue::elem_bytes(format)
+}
+
+/// Whether C (n columns of `format` at `c_addr`) can take the fused kernel's staged TMA stores: a
+/// row pitch that is a multiple of 16 bytes and a 16-byte-aligned address.
+pub const fn staged_store_fits(n: u32, format: u32, c_addr: u64) -> bool {
+    (n * FusedEpilogue::elem_bytes(format)) % 16 == 0 && c_addr % 16 == 0
 }
 
 /// Threads per block of [`gemm_column_sums`]: 32 columns by [`COLSUM_ROW_LANES`] row lanes.

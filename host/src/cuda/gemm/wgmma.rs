@@ -568,13 +568,48 @@ impl WgmmaGemm<'_> {
             shared_mem_bytes: WP_SMEM_BYTES,
         };
         let c_ptr = kiln_gpu::DevicePtrMut::<u8>::from_addr(c.addr());
-        let args =
-            (self.a_map.ptr(), self.b_map.ptr(), c_ptr, self.checked.shape(), fused, multicast, self.layout.code());
+        let c_map = kiln_gpu::DevicePtr::from_addr(self.fused_c_map::<T>(c.addr())?);
+        let s = self.checked.shape();
+        let args = (self.a_map.ptr(), self.b_map.ptr(), c_ptr, s, fused, multicast, self.layout.code(), c_map);
         // SAFETY: the maps describe the borrowed operands in the plan's layout (boxes as the
         // kernel loads them); c, the bias, the residual and the table are checked against the
-        // shape and aligned to their elements above; stores are masked; the shared memory is the
-        // persistent kernel's ring.
+        // shape and aligned to their elements above; stores are masked, or clipped by the C map
+        // (when not null: c in T with the staging box); the shared memory is the persistent
+        // kernel's ring and staging boxes.
         self.checked.launch(cfg, |cfg| unsafe { self.dev.launch(K::default(), cfg, args) })
+    }
+}
+
+impl WgmmaGemm<'_> {
+    /// The address of C's tensor map for the fused kernel's staged epilogue (C of `T` at
+    /// `c_addr`), or 0 where C cannot take TMA stores
+    /// ([`kiln_gpu::kernels::gemm_wgmma_fused::staged_store_fits`]) or the tile stores from
+    /// registers ([`WgmmaTile::PersistentRegisterStore`]).
+    fn fused_c_map<T: GemmOutput>(&self, c_addr: u64) -> Result<u64> {
+        use kiln_gpu::kernels::gemm_wgmma_fused::{format, staged_box_cols, staged_store_fits};
+        let s = self.checked.shape();
+        if self.tile == WgmmaTile::PersistentRegisterStore || !staged_store_fits(s.n, T::FORMAT, c_addr) {
+            return Ok(0);
+        }
+        let dtype = match T::FORMAT {
+            format::F32 => crate::cuda::TmaDtype::F32,
+            format::BF16 => crate::cuda::TmaDtype::Bf16,
+            _ => crate::cuda::TmaDtype::F16,
+        };
+        let spec = crate::cuda::TensorMapSpec {
+            dtype,
+            rows: s.m as u64,
+            cols: s.n as u64,
+            row_pitch: s.n as u64,
+            box_rows: 64,
+            box_cols: staged_box_cols(T::FORMAT),
+            swizzle: kiln_gpu::kernels::gemm_wgmma::WG_SWIZZLE,
+        };
+        let map = self.dev.tensor_map_cached(c_addr, &spec)?;
+        let addr = map.ptr().addr();
+        // kept with the plan, so that the map outlives this launch whatever the cache does
+        *self.c_map.borrow_mut() = Some(map);
+        Ok(addr)
     }
 }
 
