@@ -687,3 +687,75 @@ fn resident_clusters(dev: &Device) -> Result<u32> {
     }
     Ok(resident)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_gpu::kernels::gemm_wgmma::{
+        WG_TILE_BYTES, WP_B_SHARE_BYTES, WW_STAGE_BYTES, persistent_stage_bytes, tma_store_fits,
+    };
+    use kiln_gpu::kernels::gemm_wgmma_fused::{
+        FusedEpilogue, MN_BOX_BYTES, format, fused_stage_bytes, layout, mn_descriptor, staged_box_cols,
+        staged_store_fits,
+    };
+
+    #[test]
+    fn mn_descriptor_is_the_megakernels_verified_one() {
+        // the megakernel reads its MN-major pages (boxes of 64 k rows by 64 columns) with this
+        // descriptor on the GPU; the fused kernel's boxes are the same
+        for page in [0u32, 1024, 16384, 65536 + 8192] {
+            for kk in 0..4 {
+                assert_eq!(mn_descriptor(page, kk), kiln_gpu::kernels::megakernel_tc::mn_page_descriptor(page, kk));
+            }
+        }
+    }
+
+    #[test]
+    fn fused_stage_bytes_count_the_boxes_loaded() {
+        let s = |m, n| GemmShape { m, n, k: 64 };
+        // A B^T: the persistent kernel's count
+        for (m0, n0, sh) in
+            [(0, 0, s(1000, 1000)), (128, 0, s(130, 300)), (256, 256, s(200, 300)), (0, 256, s(10, 300))]
+        {
+            assert_eq!(fused_stage_bytes(m0, n0, sh, layout::ABT), persistent_stage_bytes(m0, n0, sh));
+        }
+        assert_eq!(fused_stage_bytes(0, 0, s(1000, 1000), layout::ATB), WW_STAGE_BYTES);
+        assert_eq!(fused_stage_bytes(0, 0, s(1000, 1000), layout::AB), WW_STAGE_BYTES);
+        // MN-major A: 64-row boxes; one in, one out
+        assert_eq!(fused_stage_bytes(0, 0, s(64, 1000), layout::ATB), MN_BOX_BYTES + 2 * WP_B_SHARE_BYTES);
+        assert_eq!(fused_stage_bytes(0, 0, s(65, 1000), layout::ATB), WW_STAGE_BYTES);
+        // K-major A, MN-major B: 64-column boxes of B (n = 65: two boxes of the first share)
+        assert_eq!(fused_stage_bytes(0, 0, s(1, 65), layout::AB), WG_TILE_BYTES + 2 * MN_BOX_BYTES);
+        assert_eq!(fused_stage_bytes(0, 0, s(1, 192), layout::AB), WG_TILE_BYTES + 3 * MN_BOX_BYTES);
+        assert_eq!(fused_stage_bytes(0, 256, s(1, 300), layout::AB), WG_TILE_BYTES + MN_BOX_BYTES);
+        // a tile wholly below A loads only B
+        assert_eq!(fused_stage_bytes(128, 0, s(100, 256), layout::ATB), 2 * WP_B_SHARE_BYTES);
+        assert_eq!(MN_BOX_BYTES * 2, WG_TILE_BYTES);
+    }
+
+    #[test]
+    fn layouts_and_staged_stores() {
+        assert!(!layout::a_mn(layout::ABT) && !layout::b_mn(layout::ABT));
+        assert!(!layout::a_mn(layout::AB) && layout::b_mn(layout::AB));
+        assert!(layout::a_mn(layout::ATB) && layout::b_mn(layout::ATB));
+        let s = GemmShape { m: 3, n: 5, k: 7 };
+        assert_eq!(WgmmaLayout::ABt.pitches(s), (7, 7));
+        assert_eq!(WgmmaLayout::AB.pitches(s), (7, 5));
+        assert_eq!(WgmmaLayout::AtB.pitches(s), (3, 5));
+        // 16-byte rows: 4 f32 or 8 16-bit elements; the f32 rule is the persistent kernel's
+        for n in 1..40 {
+            assert_eq!(staged_store_fits(n, format::F32, 256), tma_store_fits(n, 256));
+            assert_eq!(staged_store_fits(n, format::BF16, 256), n % 8 == 0);
+            assert_eq!(staged_store_fits(n, format::F16, 256), n % 8 == 0);
+        }
+        assert!(!staged_store_fits(64, format::BF16, 264));
+        assert_eq!(staged_box_cols(format::F32), kiln_gpu::kernels::gemm_wgmma::WP_EPI_COLS);
+        assert_eq!(staged_box_cols(format::BF16), 64);
+        assert_eq!(FusedEpilogue::elem_bytes(format::F16), 2);
+        assert_eq!(<f32 as GemmOutput>::FORMAT, format::F32);
+        assert_eq!(<half::bf16 as GemmOutput>::FORMAT, format::BF16);
+        assert_eq!(<half::f16 as GemmOutput>::FORMAT, format::F16);
+        // the kernel parameter has the same layout on both sides: 3 pointers, 6 u32
+        assert_eq!(std::mem::size_of::<FusedEpilogue>(), 48);
+    }
+}
