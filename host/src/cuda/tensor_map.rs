@@ -186,11 +186,13 @@ impl Device {
     /// training path's products) then skip the encode and the host-to-device copy. At most
     /// `TENSOR_MAP_CACHE` maps are kept; past that the cache starts over (a dropped map's memory
     /// is freed in stream order, after the kernels already launched with it; a captured graph keeps
-    /// its own references to the maps it uses).
+    /// its own references to the maps it uses). Hits and misses are counted
+    /// ([`Device::tensor_map_cache_stats`]).
     pub fn tensor_map_cached(&self, addr: u64, spec: &TensorMapSpec) -> Result<std::sync::Arc<DeviceTensorMap>> {
-        let mut cache = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner());
-        let (map, hit) =
-            cache.get_or_insert_with(addr, spec, || self.tensor_map(addr, spec).map(std::sync::Arc::new))?;
+        let (map, hit) = {
+            let mut cache = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.get_or_insert_with(addr, spec, || self.tensor_map(addr, spec).map(std::sync::Arc::new))?
+        };
         if hit && self.is_capturing() {
             // the graph being captured will read this map at every replay: it keeps a reference
             self.captured_maps.lock().unwrap_or_else(|p| p.into_inner()).push(map.clone());
