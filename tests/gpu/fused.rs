@@ -254,9 +254,10 @@ fn epilogue_many_tiles(dev: &Device) -> Outcome {
     let f = Forward::new(dev, &mut rng, (2100, 2056, 136))?;
     let (m, n) = (2100usize, 2056usize);
     let plan = WgmmaGemm::new(dev, &f.a, &f.b, f.s).map_err(err)?;
-    if (plan.persistent_clusters() as u64) * 2 * 256 * 128 >= (m * n) as u64 {
+    let tiles = m.div_ceil(256) * n.div_ceil(256);
+    if plan.persistent_clusters() as usize >= tiles {
         return Err(format!(
-            "{} clusters cover 2100 x 2056 in one turn: the test needs more tiles",
+            "{} clusters take the {tiles} cluster tiles of 2100 x 2056 in one turn: the test needs more tiles",
             plan.persistent_clusters()
         ));
     }
