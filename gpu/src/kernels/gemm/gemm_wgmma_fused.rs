@@ -718,25 +718,39 @@ pub const COLSUM_ROW_LANES: u32 = 16;
 /// Dynamic shared memory of [`gemm_column_sums`]: one f32 partial per thread.
 pub const COLSUM_SMEM_BYTES: u32 = COLSUM_THREADS * 4;
 
-/// `out[col] = sum over rows r of x[r][col]` for the m x n matrix `x` in `format` (the bias
-/// gradient of `y = x W^T + b`: the column sums of dY), f32 sums, deterministic.
+/// Column sums of row chunks: `out[chunk][col] = sum over rows r of chunk of x[r][col]` for the m x n
+/// matrix `x` in `format`, chunk `c` being rows `c * rows_per_chunk ..` (at most `rows_per_chunk`
+/// of them), f32 sums in a fixed order. One chunk gives the column sums (the bias gradient of
+/// `y = x W^T + b`: the column sums of dY); with several, a second launch over the f32 partials
+/// (m = chunks, one chunk) adds them in order, so the bits are fixed for a given shape.
 ///
-/// - Grid `ceil(n / 32)`, block [`COLSUM_THREADS`] = 32 x [`COLSUM_ROW_LANES`]: thread
-///   `(lane, y)` of block `b` sums column `32 b + lane` over rows `y, y + 16, ...` in order (a warp
-///   reads 32 adjacent columns of one row), writes its partial to shared memory, and after a block
-///   barrier lane row 0 adds the 16 partials in order. The order is fixed, so the bits are too.
-/// - Parameters: `x` (m x n elements of `format`, row-major), `out` (n f32), `m`, `n`, `format`
-///   (f32, bf16 or f16: `gemm_wgmma_fused::format`). Dynamic shared memory [`COLSUM_SMEM_BYTES`].
+/// - Grid `(ceil(n / 32), chunks)`, block [`COLSUM_THREADS`] = 32 x [`COLSUM_ROW_LANES`]: thread
+///   `(lane, y)` of block `(b, c)` sums column `32 b + lane` over rows `y, y + 16, ...` of chunk `c`
+///   in order (a warp reads 32 adjacent columns of one row), writes its partial to shared memory,
+///   and after a block barrier lane row 0 adds the 16 partials in order.
+/// - Parameters: `x` (m x n elements of `format`, row-major), `out` (chunks x n f32), `m`, `n`,
+///   `format` (`gemm_wgmma_fused::format`), `rows_per_chunk` (at least 1). Dynamic shared memory
+///   [`COLSUM_SMEM_BYTES`].
 #[kernel]
-pub unsafe fn gemm_column_sums(x: DevicePtr<u8>, out: DevicePtrMut<f32>, m: u32, n: u32, format: u32) {
+pub unsafe fn gemm_column_sums(
+    x: DevicePtr<u8>,
+    out: DevicePtrMut<f32>,
+    m: u32,
+    n: u32,
+    format: u32,
+    rows_per_chunk: u32,
+) {
     use crate::{shared, sync, thread};
     let tid = thread::thread_idx_x();
     let (lane, y) = (tid % 32, tid / 32);
     let col = thread::block_idx_x() * 32 + lane;
+    let chunk = thread::block_idx_y();
+    let r0 = chunk * rows_per_chunk;
+    let r1 = if m - r0.min(m) < rows_per_chunk { m } else { r0 + rows_per_chunk };
     let mut acc = 0.0f32;
     if col < n {
-        let mut r = y;
-        while r < m {
+        let mut r = r0 + y;
+        while r < r1 {
             acc += elem::load(format, x.addr(), r as usize * n as usize + col as usize);
             r += COLSUM_ROW_LANES;
         }
@@ -751,6 +765,6 @@ pub unsafe fn gemm_column_sums(x: DevicePtr<u8>, out: DevicePtrMut<f32>, m: u32,
             sum += unsafe { *partials.add((l * 32 + lane) as usize) };
             l += 1;
         }
-        unsafe { out.write(col as usize, sum) };
+        unsafe { out.write(chunk as usize * n as usize + col as usize, sum) };
     }
 }

@@ -630,8 +630,9 @@ fn mn_operand_spec(k: u32, mn: u32) -> crate::cuda::TensorMapSpec {
 }
 
 /// `out[col] = sum over rows of x[row][col]` for the m x n row-major `x` (f32, bf16 or f16), in f32
-/// (`gemm_column_sums`, one launch, a fixed order: the same bits on every run). The bias gradient
-/// of `y = x W^T + b` is the column sums of dY.
+/// (`gemm_column_sums`: the rows cut into [`column_sum_chunks`] chunks whose f32 partials a second
+/// launch adds in order, so the bits are the same on every run of a shape). The bias gradient of
+/// `y = x W^T + b` is the column sums of dY.
 pub fn column_sums<T: GemmOutput>(
     dev: &Device,
     x: &DeviceBuffer<T>,
@@ -639,7 +640,7 @@ pub fn column_sums<T: GemmOutput>(
     m: u32,
     n: u32,
 ) -> Result<()> {
-    use kiln_gpu::kernels::gemm_wgmma_fused::{COLSUM_SMEM_BYTES, COLSUM_THREADS, GemmColumnSums};
+    use kiln_gpu::kernels::gemm_wgmma_fused::{COLSUM_SMEM_BYTES, COLSUM_THREADS, GemmColumnSums, format};
     let op = "column sums";
     if x.len() as u64 != m as u64 * n as u64 || out.len() != n as usize {
         return Err(Error::shape(
@@ -661,15 +662,36 @@ pub fn column_sums<T: GemmOutput>(
     if n == 0 {
         return Ok(());
     }
-    let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(32), 1, 1),
+    let (chunks, rows) = column_sum_chunks(m, n);
+    let cfg = |chunks: u32| LaunchConfig {
+        grid_dim: (n.div_ceil(32), chunks, 1),
         block_dim: (COLSUM_THREADS, 1, 1),
         shared_mem_bytes: COLSUM_SMEM_BYTES,
     };
     let x_ptr = kiln_gpu::DevicePtr::<u8>::from_addr(x.addr());
-    // SAFETY: x holds m n elements of T and out n f32 (checked above); the kernel reads and
-    // writes only those.
-    unsafe { dev.launch(GemmColumnSums, cfg, (x_ptr, out.ptr_mut(), m, n, T::FORMAT)) }
+    if chunks == 1 {
+        // SAFETY: x holds m n elements of T and out n f32 (checked above); one chunk of m rows.
+        return unsafe { dev.launch(GemmColumnSums, cfg(1), (x_ptr, out.ptr_mut(), m, n, T::FORMAT, m.max(1))) };
+    }
+    let mut partials = dev.alloc_uninit_f32(chunks as usize * n as usize)?;
+    // SAFETY: as above; the partials hold chunks x n f32, and each chunk of `rows` rows writes its
+    // row of them; then one chunk of `chunks` rows sums them into out.
+    unsafe {
+        dev.launch(GemmColumnSums, cfg(chunks), (x_ptr, partials.ptr_mut(), m, n, T::FORMAT, rows))?;
+        let p = kiln_gpu::DevicePtr::<u8>::from_addr(partials.addr());
+        dev.launch(GemmColumnSums, cfg(1), (p, out.ptr_mut(), chunks, n, format::F32, chunks))
+    }
+}
+
+/// How [`column_sums`] cuts m rows of n columns: `(chunks, rows per chunk)`, enough blocks of 32
+/// columns by one chunk to fill about 264 (two per SM of an H100 or H200) with chunks of at least
+/// 64 rows; one chunk when the columns alone give that many blocks or m is small.
+pub fn column_sum_chunks(m: u32, n: u32) -> (u32, u32) {
+    let col_blocks = n.div_ceil(32).max(1);
+    let chunks = 264u32.div_ceil(col_blocks).min(m.div_ceil(64)).max(1);
+    let rows = m.div_ceil(chunks).max(1);
+    // every chunk non-empty
+    (m.div_ceil(rows).max(1), rows)
 }
 
 /// The epilogue of a split product's parts: none (the reduction applies the real one).
@@ -731,6 +753,18 @@ mod tests {
         // a tile wholly below A loads only B
         assert_eq!(fused_stage_bytes(128, 0, s(100, 256), layout::ATB), 2 * WP_B_SHARE_BYTES);
         assert_eq!(MN_BOX_BYTES * 2, WG_TILE_BYTES);
+    }
+
+    #[test]
+    fn column_sum_chunks_cover_the_rows() {
+        for (m, n) in [(1u32, 1u32), (0, 5), (63, 1000), (4096, 1024), (4097, 33), (100_000, 8), (300, 264)] {
+            let (chunks, rows) = column_sum_chunks(m, n);
+            assert!(chunks >= 1 && rows >= 1);
+            assert!(chunks as u64 * rows as u64 >= m as u64, "{m} x {n}: {chunks} x {rows}");
+            assert!(((chunks - 1) * rows) < m.max(1), "{m} x {n}: an empty chunk");
+        }
+        assert_eq!(column_sum_chunks(4096, 1024), (9, 456));
+        assert_eq!(column_sum_chunks(40, 8192).0, 1);
     }
 
     #[test]
