@@ -708,7 +708,7 @@ pub const fn staged_box_cols(format: u32) -> u32 {
 /// Whether C (n columns of `format` at `c_addr`) can take the fused kernel's staged TMA stores: a
 /// row pitch that is a multiple of 16 bytes and a 16-byte-aligned address.
 pub const fn staged_store_fits(n: u32, format: u32, c_addr: u64) -> bool {
-    (n * FusedEpilogue::elem_bytes(format)) % 16 == 0 && c_addr % 16 == 0
+    (n * FusedEpilogue::elem_bytes(format)).is_multiple_of(16) && c_addr.is_multiple_of(16)
 }
 
 /// Threads per block of [`gemm_column_sums`]: 32 columns by [`COLSUM_ROW_LANES`] row lanes.
