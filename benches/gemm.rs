@@ -262,10 +262,32 @@ fn main() {
             let (ms, r) = around_cublas(&mut || rs.run(&mut dc).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent_regstore", ms, r);
             let bias = dev.upload(&vec![0.5f32; n as usize]).expect("upload");
-            let epi =
-                kiln::cuda::gemm::GemmEpilogue { bias: Some(&bias), act: Some(kiln::cuda::gemm::Activation::Relu) };
+            let epi = kiln::cuda::gemm::GemmEpilogue {
+                bias: Some(&bias),
+                act: Some(kiln::cuda::gemm::Activation::Relu),
+                ..Default::default()
+            };
             let (ms, r) = around_cublas(&mut || g.run_with(&mut dc, epi).expect("kiln wgmma"));
             record_vs("gemm_wgmma_bf16_persistent_bias_relu", ms, r);
+            // the fused kernel (gemm_wgmma_bf16_fused): bf16 C, a transformer block's epilogue into
+            // bf16 (bias, GELU, residual), and the backward layouts read in place (the operands'
+            // bytes reinterpreted: a as k x m, b as k x n)
+            use kiln::cuda::gemm::{Activation, GemmEpilogue, WgmmaLayout};
+            let mut c16 = dev.zeros::<half::bf16>((m * n) as usize).expect("alloc");
+            let res = dev.zeros::<half::bf16>((m * n) as usize).expect("alloc");
+            let (ms, r) = around_cublas(&mut || g.run_fused(&mut c16, GemmEpilogue::default()).expect("kiln fused"));
+            record_vs("gemm_wgmma_bf16_fused_bf16_out", ms, r);
+            let block =
+                GemmEpilogue { bias: Some(&bias), act: Some(Activation::Gelu), residual: Some(&res), periodic: None };
+            let (ms, r) = around_cublas(&mut || g.run_fused(&mut c16, block).expect("kiln fused"));
+            record_vs("gemm_wgmma_bf16_fused_bias_gelu_residual_bf16_out", ms, r);
+            for (name, layout) in
+                [("gemm_wgmma_bf16_fused_ab", WgmmaLayout::AB), ("gemm_wgmma_bf16_fused_atb", WgmmaLayout::AtB)]
+            {
+                let t = WgmmaGemm::with_layout(&dev, &da, &db, s, layout).expect("wgmma maps");
+                let (ms, r) = around_cublas(&mut || t.run(&mut dc).expect("kiln fused"));
+                record_vs(name, ms, r);
+            }
         }
         // f32 operands as the bf16 matmul precision runs them (a training step's products): each
         // packed to bf16 rows (rounded; transposed where the layout stores it k-major first), then

@@ -107,6 +107,29 @@ mod device {
         };
     }
 
+    /// [`wgmma_f32_bf16`] with the transpose flags `$ta`, `$tb` (0: K-major, 1: MN-major) as
+    /// `const` operands.
+    macro_rules! wgmma_f32_bf16_t {
+        ($shape:literal, $d:ident, $a:ident, $b:ident, $acc:ident, $ta:expr, $tb:expr; $($i:literal),+) => {
+            asm!(
+                concat!(
+                    "{{ .reg .pred p; setp.ne.b32 p, {acc}, 0;\n",
+                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.bf16.bf16 {{{0}",
+                    $(", {", stringify!($i), "}",)+
+                    "}}, {a}, {b}, p, 1, 1, {ta}, {tb}; }}"
+                ),
+                inout(reg32) $d[0],
+                $(inout(reg32) $d[$i],)+
+                a = in(reg64) $a,
+                b = in(reg64) $b,
+                acc = in(reg32) $acc as u32,
+                ta = const $ta,
+                tb = const $tb,
+                options(nostack)
+            )
+        };
+    }
+
     /// One warpgroup-wide `D (+)= A B` on a 64 x 128 x 16 tile, bf16 inputs from shared memory
     /// through descriptors (both K-major), f32 accumulators in registers (64 per thread, laid out as
     /// [`super::acc_m64`] says). `accumulate = false` overwrites D.
@@ -134,6 +157,28 @@ mod device {
     pub unsafe fn mma_m64n256k16_bf16(d: &mut [f32; 128], a_desc: u64, b_desc: u64, accumulate: bool) {
         unsafe {
             wgmma_f32_bf16!("m64n256k16", d, a_desc, b_desc, accumulate; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127)
+        };
+    }
+
+    /// [`mma_m64n256k16_bf16`] with each operand read K-major (`TA` / `TB` = 0) or transposed,
+    /// MN-major (1): an MN-major operand's descriptor describes 64-element chunks of M (or N), each
+    /// a column of 128-byte rows of K, the chunks the leading byte offset apart (the wgmma GEMM's
+    /// `mn_descriptor`). bf16 is one of the two input types whose wgmma takes the transpose flags.
+    ///
+    /// PTX: `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {d0..d127}, a_desc, b_desc, p, 1, 1, TA, TB;`
+    ///
+    /// # Safety
+    /// As [`mma_m64n128k16_bf16`].
+    #[inline(always)]
+    pub unsafe fn mma_m64n256k16_bf16_t<const TA: u32, const TB: u32>(
+        d: &mut [f32; 128],
+        a_desc: u64,
+        b_desc: u64,
+        accumulate: bool,
+    ) {
+        const { assert!(TA <= 1 && TB <= 1) };
+        unsafe {
+            wgmma_f32_bf16_t!("m64n256k16", d, a_desc, b_desc, accumulate, TA, TB; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127)
         };
     }
 

@@ -505,10 +505,10 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
         if k == 8192 && plan.suggested_split_k() < 2 {
             return Err(format!("persistent {m}x{n}x{k}: one tile of 128 k tiles, yet no split suggested"));
         }
-        plan.run_with(&mut dc, GemmEpilogue { bias: Some(&dbias), act }).map_err(err)?;
+        plan.run_with(&mut dc, GemmEpilogue { bias: Some(&dbias), act, ..Default::default() }).map_err(err)?;
         let got = dev.download(&dc).map_err(err)?;
         let mut dc2 = dev.upload(&vec![POISON_F32; (m * n) as usize]).map_err(err)?;
-        plan.run_with(&mut dc2, GemmEpilogue { bias: Some(&dbias), act }).map_err(err)?;
+        plan.run_with(&mut dc2, GemmEpilogue { bias: Some(&dbias), act, ..Default::default() }).map_err(err)?;
         if bits(&dev.download(&dc2).map_err(err)?) != bits(&got) {
             return Err(format!(
                 "persistent {m}x{n}x{k} {act:?} split {want_split}: a second output buffer got different bits"
@@ -551,7 +551,7 @@ fn wgmma_persistent_epilogue_case(dev: &Device) -> Outcome {
         (dev.upload(&vec![bf16::ONE; 64 * 8]).map_err(err)?, dev.upload(&vec![bf16::ONE; 64 * 8]).map_err(err)?);
     let mut c = dev.zeros::<f32>(64 * 64).map_err(err)?;
     let plan = WgmmaGemm::with_tile(dev, &a, &b, GemmShape { m: 64, n: 64, k: 8 }, WgmmaTile::T128x256).map_err(err)?;
-    match plan.run_with(&mut c, GemmEpilogue { bias: None, act: Some(Activation::Relu) }) {
+    match plan.run_with(&mut c, GemmEpilogue { bias: None, act: Some(Activation::Relu), ..Default::default() }) {
         Err(kiln::Error::Unsupported { op: "wgmma gemm", .. }) => Ok(()),
         other => Err(format!("an activation on the wide tile must be refused, got {other:?}")),
     }

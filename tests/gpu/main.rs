@@ -17,6 +17,7 @@
 //! dtypes          bf16 and f16 tensors on CUDA against the CPU reference (tests/dtype_cases.rs)
 //! gemm            the FP32 ladder, mma.sync hgemm, gemm_bf16, the ladder command, wgmma
 //! views           strided views and batched products against the CPU, the GEMM reading views
+//! fused           the fused wgmma epilogues, the backward layouts read in place, column sums
 //! determinism     bit-exact tiers: batch invariance, repeats, across processes
 //! megakernel/     both megakernels against the CPU interpreter, their stalls and refusals
 //! optim           the fused multi-tensor optimizer and clipping against the CPU reference
@@ -27,6 +28,7 @@ mod common;
 mod determinism;
 mod dtypes;
 mod first_kernels;
+mod fused;
 mod gemm;
 mod megakernel;
 mod optim;
@@ -69,6 +71,7 @@ fn tests() -> Vec<GpuTest> {
         views::tests(),
         dtypes::tests(),
         gemm::tests(),
+        fused::tests(),
         determinism::tests(),
         megakernel::tests(),
         optim::tests(),

@@ -24,6 +24,8 @@ pub mod elementwise;
 pub mod gemm_tcgen05;
 #[path = "gemm/gemm_wgmma.rs"]
 pub mod gemm_wgmma;
+#[path = "gemm/gemm_wgmma_fused.rs"]
+pub mod gemm_wgmma_fused;
 #[path = "gemm/hgemm_mma.rs"]
 pub mod hgemm_mma;
 #[path = "megakernel/cuda_cores.rs"]

@@ -30,7 +30,7 @@ pub struct Device {
     sync_launches: bool,
     last_kernel: Mutex<&'static str>,
     /// Tensor maps by (global address, geometry): see [`Device::tensor_map_cached`].
-    pub(super) tensor_map_cache: Mutex<HashMap<(u64, super::TensorMapSpec), Arc<super::DeviceTensorMap>>>,
+    pub(super) tensor_map_cache: Mutex<super::tensor_map::MapCache<Arc<super::DeviceTensorMap>>>,
     /// The cached tensor maps handed out during the current capture: the graph keeps them alive.
     pub(super) captured_maps: Mutex<Vec<Arc<super::DeviceTensorMap>>>,
     /// [`Device::max_active_clusters`] answers by (kernel, threads, shared memory).
@@ -174,7 +174,7 @@ impl Device {
             functions: Mutex::new(HashMap::new()),
             sync_launches,
             last_kernel: Mutex::new("(none)"),
-            tensor_map_cache: Mutex::new(HashMap::new()),
+            tensor_map_cache: Mutex::new(super::tensor_map::MapCache::new(super::tensor_map::TENSOR_MAP_CACHE)),
             captured_maps: Mutex::new(Vec::new()),
             clusters: Mutex::new(HashMap::new()),
             launches: std::sync::atomic::AtomicU64::new(0),

@@ -18,4 +18,4 @@ pub use device::{
     matmul_precision_scope,
 };
 pub use module_load::{ModuleLoadTime, jit_cache_disabled};
-pub use tensor_map::{DeviceTensorMap, TensorMapSpec, TmaDtype};
+pub use tensor_map::{DeviceTensorMap, MapCache, MapCacheStats, TensorMapSpec, TmaDtype};

@@ -186,27 +186,145 @@ impl Device {
     /// training path's products) then skip the encode and the host-to-device copy. At most
     /// `TENSOR_MAP_CACHE` maps are kept; past that the cache starts over (a dropped map's memory
     /// is freed in stream order, after the kernels already launched with it; a captured graph keeps
-    /// its own references to the maps it uses).
+    /// its own references to the maps it uses). Hits and misses are counted
+    /// ([`Device::tensor_map_cache_stats`]).
     pub fn tensor_map_cached(&self, addr: u64, spec: &TensorMapSpec) -> Result<std::sync::Arc<DeviceTensorMap>> {
-        let key = (addr, *spec);
-        let hit = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
-        if let Some(m) = hit {
-            if self.is_capturing() {
-                // the graph being captured will read this map at every replay: it keeps a reference
-                self.captured_maps.lock().unwrap_or_else(|p| p.into_inner()).push(m.clone());
-            }
-            return Ok(m);
+        let (map, hit) = {
+            let mut cache = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.get_or_insert_with(addr, spec, || self.tensor_map(addr, spec).map(std::sync::Arc::new))?
+        };
+        if hit && self.is_capturing() {
+            // the graph being captured will read this map at every replay: it keeps a reference
+            self.captured_maps.lock().unwrap_or_else(|p| p.into_inner()).push(map.clone());
         }
-        let map = std::sync::Arc::new(self.tensor_map(addr, spec)?);
-        let mut cache = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= TENSOR_MAP_CACHE {
-            cache.clear();
-        }
-        cache.insert(key, map.clone());
         Ok(map)
+    }
+
+    /// The tensor-map cache's counters ([`Device::tensor_map_cached`]) since the device was opened.
+    pub fn tensor_map_cache_stats(&self) -> MapCacheStats {
+        self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner()).stats()
+    }
+}
+
+/// Counters of a [`MapCache`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapCacheStats {
+    /// Lookups that found a map.
+    pub hits: u64,
+    /// Lookups that made one.
+    pub misses: u64,
+    /// Maps held now.
+    pub len: usize,
+}
+
+/// Tensor maps (or anything made from the same key) by `(global address, TensorMapSpec)`: the
+/// address, the matrix's shape and row pitch, the box, the element type and the swizzle. At most
+/// `capacity` entries; past that it starts over. Counts hits and misses.
+#[derive(Debug)]
+pub struct MapCache<V> {
+    maps: std::collections::HashMap<(u64, TensorMapSpec), V>,
+    capacity: usize,
+    stats: MapCacheStats,
+}
+
+impl<V: Clone> MapCache<V> {
+    /// An empty cache of at most `capacity` entries.
+    pub fn new(capacity: usize) -> Self {
+        MapCache { maps: std::collections::HashMap::new(), capacity, stats: MapCacheStats::default() }
+    }
+
+    /// The entry for (`addr`, `spec`), made by `make` on a miss (an error is returned, not cached);
+    /// and whether it was a hit.
+    pub fn get_or_insert_with(
+        &mut self,
+        addr: u64,
+        spec: &TensorMapSpec,
+        make: impl FnOnce() -> Result<V>,
+    ) -> Result<(V, bool)> {
+        let key = (addr, *spec);
+        if let Some(v) = self.maps.get(&key) {
+            self.stats.hits += 1;
+            return Ok((v.clone(), true));
+        }
+        let v = make()?;
+        self.stats.misses += 1;
+        if self.maps.len() >= self.capacity {
+            self.maps.clear();
+        }
+        self.maps.insert(key, v.clone());
+        Ok((v, false))
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> MapCacheStats {
+        MapCacheStats { len: self.maps.len(), ..self.stats }
     }
 }
 
 /// Most tensor maps [`Device::tensor_map_cached`] keeps (128 bytes of device memory each, plus
 /// alignment).
 pub const TENSOR_MAP_CACHE: usize = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> TensorMapSpec {
+        TensorMapSpec {
+            dtype: TmaDtype::Bf16,
+            rows: 300,
+            cols: 136,
+            row_pitch: 136,
+            box_rows: 64,
+            box_cols: 64,
+            swizzle: Swizzle::B128,
+        }
+    }
+
+    #[test]
+    fn map_cache_counts_hits_and_misses_by_every_key_field() {
+        let mut cache = MapCache::<u32>::new(16);
+        let mut made = 0;
+        let mut get = |c: &mut MapCache<u32>, addr: u64, s: TensorMapSpec| {
+            c.get_or_insert_with(addr, &s, || {
+                made += 1;
+                Ok(made)
+            })
+            .unwrap()
+        };
+        let base = spec();
+        assert_eq!(get(&mut cache, 0x1000, base), (1, false));
+        assert_eq!(get(&mut cache, 0x1000, base), (1, true));
+        // each field of the key makes a different map
+        let variants = [
+            TensorMapSpec { rows: 301, ..base },
+            TensorMapSpec { cols: 128, ..base },
+            TensorMapSpec { row_pitch: 144, ..base },
+            TensorMapSpec { box_rows: 128, ..base },
+            TensorMapSpec { box_cols: 32, ..base },
+            TensorMapSpec { swizzle: Swizzle::None, ..base },
+            TensorMapSpec { dtype: TmaDtype::F16, ..base },
+        ];
+        for v in variants {
+            assert!(!get(&mut cache, 0x1000, v).1, "{v:?} must miss");
+        }
+        assert!(!get(&mut cache, 0x2000, base).1, "another address must miss");
+        assert_eq!(get(&mut cache, 0x1000, base), (1, true));
+        assert_eq!(cache.stats(), MapCacheStats { hits: 2, misses: 9, len: 9 });
+    }
+
+    #[test]
+    fn map_cache_keeps_errors_out_and_starts_over_when_full() {
+        let mut cache = MapCache::<u32>::new(2);
+        let s = spec();
+        let e = cache.get_or_insert_with(0x10, &s, || Err(Error::shape("tensor map", "bad")));
+        assert!(e.is_err());
+        assert_eq!(cache.stats(), MapCacheStats { hits: 0, misses: 0, len: 0 });
+        for a in [0x10, 0x20, 0x30] {
+            cache.get_or_insert_with(a, &s, || Ok(a as u32)).unwrap();
+        }
+        // the third insert found the cache full and cleared it
+        assert_eq!(cache.stats(), MapCacheStats { hits: 0, misses: 3, len: 1 });
+        assert_eq!(cache.get_or_insert_with(0x30, &s, || Ok(0)).unwrap(), (0x30, true));
+    }
+}

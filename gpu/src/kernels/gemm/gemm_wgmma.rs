@@ -405,7 +405,7 @@ impl Epilogue {
     /// The activation alone (the bias already added).
     #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
     #[inline(always)]
-    fn activate(self, v: f32) -> f32 {
+    pub(crate) fn activate(self, v: f32) -> f32 {
         use crate::kernels::tensor_ops::unary;
         match self.act {
             ACT_NONE => v,

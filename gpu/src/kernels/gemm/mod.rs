@@ -6,11 +6,13 @@
 //! - [`sgemm`]: FP32 on CUDA cores, naive to warp tiling, and the NT / TN layouts.
 //! - [`hgemm_mma`]: bf16 / f16 on `mma.sync` with a `cp.async` pipeline, and a TMA-fed variant.
 //! - [`gemm_wgmma`]: Hopper TMA + `wgmma`, wide, persistent in clusters, split k, strided batches.
+//! - [`gemm_wgmma_fused`]: the persistent wgmma kernel with a wider epilogue (bf16 / f16 C,
+//!   residual, periodic table) and MN-major operands (backward products read in place).
 //! - [`gemm_tcgen05`]: Blackwell `tcgen05.mma` into tensor memory (assembled only).
 
 use crate::KernelParam;
 
-pub use super::{gemm_tcgen05, gemm_wgmma, hgemm_mma, sgemm};
+pub use super::{gemm_tcgen05, gemm_wgmma, gemm_wgmma_fused, hgemm_mma, sgemm};
 
 /// Problem shape of a tile product `C[m][n] = sum_k A[m][k] * B[n][k]`.
 #[repr(C)]

@@ -87,6 +87,65 @@ impl Checked {
         Ok(self)
     }
 
+    /// Checks a fused epilogue's buffers against the checked shape (m x n): C holds `c` elements
+    /// (m n), the bias `n`, the residual m n, the periodic table `period * n` with `period >= 1`;
+    /// every buffer aligned to its element (`elem` bytes; the bias 4), addresses given beside
+    /// the lengths. Lengths are `(len, addr)`.
+    pub(super) fn epilogue(
+        self,
+        elem: u64,
+        c: (usize, u64),
+        bias: Option<(usize, u64)>,
+        residual: Option<(usize, u64)>,
+        periodic: Option<((usize, u64), u32)>,
+    ) -> Result<Checked> {
+        let (m, n) = (self.s.m as usize, self.s.n as usize);
+        let op = self.op;
+        if c.0 != m * n {
+            return Err(Error::shape(op, format!("c needs m n = {} elements ({m} x {n}), has {}", m * n, c.0)));
+        }
+        if let Some((len, _)) = bias
+            && len != n
+        {
+            return Err(Error::shape(op, format!("the bias needs n = {n} elements, has {len}")));
+        }
+        if let Some((len, _)) = residual
+            && len != m * n
+        {
+            return Err(Error::shape(
+                op,
+                format!("the residual needs m n = {} elements ({m} x {n}, like c), has {len}", m * n),
+            ));
+        }
+        if let Some(((len, _), period)) = periodic {
+            if period == 0 {
+                return Err(Error::shape(op, "a periodic table of period 0: the period must be at least 1"));
+            }
+            if (len as u64) != period as u64 * n as u64 {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "the periodic table needs period x n = {period} x {n} = {} elements, has {len}",
+                        period as u64 * n as u64
+                    ),
+                ));
+            }
+        }
+        let addrs = [Some(c), residual, periodic.map(|p| p.0)];
+        if let Some(a) = addrs.iter().flatten().map(|x| x.1).find(|a| !a.is_multiple_of(elem)) {
+            return Err(Error::Unsupported {
+                op,
+                what: format!("a buffer at {a:#x} not aligned to its {elem}-byte elements"),
+            });
+        }
+        if let Some((_, a)) = bias
+            && !a.is_multiple_of(4)
+        {
+            return Err(Error::Unsupported { op, what: format!("a bias at {a:#x} not aligned to 4 bytes") });
+        }
+        Ok(self)
+    }
+
     /// A 1-D grid of `blocks` blocks (`what`: what they are, for the error).
     pub(super) fn grid_1d(&self, blocks: u64, what: &str) -> Result<u32> {
         u32::try_from(blocks)
@@ -102,5 +161,47 @@ impl Checked {
             });
         }
         go(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checked(m: u32, n: u32) -> Checked {
+        Checked::indexable("fused gemm", GemmShape { m, n, k: 8 }).unwrap()
+    }
+
+    fn is_shape(r: Result<Checked>) -> bool {
+        matches!(r, Err(Error::Shape { op: "fused gemm", .. }))
+    }
+
+    #[test]
+    fn fused_epilogue_sizes_are_checked() {
+        let (m, n) = (5usize, 7usize);
+        let c = checked(m as u32, n as u32);
+        let ok = |x: usize| (x, 256u64);
+        // everything right, the table's period not dividing m
+        assert!(c.epilogue(2, ok(m * n), Some(ok(n)), Some(ok(m * n)), Some((ok(3 * n), 3))).is_ok());
+        assert!(c.epilogue(4, ok(m * n), None, None, Some((ok(n), 1))).is_ok());
+        assert!(c.epilogue(4, ok(m * n), None, None, Some((ok(m * n), m as u32))).is_ok());
+        // wrong C, bias, residual, table, period 0
+        assert!(is_shape(c.epilogue(4, ok(m * n - 1), None, None, None)));
+        assert!(is_shape(c.epilogue(4, ok(m * n), Some(ok(n + 1)), None, None)));
+        assert!(is_shape(c.epilogue(4, ok(m * n), None, Some(ok(n * (m + 1))), None)));
+        assert!(is_shape(c.epilogue(4, ok(m * n), None, None, Some((ok(7 * n - 1), 7)))));
+        assert!(is_shape(c.epilogue(4, ok(m * n), None, None, Some((ok(0), 0)))));
+        // misaligned buffers are refused, not read
+        let r = c.epilogue(4, ok(m * n), None, Some((m * n, 258)), None);
+        assert!(matches!(r, Err(Error::Unsupported { op: "fused gemm", .. })), "{r:?}");
+        let r = c.epilogue(2, (m * n, 257), None, None, None);
+        assert!(matches!(r, Err(Error::Unsupported { op: "fused gemm", .. })), "{r:?}");
+    }
+
+    #[test]
+    fn error_messages_name_the_sizes() {
+        let c = checked(4, 6);
+        let e = c.epilogue(4, (24, 0), None, None, Some(((17, 0), 3))).unwrap_err().to_string();
+        assert!(e.contains("3 x 6 = 18") && e.contains("17"), "{e}");
     }
 }

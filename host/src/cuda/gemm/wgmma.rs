@@ -2,7 +2,7 @@
 //! its tensor maps, block tile, persistent grid, k split and strided batches, and its launcher.
 
 use super::check::Checked;
-use super::epilogue::GemmEpilogue;
+use super::epilogue::{GemmEpilogue, GemmOutput};
 use super::operand_spec;
 use crate::cuda::{Device, DeviceBuffer, LaunchConfig};
 use crate::error::{Error, Result};
@@ -35,6 +35,43 @@ impl WgmmaTile {
     /// Whether this is one of the persistent kernel's configurations (which fuse an epilogue).
     pub const fn is_persistent(self) -> bool {
         matches!(self, WgmmaTile::Persistent | WgmmaTile::PersistentUnicast | WgmmaTile::PersistentRegisterStore)
+    }
+}
+
+/// How a [`WgmmaGemm`]'s operands are stored, for `c` (m x n) summed over k. Every layout reads
+/// its operands in place: bf16 `wgmma` reads either operand K-major (k contiguous) or MN-major (m
+/// or n contiguous) through its transpose flags, so no transposed copy is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaLayout {
+    /// `a` m x k, `b` n x k: `c = a b^T` (both K-major; `y = x W^T`). Needs `k % 8 == 0`.
+    ABt,
+    /// `a` m x k, `b` k x n: `c = a b` (`b` read MN-major; the input gradient `dX = dY W` with
+    /// `W` stored n_out x k_in). Needs `k % 8 == 0` and `n % 8 == 0` (TMA's 16-byte row pitch).
+    AB,
+    /// `a` k x m, `b` k x n: `c = a^T b` (both MN-major; the weight gradient `dW = dY^T X`). Needs
+    /// `m % 8 == 0` and `n % 8 == 0`; k (the batch of the layer) is free.
+    AtB,
+}
+
+impl WgmmaLayout {
+    /// The fused kernel's code (`kiln_gpu::kernels::gemm_wgmma_fused::layout`).
+    fn code(self) -> u32 {
+        use kiln_gpu::kernels::gemm_wgmma_fused::layout;
+        match self {
+            WgmmaLayout::ABt => layout::ABT,
+            WgmmaLayout::AB => layout::AB,
+            WgmmaLayout::AtB => layout::ATB,
+        }
+    }
+
+    /// The row pitches (in elements) of `a` and `b` as stored for shape `s`: each must be a
+    /// multiple of 8 (16 bytes of bf16) for its tensor map.
+    pub fn pitches(self, s: GemmShape) -> (u32, u32) {
+        match self {
+            WgmmaLayout::ABt => (s.k, s.k),
+            WgmmaLayout::AB => (s.k, s.n),
+            WgmmaLayout::AtB => (s.m, s.n),
+        }
     }
 }
 
@@ -75,6 +112,8 @@ pub struct WgmmaGemm<'a> {
     batch: kiln_gpu::kernels::gemm_wgmma::Batch,
     /// The staged epilogue's tensor map of the last C it stored to (from the device's cache).
     c_map: std::cell::RefCell<Option<std::sync::Arc<crate::cuda::DeviceTensorMap>>>,
+    /// How the operands are stored ([`WgmmaLayout::ABt`] unless built by [`WgmmaGemm::with_layout`]).
+    layout: WgmmaLayout,
     _operands: std::marker::PhantomData<&'a DeviceBuffer<half::bf16>>,
 }
 
@@ -100,6 +139,59 @@ impl<'a> WgmmaGemm<'a> {
         let (m, n) = (s.m as usize, s.n as usize);
         let checked = Checked::operands("wgmma gemm", a.len(), b.len(), m * n, s)?;
         Self::build(dev, a, b, checked, tile, kiln_gpu::kernels::gemm_wgmma::Batch::ONE, s.m, s.n)
+    }
+
+    /// The persistent kernel's product with its operands stored in `layout` (`a` and `b` hold m k
+    /// and n k elements either way): [`WgmmaLayout::ABt`] is [`WgmmaGemm::new`]; the others run the
+    /// fused kernel (`gemm_wgmma_bf16_fused`), which reads MN-major operands in place through
+    /// 64 x 64 boxes of their k x m (k x n) tensor maps. No k split, one product.
+    pub fn with_layout(
+        dev: &'a Device,
+        a: &'a DeviceBuffer<half::bf16>,
+        b: &'a DeviceBuffer<half::bf16>,
+        s: GemmShape,
+        layout: WgmmaLayout,
+    ) -> Result<Self> {
+        use kiln_gpu::kernels::gemm_wgmma::WG_BM;
+        if layout == WgmmaLayout::ABt {
+            return Self::new(dev, a, b, s);
+        }
+        let (m, n) = (s.m as usize, s.n as usize);
+        let checked = Checked::operands("wgmma gemm", a.len(), b.len(), m * n, s)?.non_empty()?;
+        let (pa, pb) = layout.pitches(s);
+        if let Some((which, p)) = [("a", pa), ("b", pb)].into_iter().find(|(_, p)| !p.is_multiple_of(8)) {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!(
+                    "{which} stored with rows of {p} elements in the {layout:?} layout: TMA needs 16-byte row pitches, so a multiple of 8"
+                ),
+            });
+        }
+        let a_spec = if layout == WgmmaLayout::AtB { mn_operand_spec(s.k, s.m) } else { operand_spec(s.m, s.k, WG_BM) };
+        let a_map = dev.tensor_map_cached(a.addr(), &a_spec)?;
+        let b_map = dev.tensor_map_cached(b.addr(), &mn_operand_spec(s.k, s.n))?;
+        let resident = resident_clusters(dev)?;
+        let g = WgmmaGemm {
+            dev,
+            a_map,
+            b_map,
+            checked,
+            tile: WgmmaTile::Persistent,
+            clusters: 0,
+            resident,
+            splits: 1,
+            workspace: std::cell::RefCell::new(None),
+            batch: kiln_gpu::kernels::gemm_wgmma::Batch::ONE,
+            c_map: std::cell::RefCell::new(None),
+            layout,
+            _operands: std::marker::PhantomData,
+        };
+        g.with_split_k(1)
+    }
+
+    /// The layout the plan reads its operands in.
+    pub fn layout(&self) -> WgmmaLayout {
+        self.layout
     }
 
     /// `batch.count` products `c_i = a_i b_i^T` (persistent kernel) with `a_i` at element
@@ -202,6 +294,7 @@ impl<'a> WgmmaGemm<'a> {
             workspace: std::cell::RefCell::new(None),
             batch,
             c_map: std::cell::RefCell::new(None),
+            layout: WgmmaLayout::ABt,
             _operands: std::marker::PhantomData,
         };
         if tile.is_persistent() {
@@ -217,7 +310,7 @@ impl<'a> WgmmaGemm<'a> {
     /// [`WgmmaGemm::with_split_k`] where speed matters more than that.
     pub fn suggested_split_k(&self) -> u32 {
         use kiln_gpu::kernels::gemm_wgmma::{WG_BK, choose_split_k};
-        if !self.tile.is_persistent() || self.batch.count > 1 {
+        if !self.tile.is_persistent() || self.batch.count > 1 || self.layout != WgmmaLayout::ABt {
             return 1; // batches are not split
         }
         choose_split_k(self.cluster_tiles(), self.checked.shape().k.div_ceil(WG_BK), self.resident)
@@ -237,6 +330,12 @@ impl<'a> WgmmaGemm<'a> {
     pub fn with_split_k(mut self, splits: u32) -> Result<Self> {
         use kiln_gpu::kernels::gemm_wgmma::{WG_BK, split_k_fits};
         let k_tiles = self.checked.shape().k.div_ceil(WG_BK);
+        if self.layout != WgmmaLayout::ABt && splits != 1 {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!("a k split of the {:?} layout: only A B^T products are split", self.layout),
+            });
+        }
         if !self.tile.is_persistent() && splits != 1 {
             return Err(Error::Unsupported {
                 op: "wgmma gemm",
@@ -311,6 +410,9 @@ impl<'a> WgmmaGemm<'a> {
     /// Launches into `c` (m x n f32) with the epilogue applied to each output. The persistent
     /// kernel fuses it; the other tiles refuse a non-empty epilogue.
     pub fn run_with(&self, c: &mut DeviceBuffer<f32>, epi: GemmEpilogue<'_>) -> Result<()> {
+        if self.layout != WgmmaLayout::ABt || epi.has_additions() {
+            return self.run_fused(c, epi);
+        }
         use kiln_gpu::kernels::gemm_wgmma::{
             ACT_NONE, Epilogue, GemmWgmmaBf16, GemmWgmmaBf16Persistent, GemmWgmmaBf16Wide, WG_BM, WG_BN, WG_SMEM_BYTES,
             WG_THREADS, WP_SMEM_BYTES, WW_BN, WW_SMEM_BYTES,
@@ -418,6 +520,180 @@ impl<'a> WgmmaGemm<'a> {
     }
 }
 
+impl WgmmaGemm<'_> {
+    /// Launches into `c` (m x n of `T`: f32, bf16 or f16) with the whole fused epilogue
+    /// ([`GemmEpilogue`]: `c = act(acc + bias) + residual + table[row % period]`, rounded once to
+    /// `T`), on the fused kernel (`gemm_wgmma_bf16_fused`, stores from registers). Needs a
+    /// persistent tile, no k split and one product; the buffers are checked against the shape
+    /// (typed errors). [`WgmmaGemm::run_with`] comes here for f32 outputs with additions or a
+    /// layout other than [`WgmmaLayout::ABt`].
+    pub fn run_fused<T: GemmOutput>(&self, c: &mut DeviceBuffer<T>, epi: GemmEpilogue<'_, T>) -> Result<()> {
+        use kiln_gpu::kernels::gemm_wgmma::{ACT_NONE, WG_THREADS, WP_SMEM_BYTES};
+        use kiln_gpu::kernels::gemm_wgmma_fused::{FusedEpilogue, GemmWgmmaBf16Fused};
+        if !self.tile.is_persistent() || self.splits != 1 || self.batch.count != 1 {
+            return Err(Error::Unsupported {
+                op: "wgmma gemm",
+                what: format!(
+                    "the fused epilogue with the {:?} tile, {} k parts and {} products: it needs a persistent tile, no k split and one product",
+                    self.tile, self.splits, self.batch.count
+                ),
+            });
+        }
+        let elem = std::mem::size_of::<T>() as u64;
+        let at = |b: &DeviceBuffer<T>| (b.len(), b.addr());
+        self.checked.epilogue(
+            elem,
+            at(c),
+            epi.bias.map(|b| (b.len(), b.addr())),
+            epi.residual.map(at),
+            epi.periodic.map(|(t, p)| (at(t), p)),
+        )?;
+        let null = kiln_gpu::DevicePtr::from_addr(0);
+        let fused = FusedEpilogue {
+            bias: epi.bias.map_or(null, |b| b.ptr()),
+            residual: kiln_gpu::DevicePtr::from_addr(epi.residual.map_or(0, |r| r.addr())),
+            table: kiln_gpu::DevicePtr::from_addr(epi.periodic.map_or(0, |(t, _)| t.addr())),
+            has_bias: epi.bias.is_some() as u32,
+            act: epi.act.map_or(ACT_NONE, |a| a.code()),
+            has_residual: epi.residual.is_some() as u32,
+            period: epi.periodic.map_or(0, |(_, p)| p),
+            format: T::FORMAT,
+            pad: 0,
+        };
+        type K = GemmWgmmaBf16Fused;
+        let multicast = (self.tile != WgmmaTile::PersistentUnicast) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (self.clusters * <K as kiln_gpu::Kernel>::CLUSTER, 1, 1),
+            block_dim: (WG_THREADS, 1, 1),
+            shared_mem_bytes: WP_SMEM_BYTES,
+        };
+        let c_ptr = kiln_gpu::DevicePtrMut::<u8>::from_addr(c.addr());
+        let c_map = kiln_gpu::DevicePtr::from_addr(self.fused_c_map::<T>(c.addr())?);
+        let s = self.checked.shape();
+        let args = (self.a_map.ptr(), self.b_map.ptr(), c_ptr, s, fused, multicast, self.layout.code(), c_map);
+        // SAFETY: the maps describe the borrowed operands in the plan's layout (boxes as the
+        // kernel loads them); c, the bias, the residual and the table are checked against the
+        // shape and aligned to their elements above; stores are masked, or clipped by the C map
+        // (when not null: c in T with the staging box); the shared memory is the persistent
+        // kernel's ring and staging boxes.
+        self.checked.launch(cfg, |cfg| unsafe { self.dev.launch(K::default(), cfg, args) })
+    }
+}
+
+impl WgmmaGemm<'_> {
+    /// The address of C's tensor map for the fused kernel's staged epilogue (C of `T` at
+    /// `c_addr`), or 0 where C cannot take TMA stores
+    /// ([`kiln_gpu::kernels::gemm_wgmma_fused::staged_store_fits`]) or the tile stores from
+    /// registers ([`WgmmaTile::PersistentRegisterStore`]).
+    fn fused_c_map<T: GemmOutput>(&self, c_addr: u64) -> Result<u64> {
+        use kiln_gpu::kernels::gemm_wgmma_fused::{format, staged_box_cols, staged_store_fits};
+        let s = self.checked.shape();
+        if self.tile == WgmmaTile::PersistentRegisterStore || !staged_store_fits(s.n, T::FORMAT, c_addr) {
+            return Ok(0);
+        }
+        let dtype = match T::FORMAT {
+            format::F32 => crate::cuda::TmaDtype::F32,
+            format::BF16 => crate::cuda::TmaDtype::Bf16,
+            _ => crate::cuda::TmaDtype::F16,
+        };
+        let spec = crate::cuda::TensorMapSpec {
+            dtype,
+            rows: s.m as u64,
+            cols: s.n as u64,
+            row_pitch: s.n as u64,
+            box_rows: 64,
+            box_cols: staged_box_cols(T::FORMAT),
+            swizzle: kiln_gpu::kernels::gemm_wgmma::WG_SWIZZLE,
+        };
+        let map = self.dev.tensor_map_cached(c_addr, &spec)?;
+        let addr = map.ptr().addr();
+        // kept with the plan, so that the map outlives this launch whatever the cache does
+        *self.c_map.borrow_mut() = Some(map);
+        Ok(addr)
+    }
+}
+
+/// The tensor map of an operand read MN-major by the fused kernel: the k x `mn` bf16 matrix
+/// (row pitch `mn`), boxes of 64 k rows by 64 columns, 128-byte swizzle.
+fn mn_operand_spec(k: u32, mn: u32) -> crate::cuda::TensorMapSpec {
+    use kiln_gpu::kernels::gemm_wgmma::{WG_BK, WG_SWIZZLE};
+    use kiln_gpu::kernels::gemm_wgmma_fused::MN_BOX;
+    crate::cuda::TensorMapSpec {
+        dtype: crate::cuda::TmaDtype::Bf16,
+        rows: k as u64,
+        cols: mn as u64,
+        row_pitch: mn as u64,
+        box_rows: WG_BK,
+        box_cols: MN_BOX,
+        swizzle: WG_SWIZZLE,
+    }
+}
+
+/// `out[col] = sum over rows of x[row][col]` for the m x n row-major `x` (f32, bf16 or f16), in f32
+/// (`gemm_column_sums`: the rows cut into [`column_sum_chunks`] chunks whose f32 partials a second
+/// launch adds in order, so the bits are the same on every run of a shape). The bias gradient of
+/// `y = x W^T + b` is the column sums of dY.
+pub fn column_sums<T: GemmOutput>(
+    dev: &Device,
+    x: &DeviceBuffer<T>,
+    out: &mut DeviceBuffer<f32>,
+    m: u32,
+    n: u32,
+) -> Result<()> {
+    use kiln_gpu::kernels::gemm_wgmma_fused::{COLSUM_SMEM_BYTES, COLSUM_THREADS, GemmColumnSums, format};
+    let op = "column sums";
+    if x.len() as u64 != m as u64 * n as u64 || out.len() != n as usize {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{m} x {n}: x needs {} elements and out {n}; got {} and {}",
+                m as u64 * n as u64,
+                x.len(),
+                out.len()
+            ),
+        ));
+    }
+    if x.len() > super::MAX_OPERAND_ELEMENTS {
+        return Err(Error::Unsupported {
+            op,
+            what: format!("{m} x {n}: over 2^31 elements (32-bit indexing); split the rows"),
+        });
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let (chunks, rows) = column_sum_chunks(m, n);
+    let cfg = |chunks: u32| LaunchConfig {
+        grid_dim: (n.div_ceil(32), chunks, 1),
+        block_dim: (COLSUM_THREADS, 1, 1),
+        shared_mem_bytes: COLSUM_SMEM_BYTES,
+    };
+    let x_ptr = kiln_gpu::DevicePtr::<u8>::from_addr(x.addr());
+    if chunks == 1 {
+        // SAFETY: x holds m n elements of T and out n f32 (checked above); one chunk of m rows.
+        return unsafe { dev.launch(GemmColumnSums, cfg(1), (x_ptr, out.ptr_mut(), m, n, T::FORMAT, m.max(1))) };
+    }
+    let mut partials = dev.alloc_uninit_f32(chunks as usize * n as usize)?;
+    // SAFETY: as above; the partials hold chunks x n f32, and each chunk of `rows` rows writes its
+    // row of them; then one chunk of `chunks` rows sums them into out.
+    unsafe {
+        dev.launch(GemmColumnSums, cfg(chunks), (x_ptr, partials.ptr_mut(), m, n, T::FORMAT, rows))?;
+        let p = kiln_gpu::DevicePtr::<u8>::from_addr(partials.addr());
+        dev.launch(GemmColumnSums, cfg(1), (p, out.ptr_mut(), chunks, n, format::F32, chunks))
+    }
+}
+
+/// How [`column_sums`] cuts m rows of n columns: `(chunks, rows per chunk)`, enough blocks of 32
+/// columns by one chunk to fill about 264 (two per SM of an H100 or H200) with chunks of at least
+/// 64 rows; one chunk when the columns alone give that many blocks or m is small.
+pub fn column_sum_chunks(m: u32, n: u32) -> (u32, u32) {
+    let col_blocks = n.div_ceil(32).max(1);
+    let chunks = 264u32.div_ceil(col_blocks).min(m.div_ceil(64)).max(1);
+    let rows = m.div_ceil(chunks).max(1);
+    // every chunk non-empty
+    (m.div_ceil(rows).max(1), rows)
+}
+
 /// The epilogue of a split product's parts: none (the reduction applies the real one).
 const ACT_NONE_EPILOGUE: kiln_gpu::kernels::gemm_wgmma::Epilogue = kiln_gpu::kernels::gemm_wgmma::Epilogue::NONE;
 
@@ -432,4 +708,88 @@ fn resident_clusters(dev: &Device) -> Result<u32> {
         });
     }
     Ok(resident)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_gpu::kernels::gemm_wgmma::{
+        WG_TILE_BYTES, WP_B_SHARE_BYTES, WW_STAGE_BYTES, persistent_stage_bytes, tma_store_fits,
+    };
+    use kiln_gpu::kernels::gemm_wgmma_fused::{
+        FusedEpilogue, MN_BOX_BYTES, format, fused_stage_bytes, layout, mn_descriptor, staged_box_cols,
+        staged_store_fits,
+    };
+
+    #[test]
+    fn mn_descriptor_is_the_megakernels_verified_one() {
+        // the megakernel reads its MN-major pages (boxes of 64 k rows by 64 columns) with this
+        // descriptor on the GPU; the fused kernel's boxes are the same
+        for page in [0u32, 1024, 16384, 65536 + 8192] {
+            for kk in 0..4 {
+                assert_eq!(mn_descriptor(page, kk), kiln_gpu::kernels::megakernel_tc::mn_page_descriptor(page, kk));
+            }
+        }
+    }
+
+    #[test]
+    fn fused_stage_bytes_count_the_boxes_loaded() {
+        let s = |m, n| GemmShape { m, n, k: 64 };
+        // A B^T: the persistent kernel's count
+        for (m0, n0, sh) in
+            [(0, 0, s(1000, 1000)), (128, 0, s(130, 300)), (256, 256, s(200, 300)), (0, 256, s(10, 300))]
+        {
+            assert_eq!(fused_stage_bytes(m0, n0, sh, layout::ABT), persistent_stage_bytes(m0, n0, sh));
+        }
+        assert_eq!(fused_stage_bytes(0, 0, s(1000, 1000), layout::ATB), WW_STAGE_BYTES);
+        assert_eq!(fused_stage_bytes(0, 0, s(1000, 1000), layout::AB), WW_STAGE_BYTES);
+        // MN-major A: 64-row boxes; one in, one out
+        assert_eq!(fused_stage_bytes(0, 0, s(64, 1000), layout::ATB), MN_BOX_BYTES + 2 * WP_B_SHARE_BYTES);
+        assert_eq!(fused_stage_bytes(0, 0, s(65, 1000), layout::ATB), WW_STAGE_BYTES);
+        // K-major A, MN-major B: 64-column boxes of B (n = 65: two boxes of the first share)
+        assert_eq!(fused_stage_bytes(0, 0, s(1, 65), layout::AB), WG_TILE_BYTES + 2 * MN_BOX_BYTES);
+        assert_eq!(fused_stage_bytes(0, 0, s(1, 192), layout::AB), WG_TILE_BYTES + 3 * MN_BOX_BYTES);
+        assert_eq!(fused_stage_bytes(0, 256, s(1, 300), layout::AB), WG_TILE_BYTES + MN_BOX_BYTES);
+        // a tile wholly below A loads only B
+        assert_eq!(fused_stage_bytes(128, 0, s(100, 256), layout::ATB), 2 * WP_B_SHARE_BYTES);
+        assert_eq!(MN_BOX_BYTES * 2, WG_TILE_BYTES);
+    }
+
+    #[test]
+    fn column_sum_chunks_cover_the_rows() {
+        for (m, n) in [(1u32, 1u32), (0, 5), (63, 1000), (4096, 1024), (4097, 33), (100_000, 8), (300, 264)] {
+            let (chunks, rows) = column_sum_chunks(m, n);
+            assert!(chunks >= 1 && rows >= 1);
+            assert!(chunks as u64 * rows as u64 >= m as u64, "{m} x {n}: {chunks} x {rows}");
+            assert!(((chunks - 1) * rows) < m.max(1), "{m} x {n}: an empty chunk");
+        }
+        assert_eq!(column_sum_chunks(4096, 1024), (9, 456));
+        assert_eq!(column_sum_chunks(40, 8192).0, 1);
+    }
+
+    #[test]
+    fn layouts_and_staged_stores() {
+        assert!(!layout::a_mn(layout::ABT) && !layout::b_mn(layout::ABT));
+        assert!(!layout::a_mn(layout::AB) && layout::b_mn(layout::AB));
+        assert!(layout::a_mn(layout::ATB) && layout::b_mn(layout::ATB));
+        let s = GemmShape { m: 3, n: 5, k: 7 };
+        assert_eq!(WgmmaLayout::ABt.pitches(s), (7, 7));
+        assert_eq!(WgmmaLayout::AB.pitches(s), (7, 5));
+        assert_eq!(WgmmaLayout::AtB.pitches(s), (3, 5));
+        // 16-byte rows: 4 f32 or 8 16-bit elements; the f32 rule is the persistent kernel's
+        for n in 1..40 {
+            assert_eq!(staged_store_fits(n, format::F32, 256), tma_store_fits(n, 256));
+            assert_eq!(staged_store_fits(n, format::BF16, 256), n % 8 == 0);
+            assert_eq!(staged_store_fits(n, format::F16, 256), n % 8 == 0);
+        }
+        assert!(!staged_store_fits(64, format::BF16, 264));
+        assert_eq!(staged_box_cols(format::F32), kiln_gpu::kernels::gemm_wgmma::WP_EPI_COLS);
+        assert_eq!(staged_box_cols(format::BF16), 64);
+        assert_eq!(FusedEpilogue::elem_bytes(format::F16), 2);
+        assert_eq!(<f32 as GemmOutput>::FORMAT, format::F32);
+        assert_eq!(<half::bf16 as GemmOutput>::FORMAT, format::BF16);
+        assert_eq!(<half::f16 as GemmOutput>::FORMAT, format::F16);
+        // the kernel parameter has the same layout on both sides: 3 pointers, 6 u32
+        assert_eq!(std::mem::size_of::<FusedEpilogue>(), 48);
+    }
 }
