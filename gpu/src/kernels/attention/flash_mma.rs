@@ -55,6 +55,7 @@ pub const fn flash_chunk_offset(row_bytes: u32, row: u32, chunk: u32) -> u32 {
 }
 
 /// 16 bytes with 16-byte alignment: one `st.global.v4` store.
+#[cfg(target_arch = "nvptx64")]
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
 struct U32x4([u32; 4]);
