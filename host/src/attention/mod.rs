@@ -12,4 +12,4 @@
 pub mod reference;
 
 pub use kiln_gpu::kernels::attention::AttentionParams;
-pub use reference::{AttentionGrads, AttentionOut, backward, forward};
+pub use reference::{AttentionGrads, AttentionOut, backward, forward, forward_row};

@@ -62,6 +62,23 @@ fn probabilities(p: &AttentionParams, i: usize, q: &[f64], k: &[f64]) -> (Vec<f6
     (probs, m + sum.ln())
 }
 
+/// One query row of the forward pass: `(O row, log-sum-exp)` of row `i` of head `h` (counted over
+/// `batch * heads`), for checking a sample of a large problem.
+pub fn forward_row(p: &AttentionParams, q: &[f64], k: &[f64], v: &[f64], h: usize, i: usize) -> (Vec<f64>, f64) {
+    check(p, q, k, v);
+    let (d, sq, skv) = (p.head_dim as usize, p.q_len as usize, p.kv_len as usize);
+    let kh = &k[h * skv * d..(h + 1) * skv * d];
+    let vh = &v[h * skv * d..(h + 1) * skv * d];
+    let (probs, l) = probabilities(p, i, &q[(h * sq + i) * d..(h * sq + i + 1) * d], kh);
+    let mut out = vec![0.0; d];
+    for (j, pj) in probs.iter().enumerate().filter(|(_, pj)| **pj != 0.0) {
+        for (x, vv) in out.iter_mut().zip(&vh[j * d..(j + 1) * d]) {
+            *x += pj * vv;
+        }
+    }
+    (out, l)
+}
+
 /// Attention forward on `p`'s buffers (panics on buffers of the wrong size: a test's mistake).
 pub fn forward(p: &AttentionParams, q: &[f64], k: &[f64], v: &[f64]) -> AttentionOut {
     check(p, q, k, v);
@@ -157,6 +174,20 @@ mod tests {
         let (e0, e1) = (0.5f64.exp(), (-1.0f64).exp());
         assert!((out.o[0] - (3.0 * e0 + 7.0 * e1) / (e0 + e1)).abs() < 1e-15, "{out:?}");
         assert!((out.lse[0] - (e0 + e1).ln()).abs() < 1e-15, "{out:?}");
+    }
+
+    #[test]
+    fn a_row_is_the_forward_pass_row() {
+        let p = params(2, 2, 5, 7, 4, true);
+        let (q, k, v, _) = inputs(&p, 9);
+        let out = forward(&p, &q, &k, &v);
+        for h in 0..4 {
+            for i in 0..5 {
+                let (o, l) = forward_row(&p, &q, &k, &v, h, i);
+                assert_eq!(&o[..], &out.o[(h * 5 + i) * 4..(h * 5 + i + 1) * 4]);
+                assert_eq!(l, out.lse[h * 5 + i]);
+            }
+        }
     }
 
     #[test]
