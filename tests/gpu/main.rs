@@ -15,11 +15,13 @@
 //! tcgen05         TMEM and tcgen05 on Blackwell (ignored below compute capability 10.0)
 //! tensor          the tensor backend, autograd and training on CUDA, a CUDA-graph step
 //! gemm            the FP32 ladder, mma.sync hgemm, gemm_bf16, the ladder command, wgmma
+//! attention       the flash forward kernels against the f64 reference, repeats, refusals
 //! determinism     bit-exact tiers: batch invariance, repeats, across processes
 //! megakernel/     both megakernels against the CPU interpreter, their stalls and refusals
 //! common          helpers the families share (error text, bits, the A B^T check)
 //! ```
 
+mod attention;
 mod common;
 mod determinism;
 mod first_kernels;
@@ -59,6 +61,7 @@ fn tests() -> Vec<GpuTest> {
         tcgen05::tests(),
         tensor::tests(),
         gemm::tests(),
+        attention::tests(),
         determinism::tests(),
         megakernel::tests(),
     ]
