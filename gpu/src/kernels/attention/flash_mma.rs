@@ -267,7 +267,9 @@ unsafe fn flash_mma<const F16: bool, const D: u32, const KS: usize, const NO: us
     }
     cp_async::wait_all();
 
-    // epilogue: O = o / l into the warp's own rows of the Q tile, then 16-byte stores
+    // epilogue: O = o / l into the warp's own rows of the Q tile (which only this warp read, for
+    // its fragments), then 16-byte stores
+    sync::sync_warp(warp::FULL_MASK);
     let mut h = 0;
     while h < 2 {
         let mut lt = l[h];
