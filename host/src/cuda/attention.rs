@@ -167,6 +167,10 @@ impl FlashElement for f16 {
     const DTYPE: DType = DType::F16;
 }
 
+/// A forward launch's buffers: q, k, v, o and the log-sum-exp.
+type Bufs<'a, T> =
+    (&'a DeviceBuffer<T>, &'a DeviceBuffer<T>, &'a DeviceBuffer<T>, &'a mut DeviceBuffer<T>, &'a mut DeviceBuffer<f32>);
+
 /// The arguments every flash forward kernel takes (the element pointers cast to the kernel's own).
 type Args<T> = (DevicePtr<T>, DevicePtr<T>, DevicePtr<T>, DevicePtrMut<T>, DevicePtrMut<f32>, AttentionParams);
 
@@ -315,7 +319,7 @@ pub fn flash_forward<T: FlashElement>(
     unsafe fn go<K: Kernel<Args = Args<U>>, U, T: cudarc::driver::DeviceRepr>(
         dev: &Device,
         cfg: LaunchConfig,
-        bufs: (&DeviceBuffer<T>, &DeviceBuffer<T>, &DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<f32>),
+        bufs: Bufs<'_, T>,
         p: AttentionParams,
     ) -> Result<()> {
         let (q, k, v, o, lse) = bufs;
