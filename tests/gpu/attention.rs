@@ -1,7 +1,8 @@
 //! The flash attention forward kernels against the f64 reference (`kiln::attention`): every kernel
 //! of the table, head dims 64 and 128, lengths 1, 17, 129 and 1000, query and key lengths that
 //! differ both ways, causal and not, fresh random inputs, outputs poisoned (NaN) before each
-//! launch; the same bits on a repeated launch; typed refusals.
+//! launch; the same bits on a repeated launch; typed refusals. The backward (CUDA cores, f32 and
+//! bf16) against the f64 reference's gradients, and the same bits on a repeat.
 //!
 //! Tolerances are `kiln::tools::attention::forward_bound`'s (the error analysis in its docs): on
 //! inputs rounded to the kernel's dtype (the reference sees the rounded values), f32 scores and
@@ -12,7 +13,9 @@ use crate::{GpuTest, any};
 use half::{bf16, f16};
 use kiln::attention::{self as reference, AttentionParams};
 use kiln::cuda::Device;
-use kiln::cuda::attention::{AttentionShape, FLASH_KERNELS, FlashElement, FlashEntry, FlashKernel, flash_forward};
+use kiln::cuda::attention::{
+    AttentionShape, FLASH_KERNELS, FlashElement, FlashEntry, FlashKernel, flash_backward, flash_forward,
+};
 use kiln::testing::{self, POISON_F32, Tol, compare};
 use kiln::{DType, Error};
 
@@ -39,6 +42,8 @@ pub(crate) fn tests() -> Vec<GpuTest> {
             run: |d| matches_f64(d, "flash_fwd_mma_f16"),
         },
         GpuTest { name: "gpu::flash_forward_same_bits_on_repeat", available: any, run: same_bits },
+        GpuTest { name: "gpu::flash_bwd_simt_f32_matches_f64", available: any, run: backward_case::<f32> },
+        GpuTest { name: "gpu::flash_bwd_simt_bf16_matches_f64", available: any, run: backward_case::<bf16> },
         GpuTest { name: "gpu::flash_forward_refuses_with_typed_errors", available: any, run: refusals },
         GpuTest { name: "gpu::attention_command_runs_every_kernel", available: any, run: command },
     ]
@@ -205,6 +210,22 @@ fn refusals(dev: &Device) -> Outcome {
         Err(Error::Unsupported { what, .. }) if what.contains("flash_fwd_mma_f16") => {}
         other => return Err(format!("Simt on f16 gave {other:?}")),
     }
+    // the backward runs on the CUDA-core kernels only
+    let (mut dq, mut dk) = (dev.zeros::<f16>(s.q_elems()).map_err(err)?, dev.zeros::<f16>(s.kv_elems()).map_err(err)?);
+    let mut dv = dev.zeros::<f16>(s.kv_elems()).map_err(err)?;
+    match flash_backward(
+        dev,
+        FlashKernel::MmaSync,
+        (&qh, &kh, &kh, &qh, &qh),
+        &lse,
+        (&mut dq, &mut dk, &mut dv),
+        s,
+        false,
+        0.1,
+    ) {
+        Err(Error::Unsupported { what, .. }) if what.contains("Simt") => {}
+        other => return Err(format!("the backward on MmaSync gave {other:?}")),
+    }
     // a head dim no kernel is built for
     let s96 = AttentionShape { head_dim: 96, ..s };
     let (q, k) = (dev.zeros::<bf16>(s96.q_elems()).map_err(err)?, dev.zeros::<bf16>(s96.kv_elems()).map_err(err)?);
@@ -237,4 +258,85 @@ fn command(dev: &Device) -> Outcome {
         Err(Error::Unsupported { .. }) => Ok(()),
         other => Err(format!("an unknown kernel gave {other:?}")),
     }
+}
+
+/// The backward's tolerances, relative to the largest reference gradient of each tensor:
+/// elementwise and in the relative L2 norm. f32: every product and sum in f32 over at most
+/// `D + kv_len` terms (the worst case `(D + kv_len) 2^-24` of the magnitudes, about 2^-14 here),
+/// with margin. bf16: O (which enters `delta = dO . O`) and the gradients are rounded to bf16,
+/// a relative 2^-9 each, and the error of `delta` is scaled by up to `D` in `dS`.
+fn backward_tols(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::BF16 => (2f64.powi(-4), 2f64.powi(-6)),
+        _ => (2f64.powi(-12), 2f64.powi(-14)),
+    }
+}
+
+fn backward_case<T: Elem>(dev: &Device) -> Outcome {
+    let (mut rng, seed) = testing::rng();
+    let lengths: &[(u32, u32)] = &[(1, 1), (17, 17), (129, 129), (17, 129), (129, 17), (1000, 200)];
+    let (elem_tol, l2_tol) = backward_tols(T::DTYPE);
+    for &d in &[64u32, 128] {
+        for &(sq, skv) in lengths {
+            for causal in [false, true] {
+                let (batch, heads) = if sq.max(skv) >= 1000 { (1, 2) } else { (2, 3) };
+                let s = AttentionShape { batch, heads, q_len: sq, kv_len: skv, head_dim: d };
+                let scale = 1.0 / (d as f32).sqrt();
+                let what = format!("backward {:?} {s:?} causal {causal} (seed {seed})", T::DTYPE);
+                let make = |n: usize, rng: &mut rand::rngs::StdRng| -> Vec<T> {
+                    testing::uniform(rng, n).into_iter().map(T::from_f32).collect()
+                };
+                let (qh, kh, vh, doh) = (
+                    make(s.q_elems(), &mut rng),
+                    make(s.kv_elems(), &mut rng),
+                    make(s.kv_elems(), &mut rng),
+                    make(s.q_elems(), &mut rng),
+                );
+                let up = |x: &[T]| dev.upload(x).map_err(err);
+                let (q, k, v, d_o) = (up(&qh)?, up(&kh)?, up(&vh)?, up(&doh)?);
+                let mut o = up(&vec![T::POISON; s.q_elems()])?;
+                let mut lse = dev.upload(&vec![POISON_F32; s.lse_elems()]).map_err(err)?;
+                flash_forward(dev, FlashKernel::Simt, &q, &k, &v, &mut o, &mut lse, s, causal, scale).map_err(err)?;
+                let mut grads = Vec::new();
+                for _ in 0..2 {
+                    let mut dq = up(&vec![T::POISON; s.q_elems()])?;
+                    let mut dk = up(&vec![T::POISON; s.kv_elems()])?;
+                    let mut dv = up(&vec![T::POISON; s.kv_elems()])?;
+                    flash_backward(
+                        dev,
+                        FlashKernel::Simt,
+                        (&q, &k, &v, &o, &d_o),
+                        &lse,
+                        (&mut dq, &mut dk, &mut dv),
+                        s,
+                        causal,
+                        scale,
+                    )
+                    .map_err(err)?;
+                    let down = |b: &kiln::cuda::DeviceBuffer<T>| -> Result<Vec<f32>, String> {
+                        Ok(dev.download(b).map_err(err)?.into_iter().map(|x| x.to_f64() as f32).collect())
+                    };
+                    grads.push([down(&dq)?, down(&dk)?, down(&dv)?]);
+                }
+                let bits = |g: &[Vec<f32>; 3]| g.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+                if bits(&grads[0]) != bits(&grads[1]) {
+                    return Err(format!("{what}: a repeated backward gave different bits"));
+                }
+                let wide = |x: &[T]| -> Vec<f64> { x.iter().map(|&e| e.to_f64()).collect() };
+                let p = s.params(causal, scale);
+                let want = reference::backward(&p, &wide(&qh), &wide(&kh), &wide(&vh), &wide(&doh));
+                for (name, got, want) in
+                    [("dQ", &grads[0][0], &want.dq), ("dK", &grads[0][1], &want.dk), ("dV", &grads[0][2], &want.dv)]
+                {
+                    let max = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                    compare(&format!("{what}: {name}"), got, want, Tol { abs: elem_tol * max + 1e-30, rel: 0.0 })?;
+                    let l2 = testing::relative_l2(got, want);
+                    if max > 0.0 && l2 > l2_tol {
+                        return Err(format!("{what}: {name} relative L2 error {l2:e} over {l2_tol:e}"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

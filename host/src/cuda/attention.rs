@@ -5,6 +5,8 @@
 //!   FlashKernel::MmaSync  rung 2: FlashAttention-2 on mma.sync           bf16, f16   D 64, 128
 //! ```
 //!
+//! The backward ([`flash_backward`]) runs on CUDA cores (`flash_bwd_simt`: f32, bf16; D 64, 128).
+//!
 //! Every kernel runs on every module (sm_80 and newer). [`flash_forward`] checks the buffers
 //! against the shape, the dtype and head dim against the kernel, the alignment the kernel's
 //! 16-byte copies need, the grid and the shared memory, and refuses the rest with an error that
@@ -16,6 +18,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use half::{bf16, f16};
 use kiln_gpu::kernels::attention::AttentionParams;
+use kiln_gpu::kernels::flash_bwd_simt::{self as bwd, FLASH_BWD_ROWS, FLASH_BWD_THREADS, flash_bwd_smem_bytes};
 use kiln_gpu::kernels::flash_mma::{self as mma, FLASH_MMA_BQ, FLASH_MMA_THREADS, flash_mma_smem_bytes};
 use kiln_gpu::kernels::flash_simt::{self as simt, FLASH_SIMT_BQ, FLASH_SIMT_THREADS, flash_simt_smem_bytes};
 use kiln_gpu::{DevicePtr, DevicePtrMut, Kernel};
@@ -346,6 +349,152 @@ pub fn flash_forward<T: FlashElement>(
             }),
         }
     }
+}
+
+/// The arguments every flash backward kernel takes.
+type BwdArgs<T> = (
+    DevicePtr<T>,
+    DevicePtr<T>,
+    DevicePtr<T>,
+    DevicePtr<T>,
+    DevicePtr<T>,
+    DevicePtr<f32>,
+    DevicePtrMut<f32>,
+    DevicePtrMut<T>,
+    AttentionParams,
+);
+
+/// The backward's three kernels for one element type and head dim: dQ (and delta), dK, dV.
+trait BwdKernels {
+    type Dq: Kernel;
+    type Dk: Kernel;
+    type Dv: Kernel;
+}
+
+/// Attention backward (FlashAttention-2 on CUDA cores, [`FlashKernel::Simt`] only, f32 or bf16):
+/// from the forward's inputs, its output `o` and log-sum-exp `lse`, and the output's gradient
+/// `d_o`, the gradients `dq`, `dk`, `dv` (the shapes of q, k, v). Deterministic: no atomics, each
+/// gradient row summed by one thread in a fixed order (three passes: dQ with `delta = dO . O`,
+/// then dK, then dV), so the same inputs give the same bits. The checks are
+/// [`flash_forward`]'s, plus the gradients' sizes.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward<T: FlashElement>(
+    dev: &Device,
+    kernel: FlashKernel,
+    (q, k, v, o, d_o): (&DeviceBuffer<T>, &DeviceBuffer<T>, &DeviceBuffer<T>, &DeviceBuffer<T>, &DeviceBuffer<T>),
+    lse: &DeviceBuffer<f32>,
+    (dq, dk, dv): (&mut DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<T>),
+    shape: AttentionShape,
+    causal: bool,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "flash_backward";
+    if kernel != FlashKernel::Simt {
+        return Err(Error::Unsupported {
+            op: OP,
+            what: format!("{kernel:?}: the backward runs on FlashKernel::Simt (f32 or bf16) so far"),
+        });
+    }
+    let lens = [q.len(), k.len(), v.len(), o.len(), lse.len()];
+    check_forward(kernel, T::DTYPE, shape, scale, lens, [0; 5])?;
+    let grads = [d_o.len(), dq.len(), dk.len(), dv.len()];
+    let want = [shape.q_elems(), shape.q_elems(), shape.kv_elems(), shape.kv_elems()];
+    if grads != want {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "{shape:?} needs d_o: {}, dq: {}, dk: {}, dv: {} elements; got {}, {}, {}, {}",
+                want[0], want[1], want[2], want[3], grads[0], grads[1], grads[2], grads[3]
+            ),
+        ));
+    }
+    if shape.batch == 0 || shape.heads == 0 {
+        return Ok(());
+    }
+    let smem = flash_bwd_smem_bytes(shape.head_dim);
+    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+    let max_smem = dev.attribute(OPTIN)?.max(0) as u32;
+    if smem > max_smem {
+        return Err(Error::Unsupported {
+            op: OP,
+            what: format!(
+                "head dim {}: the backward needs {smem} bytes of shared memory per block and {} allows {max_smem}",
+                shape.head_dim,
+                dev.name()
+            ),
+        });
+    }
+    let mut delta = dev.zeros::<f32>(shape.lse_elems())?;
+    let p = shape.params(causal, scale);
+    let cfg = |rows: u32| LaunchConfig {
+        grid_dim: (rows.div_ceil(FLASH_BWD_ROWS), shape.batch * shape.heads, 1),
+        block_dim: (FLASH_BWD_THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    // SAFETY: sizes and dtype checked above; delta holds one f32 per query row; the kernels mask
+    // every edge; dQ (which writes delta) runs before dK (which reads it), on one stream.
+    unsafe fn three<B: BwdKernels, U, T: cudarc::driver::DeviceRepr>(
+        dev: &Device,
+        cfg: impl Fn(u32) -> LaunchConfig,
+        shape: AttentionShape,
+        ins: [&DeviceBuffer<T>; 5],
+        lse: &DeviceBuffer<f32>,
+        delta: &mut DeviceBuffer<f32>,
+        outs: [&mut DeviceBuffer<T>; 3],
+        p: AttentionParams,
+    ) -> Result<()>
+    where
+        B::Dq: Kernel<Args = BwdArgs<U>>,
+        B::Dk: Kernel<Args = BwdArgs<U>>,
+        B::Dv: Kernel<Args = BwdArgs<U>>,
+    {
+        let [q, k, v, o, d_o] = ins.map(|b| b.ptr().cast::<U>());
+        let [dq, dk, dv] = outs;
+        let args = |out: &mut DeviceBuffer<T>, delta: &mut DeviceBuffer<f32>| {
+            (q, k, v, o, d_o, lse.ptr(), delta.ptr_mut(), out.ptr_mut().cast::<U>(), p)
+        };
+        unsafe {
+            if shape.q_len > 0 {
+                dev.launch(B::Dq::default(), cfg(shape.q_len), args(dq, delta))?;
+            }
+            if shape.kv_len > 0 {
+                dev.launch(B::Dk::default(), cfg(shape.kv_len), args(dk, delta))?;
+                dev.launch(B::Dv::default(), cfg(shape.kv_len), args(dv, delta))?;
+            }
+        }
+        Ok(())
+    }
+    let ins = [q, k, v, o, d_o];
+    let outs = [dq, dk, dv];
+    let d128 = shape.head_dim == 128;
+    // SAFETY: as above.
+    unsafe {
+        match (T::DTYPE, d128) {
+            (DType::F32, false) => three::<BwdF32D64, f32, T>(dev, cfg, shape, ins, lse, &mut delta, outs, p),
+            (DType::F32, true) => three::<BwdF32D128, f32, T>(dev, cfg, shape, ins, lse, &mut delta, outs, p),
+            (DType::BF16, false) => three::<BwdBf16D64, bf16, T>(dev, cfg, shape, ins, lse, &mut delta, outs, p),
+            (DType::BF16, true) => three::<BwdBf16D128, bf16, T>(dev, cfg, shape, ins, lse, &mut delta, outs, p),
+            (dtype, _) => Err(Error::Unsupported { op: OP, what: format!("{dtype:?}: not in the kernel table") }),
+        }
+    }
+}
+
+macro_rules! bwd_kernels {
+    ($($name:ident: $dq:ident, $dk:ident, $dv:ident;)*) => {$(
+        struct $name;
+        impl BwdKernels for $name {
+            type Dq = bwd::$dq;
+            type Dk = bwd::$dk;
+            type Dv = bwd::$dv;
+        }
+    )*};
+}
+
+bwd_kernels! {
+    BwdF32D64: FlashBwdDqSimtF32D64, FlashBwdDkSimtF32D64, FlashBwdDvSimtF32D64;
+    BwdF32D128: FlashBwdDqSimtF32D128, FlashBwdDkSimtF32D128, FlashBwdDvSimtF32D128;
+    BwdBf16D64: FlashBwdDqSimtBf16D64, FlashBwdDkSimtBf16D64, FlashBwdDvSimtBf16D64;
+    BwdBf16D128: FlashBwdDqSimtBf16D128, FlashBwdDkSimtBf16D128, FlashBwdDvSimtBf16D128;
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 //! - [`flash_simt`]: tiled online softmax on CUDA cores, f32 or bf16 in and out, f32 math.
 //! - [`flash_mma`]: FlashAttention-2 on `mma.sync` (bf16 / f16), `cp.async` double-buffered K/V
 //!   tiles, swizzled shared memory, P kept in registers.
+//! - [`flash_bwd_simt`]: the backward (dQ, dK, dV from the saved log-sum-exp) on CUDA cores,
+//!   deterministic.
 //!
 //! Layout: Q and O are `[batch, heads, q_len, head_dim]`, K and V `[batch, heads, kv_len,
 //! head_dim]`, all row-major and dense; the log-sum-exp is `[batch, heads, q_len]` f32 (natural
@@ -18,7 +20,7 @@
 
 use crate::KernelParam;
 
-pub use super::{flash_mma, flash_simt};
+pub use super::{flash_bwd_simt, flash_mma, flash_simt};
 
 /// The problem an attention kernel solves, passed by value.
 #[repr(C)]
