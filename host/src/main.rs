@@ -272,6 +272,10 @@ enum Command {
         /// The causal mask (bottom-right aligned: query i sees keys j <= i + kv_len - q_len).
         #[arg(long)]
         causal: bool,
+        /// Also run the backward (dQ, dK, dV; the flash_fwd_simt kernels' dtypes, on CUDA cores),
+        /// checked against the f64 reference where B H Sq Skv D is at most 2^30, and timed.
+        #[arg(long)]
+        backward: bool,
         /// Timed launches, 1 or more (the median is reported).
         #[arg(long, default_value_t = 10, value_parser = parse::count, allow_negative_numbers = true)]
         reps: usize,
@@ -302,6 +306,7 @@ fn attention(
     shape: kiln::cuda::attention::AttentionShape,
     kv_len: Option<u32>,
     causal: bool,
+    backward: bool,
     reps: usize,
     seed: u64,
 ) -> kiln::Result<bool> {
@@ -319,12 +324,22 @@ fn attention(
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
     let lens = [shape.q_elems(), shape.kv_elems(), shape.kv_elems(), shape.q_elems(), shape.lse_elems()];
     kiln::cuda::attention::check_forward(entry.kernel, entry.dtype, shape, scale, lens, [0; 5])?;
+    if backward && entry.kernel != kiln::cuda::attention::FlashKernel::Simt {
+        return Err(kiln::Error::Unsupported {
+            op: "attention",
+            what: format!(
+                "--backward with {name}: the backward runs on CUDA cores; use flash_fwd_simt_f32 or flash_fwd_simt_bf16"
+            ),
+        });
+    }
     // host: f32 inputs, their f64 copies and the outputs read back; device: inputs and outputs
     let (q, kv, l) = (shape.q_elems() as u64, shape.kv_elems() as u64, shape.lse_elems() as u64);
     let elem = entry.dtype.size() as u64;
+    let bwd = backward as u64;
     let need = kiln::train::MemoryNeed {
-        host: (q + 2 * kv) * (4 + 8 + elem) + q * (4 + elem) + l * 4,
-        device: (2 * q + 2 * kv) * elem + l * 4,
+        // with --backward: dO (f32 and f64), the gradients read back and the reference's
+        host: (q + 2 * kv) * (4 + 8 + elem) + q * (4 + elem) + l * 4 + bwd * (q * 12 + (q + 2 * kv) * (4 + 8)),
+        device: (2 * q + 2 * kv) * elem + l * 4 + bwd * ((2 * q + 2 * kv) * elem + l * 4),
     };
     let what = format!(
         "attention {}x{}x{}x{} (inputs, outputs and their f64 copies)",
@@ -334,7 +349,7 @@ fn attention(
     let Some(dev) = gemm_device() else { return Ok(false) };
     kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
     say!("device: {} ({})", dev.name(), dev.arch().name());
-    let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed)?;
+    let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed, backward)?;
     say!("{r}");
     Ok(r.passed())
 }
@@ -575,8 +590,8 @@ fn main() -> std::process::ExitCode {
         Some(Command::Info { load_time }) => info(load_time).map(|_| true),
         Some(Command::Gemm { ladder: true, shape, reps, seed, .. }) => gemm_ladder(shape, reps, seed),
         Some(Command::Gemm { kernel, shape, reps, seed, split_k, .. }) => gemm(kernel, shape, reps, seed, split_k),
-        Some(Command::Attention { kernel, shape, kv_len, causal, reps, seed }) => {
-            attention(kernel, shape, kv_len, causal, reps, seed)
+        Some(Command::Attention { kernel, shape, kv_len, causal, backward, reps, seed }) => {
+            attention(kernel, shape, kv_len, causal, backward, reps, seed)
         }
     };
     match result {

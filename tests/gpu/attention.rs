@@ -247,35 +247,30 @@ fn command(dev: &Device) -> Outcome {
     let s = AttentionShape { batch: 2, heads: 2, q_len: 129, kv_len: 200, head_dim: 64 };
     for e in FLASH_KERNELS {
         for causal in [false, true] {
-            let r =
-                kiln::tools::attention::run(dev, e.name, s, causal, 2, 7).map_err(|x| format!("{}: {x}", e.name))?;
+            // the CUDA-core kernels run the backward too, checked against the f64 reference
+            let backward = e.kernel == FlashKernel::Simt;
+            let r = kiln::tools::attention::run(dev, e.name, s, causal, 2, 7, backward)
+                .map_err(|x| format!("{}: {x}", e.name))?;
+            let bwd_checked = r.backward.as_ref().is_some_and(|b| b.errors.is_some());
             if !r.passed() || r.rows_checked != 2 * 2 * 129 || r.tflops.is_nan() || r.tflops <= 0.0 {
                 return Err(format!("{r}"));
             }
+            if bwd_checked != backward {
+                return Err(format!("backward {backward} but checked {bwd_checked}: {r}"));
+            }
         }
     }
-    match kiln::tools::attention::run(dev, "flash_fwd_nope", s, false, 1, 7) {
+    match kiln::tools::attention::run(dev, "flash_fwd_nope", s, false, 1, 7, false) {
         Err(Error::Unsupported { .. }) => Ok(()),
         other => Err(format!("an unknown kernel gave {other:?}")),
-    }
-}
-
-/// The backward's tolerances, relative to the largest reference gradient of each tensor:
-/// elementwise and in the relative L2 norm. f32: every product and sum in f32 over at most
-/// `D + kv_len` terms (the worst case `(D + kv_len) 2^-24` of the magnitudes, about 2^-14 here),
-/// with margin. bf16: O (which enters `delta = dO . O`) and the gradients are rounded to bf16,
-/// a relative 2^-9 each, and the error of `delta` is scaled by up to `D` in `dS`.
-fn backward_tols(dtype: DType) -> (f64, f64) {
-    match dtype {
-        DType::BF16 => (2f64.powi(-4), 2f64.powi(-6)),
-        _ => (2f64.powi(-12), 2f64.powi(-14)),
     }
 }
 
 fn backward_case<T: Elem>(dev: &Device) -> Outcome {
     let (mut rng, seed) = testing::rng();
     let lengths: &[(u32, u32)] = &[(1, 1), (17, 17), (129, 129), (17, 129), (129, 17), (1000, 200)];
-    let (elem_tol, l2_tol) = backward_tols(T::DTYPE);
+    // the tolerances and their reasoning: `kiln::tools::attention::backward_tolerance`
+    let (elem_tol, l2_tol) = kiln::tools::attention::backward_tolerance(T::DTYPE);
     for &d in &[64u32, 128] {
         for &(sq, skv) in lengths {
             for causal in [false, true] {

@@ -2,7 +2,9 @@
 //! check it against the f64 reference and time it (`kiln attention --kernel NAME --shape BxHxSxD`).
 
 use crate::attention::{self as reference, AttentionParams};
-use crate::cuda::attention::{AttentionShape, FlashElement, FlashEntry, FlashKernel, flash_entry, flash_forward};
+use crate::cuda::attention::{
+    AttentionShape, FlashElement, FlashEntry, FlashKernel, flash_backward, flash_entry, flash_forward,
+};
 use crate::cuda::{Device, timing};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -74,12 +76,44 @@ pub struct AttentionRun {
     pub lse_error: f64,
     /// `(O, lse)` bounds ([`forward_bound`]).
     pub bound: (f64, f64),
+    /// The backward's run, with `--backward`.
+    pub backward: Option<BackwardRun>,
+}
+
+/// The backward's outcome (`kiln attention --backward`).
+#[derive(Clone, Debug)]
+pub struct BackwardRun {
+    /// Median milliseconds per backward (its three launches).
+    pub ms: f64,
+    /// `2.5` times the forward's FLOPs (five products instead of two) per second, in TFLOP/s.
+    pub tflops: f64,
+    /// The largest `|g - g_ref| / max |g_ref|` of dQ, dK and dV, where the problem is small enough
+    /// for the f64 reference ([`BACKWARD_CHECK_LIMIT`]); `None` where it is not.
+    pub errors: Option<[f64; 3]>,
+    /// Their bound ([`backward_tolerance`]).
+    pub bound: f64,
+}
+
+/// The backward is checked against the f64 reference when `B H Sq Skv D` is at most this.
+pub const BACKWARD_CHECK_LIMIT: f64 = (1u64 << 30) as f64;
+
+/// The backward's tolerances, relative to the largest reference gradient of each tensor:
+/// `(elementwise, relative L2)`. f32: every product and sum in f32 over at most `D + kv_len`
+/// (or `q_len`) terms, a worst case near `(D + len) 2^-24` of the magnitudes (about 2^-14 for the
+/// tested sizes), with margin. bf16: O (which enters `delta = dO . O`) and the gradients are rounded
+/// to bf16, a relative 2^-9 each, and the error of `delta` is multiplied by up to `D` in `dS`.
+pub fn backward_tolerance(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::BF16 | DType::F16 => (2f64.powi(-4), 2f64.powi(-6)),
+        DType::F32 | DType::F64 => (2f64.powi(-12), 2f64.powi(-14)),
+    }
 }
 
 impl AttentionRun {
     /// Whether every checked value is within its bound.
     pub fn passed(&self) -> bool {
-        self.o_error <= self.bound.0 && self.lse_error <= self.bound.1
+        let bwd = self.backward.as_ref().is_none_or(|b| b.errors.is_none_or(|e| e.iter().all(|&x| x <= b.bound)));
+        self.o_error <= self.bound.0 && self.lse_error <= self.bound.1 && bwd
     }
 }
 
@@ -109,7 +143,23 @@ impl std::fmt::Display for AttentionRun {
             self.rows_checked,
             if self.passed() { "ok" } else { "FAILED" }
         )?;
-        write!(f, "  time: {:.4} ms (median), {:.1} TFLOP/s", self.ms, self.tflops)
+        write!(f, "  time: {:.4} ms (median), {:.1} TFLOP/s", self.ms, self.tflops)?;
+        if let Some(b) = &self.backward {
+            match b.errors {
+                Some([q, k, v]) => write!(
+                    f,
+                    "\n  backward error: max |g - g_ref| / max |g_ref| = {q:.3e} (dQ), {k:.3e} (dK), {v:.3e} (dV), bound {:.3e}: {}",
+                    b.bound,
+                    if [q, k, v].iter().all(|&x| x <= b.bound) { "ok" } else { "FAILED" }
+                )?,
+                None => write!(
+                    f,
+                    "\n  backward: not checked (over {BACKWARD_CHECK_LIMIT:e} = B H Sq Skv D for the f64 reference)"
+                )?,
+            }
+            write!(f, "\n  backward time: {:.4} ms (median), {:.1} TFLOP/s", b.ms, b.tflops)?;
+        }
+        Ok(())
     }
 }
 
@@ -117,20 +167,52 @@ impl std::fmt::Display for AttentionRun {
 pub const FULL_CHECK_ROWS: usize = 1024;
 
 /// Runs kernel `name` on `s` (scale `1 / sqrt(head_dim)`) with random inputs from `seed`: once on
-/// poisoned outputs for the check, then `reps` timed launches (median).
-pub fn run(dev: &Device, name: &str, s: AttentionShape, causal: bool, reps: usize, seed: u64) -> Result<AttentionRun> {
+/// poisoned outputs for the check, then `reps` timed launches (median). With `backward`, also the
+/// backward (from a random output gradient), checked where [`BACKWARD_CHECK_LIMIT`] allows.
+pub fn run(
+    dev: &Device,
+    name: &str,
+    s: AttentionShape,
+    causal: bool,
+    reps: usize,
+    seed: u64,
+    backward: bool,
+) -> Result<AttentionRun> {
     let entry = flash_entry(name)?;
     let (q32, k32, v32) = inputs(s, seed);
     let scale = 1.0 / (s.head_dim as f32).sqrt();
     let p = s.params(causal, scale);
-    let (o, lse, q, k, v, ms) = match entry.dtype {
-        DType::F32 => launch::<f32>(dev, entry.kernel, &q32, &k32, &v32, s, causal, scale, reps, |x| x, |x| x)?,
-        DType::BF16 => {
-            launch::<bf16>(dev, entry.kernel, &q32, &k32, &v32, s, causal, scale, reps, bf16::from_f32, bf16::to_f32)?
-        }
-        DType::F16 => {
-            launch::<f16>(dev, entry.kernel, &q32, &k32, &v32, s, causal, scale, reps, f16::from_f32, f16::to_f32)?
-        }
+    let bwd = backward.then(|| {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_00d0);
+        (0..s.q_elems()).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>()
+    });
+    let d_o = bwd.as_deref();
+    let (o, lse, q, k, v, ms, grads) = match entry.dtype {
+        DType::F32 => launch::<f32>(dev, entry.kernel, [&q32, &k32, &v32], d_o, s, causal, scale, reps, |x| x, |x| x)?,
+        DType::BF16 => launch::<bf16>(
+            dev,
+            entry.kernel,
+            [&q32, &k32, &v32],
+            d_o,
+            s,
+            causal,
+            scale,
+            reps,
+            bf16::from_f32,
+            bf16::to_f32,
+        )?,
+        DType::F16 => launch::<f16>(
+            dev,
+            entry.kernel,
+            [&q32, &k32, &v32],
+            d_o,
+            s,
+            causal,
+            scale,
+            reps,
+            f16::from_f32,
+            f16::to_f32,
+        )?,
         DType::F64 => unreachable!("no f64 entry in the table"),
     };
     let heads = p.heads_total() as usize;
@@ -163,6 +245,34 @@ pub fn run(dev: &Device, name: &str, s: AttentionShape, causal: bool, reps: usiz
         lse_error = worst(lse_error, e);
     }
     let tflops = p.forward_flops() / ms / 1e9;
+    let backward = match (grads, bwd) {
+        (Some((got, bms)), Some(d_o32)) => {
+            let work = p.heads_total() as f64 * s.q_len as f64 * s.kv_len as f64 * s.head_dim as f64;
+            let errors = (work <= BACKWARD_CHECK_LIMIT).then(|| {
+                // the output gradient as the kernel saw it
+                let d_o: Vec<f64> = match entry.dtype {
+                    DType::BF16 => d_o32.iter().map(|&x| bf16::from_f32(x).to_f64()).collect(),
+                    _ => d_o32.iter().map(|&x| x as f64).collect(),
+                };
+                let want = reference::backward(&p, &q, &k, &v, &d_o);
+                let rel = |g: &[f32], w: &[f64]| {
+                    let max = w.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                    g.iter().zip(w).fold(0.0f64, |e, (&a, &b)| {
+                        let x = (a as f64 - b).abs() / max.max(f64::MIN_POSITIVE);
+                        if x.is_nan() || e.is_nan() { f64::NAN } else { e.max(x) }
+                    })
+                };
+                [rel(&got[0], &want.dq), rel(&got[1], &want.dk), rel(&got[2], &want.dv)]
+            });
+            Some(BackwardRun {
+                ms: bms,
+                tflops: 2.5 * p.forward_flops() / bms / 1e9,
+                errors,
+                bound: backward_tolerance(entry.dtype).0,
+            })
+        }
+        _ => None,
+    };
     Ok(AttentionRun {
         entry,
         params: p,
@@ -172,21 +282,25 @@ pub fn run(dev: &Device, name: &str, s: AttentionShape, causal: bool, reps: usiz
         o_error,
         lse_error,
         bound: forward_bound(entry.kernel, entry.dtype, &p),
+        backward,
     })
 }
 
-/// O and the log-sum-exp as f32, the inputs as the kernel saw them (f64), and the median ms.
-type Launched = (Vec<f32>, Vec<f32>, Vec<f64>, Vec<f64>, Vec<f64>, f64);
+/// The backward's gradients (dQ, dK, dV as f32) and its median ms.
+type Grads = ([Vec<f32>; 3], f64);
+
+/// O and the log-sum-exp as f32, the inputs as the kernel saw them (f64), the median ms, and the
+/// backward's outcome when asked for.
+type Launched = (Vec<f32>, Vec<f32>, Vec<f64>, Vec<f64>, Vec<f64>, f64, Option<Grads>);
 
 /// Rounds the inputs to `T`, launches once on poisoned outputs (read back), then times `reps`
-/// launches.
+/// launches; with `d_o`, the same for the backward.
 #[allow(clippy::too_many_arguments)]
 fn launch<T: FlashElement>(
     dev: &Device,
     kernel: FlashKernel,
-    q32: &[f32],
-    k32: &[f32],
-    v32: &[f32],
+    [q32, k32, v32]: [&[f32]; 3],
+    d_o: Option<&[f32]>,
     s: AttentionShape,
     causal: bool,
     scale: f32,
@@ -203,9 +317,27 @@ fn launch<T: FlashElement>(
     let (got, got_lse) = (dev.download(&o)?, dev.download(&lse)?);
     let ms =
         timing::median_ms(dev, reps, 1, || flash_forward(dev, kernel, &q, &k, &v, &mut o, &mut lse, s, causal, scale))?;
+    let grads = match d_o {
+        None => None,
+        Some(d_o) => {
+            let d_o = dev.upload(&round(d_o))?;
+            let poison = |n: usize| dev.upload(&vec![to(f32::NAN); n]);
+            let (mut dq, mut dk, mut dv) = (poison(s.q_elems())?, poison(s.kv_elems())?, poison(s.kv_elems())?);
+            let go = |dq: &mut _, dk: &mut _, dv: &mut _| {
+                flash_backward(dev, kernel, (&q, &k, &v, &o, &d_o), &lse, (dq, dk, dv), s, causal, scale)
+            };
+            go(&mut dq, &mut dk, &mut dv)?;
+            let wide = |b: &crate::cuda::DeviceBuffer<T>| -> Result<Vec<f32>> {
+                Ok(dev.download(b)?.into_iter().map(&back).collect())
+            };
+            let g = [wide(&dq)?, wide(&dk)?, wide(&dv)?];
+            let bms = timing::median_ms(dev, reps, 1, || go(&mut dq, &mut dk, &mut dv))?;
+            Some((g, bms))
+        }
+    };
     let wide = |x: &[T]| -> Vec<f64> { x.iter().map(|&e| back(e) as f64).collect() };
     let (qw, kw, vw) = (wide(&qh), wide(&kh), wide(&vh));
-    Ok((got.into_iter().map(back).collect(), got_lse, qw, kw, vw, ms))
+    Ok((got.into_iter().map(back).collect(), got_lse, qw, kw, vw, ms, grads))
 }
 
 #[cfg(test)]
