@@ -351,6 +351,10 @@ pub fn flash_forward<T: FlashElement>(
     }
 }
 
+/// The backward's inputs: q, k, v, the forward's output o, and its gradient d_o.
+pub type BwdInputs<'a, T> =
+    (&'a DeviceBuffer<T>, &'a DeviceBuffer<T>, &'a DeviceBuffer<T>, &'a DeviceBuffer<T>, &'a DeviceBuffer<T>);
+
 /// The arguments every flash backward kernel takes.
 type BwdArgs<T> = (
     DevicePtr<T>,
@@ -381,7 +385,7 @@ trait BwdKernels {
 pub fn flash_backward<T: FlashElement>(
     dev: &Device,
     kernel: FlashKernel,
-    (q, k, v, o, d_o): (&DeviceBuffer<T>, &DeviceBuffer<T>, &DeviceBuffer<T>, &DeviceBuffer<T>, &DeviceBuffer<T>),
+    (q, k, v, o, d_o): BwdInputs<'_, T>,
     lse: &DeviceBuffer<f32>,
     (dq, dk, dv): (&mut DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<T>),
     shape: AttentionShape,
