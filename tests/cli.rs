@@ -412,3 +412,53 @@ fn gemm_ladder_without_a_gpu_says_so() {
     assert!(r.err.contains("--json") && r.err.contains("--ladder"), "{r:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `kiln attention`: without --kernel it lists the kernels (no device needed); the name, the
+/// numbers, the head dim and the memory are checked before the device; without a usable GPU it
+/// says so.
+#[test]
+fn attention_lists_its_kernels_and_checks_its_arguments_before_the_device() {
+    if !binary_here("attention_lists_its_kernels_and_checks_its_arguments_before_the_device") {
+        return;
+    }
+    let dir = tmpdir("attention");
+    let no_gpu = [("CUDA_VISIBLE_DEVICES", "")];
+    let r = kiln_with_env(&dir, &["attention"], &no_gpu);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    for name in ["flash_fwd_simt_f32", "flash_fwd_simt_bf16", "flash_fwd_mma_bf16", "flash_fwd_mma_f16"] {
+        assert!(r.out.contains(name), "the list lacks {name}: {r:?}");
+    }
+    let r = kiln_with_env(&dir, &["attention", "--kernel", "nonexistent"], &no_gpu);
+    assert_refused(&r, &["nonexistent", "flash_fwd_mma_bf16"]);
+    assert!(!r.err.contains("CUDA"), "the device was opened first: {r:?}");
+    let r = kiln_with_env(&dir, &["attention", "--kernel", "flash_fwd_mma_bf16", "--shape", "1x2x64x96"], &no_gpu);
+    assert_refused(&r, &["head dim 96", "64, 128"]);
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["--reps", "0"], &["--reps", "1 or more"]),
+        (&["--kv-len", "0"], &["--kv-len", "1 or more"]),
+        (&["--shape", "1x2x0x64"], &["--shape", "1 or more"]),
+        (&["--shape", "2x64x64"], &["--shape", "BxHxSxD"]),
+    ];
+    for (args, needles) in cases {
+        let mut a = vec!["attention", "--kernel", "flash_fwd_simt_f32"];
+        a.extend_from_slice(args);
+        let r = kiln_with_env(&dir, &a, &no_gpu);
+        assert_eq!(r.code, Some(2), "{r:?}");
+        for n in *needles {
+            assert!(r.err.contains(n), "stderr lacks {n:?}: {r:?}");
+        }
+    }
+    // the backward runs on the CUDA-core kernels only
+    let r = kiln_with_env(&dir, &["attention", "--kernel", "flash_fwd_mma_bf16", "--backward"], &no_gpu);
+    assert_refused(&r, &["--backward", "flash_fwd_simt_bf16"]);
+    let big = ["attention", "--kernel", "flash_fwd_simt_f32", "--shape", "64x64x4000000x128"];
+    assert_refused(&kiln_with_env(&dir, &big, &no_gpu), &["memory", "--shape"]);
+    let r = kiln_with_env(
+        &dir,
+        &["attention", "--kernel", "flash_fwd_mma_bf16", "--shape", "1x2x65x64", "--causal"],
+        &no_gpu,
+    );
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.err.contains("no usable GPU") && r.err.contains("compute capability 8.0"), "{r:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -714,3 +714,52 @@ fn tuning_pick_prefers_the_best_total_relative_time() {
         }
     }
 }
+
+#[test]
+fn flash_mma_swizzle_and_fragment_maps() {
+    use kiln::gpu::kernels::flash_mma::flash_chunk_offset;
+    // The swizzle: any 8 consecutive rows at one chunk hit 8 distinct 16-byte bank groups, and each
+    // row's chunks stay in the row, one each (128- and 256-byte rows: head dims 64 and 128).
+    for row_bytes in [128u32, 256] {
+        let chunks = row_bytes / 16;
+        for start in 0..120u32 {
+            for chunk in 0..chunks {
+                let groups: HashSet<u32> =
+                    (start..start + 8).map(|r| (flash_chunk_offset(row_bytes, r, chunk) % 128) / 16).collect();
+                assert_eq!(groups.len(), 8, "{row_bytes}-byte rows {start}.. chunk {chunk}");
+            }
+        }
+        for r in 0..128u32 {
+            let offs: HashSet<u32> = (0..chunks).map(|c| flash_chunk_offset(row_bytes, r, c)).collect();
+            assert_eq!(offs.len(), chunks as usize);
+            assert!(offs.iter().all(|&o| o / row_bytes == r && o % 16 == 0));
+        }
+    }
+    for lane in 0..32u32 {
+        // Two n8 accumulator tiles of S are the A fragment of one k step of P V: element i of A is
+        // element i % 4 of tile i / 4, its column shifted by 8 per tile.
+        for i in 0..8u32 {
+            let (r, c) = m16n8_c(lane, i % 4);
+            assert_eq!((r, c + 8 * (i / 4)), m16n8k16_a(lane, i), "P: lane {lane} element {i}");
+        }
+        for step in 0..2u32 {
+            for j in 0..4u32 {
+                for half in 0..2u32 {
+                    let (k, n) = m16n8k16_b(lane, 2 * (j % 2) + half);
+                    // K for S (ldmatrix.x4, not transposed): lane s addresses key
+                    // 16 step + s % 8 + 8 (s / 16) at chunk 2 ks + (s / 8) % 2 of the [key][d] tile
+                    let s = 8 * j + lane / 4;
+                    let (key, chunk) = (16 * step + s % 8 + 8 * (s / 16), 2 * step + (s / 8) % 2);
+                    let got = (key, chunk * 8 + 2 * (lane % 4) + half);
+                    assert_eq!(got, (16 * step + 8 * (j / 2) + n, 16 * step + k), "K: lane {lane} reg {j} half {half}");
+                    // V for P V (ldmatrix.x4.trans): lane s addresses key 16 kk + s % 8 + 8 ((s / 8) % 2)
+                    // at chunk 2 dp + s / 16; transposed, lane l gets rows 2 (l % 4) + half, column l / 4
+                    let s = 8 * j + 2 * (lane % 4) + half;
+                    let (key, chunk) = (16 * step + s % 8 + 8 * ((s / 8) % 2), 2 * step + s / 16);
+                    let got = (key, chunk * 8 + lane / 4);
+                    assert_eq!(got, (16 * step + k, (2 * step + j / 2) * 8 + n), "V: lane {lane} reg {j} half {half}");
+                }
+            }
+        }
+    }
+}

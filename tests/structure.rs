@@ -58,7 +58,7 @@ fn inline_ptx_only_in_the_device_library() {
 /// The host's top-level modules, lowest layer first: a module may import its own layer and those
 /// below it.
 const LAYERS: &[&[&str]] = &[
-    &["dtype", "testing", "deterministic"],
+    &["dtype", "testing", "deterministic", "attention"],
     &["error"],
     &["ptx"],
     &["cuda"],

@@ -1,7 +1,7 @@
 //! Float math for kernels, in plain Rust: `core` has no `exp`/`ln`/`tanh` without a libm, and a
 //! PTX module cannot link one. These are pure functions, compiled for the host too, where
 //! `tests/device_lib.rs` checks them against f64 references over wide ranges (a few ulp).
-//! Only `sqrt` (`sqrt.rn.f32`, correctly rounded), `fma` and `exp_fast` (`ex2.approx`, for
+//! Only `sqrt` (`sqrt.rn.f32`, correctly rounded), `fma`, `exp_fast` and `exp2_fast` (`ex2.approx`, for
 //! softmax-style reductions) are instructions.
 
 const LOG2E: f32 = core::f32::consts::LOG2_E;
@@ -135,6 +135,22 @@ pub fn exp_fast(x: f32) -> f32 {
     // SAFETY: register-only.
     unsafe {
         core::arch::asm!("ex2.approx.ftz.f32 {r}, {t};", r = out(reg32) r, t = in(reg32) t, options(nomem, nostack, pure))
+    };
+    r
+}
+
+/// 2^x through the special-function unit: `ex2.approx.ftz` (relative error about 2^-22; results
+/// below 2^-126 flush to 0, `2^-inf` is 0). For softmax kernels that keep their scores in log2
+/// units (the scale folded with `log2 e` into one multiply-add per score).
+///
+/// PTX: `ex2.approx.ftz.f32 %f, x;`
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn exp2_fast(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only.
+    unsafe {
+        core::arch::asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nomem, nostack, pure))
     };
     r
 }

@@ -4,6 +4,8 @@
 //! loads the PTX built from [`kiln_gpu`] through the CUDA driver API, picks the module for the
 //! device, and launches kernels through launchers typed by the kernels' own declarations.
 //!
+//! - [`attention`]: the f64 CPU reference of attention, forward and backward, that the attention
+//!   kernels are checked against.
 //! - [`cuda`]: devices, buffers, typed launches, TMA tensor maps, and checked launchers ([`cuda::ops`]).
 //! - [`ptx`]: the embedded PTX modules and the choice of module per compute capability.
 //! - [`testing`]: the comparison helper and GPU-test plumbing every backend's tests share.
@@ -35,6 +37,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod attention;
 pub mod checkpoint;
 pub mod cuda;
 pub mod data;

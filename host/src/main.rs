@@ -1,4 +1,4 @@
-//! The `kiln` command line: `train` (the default), `eval`, `info` and `gemm`. Every number is
+//! The `kiln` command line: `train` (the default), `eval`, `info`, `gemm` and `attention`. Every number is
 //! checked by its parser (a message naming the flag and its range, negative values included, so
 //! `--lr=-1` and `--lr -1` read alike), and every combination the run cannot honour is refused,
 //! before any work starts.
@@ -264,6 +264,102 @@ enum Command {
         #[arg(long, value_parser = parse::parts, allow_negative_numbers = true)]
         split_k: Option<u32>,
     },
+    /// Run one flash attention forward kernel on random inputs: its error against the f64
+    /// reference and its time (without --kernel: list the kernels).
+    Attention {
+        /// The kernel, e.g. flash_fwd_simt_f32, flash_fwd_mma_bf16.
+        #[arg(long)]
+        kernel: Option<String>,
+        /// The problem, BxHxSxD: batch, heads, query length (and key length unless --kv-len), head
+        /// dim (64 or 128), each 1 or more.
+        #[arg(long, default_value = "4x16x4096x128", value_parser = parse_attention_shape, allow_negative_numbers = true)]
+        shape: kiln::cuda::attention::AttentionShape,
+        /// Keys and values per head, 1 or more (default: the query length).
+        #[arg(long, value_parser = parse::parts, allow_negative_numbers = true)]
+        kv_len: Option<u32>,
+        /// The causal mask (bottom-right aligned: query i sees keys j <= i + kv_len - q_len).
+        #[arg(long)]
+        causal: bool,
+        /// Also run the backward (dQ, dK, dV; the flash_fwd_simt kernels' dtypes, on CUDA cores),
+        /// checked against the f64 reference where B H Sq Skv D is at most 2^30, and timed.
+        #[arg(long)]
+        backward: bool,
+        /// Timed launches, 1 or more (the median is reported).
+        #[arg(long, default_value_t = 10, value_parser = parse::count, allow_negative_numbers = true)]
+        reps: usize,
+        /// Seed of the random inputs (0 to 2^64 - 1).
+        #[arg(long, default_value_t = 1, value_parser = parse::seed, allow_negative_numbers = true)]
+        seed: u64,
+    },
+}
+
+fn parse_attention_shape(s: &str) -> Result<kiln::cuda::attention::AttentionShape, String> {
+    let form = "write the shape as BxHxSxD, e.g. 4x16x4096x128, each of B, H, S and D 1 or more";
+    let v: Vec<u32> = s
+        .split('x')
+        .map(|x| x.trim().parse::<u32>().ok().filter(|&d| d >= 1))
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("{form} (and at most {})", u32::MAX))?;
+    match v[..] {
+        [batch, heads, seq, head_dim] => {
+            Ok(kiln::cuda::attention::AttentionShape { batch, heads, q_len: seq, kv_len: seq, head_dim })
+        }
+        _ => Err(form.into()),
+    }
+}
+
+/// `kiln attention`: one flash forward kernel on random inputs, checked and timed.
+fn attention(
+    kernel: Option<String>,
+    shape: kiln::cuda::attention::AttentionShape,
+    kv_len: Option<u32>,
+    causal: bool,
+    backward: bool,
+    reps: usize,
+    seed: u64,
+) -> kiln::Result<bool> {
+    use kiln::cuda::attention::{FLASH_KERNELS, flash_entry};
+    let Some(name) = kernel else {
+        say!("kernels (--kernel NAME), rung by rung (head dims 64 and 128):");
+        for e in FLASH_KERNELS {
+            say!("  {:22} rung {}, {:?} in and out", e.name, e.rung, e.dtype);
+        }
+        return Ok(true);
+    };
+    // the name, the sizes and the table first: a mistake there is reported before the device opens
+    let entry = flash_entry(&name)?;
+    let shape = kiln::cuda::attention::AttentionShape { kv_len: kv_len.unwrap_or(shape.q_len), ..shape };
+    let scale = 1.0 / (shape.head_dim as f32).sqrt();
+    let lens = [shape.q_elems(), shape.kv_elems(), shape.kv_elems(), shape.q_elems(), shape.lse_elems()];
+    kiln::cuda::attention::check_forward(entry.kernel, entry.dtype, shape, scale, lens, [0; 5])?;
+    if backward && entry.kernel != kiln::cuda::attention::FlashKernel::Simt {
+        return Err(kiln::Error::Unsupported {
+            op: "attention",
+            what: format!(
+                "--backward with {name}: the backward runs on CUDA cores; use flash_fwd_simt_f32 or flash_fwd_simt_bf16"
+            ),
+        });
+    }
+    // host: f32 inputs, their f64 copies and the outputs read back; device: inputs and outputs
+    let (q, kv, l) = (shape.q_elems() as u64, shape.kv_elems() as u64, shape.lse_elems() as u64);
+    let elem = entry.dtype.size() as u64;
+    let bwd = backward as u64;
+    let need = kiln::train::MemoryNeed {
+        // with --backward: dO (f32 and f64), the gradients read back and the reference's
+        host: (q + 2 * kv) * (4 + 8 + elem) + q * (4 + elem) + l * 4 + bwd * (q * 12 + (q + 2 * kv) * (4 + 8)),
+        device: (2 * q + 2 * kv) * elem + l * 4 + bwd * ((2 * q + 2 * kv) * elem + l * 4),
+    };
+    let what = format!(
+        "attention {}x{}x{}x{} (inputs, outputs and their f64 copies)",
+        shape.batch, shape.heads, shape.q_len, shape.head_dim
+    );
+    kiln::train::check_memory(&what, need, None, "lower --shape")?;
+    let Some(dev) = gemm_device() else { return Ok(false) };
+    kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
+    say!("device: {} ({})", dev.name(), dev.arch().name());
+    let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed, backward)?;
+    say!("{r}");
+    Ok(r.passed())
 }
 
 fn parse_shape(s: &str) -> Result<kiln::gpu::kernels::mma_tile::GemmShape, String> {
@@ -303,8 +399,8 @@ fn gemm_device() -> Option<Device> {
         Ok(dev) => Some(dev),
         Err(e) => {
             eprintln!(
-                "error: no usable GPU: {e}. `kiln gemm` runs its kernels on a CUDA GPU of compute capability 8.0 \
-                 or newer"
+                "error: no usable GPU: {e}. `kiln gemm` and `kiln attention` run their kernels on a CUDA GPU of \
+                 compute capability 8.0 or newer"
             );
             None
         }
@@ -548,6 +644,9 @@ fn main() -> std::process::ExitCode {
                 .exit()
         }
         Some(Command::Gemm { kernel, shape, reps, seed, split_k, .. }) => gemm(kernel, shape, reps, seed, split_k),
+        Some(Command::Attention { kernel, shape, kv_len, causal, backward, reps, seed }) => {
+            attention(kernel, shape, kv_len, causal, backward, reps, seed)
+        }
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

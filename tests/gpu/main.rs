@@ -18,12 +18,14 @@
 //! gemm            the FP32 ladder, mma.sync hgemm, gemm_bf16, the ladder command, wgmma
 //! views           strided views and batched products against the CPU, the GEMM reading views
 //! fused           the fused wgmma epilogues, the backward layouts read in place, column sums
+//! attention       the flash forward kernels against the f64 reference, repeats, refusals
 //! determinism     bit-exact tiers: batch invariance, repeats, across processes
 //! megakernel/     both megakernels against the CPU interpreter, their stalls and refusals
 //! optim           the fused multi-tensor optimizer and clipping against the CPU reference
 //! common          helpers the families share (error text, bits, the A B^T check)
 //! ```
 
+mod attention;
 mod common;
 mod determinism;
 mod dtypes;
@@ -72,6 +74,7 @@ fn tests() -> Vec<GpuTest> {
         dtypes::tests(),
         gemm::tests(),
         fused::tests(),
+        attention::tests(),
         determinism::tests(),
         megakernel::tests(),
         optim::tests(),

@@ -1,4 +1,5 @@
-//! kiln's kernels, one folder per family: the GEMM ladder (`gemm/`, index [`gemm`]), the training
+//! kiln's kernels, one folder per family: the GEMM ladder (`gemm/`, index [`gemm`]), attention
+//! (`attention/`, index [`attention`]), the training
 //! megakernel (`megakernel/`, index [`megakernel`]), the hardware probes (`probe/`, index
 //! [`probe`]), and the tensor ops, conversions, reductions and the multi-tensor optimizer beside them. Each kernel's doc
 //! comment gives its parameters, tiling and thread mapping; the host launches it through the
@@ -20,6 +21,12 @@
 pub mod barrier;
 pub mod convert;
 pub mod elementwise;
+#[path = "attention/flash_bwd_simt.rs"]
+pub mod flash_bwd_simt;
+#[path = "attention/flash_mma.rs"]
+pub mod flash_mma;
+#[path = "attention/flash_simt.rs"]
+pub mod flash_simt;
 #[path = "gemm/gemm_tcgen05.rs"]
 pub mod gemm_tcgen05;
 #[path = "gemm/gemm_wgmma.rs"]
@@ -48,6 +55,7 @@ pub mod tma_tile;
 pub mod tmem;
 
 // The families' indexes (each a folder's `mod.rs`).
+pub mod attention;
 pub mod gemm;
 pub mod megakernel;
 pub mod probe;

@@ -1,6 +1,7 @@
-//! The CUDA runtime: device discovery, lazy module loading, typed kernel launches, device buffers
-//! and TMA tensor maps, on the CUDA driver API through cudarc.
+//! The CUDA runtime: device discovery, lazy module loading, typed kernel launches, device buffers,
+//! TMA tensor maps and the attention launchers ([`attention`]), on the CUDA driver API through cudarc.
 
+pub mod attention;
 mod buffer;
 pub mod cublas;
 mod device;
