@@ -1,9 +1,86 @@
-//! Modules: layers with named parameters.
+//! Modules: layers with named parameters, and the autocast scope of mixed-precision training.
+//!
+//! # Mixed precision
+//!
+//! The parameters stay f32 masters (the optimizer updates them in f32); inside an [`autocast`]
+//! scope a [`Linear`] computes in the scope's 16-bit dtype: it takes its input in that dtype, its
+//! weight and bias through [`Tensor::compute_copy`] (the optimizer-written copy where one is
+//! attached, see [`crate::optim::attach_compute_copies`], else a conversion), and returns a 16-bit
+//! output. Gradients flow back through the copies' records into f32 gradients of the masters.
+//! [`LayerNorm`] normalizes in its parameters' dtype (f32): reductions stay wide. The loss of
+//! 16-bit logits (`cross_entropy`) accumulates in f32 on both backends.
+//!
+//! ```
+//! use kiln::nn::{Activation, Module, autocast, mlp};
+//! use kiln::tensor::{DType, Tensor};
+//!
+//! let model = mlp(4, 8, 2, 3, Activation::Relu, DType::F32, &mut Tensor::rng(0))?;
+//! let x = Tensor::ones([5, 4], DType::F32);
+//! let logits = {
+//!     let _mixed = autocast(DType::BF16)?;
+//!     model.forward(&x)?
+//! };
+//! assert_eq!(logits.dtype(), DType::BF16);
+//! logits.cross_entropy(&[0, 1, 2, 0, 1])?.backward()?;
+//! // the masters' gradients are f32
+//! assert!(model.parameters().iter().all(|p| p.grad().unwrap().dtype() == DType::F32));
+//! # Ok::<(), kiln::Error>(())
+//! ```
 
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 use rand::rngs::StdRng;
+use std::cell::Cell;
 use std::sync::Mutex;
+
+thread_local! {
+    static AUTOCAST: Cell<Option<DType>> = const { Cell::new(None) };
+}
+
+/// The 16-bit dtype this thread's [`autocast`] scope computes in, if one is open.
+pub fn autocast_dtype() -> Option<DType> {
+    AUTOCAST.with(|c| c.get())
+}
+
+/// Opens an autocast scope on this thread: until the guard drops, [`Linear`] layers whose
+/// parameters are wider than `dtype` compute in `dtype` (bf16 or f16) from their masters' compute
+/// copies (see the module's documentation). `let _mixed = autocast(DType::BF16)?;`
+///
+/// f16's narrow range needs loss scaling against underflowing gradients, which kiln's training
+/// loop does not do: train in bf16 (f32's range) there.
+#[must_use = "the scope holds only while the guard lives"]
+pub fn autocast(dtype: DType) -> Result<AutocastGuard> {
+    if !matches!(dtype, DType::BF16 | DType::F16) {
+        return Err(Error::Unsupported {
+            op: "autocast",
+            what: format!("{dtype:?} as the compute dtype: autocast computes in bf16 or f16 (f32 needs no scope)"),
+        });
+    }
+    let previous = AUTOCAST.with(|c| c.replace(Some(dtype)));
+    Ok(AutocastGuard { previous, _not_send: std::marker::PhantomData })
+}
+
+/// The guard of [`autocast`] (stays on its thread). Nested scopes must end in the reverse order
+/// they began, as blocks do: each guard restores the setting it found.
+pub struct AutocastGuard {
+    previous: Option<DType>,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        AUTOCAST.with(|c| c.set(self.previous));
+    }
+}
+
+/// The dtype a layer with parameters of `param` computes in: the autocast dtype when one is open
+/// and the parameters are wider (f32, f64), else the parameters' own.
+fn compute_dtype(param: DType) -> DType {
+    match autocast_dtype() {
+        Some(c) if matches!(param, DType::F32 | DType::F64) => c,
+        _ => param,
+    }
+}
 
 /// A layer or model: a forward function and its parameters, by name.
 pub trait Module: Send + Sync {
@@ -51,10 +128,20 @@ impl Linear {
 }
 
 impl Module for Linear {
+    /// `x W^T + b`; inside an [`autocast`] scope, in the scope's dtype from the parameters'
+    /// compute copies (the input converted to it), with a 16-bit output.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul_t(&self.weight)?;
+        let c = compute_dtype(self.weight.dtype());
+        if c == self.weight.dtype() {
+            let y = x.matmul_t(&self.weight)?;
+            return match &self.bias {
+                Some(b) => y.add(b),
+                None => Ok(y),
+            };
+        }
+        let y = x.to_dtype(c)?.matmul_t(&self.weight.compute_copy(c)?)?;
         match &self.bias {
-            Some(b) => y.add(b),
+            Some(b) => y.add(&b.compute_copy(c)?),
             None => Ok(y),
         }
     }
@@ -103,7 +190,10 @@ impl LayerNorm {
     }
 }
 impl Module for LayerNorm {
+    /// Normalizes in the parameters' dtype (inside an [`autocast`] scope a 16-bit input is widened
+    /// first, so the statistics are f32), returning the parameters' dtype.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = if autocast_dtype().is_some() { x.to_dtype(self.weight.dtype())? } else { x.clone() };
         x.layer_norm(&self.weight, &self.bias, self.eps)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
