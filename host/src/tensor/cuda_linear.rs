@@ -73,6 +73,10 @@ impl CudaStorage {
             Some(CudaData::F32(b)) => Some(b),
             Some(_) => return Ok(None),
         };
+        // the GEMM checks its buffers' exact lengths: storages of exactly the tensors' elements
+        if x.len() != rows * k || wb.len() != n * k || b.is_some_and(|b| b.len() != n) {
+            return Ok(None);
+        }
         let s = GemmShape { m: rows as u32, n: n as u32, k: k as u32 };
         let mut y = self.dev.alloc_uninit_bf16(rows * n)?;
         let epi = GemmEpilogue { bias: b, act, residual: None, periodic: None };
@@ -99,6 +103,9 @@ impl CudaStorage {
         let (CudaData::BF16(g), CudaData::BF16(xb), CudaData::BF16(wb)) = (&self.data, &x.data, &w.data) else {
             return Ok(None);
         };
+        if g.len() != rows * n || xb.len() != rows * k || wb.len() != n * k {
+            return Ok(None);
+        }
         let (r, k32, n32) = (rows as u32, k as u32, n as u32);
         // dX (rows x k) = dY (rows x n) W (n x k): W read MN-major in place
         let mut dx = self.dev.alloc_uninit_bf16(rows * k)?;
