@@ -175,6 +175,7 @@ fn f16_on_cuda_is_refused_with_the_reason() {
         progress: false,
         ..TrainConfig::default()
     };
-    let e = train(&cfg, |_| {}).err().expect("f16 on CUDA is refused").to_string();
+    let Err(e) = train(&cfg, |_| {}) else { panic!("f16 on CUDA is refused") };
+    let e = e.to_string();
     assert!(e.contains("loss scaling") && e.contains("bf16"), "{e}");
 }
