@@ -179,3 +179,55 @@ fn f16_on_cuda_is_refused_with_the_reason() {
     let e = e.to_string();
     assert!(e.contains("loss scaling") && e.contains("bf16"), "{e}");
 }
+
+#[test]
+fn linear_is_the_composition_of_its_parts_on_the_cpu() {
+    use kiln::cuda::gemm::Activation as Act;
+    let mut rng = Tensor::rng(21);
+    for dtype in [DType::F32, DType::BF16] {
+        // odd rows and outputs, inputs not a multiple of 8, a 3-D input
+        for x_shape in [vec![7usize, 13], vec![2, 5, 13]] {
+            for act in [None, Some(Act::Relu), Some(Act::Gelu)] {
+                let x = Tensor::randn(x_shape.clone(), DType::F32, &mut rng).to_dtype(dtype).unwrap();
+                let w = Tensor::randn([9, 13], DType::F32, &mut rng).requires_grad();
+                let b = Tensor::randn([9], DType::F32, &mut rng).requires_grad();
+                let (wc, bc) = (w.compute_copy(dtype).unwrap(), b.compute_copy(dtype).unwrap());
+                let y = x.linear(&wc, Some(&b), act).unwrap();
+                let pre = x.matmul_t(&wc).unwrap().add(&bc).unwrap();
+                let want = match act {
+                    None => pre,
+                    Some(Act::Relu) => pre.relu().unwrap(),
+                    Some(Act::Gelu) => pre.gelu().unwrap(),
+                };
+                assert_eq!(y.dtype(), dtype);
+                assert_eq!(y.dims(), want.dims());
+                assert_eq!(y.to_vec_f64(), want.to_vec_f64(), "{dtype:?} {x_shape:?} {act:?}");
+                y.to_dtype(DType::F32).unwrap().sum_all().unwrap().backward().unwrap();
+                let (gw, gb) = (w.grad().unwrap(), b.grad().unwrap());
+                assert_eq!((gw.dtype(), gb.dtype()), (DType::F32, DType::F32), "the masters' gradients are f32");
+            }
+        }
+    }
+    // shapes are checked
+    let x = Tensor::ones([3, 4], DType::F32);
+    assert!(x.linear(&Tensor::ones([2, 5], DType::F32), None, None).is_err());
+    assert!(x.linear(&Tensor::ones([2, 4], DType::F32), Some(&Tensor::ones([3], DType::F32)), None).is_err());
+}
+
+#[test]
+fn sequential_runs_a_linear_and_its_activation_together_with_the_same_result() {
+    let model = mlp(6, 16, 4, 3, Activation::Gelu, DType::F32, &mut Tensor::rng(2)).unwrap();
+    let x = Tensor::randn([5, 6], DType::F32, &mut Tensor::rng(3));
+    let params = model.parameters();
+    let mut h = x.clone();
+    for (i, pair) in params.chunks(2).enumerate() {
+        h = h.matmul_t(&pair[0]).unwrap().add(&pair[1]).unwrap();
+        if i + 1 < params.len() / 2 {
+            h = h.gelu().unwrap();
+        }
+    }
+    assert_eq!(model.forward(&x).unwrap().to_vec_f64(), h.to_vec_f64());
+    // parameter names do not change (checkpoints read the same)
+    let names: Vec<String> = model.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias", "6.weight", "6.bias"]);
+}
