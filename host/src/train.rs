@@ -84,7 +84,7 @@ pub struct TrainConfig {
     pub device: DeviceChoice,
     /// Precision: the parameters' dtype (f32, f64; f16 on the CPU), or [`DType::BF16`] for mixed
     /// precision: f32 master parameters kept by the optimizer, products and activations in bf16
-    /// inside an [`autocast`](crate::nn::autocast) scope, f32 losses (on CUDA the bf16 compute
+    /// inside an `autocast` scope ([`crate::nn::autocast`]), f32 losses (on CUDA the bf16 compute
     /// copies are written by the optimizer's launch, [`crate::optim::attach_compute_copies`]).
     pub dtype: DType,
     /// Seed for data, initialization and shuffling.

@@ -206,7 +206,7 @@ impl Tensor {
     /// On CUDA, with `self` and `w` bf16, `b` f32 (an f32 master bias) or absent, the sm_90a module
     /// and K a multiple of 8, it is one `wgmma` GEMM whose epilogue adds the bias and applies a
     /// ReLU to the f32 accumulator and stores bf16 once, recorded as
-    /// [`Op::Linear`](super::ops::Op::Linear), whose backward reads its operands in place (dW and
+    /// [`Op::Linear`](super::ops::Op), whose backward reads its operands in place (dW and
     /// db straight into f32). Elsewhere (the CPU, other dtypes, K not a multiple of 8, an older
     /// GPU: decided before any launch) it is composed: [`Tensor::matmul_t`], the bias added in the
     /// product's dtype ([`Tensor::compute_copy`]), the activation, each recorded as itself. GELU is

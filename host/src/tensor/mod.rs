@@ -528,7 +528,7 @@ impl Tensor {
     }
 
     /// This tensor in `dtype` for computing, with gradients flowing back to it in its own dtype
-    /// (the record is [`Op::ToDType`](ops::Op::ToDType), whose backward converts the gradient):
+    /// (the record is `Op::ToDType`, whose backward converts the gradient):
     /// the attached compute copy when it is valid and of that dtype (a read-only view of the copy's
     /// storage, no kernel), else a conversion (round to nearest even), or `self` when it already
     /// is `dtype`.
