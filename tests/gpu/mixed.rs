@@ -24,6 +24,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::mixed::training_step_matches_the_cpu", available: any, run: mixed_step_vs_cpu },
         GpuTest { name: "gpu::mixed::train_main_job_bf16_on_cuda", available: any, run: train_main_job_bf16 },
         GpuTest { name: "gpu::mixed::training_step_captured", available: any, run: captured_mixed_step },
+        GpuTest { name: "gpu::mixed::f16_training_on_cuda_is_refused", available: any, run: f16_refused },
     ]
 }
 
@@ -347,6 +348,32 @@ fn captured_mixed_step(dev: &Device) -> Outcome {
     dev.synchronize().map_err(err)?;
     if state(&replayed)? != state(&eager)? {
         return Err("one eager mixed step and four replays differ from five eager steps".into());
+    }
+    Ok(())
+}
+
+/// `kiln train --dtype f16 --device cuda` is refused before any work with a typed error that
+/// says why (loss scaling) and what to use (bf16); `--device auto` trains f16 on the CPU instead.
+fn f16_refused(_: &Device) -> Outcome {
+    use kiln::train::{DataSource, DeviceChoice, TrainConfig};
+    let cfg = TrainConfig {
+        data: DataSource::Spirals { per_class: 20, classes: 3, noise: 0.2 },
+        epochs: 1,
+        dtype: DType::F16,
+        device: DeviceChoice::Cuda,
+        checkpoint: None,
+        progress: false,
+        ..TrainConfig::default()
+    };
+    match kiln::train::train(&cfg, |_| {}) {
+        Err(kiln::Error::Unsupported { what, .. }) if what.contains("loss scaling") && what.contains("bf16") => {}
+        Err(e) => return Err(format!("f16 on CUDA: the wrong error {e}")),
+        Ok(_) => return Err("f16 on CUDA trained instead of being refused".into()),
+    }
+    let auto = TrainConfig { device: DeviceChoice::Auto, ..cfg };
+    let report = kiln::train::train(&auto, |_| {}).map_err(err)?;
+    if !report.device.starts_with("CPU") || !report.device.contains("loss scaling") {
+        return Err(format!("f16 under --device auto trained on {}", report.device));
     }
     Ok(())
 }
