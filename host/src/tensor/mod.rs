@@ -492,15 +492,15 @@ impl Tensor {
     }
 
     /// Attaches `copy`, a 16-bit tensor of this tensor's shape on its device, as this master
-    /// tensor's compute copy (crate-internal: the optimizers' `attach_compute_copies` attaches and
-    /// registers copies together, so no registered copy is dropped while an optimizer writes it): [`Tensor::compute_copy`] then hands it out (no conversion kernel)
+    /// tensor's compute copy: [`Tensor::compute_copy`] then hands it out (no conversion kernel)
     /// for as long as it mirrors the master. The master owns the copy from now on (its storage
     /// stays allocated while the master lives, which an optimizer's registration of the copy's
     /// address relies on). Whoever attaches it keeps it current: in mixed-precision training the
-    /// optimizer writes it in the same launch as each update
-    /// (`Optimizer::set_compute_copy`). An in-place
-    /// write of the master by any other way (`set_data`, `with_data_mut`, `move_to`) marks the copy
-    /// stale, and [`Tensor::compute_copy`] converts again until a copy is attached anew.
+    /// optimizer writes it in the same launch as each update (`Optimizer::set_compute_copy`). An
+    /// in-place write of the master by any other way (`set_data`, `with_data_mut`, `move_to`)
+    /// marks the copy stale, and [`Tensor::compute_copy`] converts again until a copy is attached
+    /// anew. Crate-internal: the optimizers' `attach_compute_copies` attaches and registers copies
+    /// together, so no registered copy is dropped while an optimizer writes it.
     pub(crate) fn attach_compute_copy(&self, copy: Tensor) -> Result<()> {
         let op = "attach_compute_copy";
         if !matches!(copy.dtype(), DType::BF16 | DType::F16) || copy.shape() != self.shape() || copy.is_view() {
@@ -528,10 +528,9 @@ impl Tensor {
     }
 
     /// This tensor in `dtype` for computing, with gradients flowing back to it in its own dtype
-    /// (the record is `Op::ToDType`, whose backward converts the gradient):
-    /// the attached compute copy when it is valid and of that dtype (a read-only view of the copy's
-    /// storage, no kernel), else a conversion (round to nearest even), or `self` when it already
-    /// is `dtype`.
+    /// (the record is `Op::ToDType`, whose backward converts the gradient): the attached compute
+    /// copy when it is valid and of that dtype (a read-only view of the copy's storage, no kernel),
+    /// else a conversion (round to nearest even), or `self` when it already is `dtype`.
     pub fn compute_copy(&self, dtype: DType) -> Result<Tensor> {
         if self.dtype() == dtype {
             return Ok(self.clone());
