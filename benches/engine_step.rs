@@ -6,16 +6,18 @@
 //! ([`kiln::cuda::Device::peak_memory`], reset before the model is built).
 //!
 //! Cases: `f32 eager` and `f32 graph` (the step captured once with `Device::capture`, then
-//! replayed); `bf16 eager` / `bf16 graph` run what kiln has for bf16 today, named in each row's
-//! `kiln_path`. Writes JSON to `$KILN_BENCH_OUT` (default `engine_step.json`); `cargo xtask
+//! replayed); `bf16 eager` / `bf16 graph` the mixed-precision step (f32 master weights whose bf16
+//! copies the optimizer's launch writes, the forward and backward in bf16 inside
+//! `kiln::nn::autocast`, each Linear+ReLU one fused GEMM where the GPU has `wgmma`, the loss in
+//! f32), as each row's `kiln_path` says. Writes JSON to `$KILN_BENCH_OUT` (default `engine_step.json`); `cargo xtask
 //! engine-report` joins it with PyTorch's into `benches/results/engine_step.{json,md}`.
 //!
 //! Run: `cargo bench --bench engine_step`, or `benches/engine_step` from a GPU bundle. Without a
 //! GPU it prints why and exits 0. `KILN_BENCH_MODELS=4096x1024x8,...` picks a subset.
 
 use kiln::cuda::{Device, MatmulPrecision, matmul_precision_scope};
-use kiln::nn::{Linear, Module, ReLU, Sequential};
-use kiln::optim::{Optimizer, Sgd};
+use kiln::nn::{Linear, Module, ReLU, Sequential, autocast};
+use kiln::optim::{Optimizer, Sgd, attach_compute_copies};
 use kiln::tensor::{DType, Device as TDev, Targets, Tensor};
 use std::sync::Arc;
 
@@ -31,15 +33,18 @@ const LR: f64 = 0.01;
 enum Path {
     /// f32 tensors, f32 products.
     F32,
-    /// f32 tensors, products on the tensor cores in bf16 (operands rounded and packed per product).
-    F32Bf16Products,
+    /// Mixed precision: f32 masters, optimizer-written bf16 copies, bf16 activations and products.
+    Mixed,
 }
 
 impl Path {
     fn describe(self) -> &'static str {
         match self {
             Path::F32 => "f32 tensors, f32 products",
-            Path::F32Bf16Products => "f32 tensors, bf16 products (operands packed per product); no bf16 tensors yet",
+            Path::Mixed => {
+                "mixed: f32 masters, bf16 copies written by the optimizer, bf16 activations and products \
+                 (Linear+ReLU one fused GEMM on sm_90a), f32 loss"
+            }
         }
     }
 }
@@ -62,13 +67,15 @@ fn case(dev: &Arc<Device>, model: (usize, usize, usize), path: Path, graph: bool
         p.move_to(&td).expect("to device");
     }
     let mut opt = Sgd::new(net.named_parameters(), LR, 0.0, 0.0, false);
+    let mixed = matches!(path, Path::Mixed);
+    if mixed {
+        attach_compute_copies(&mut opt, DType::BF16).expect("bf16 compute copies");
+    }
     let x = Tensor::randn([batch, width], DType::F32, &mut rng).to_device(&td).expect("upload");
     let targets = Targets::new((0..batch).map(|i| (i * 37) % width).collect());
-    let _precision = matmul_precision_scope(match path {
-        Path::F32 => MatmulPrecision::F32,
-        Path::F32Bf16Products => MatmulPrecision::Bf16,
-    });
+    let _precision = matmul_precision_scope(MatmulPrecision::F32);
     let mut step = || -> kiln::Result<()> {
+        let _mixed = if mixed { Some(autocast(DType::BF16)?) } else { None };
         let loss = net.forward(&x)?.cross_entropy(&targets)?;
         loss.backward()?;
         opt.step()?;
@@ -102,7 +109,7 @@ fn main() {
     println!("device: {}; kiln's layer-by-layer training step, ms per step and peak memory", dev.name());
     let mut rows = vec![];
     for &(b, w, l) in MODELS.iter().filter(|(b, w, l)| timing::wanted("KILN_BENCH_MODELS", &format!("{b}x{w}x{l}"))) {
-        for (dtype, path) in [("f32", Path::F32), ("bf16", Path::F32Bf16Products)] {
+        for (dtype, path) in [("f32", Path::F32), ("bf16", Path::Mixed)] {
             for (mode, graph) in [("eager", false), ("graph", true)] {
                 let (ms, peak, why) = case(&dev, (b, w, l), path, graph);
                 let note = why.as_deref().unwrap_or("");

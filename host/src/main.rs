@@ -50,6 +50,8 @@ enum Dev {
 enum Dt {
     F32,
     F64,
+    Bf16,
+    F16,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -184,7 +186,8 @@ struct TrainArgs {
     /// Device.
     #[arg(long, value_enum, default_value = "auto")]
     device: Dev,
-    /// Parameter dtype.
+    /// Precision: f32, f64 (CPU), bf16 (mixed precision: f32 master weights, bf16 products and
+    /// activations, f32 losses) or f16 (f16 parameters, CPU only: f16 needs loss scaling).
     #[arg(long, value_enum, default_value = "f32")]
     dtype: Dt,
     /// Seed (0 to 2^64 - 1).
@@ -574,6 +577,8 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         dtype: match a.dtype {
             Dt::F32 => DType::F32,
             Dt::F64 => DType::F64,
+            Dt::Bf16 => DType::BF16,
+            Dt::F16 => DType::F16,
         },
         seed: a.seed,
         checkpoint: Some(a.checkpoint),

@@ -1,9 +1,86 @@
-//! Modules: layers with named parameters.
+//! Modules: layers with named parameters, and the autocast scope of mixed-precision training.
+//!
+//! # Mixed precision
+//!
+//! The parameters stay f32 masters (the optimizer updates them in f32); inside an [`autocast`]
+//! scope a [`Linear`] computes in the scope's 16-bit dtype: it takes its input in that dtype, its
+//! weight and bias through [`Tensor::compute_copy`] (the optimizer-written copy where one is
+//! attached, see [`crate::optim::attach_compute_copies`], else a conversion), and returns a 16-bit
+//! output. Gradients flow back through the copies' records into f32 gradients of the masters.
+//! [`LayerNorm`] normalizes in its parameters' dtype (f32): reductions stay wide. The loss of
+//! 16-bit logits (`cross_entropy`) accumulates in f32 on both backends.
+//!
+//! ```
+//! use kiln::nn::{Activation, Module, autocast, mlp};
+//! use kiln::tensor::{DType, Tensor};
+//!
+//! let model = mlp(4, 8, 2, 3, Activation::Relu, DType::F32, &mut Tensor::rng(0))?;
+//! let x = Tensor::ones([5, 4], DType::F32);
+//! let logits = {
+//!     let _mixed = autocast(DType::BF16)?;
+//!     model.forward(&x)?
+//! };
+//! assert_eq!(logits.dtype(), DType::BF16);
+//! logits.cross_entropy(&[0, 1, 2, 0, 1])?.backward()?;
+//! // the masters' gradients are f32
+//! assert!(model.parameters().iter().all(|p| p.grad().unwrap().dtype() == DType::F32));
+//! # Ok::<(), kiln::Error>(())
+//! ```
 
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 use rand::rngs::StdRng;
+use std::cell::Cell;
 use std::sync::Mutex;
+
+thread_local! {
+    static AUTOCAST: Cell<Option<DType>> = const { Cell::new(None) };
+}
+
+/// The 16-bit dtype this thread's [`autocast`] scope computes in, if one is open.
+pub fn autocast_dtype() -> Option<DType> {
+    AUTOCAST.with(|c| c.get())
+}
+
+/// Opens an autocast scope on this thread: until the guard drops, [`Linear`] layers whose
+/// parameters are wider than `dtype` compute in `dtype` (bf16 or f16) from their masters' compute
+/// copies (see the module's documentation). `let _mixed = autocast(DType::BF16)?;`
+///
+/// f16's narrow range needs loss scaling against underflowing gradients, which kiln's training
+/// loop does not do: train in bf16 (f32's range) there.
+#[must_use = "the scope holds only while the guard lives"]
+pub fn autocast(dtype: DType) -> Result<AutocastGuard> {
+    if !matches!(dtype, DType::BF16 | DType::F16) {
+        return Err(Error::Unsupported {
+            op: "autocast",
+            what: format!("{dtype:?} as the compute dtype: autocast computes in bf16 or f16 (f32 needs no scope)"),
+        });
+    }
+    let previous = AUTOCAST.with(|c| c.replace(Some(dtype)));
+    Ok(AutocastGuard { previous, _not_send: std::marker::PhantomData })
+}
+
+/// The guard of [`autocast`] (stays on its thread). Nested scopes must end in the reverse order
+/// they began, as blocks do: each guard restores the setting it found.
+pub struct AutocastGuard {
+    previous: Option<DType>,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        AUTOCAST.with(|c| c.set(self.previous));
+    }
+}
+
+/// The dtype a layer with parameters of `param` computes in: the autocast dtype when one is open
+/// and the parameters are wider (f32, f64), else the parameters' own.
+fn compute_dtype(param: DType) -> DType {
+    match autocast_dtype() {
+        Some(c) if matches!(param, DType::F32 | DType::F64) => c,
+        _ => param,
+    }
+}
 
 /// A layer or model: a forward function and its parameters, by name.
 pub trait Module: Send + Sync {
@@ -19,6 +96,15 @@ pub trait Module: Send + Sync {
     }
     /// Switches training behaviour (dropout) on or off.
     fn set_training(&mut self, _on: bool) {}
+    /// The layer as a [`Linear`], if it is one ([`Sequential`] fuses a Linear with the activation
+    /// after it).
+    fn as_linear(&self) -> Option<&Linear> {
+        None
+    }
+    /// The activation this layer is, if it is one that a preceding [`Linear`] can fuse.
+    fn as_activation(&self) -> Option<Activation> {
+        None
+    }
 }
 
 /// `y = x W^T + b`, with W of shape (out, in): Kaiming-normal weights (std sqrt(2 / in), for ReLU
@@ -50,13 +136,28 @@ impl Linear {
     }
 }
 
-impl Module for Linear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul_t(&self.weight)?;
-        match &self.bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
+impl Linear {
+    /// `act(x W^T + b)` ([`Tensor::linear`]): inside an [`autocast`] scope, in the scope's dtype
+    /// from the weight's compute copy (the input converted to it) and the f32 master bias, with a
+    /// 16-bit output; on CUDA in bf16 (sm_90a, inputs a multiple of 8) one fused GEMM with the
+    /// bias and the activation in its epilogue. Outside a scope, in the parameters' dtype.
+    pub fn forward_with(&self, x: &Tensor, act: Option<Activation>) -> Result<Tensor> {
+        let c = compute_dtype(self.weight.dtype());
+        let act = act.map(Into::into);
+        if c == self.weight.dtype() {
+            return x.linear(&self.weight, self.bias.as_ref(), act);
         }
+        x.to_dtype(c)?.linear(&self.weight.compute_copy(c)?, self.bias.as_ref(), act)
+    }
+}
+
+impl Module for Linear {
+    /// `x W^T + b` ([`Linear::forward_with`] without an activation).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, None)
+    }
+    fn as_linear(&self) -> Option<&Linear> {
+        Some(self)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = vec![("weight".to_string(), self.weight.clone())];
@@ -73,6 +174,9 @@ impl Module for ReLU {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.relu()
     }
+    fn as_activation(&self) -> Option<Activation> {
+        Some(Activation::Relu)
+    }
 }
 
 /// GELU (tanh form).
@@ -80,6 +184,9 @@ pub struct GELU;
 impl Module for GELU {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.gelu()
+    }
+    fn as_activation(&self) -> Option<Activation> {
+        Some(Activation::Gelu)
     }
 }
 
@@ -103,7 +210,10 @@ impl LayerNorm {
     }
 }
 impl Module for LayerNorm {
+    /// Normalizes in the parameters' dtype (inside an [`autocast`] scope a 16-bit input is widened
+    /// first, so the statistics are f32), returning the parameters' dtype.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = if autocast_dtype().is_some() { x.to_dtype(self.weight.dtype())? } else { x.clone() };
         x.layer_norm(&self.weight, &self.bias, self.eps)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
@@ -192,10 +302,21 @@ impl Sequential {
     }
 }
 impl Module for Sequential {
+    /// The layers in order, a [`Linear`] followed by an activation run as one
+    /// [`Linear::forward_with`] (on CUDA in bf16: one fused GEMM; elsewhere the same ops as the
+    /// two layers one after the other).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
-        for l in &self.layers {
-            h = l.forward(&h)?;
+        let mut i = 0;
+        while i < self.layers.len() {
+            let next_act = self.layers.get(i + 1).and_then(|l| l.as_activation());
+            if let (Some(lin), Some(act)) = (self.layers[i].as_linear(), next_act) {
+                h = lin.forward_with(&h, Some(act))?;
+                i += 2;
+            } else {
+                h = self.layers[i].forward(&h)?;
+                i += 1;
+            }
         }
         Ok(h)
     }

@@ -13,7 +13,7 @@
 //! - [`Optimizer::set_compute_copy`] is the hook for mixed precision: a 16-bit copy of an f32
 //!   parameter that the same launch writes from the updated master weights.
 
-use crate::cuda::optim::{ComputeCopy, MultiTensorTable, TensorSlot};
+use crate::cuda::optim::{ComputeCopy, CopyFormat, MultiTensorTable, TensorSlot};
 use crate::error::{Error, Result};
 use crate::tensor::{CudaStorage, DType, Device, Storage, Tensor};
 use kiln_gpu::kernels::optim::{CLIP_EPS, MultiAdam, MultiSgd};
@@ -64,6 +64,54 @@ pub trait Optimizer {
     /// allocated, and are written by nothing else during a step, for as long as the copy is
     /// registered (until it is removed or replaced, or the optimizer is dropped).
     unsafe fn set_compute_copy(&mut self, index: usize, copy: Option<ComputeCopy>) -> Result<()>;
+}
+
+/// Mixed precision on CUDA: gives every f32 parameter of `opt` that is on a GPU a `dtype` (bf16 or
+/// f16) compute copy, converted from the master now (round to nearest even) and written by every
+/// later [`Optimizer::step`] in the same launch as the update. The master owns its copy
+/// ([`Tensor::compute_copy`] hands it out, read-only, inside an
+/// [`autocast`](crate::nn::autocast) scope), so the copy lives as long as the optimizer that
+/// writes it. Returns how many copies were attached; parameters on the CPU or not f32 get none
+/// (their compute copies are conversions, made per use). Call it after the parameters are on
+/// their device and after any checkpoint is loaded into them (a later `set_data` makes a copy
+/// stale, and the forward converts again until this is called anew).
+pub fn attach_compute_copies(opt: &mut dyn Optimizer, dtype: DType) -> Result<usize> {
+    let format = match dtype {
+        DType::BF16 => CopyFormat::Bf16,
+        DType::F16 => CopyFormat::F16,
+        other => {
+            return Err(Error::Unsupported {
+                op: "attach_compute_copies",
+                what: format!("{other:?} compute copies: they are bf16 or f16"),
+            });
+        }
+    };
+    let params: Vec<Tensor> = opt.params().iter().map(|(_, p)| p.clone()).collect();
+    let mut attached = 0;
+    for (i, p) in params.iter().enumerate() {
+        if !matches!(p.device(), Device::Cuda(_)) || p.dtype() != DType::F32 {
+            continue;
+        }
+        let copy = {
+            let _g = crate::tensor::no_grad();
+            p.to_dtype(dtype)?
+        };
+        let addr = match &*copy.storage() {
+            Storage::Cuda(c) => c.addr(),
+            Storage::Cpu(_) => continue,
+        };
+        // Register first, then hand the copy to the master: a copy this replaces stays allocated
+        // until the optimizer has forgotten its address.
+        let len = p.elem_count();
+        // SAFETY: the copy's storage is owned by the master `p` from the next line on (and `copy`
+        // holds it until then), and the optimizer holds `p`, so the storage stays allocated for as
+        // long as the registration; `Tensor::compute_copy` hands it out only as read-only views,
+        // so nothing else writes it during a step.
+        unsafe { opt.set_compute_copy(i, Some(ComputeCopy { addr, len, format }))? };
+        p.attach_compute_copy(copy)?;
+        attached += 1;
+    }
+    Ok(attached)
 }
 
 fn grad_of(p: &Tensor) -> Option<Vec<f64>> {

@@ -4,8 +4,8 @@
 use crate::checkpoint::{self, TrainingState};
 use crate::data::{self, Dataset};
 use crate::error::{Error, Result};
-use crate::nn::{Activation, Module, Sequential, mlp};
-use crate::optim::{Adam, LrSchedule, Optimizer, Sgd};
+use crate::nn::{Activation, Module, Sequential, autocast, mlp};
+use crate::optim::{Adam, LrSchedule, Optimizer, Sgd, attach_compute_copies};
 use crate::tensor::{DType, Device, Tensor, no_grad};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -82,7 +82,10 @@ pub struct TrainConfig {
     pub warmup: usize,
     /// Device.
     pub device: DeviceChoice,
-    /// Parameter dtype.
+    /// Precision: the parameters' dtype (f32, f64; f16 on the CPU), or [`DType::BF16`] for mixed
+    /// precision: f32 master parameters kept by the optimizer, products and activations in bf16
+    /// inside an `autocast` scope ([`crate::nn::autocast`]), f32 losses (on CUDA the bf16 compute
+    /// copies are written by the optimizer's launch, [`crate::optim::attach_compute_copies`]).
     pub dtype: DType,
     /// Seed for data, initialization and shuffling.
     pub seed: u64,
@@ -282,6 +285,8 @@ impl TrainConfig {
             }
             let widest = inputs.max(width).max(classes);
             let elem = if mk { 4 } else { self.dtype.size() as u64 };
+            // mixed precision (bf16): f32 masters, gradients and state, and a 16-bit compute copy
+            let (param_elem, compute_copy) = if !mk && self.dtype == DType::BF16 { (4, 2) } else { (elem, 0) };
             // copies of the parameters: the weights, their gradients and the optimizer's state (the
             // megakernel: the weights, the momentum, two product copies and the gradients)
             let copies = match (mk, self.optimizer) {
@@ -290,7 +295,8 @@ impl TrainConfig {
                 (false, OptimizerKind::Sgd { momentum, .. }) if momentum != 0.0 => 3,
                 (false, OptimizerKind::Sgd { .. }) => 2,
             };
-            let state = params.checked_mul(copies)?.checked_mul(elem)?;
+            let state =
+                params.checked_mul(copies)?.checked_mul(param_elem)?.checked_add(params.checked_mul(compute_copy)?)?;
             // a batch's pre- and post-activations and their gradients, or an evaluation chunk
             let batch = self.batch.min(rows).max(1) as u64;
             let train = batch.checked_mul(outs)?.checked_mul(4 * elem)?;
@@ -299,7 +305,7 @@ impl TrainConfig {
             // initialization draws each layer in f64 and scales it before the cast; each layer's
             // module and tensor handles take a little besides
             let init = largest.checked_mul(3 * 8)?.checked_add(depth.checked_mul(1024)?)?;
-            let model = params.checked_mul(elem)?;
+            let model = params.checked_mul(param_elem)?;
             Some(if on_gpu {
                 MemoryNeed { host: model.checked_mul(2)?.checked_add(init)?, device: state.checked_add(activations)? }
             } else {
@@ -450,18 +456,28 @@ pub fn accuracy(model: &Sequential, data: &Dataset, dtype: DType, device: &Devic
     Ok(correct as f64 / data.len().max(1) as f64)
 }
 
+/// Why `dtype` does not train on CUDA (None: it does; f32, and bf16 as mixed precision).
+fn cuda_refuses(dtype: DType) -> Option<&'static str> {
+    match dtype {
+        DType::F32 | DType::BF16 => None,
+        DType::F64 => Some("f64 on CUDA: CUDA tensors are f32, bf16 or f16; train in f32 or bf16 there"),
+        DType::F16 => Some(
+            "f16 on CUDA: f16's narrow range needs loss scaling against underflowing gradients, which kiln's \
+             training loop does not do; train in bf16 there (mixed precision with f32 master weights)",
+        ),
+    }
+}
+
 fn pick_device(choice: DeviceChoice, dtype: DType) -> Result<(Device, String)> {
     let gpu = crate::cuda::Device::shared();
     match (choice, gpu) {
         (DeviceChoice::Cpu, _) => Ok((Device::Cpu, "CPU (as asked)".into())),
-        (DeviceChoice::Cuda | DeviceChoice::Auto, Ok(_)) if dtype != DType::F32 => {
+        (DeviceChoice::Cuda | DeviceChoice::Auto, Ok(_)) if cuda_refuses(dtype).is_some() => {
+            let why = cuda_refuses(dtype).unwrap_or_default();
             if choice == DeviceChoice::Cuda {
-                return Err(Error::Unsupported {
-                    op: "train",
-                    what: format!("{dtype:?} on CUDA: kiln's CUDA tensors are f32"),
-                });
+                return Err(Error::Unsupported { op: "train", what: why.into() });
             }
-            Ok((Device::Cpu, format!("CPU ({dtype:?} runs on the CPU backend; CUDA tensors are f32)")))
+            Ok((Device::Cpu, format!("CPU ({why})")))
         }
         (DeviceChoice::Cuda | DeviceChoice::Auto, Ok(d)) => {
             let (major, minor) = d.compute_capability();
@@ -549,8 +565,13 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         }
         Device::Cpu => {}
     }
+    // bf16 is mixed precision: f32 masters, bf16 compute inside this thread's autocast scope
+    let mixed = cfg.dtype == DType::BF16;
+    let param_dtype = if mixed { DType::F32 } else { cfg.dtype };
+    let _mixed = if mixed { Some(autocast(DType::BF16)?) } else { None };
     let mut rng = Tensor::rng(cfg.seed.wrapping_add(1));
-    let model = mlp(train_set.features, cfg.width, cfg.depth, train_set.classes, cfg.activation, cfg.dtype, &mut rng)?;
+    let model =
+        mlp(train_set.features, cfg.width, cfg.depth, train_set.classes, cfg.activation, param_dtype, &mut rng)?;
     let params = model.named_parameters();
     for (_, p) in &params {
         p.move_to(&device)?;
@@ -576,6 +597,17 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         OptimizerKind::Adam => Box::new(Adam::adam(params, cfg.lr, cfg.weight_decay)),
         OptimizerKind::AdamW => Box::new(Adam::adamw(params, cfg.lr, cfg.weight_decay)),
     };
+    if mixed {
+        let copies = attach_compute_copies(opt.as_mut(), DType::BF16)?;
+        log(&format!(
+            "mixed precision: f32 master weights, bf16 products and activations, f32 loss ({})",
+            if copies > 0 {
+                "the bf16 weight copies written by the optimizer's update"
+            } else {
+                "the bf16 weight copies converted per step"
+            }
+        ));
+    }
     let schedule = lr_schedule(cfg, total);
     let mut reports = Vec::new();
     let mut step = 0usize;
@@ -601,7 +633,8 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         for chunk in order.chunks(cfg.batch) {
             opt.set_lr(schedule.lr(cfg.lr, step));
             let (x, y) = train_set.gather(chunk);
-            let x = Tensor::from_vec(x, [chunk.len(), train_set.features])?.to_dtype(cfg.dtype)?.to_device(&device)?;
+            let x =
+                Tensor::from_vec(x, [chunk.len(), train_set.features])?.to_dtype(param_dtype)?.to_device(&device)?;
             let logits = model.forward(&x)?;
             let loss = logits.cross_entropy(&y)?;
             let lv = loss.item()?;
@@ -626,7 +659,7 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
             epoch,
             loss: loss_sum / train_set.len() as f64,
             train_accuracy: correct as f64 / train_set.len() as f64,
-            test_accuracy: accuracy(&model, &test_set, cfg.dtype, &device)?,
+            test_accuracy: accuracy(&model, &test_set, param_dtype, &device)?,
             step_ms: 1e3 * elapsed / steps_per_epoch as f64,
             samples_per_s: train_set.len() as f64 / elapsed,
         };

@@ -22,6 +22,7 @@
 //! determinism     bit-exact tiers: batch invariance, repeats, across processes
 //! megakernel/     both megakernels against the CPU interpreter, their stalls and refusals
 //! optim           the fused multi-tensor optimizer and clipping against the CPU reference
+//! mixed           mixed-precision training (bf16 compute copies) and the fused Linear layer
 //! common          helpers the families share (error text, bits, the A B^T check)
 //! ```
 
@@ -33,6 +34,7 @@ mod first_kernels;
 mod fused;
 mod gemm;
 mod megakernel;
+mod mixed;
 mod optim;
 mod tcgen05;
 mod tensor;
@@ -78,6 +80,7 @@ fn tests() -> Vec<GpuTest> {
         determinism::tests(),
         megakernel::tests(),
         optim::tests(),
+        mixed::tests(),
     ]
     .into_iter()
     .flatten()

@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex};
 
 #[path = "cuda_b16.rs"]
 mod b16;
+#[path = "cuda_linear.rs"]
+mod linear;
 
 /// A CUDA tensor's elements, typed (at least one allocated, so that empty tensors need no
 /// zero-byte allocation).

@@ -200,6 +200,61 @@ impl Tensor {
         Ok(Tensor::from_storage(data, Shape(out_shape), Some(Op::MatmulT(self.clone(), w.clone()))))
     }
 
+    /// A Linear layer with its activation: `act(self w^T + b)` for `self` (..., K) of rank 2 or 3,
+    /// `w` (N, K) and `b` (N).
+    ///
+    /// On CUDA, with `self` and `w` bf16, `b` f32 (an f32 master bias) or absent, the sm_90a module
+    /// and K a multiple of 8, it is one `wgmma` GEMM whose epilogue adds the bias and applies a
+    /// ReLU to the f32 accumulator and stores bf16 once, recorded as
+    /// [`Op::Linear`](super::ops::Op), whose backward reads its operands in place (dW and
+    /// db straight into f32). Elsewhere (the CPU, other dtypes, K not a multiple of 8, an older
+    /// GPU: decided before any launch) it is composed: [`Tensor::matmul_t`], the bias added in the
+    /// product's dtype ([`Tensor::compute_copy`]), the activation, each recorded as itself. GELU is
+    /// applied as its own op after the (fused or composed) product and bias.
+    pub fn linear(&self, w: &Tensor, b: Option<&Tensor>, act: Option<crate::cuda::gemm::Activation>) -> Result<Tensor> {
+        use crate::cuda::gemm::Activation;
+        if act == Some(Activation::Gelu) {
+            return self.linear(w, b, None)?.gelu();
+        }
+        let (a, wd) = (self.dims(), w.dims());
+        if wd.len() != 2 || !matches!(a.len(), 2 | 3) || a[a.len() - 1] != wd[1] {
+            return Err(Error::shape(
+                "linear",
+                format!("cannot multiply {} by the transpose of {}", self.shape(), w.shape()),
+            ));
+        }
+        let (n, k) = (wd[0], wd[1]);
+        if let Some(b) = b
+            && b.dims() != [n]
+        {
+            return Err(Error::shape("linear", format!("a bias of shape {} for {n} outputs", b.shape())));
+        }
+        let rows = self.elem_count() / k.max(1);
+        let mut out_shape = a.to_vec();
+        *out_shape.last_mut().expect("rank 2 or 3") = n;
+        let fused = {
+            let bd = match b {
+                Some(b) => Some(b.data()?),
+                None => None,
+            };
+            self.data()?.linear_fused(&*w.data()?, bd.as_deref(), act, (rows, k, n))?
+        };
+        if let Some(data) = fused {
+            let op = Op::Linear { x: self.clone(), w: w.clone(), b: b.cloned(), act };
+            return Ok(Tensor::from_storage(data, Shape(out_shape), Some(op)));
+        }
+        let y = self.matmul_t(w)?;
+        let y = match b {
+            Some(b) => y.add(&b.compute_copy(y.dtype())?)?,
+            None => y,
+        };
+        match act {
+            Some(Activation::Relu) => y.relu(),
+            Some(Activation::Gelu) => y.gelu(),
+            None => Ok(y),
+        }
+    }
+
     fn reduce_sum(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
         let mut dims = dims.to_vec();
         dims.sort_unstable();

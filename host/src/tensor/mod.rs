@@ -116,6 +116,16 @@ pub(crate) struct Inner {
     op: Option<Op>,
     requires_grad: bool,
     grad: Mutex<Option<Tensor>>,
+    /// A 16-bit compute copy of this (master) tensor that an optimizer keeps up to date (see
+    /// [`Tensor::attach_compute_copy`]); owned here, so it lives as long as the master does.
+    compute: Mutex<Option<ComputeSlot>>,
+}
+
+/// A master tensor's compute copy and whether it still mirrors the master's data (an in-place
+/// write of the master other than the optimizer's makes it stale until it is attached again).
+struct ComputeSlot {
+    copy: Tensor,
+    valid: bool,
 }
 
 impl Drop for Inner {
@@ -186,6 +196,7 @@ impl Tensor {
             op,
             requires_grad: false,
             grad: Mutex::new(None),
+            compute: Mutex::new(None),
         }))
     }
 
@@ -319,6 +330,7 @@ impl Tensor {
         self.refuse_view("move_to")?;
         let data = self.storage().to_device(device)?;
         *self.storage_mut() = data;
+        self.invalidate_compute_copy();
         Ok(())
     }
     /// The whole storage, as stored (shared with views: read it through [`Tensor::layout`], or use
@@ -413,6 +425,7 @@ impl Tensor {
             op: None,
             requires_grad: true,
             grad: Mutex::new(None),
+            compute: Mutex::new(None),
         }))
     }
     /// Whether this is a leaf that accumulates gradients.
@@ -465,6 +478,7 @@ impl Tensor {
         }
         let data = src.data_owned()?;
         *self.storage_mut() = data;
+        self.invalidate_compute_copy();
         Ok(())
     }
 
@@ -472,7 +486,68 @@ impl Tensor {
     /// [`Tensor::is_view`]).
     pub fn with_data_mut<T: Float, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
         self.refuse_view("with_data_mut")?;
-        Ok(f(self.storage_mut().host_slice_mut("with_data_mut")?))
+        let r = f(self.storage_mut().host_slice_mut("with_data_mut")?);
+        self.invalidate_compute_copy();
+        Ok(r)
+    }
+
+    /// Attaches `copy`, a 16-bit tensor of this tensor's shape on its device, as this master
+    /// tensor's compute copy: [`Tensor::compute_copy`] then hands it out (no conversion kernel)
+    /// for as long as it mirrors the master. The master owns the copy from now on (its storage
+    /// stays allocated while the master lives, which an optimizer's registration of the copy's
+    /// address relies on). Whoever attaches it keeps it current: in mixed-precision training the
+    /// optimizer writes it in the same launch as each update (`Optimizer::set_compute_copy`). An
+    /// in-place write of the master by any other way (`set_data`, `with_data_mut`, `move_to`)
+    /// marks the copy stale, and [`Tensor::compute_copy`] converts again until a copy is attached
+    /// anew. Crate-internal: the optimizers' `attach_compute_copies` attaches and registers copies
+    /// together, so no registered copy is dropped while an optimizer writes it.
+    pub(crate) fn attach_compute_copy(&self, copy: Tensor) -> Result<()> {
+        let op = "attach_compute_copy";
+        if !matches!(copy.dtype(), DType::BF16 | DType::F16) || copy.shape() != self.shape() || copy.is_view() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "a compute copy must be a bf16 or f16 tensor of its own storage with the master's shape {}: got {} {:?}",
+                    self.shape(),
+                    copy.shape(),
+                    copy.dtype()
+                ),
+            ));
+        }
+        if copy.device() != self.device() {
+            return Err(Error::Device { op, a: self.device().name(), b: copy.device().name() });
+        }
+        *self.0.compute.lock().unwrap_or_else(|p| p.into_inner()) = Some(ComputeSlot { copy, valid: true });
+        Ok(())
+    }
+
+    fn invalidate_compute_copy(&self) {
+        if let Some(s) = self.0.compute.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            s.valid = false;
+        }
+    }
+
+    /// This tensor in `dtype` for computing, with gradients flowing back to it in its own dtype
+    /// (the record is `Op::ToDType`, whose backward converts the gradient): the attached compute
+    /// copy when it is valid and of that dtype (a read-only view of the copy's storage, no kernel),
+    /// else a conversion (round to nearest even), or `self` when it already is `dtype`.
+    pub fn compute_copy(&self, dtype: DType) -> Result<Tensor> {
+        if self.dtype() == dtype {
+            return Ok(self.clone());
+        }
+        let copy = {
+            let slot = self.0.compute.lock().unwrap_or_else(|p| p.into_inner());
+            slot.as_ref().filter(|s| s.valid && s.copy.dtype() == dtype).map(|s| s.copy.clone())
+        };
+        match copy {
+            Some(c) if c.device() == self.device() => Ok(Tensor::with_layout(
+                c.0.data.clone(),
+                Layout::contiguous(self.shape().clone()),
+                true,
+                Some(Op::ToDType(self.clone())),
+            )),
+            _ => self.to_dtype(dtype),
+        }
     }
 }
 

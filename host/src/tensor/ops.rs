@@ -5,7 +5,7 @@
 
 pub use super::elementwise::{Binary, Unary};
 pub use super::storage::ArgMax;
-use super::{DType, Tensor};
+use super::{DType, Shape, Tensor};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -22,6 +22,19 @@ pub enum Op {
     Matmul(Tensor, Tensor),
     /// `x w^T` with `w` (N x K) 2-D: a Linear layer's product, `w` read in place.
     MatmulT(Tensor, Tensor),
+    /// `act(x w^T + b)` computed by one fused GEMM (`Tensor::linear` records it only when the
+    /// backend fused the forward; a composed layer records its parts).
+    Linear {
+        /// Input (..., K).
+        x: Tensor,
+        /// Weight (N x K).
+        w: Tensor,
+        /// Bias (N), f32.
+        b: Option<Tensor>,
+        /// The activation fused after the bias (ReLU or none: GELU's gradient needs the
+        /// pre-activation, so `Tensor::linear` applies it as its own op).
+        act: Option<crate::cuda::gemm::Activation>,
+    },
     /// Sum over dimensions.
     Sum {
         /// Input.
@@ -117,6 +130,7 @@ impl Op {
             Op::Binary(_, _, b) => b.name(),
             Op::Matmul(..) => "matmul",
             Op::MatmulT(..) => "matmul_t",
+            Op::Linear { .. } => "linear",
             Op::Sum { .. } => "sum",
             Op::Max { .. } => "max",
             Op::Expand(_) => "expand",
@@ -155,6 +169,7 @@ impl Op {
             | Op::ToDType(x)
             | Op::ToDevice(x) => vec![x],
             Op::Binary(a, b, _) | Op::Matmul(a, b) | Op::MatmulT(a, b) => vec![a, b],
+            Op::Linear { x, w, b, .. } => [Some(x), Some(w), b.as_ref()].into_iter().flatten().collect(),
             Op::Sum { x, .. } | Op::Max { x, .. } => vec![x],
             Op::Cat { xs, .. } => xs.iter().collect(),
             Op::CrossEntropy { logits, .. } => vec![logits],
@@ -183,6 +198,7 @@ impl Op {
             Op::Dropout(x, m) => vec![x, m],
             Op::Cat { xs, .. } => xs,
             Op::Binary(a, b, _) | Op::Matmul(a, b) | Op::MatmulT(a, b) => vec![a, b],
+            Op::Linear { x, w, b, .. } => [Some(x), Some(w), b].into_iter().flatten().collect(),
             Op::CrossEntropy { logits, .. } => vec![logits],
             Op::LayerNorm { x, weight, bias, mean, rstd } => vec![x, weight, bias, mean, rstd],
             Op::Embedding { weight, .. } => vec![weight],
@@ -246,6 +262,7 @@ impl Op {
                 let gw = g.reshape([rows, n])?.transpose(0, 1)?.matmul(&x.reshape([rows, k])?)?;
                 vec![(x.clone(), gx), (w.clone(), gw)]
             }
+            Op::Linear { x, w, b, act } => linear_backward(x, w, b.as_ref(), *act, out, g)?,
             Op::Sum { x, dims, keepdim } => {
                 let kept = if *keepdim { g.clone() } else { g.reshape(x.shape().keepdims(dims))? };
                 vec![(x.clone(), kept.expand(x.shape())?)]
@@ -318,6 +335,59 @@ impl Op {
             Op::ToDevice(x) => vec![(x.clone(), g.to_device(&x.device())?)],
         })
     }
+}
+
+/// The backward of a fused `y = act(x w^T + b)`: the gradient before the activation (ReLU: where
+/// the output is positive, which is where its input was), then the fused in-place backward where
+/// the backend has it (dW and db straight into f32), else the same products composed. A weight
+/// that is an f32 master's compute copy (its record converts from f32) gets its gradient in f32,
+/// which that record passes on as it is; any other input gets its gradient in its own dtype.
+fn linear_backward(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    act: Option<crate::cuda::gemm::Activation>,
+    out: &Tensor,
+    g: &Tensor,
+) -> Result<Vec<(Tensor, Tensor)>> {
+    let gpre = match act {
+        Some(crate::cuda::gemm::Activation::Relu) => g.mul(&out.unary(Unary::Step)?)?,
+        Some(crate::cuda::gemm::Activation::Gelu) => {
+            return Err(Error::Unsupported {
+                op: "backward",
+                what: "a fused GELU (its gradient needs the pre-activation; Tensor::linear applies GELU as its own op)"
+                    .into(),
+            });
+        }
+        None => g.clone(),
+    };
+    let (n, k) = (w.dims()[0], w.dims()[1]);
+    let rows = x.elem_count() / k.max(1);
+    let master_copy = matches!(w.op(), Some(Op::ToDType(m)) if m.dtype() == DType::F32);
+    let fused = gpre.data()?.linear_fused_backward(&*x.data()?, &*w.data()?, (rows, k, n), b.is_some())?;
+    let (gx, gw, gb) = match fused {
+        Some((dx, dw, db)) => (
+            Tensor::from_storage(dx, x.shape().clone(), None),
+            Tensor::from_storage(dw, w.shape().clone(), None),
+            db.map(|db| Tensor::from_storage(db, Shape(vec![n]), None)),
+        ),
+        None => {
+            let g2 = gpre.reshape([rows, n])?;
+            let gx = g2.matmul(w)?.reshape(x.shape().clone())?;
+            let gw = g2.transpose(0, 1)?.matmul(&x.reshape([rows, k])?)?;
+            let gb = match b {
+                Some(b) => Some(gpre.to_dtype(b.dtype())?.sum_to(b.shape())?),
+                None => None,
+            };
+            (gx, gw, gb)
+        }
+    };
+    let gw = if master_copy { gw.to_dtype(DType::F32)? } else { gw.to_dtype(w.dtype())? };
+    let mut grads = vec![(x.clone(), gx.to_dtype(x.dtype())?), (w.clone(), gw)];
+    if let (Some(b), Some(gb)) = (b, gb) {
+        grads.push((b.clone(), gb.to_dtype(b.dtype())?));
+    }
+    Ok(grads)
 }
 
 fn one_hot(targets: &[usize], classes: usize, dtype: DType) -> Result<Tensor> {

@@ -292,6 +292,44 @@ impl Storage {
         })
     }
 
+    /// `act(self w^T + b)` (rows x n; `self` rows x k, `w` n x k) as one fused GEMM, where the
+    /// backend has it for the case (CUDA: bf16 operands, an f32 bias, sm_90a, k % 8 == 0; see
+    /// `cuda_linear.rs`). `None` elsewhere (the caller composes the layer).
+    pub(crate) fn linear_fused(
+        &self,
+        w: &Storage,
+        b: Option<&Storage>,
+        act: Option<crate::cuda::gemm::Activation>,
+        shape: (usize, usize, usize),
+    ) -> Result<Option<Storage>> {
+        Ok(match (self, w, b) {
+            (Storage::Cuda(x), Storage::Cuda(w), None) => x.linear_fused(w, None, act, shape)?.map(Storage::Cuda),
+            (Storage::Cuda(x), Storage::Cuda(w), Some(Storage::Cuda(b))) => {
+                x.linear_fused(w, Some(b), act, shape)?.map(Storage::Cuda)
+            }
+            _ => None,
+        })
+    }
+
+    /// The fused Linear's gradients from `self`, the gradient before the activation (rows x n):
+    /// `(dx, dw, db)`, dw and db in f32 (see [`Storage::linear_fused`]); `None` where the backend
+    /// has no fused backward for the case (the caller composes it).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn linear_fused_backward(
+        &self,
+        x: &Storage,
+        w: &Storage,
+        shape: (usize, usize, usize),
+        bias: bool,
+    ) -> Result<Option<(Storage, Storage, Option<Storage>)>> {
+        Ok(match (self, x, w) {
+            (Storage::Cuda(g), Storage::Cuda(x), Storage::Cuda(w)) => g
+                .linear_fused_backward(x, w, shape, bias)?
+                .map(|(dx, dw, db)| (Storage::Cuda(dx), Storage::Cuda(dw), db.map(Storage::Cuda))),
+            _ => None,
+        })
+    }
+
     /// Softmax or log-softmax of each row of `d`.
     pub(crate) fn softmax(&self, d: usize, log: bool) -> Result<Storage> {
         Ok(match self {

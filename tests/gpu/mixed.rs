@@ -1,0 +1,379 @@
+//! Mixed-precision training and the fused Linear layer on CUDA: the fused forward
+//! (`act(x W^T + b)` as one `wgmma` GEMM, bf16 out) and backward (dX, dW and db read in place, dW
+//! and db in f32) against an f64 reference, the unfused composition on CUDA and the CPU backend,
+//! with the fallback where K is not a multiple of 8; a mixed bf16 training step on CUDA (the
+//! optimizer writing the compute copies) against the CPU's mixed step; `kiln train --dtype bf16` on
+//! CUDA reaching the main job's target; a captured mixed step against the eager one. Outputs are
+//! poisoned (the suite sets `KILN_POISON=1`); inputs are fresh random values (the seed printed).
+
+use crate::common::{Outcome, err};
+use crate::{GpuTest, any};
+use kiln::cuda::Device;
+use kiln::cuda::gemm::Activation;
+use kiln::tensor::{DType, Device as TDev, Tensor};
+use kiln::testing::{self, Tol, compare};
+
+fn wgmma(d: &Device) -> bool {
+    d.supports::<kiln::gpu::kernels::gemm_wgmma_fused::GemmWgmmaBf16Fused>()
+}
+
+pub(crate) fn tests() -> Vec<GpuTest> {
+    vec![
+        GpuTest { name: "gpu::mixed::fused_linear_sm90", available: wgmma, run: fused_linear },
+        GpuTest { name: "gpu::mixed::linear_falls_back_off_sm90", available: |d| !wgmma(d), run: fallback_linear },
+        GpuTest { name: "gpu::mixed::training_step_matches_the_cpu", available: any, run: mixed_step_vs_cpu },
+        GpuTest { name: "gpu::mixed::train_main_job_bf16_on_cuda", available: any, run: train_main_job_bf16 },
+        GpuTest { name: "gpu::mixed::training_step_captured", available: any, run: captured_mixed_step },
+        GpuTest { name: "gpu::mixed::f16_training_on_cuda_is_refused", available: any, run: f16_refused },
+    ]
+}
+
+fn bf16_round(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
+}
+
+/// The f64 reference of `act(x w^T + b)` (x rows x k, w n x k) over the given (already rounded)
+/// values, and the pre-activation.
+fn reference(x: &[f32], w: &[f32], b: &[f32], (rows, k, n): (usize, usize, usize), relu: bool) -> Vec<f64> {
+    let mut y = vec![0.0f64; rows * n];
+    for r in 0..rows {
+        for o in 0..n {
+            let s: f64 = (0..k).map(|i| x[r * k + i] as f64 * w[o * k + i] as f64).sum::<f64>() + b[o] as f64;
+            y[r * n + o] = if relu { s.max(0.0) } else { s };
+        }
+    }
+    y
+}
+
+/// One Linear on `dev`: x bf16 (tracked), the weight an f32 master on CUDA used through its bf16
+/// compute copy, the f32 master bias; `loss = sum(y * g)`. Returns (y, dx, dW, db, whether the
+/// forward was the fused op).
+#[allow(clippy::type_complexity)]
+fn linear_on(
+    td: &TDev,
+    (xv, wv, bv, gv): (&[f32], &[f32], &[f32], &[f32]),
+    (rows, k, n): (usize, usize, usize),
+    act: Option<Activation>,
+    composed: bool,
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, bool), String> {
+    let x = Tensor::from_vec(xv.to_vec(), [rows, k])
+        .and_then(|t| t.to_dtype(DType::BF16))
+        .and_then(|t| t.to_device(td))
+        .map_err(err)?
+        .detach()
+        .requires_grad();
+    let w = Tensor::from_vec(wv.to_vec(), [n, k]).and_then(|t| t.to_device(td)).map_err(err)?.requires_grad();
+    let b = Tensor::from_vec(bv.to_vec(), [n]).and_then(|t| t.to_device(td)).map_err(err)?.requires_grad();
+    let g = Tensor::from_vec(gv.to_vec(), [rows, n]).and_then(|t| t.to_device(td)).map_err(err)?;
+    let wc = w.compute_copy(DType::BF16).map_err(err)?;
+    let y = if composed {
+        let y = x.matmul_t(&wc).and_then(|y| y.add(&b.compute_copy(DType::BF16)?)).map_err(err)?;
+        if act.is_some() { y.relu().map_err(err)? } else { y }
+    } else {
+        x.linear(&wc, Some(&b), act).map_err(err)?
+    };
+    let fused = format!("{y:?}").contains("op=linear");
+    y.to_dtype(DType::F32).and_then(|y| y.mul(&g)).and_then(|l| l.sum_all()).and_then(|l| l.backward()).map_err(err)?;
+    let grad = |t: &Tensor, want: DType| -> Result<Vec<f32>, String> {
+        let gr = t.grad().ok_or("no gradient")?;
+        if gr.dtype() != want {
+            return Err(format!("a {:?} gradient where {want:?} was expected", gr.dtype()));
+        }
+        Ok(gr.to_vec_f32())
+    };
+    Ok((y.to_vec_f32(), grad(&x, DType::BF16)?, grad(&w, DType::F32)?, grad(&b, DType::F32)?, fused))
+}
+
+/// The gradients' f64 reference given the GPU's output `y` (its ReLU mask) and the bf16-rounded
+/// upstream gradient: (dx, dW, db).
+fn grad_reference(
+    (x, w, g, y): (&[f32], &[f32], &[f32], &[f32]),
+    (rows, k, n): (usize, usize, usize),
+    relu: bool,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let gb = bf16_round(g);
+    let gp: Vec<f64> = (0..rows * n)
+        .map(|i| if relu && y[i] <= 0.0 { 0.0 } else { half::bf16::from_f32(gb[i]).to_f32() as f64 })
+        .collect();
+    let dx = (0..rows * k).map(|i| (0..n).map(|o| gp[(i / k) * n + o] * w[o * k + i % k] as f64).sum()).collect();
+    let dw = (0..n * k).map(|i| (0..rows).map(|r| gp[r * n + i / k] * x[r * k + i % k] as f64).sum()).collect();
+    let db = (0..n).map(|o| (0..rows).map(|r| gp[r * n + o]).sum()).collect();
+    (dx, dw, db)
+}
+
+/// The largest magnitude in `want` (at least 1e-3).
+fn scale(want: &[f64]) -> f64 {
+    want.iter().fold(1e-3f64, |m, v| m.max(v.abs()))
+}
+
+/// Tolerances, each scaled by the largest expected magnitude (a bf16 rounding error is relative
+/// to the value rounded: the product before the bias, which can be much larger than the sum):
+/// - a bf16 output against f64: one bf16 ulp of the largest value (2^-7 of it) plus half an ulp
+///   relative (2^-8);
+/// - an f32 output (dW, db of the fused backward: exact bf16 products summed in f32): 1e-5;
+/// - two paths that round differently (fused: once; composed: the product, then the sum): two ulps
+///   of the largest value (2^-6) plus 2^-7 relative.
+fn bf16_tol(want: &[f64]) -> Tol {
+    Tol { abs: scale(want) / 128.0, rel: 1.0 / 256.0 }
+}
+fn f32_tol(want: &[f64]) -> Tol {
+    Tol { abs: 1e-5 * scale(want), rel: 1e-5 }
+}
+fn cross_tol(want: &[f64]) -> Tol {
+    Tol { abs: scale(want) / 64.0, rel: 1.0 / 128.0 }
+}
+
+fn check_linear(td: &TDev, shapes: &[(usize, usize, usize)], expect_fused: impl Fn(usize, usize) -> bool) -> Outcome {
+    let (mut rng, seed) = testing::rng();
+    eprintln!("seed {seed}");
+    for &(rows, k, n) in shapes {
+        for act in [None, Some(Activation::Relu)] {
+            let what = format!("linear {rows} x {k} by {n} x {k}, {act:?}");
+            let (xv, wv) = (bf16_round(&testing::uniform(&mut rng, rows * k)), testing::uniform(&mut rng, n * k));
+            let (bv, gv) = (testing::uniform(&mut rng, n), testing::uniform(&mut rng, rows * n));
+            let wr = bf16_round(&wv);
+            let inputs = (&xv[..], &wv[..], &bv[..], &gv[..]);
+            let (y, dx, dw, db, fused) = linear_on(td, inputs, (rows, k, n), act, false)?;
+            if fused != expect_fused(k, n) {
+                return Err(format!("{what}: fused {fused}, expected {}", expect_fused(k, n)));
+            }
+            let relu = act.is_some();
+            let ry = reference(&xv, &wr, &bv, (rows, k, n), relu);
+            compare(&format!("{what}: y vs f64"), &y, &ry, bf16_tol(&ry))?;
+            let (rdx, rdw, rdb) = grad_reference((&xv, &wr, &gv, &y), (rows, k, n), relu);
+            compare(&format!("{what}: dx vs f64"), &dx, &rdx, bf16_tol(&rdx))?;
+            // dW and db in f32 where the backward was fused (n % 8 == 0), else rounded to bf16 once
+            let fused_back = fused && n % 8 == 0;
+            let wide = |want: &[f64]| if fused_back { f32_tol(want) } else { bf16_tol(want) };
+            compare(&format!("{what}: dW (f32 master gradient) vs f64"), &dw, &rdw, wide(&rdw))?;
+            compare(&format!("{what}: db (f32) vs f64"), &db, &rdb, wide(&rdb))?;
+            // the unfused composition on CUDA, and the CPU backend's: the outputs, and (without the
+            // ReLU, whose mask may flip where the two paths round a near-zero sum differently) the
+            // gradients
+            for (place, dev, composed) in [("CUDA composed", td, true), ("CPU", &TDev::Cpu, false)] {
+                let (cy, cdx, cdw, cdb, _) = linear_on(dev, inputs, (rows, k, n), act, composed)?;
+                let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+                compare(&format!("{what}: y vs {place}"), &y, &f(&cy), cross_tol(&ry))?;
+                if !relu {
+                    compare(&format!("{what}: dx vs {place}"), &dx, &f(&cdx), cross_tol(&rdx))?;
+                    compare(&format!("{what}: dW vs {place}"), &dw, &f(&cdw), cross_tol(&rdw))?;
+                    compare(&format!("{what}: db vs {place}"), &db, &f(&cdb), cross_tol(&rdb))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The fused Linear on sm_90a: odd rows and outputs (the backward composed where n % 8 != 0),
+/// n % 8 == 0 (the backward fused too), and K not a multiple of 8 (the composed fallback).
+fn fused_linear(_: &Device) -> Outcome {
+    let td = TDev::Cuda(Device::shared().map_err(err)?);
+    check_linear(&td, &[(37, 64, 29), (45, 40, 24), (130, 136, 72), (37, 30, 24)], |k, _| k % 8 == 0)
+}
+
+/// Without the fused kernel (before sm_90a) every case takes the composed path, same results.
+fn fallback_linear(_: &Device) -> Outcome {
+    let td = TDev::Cuda(Device::shared().map_err(err)?);
+    check_linear(&td, &[(37, 64, 29), (37, 30, 24)], |_, _| false)
+}
+
+/// Two mixed bf16 steps (Adam) of an MLP on CUDA, with the optimizer writing the compute copies,
+/// against the same steps on the CPU: the first loss within 1e-2 relative, the first step's f32
+/// gradients within 2 % of each tensor's largest (bf16 activations rounded on different paths
+/// differ by an ulp here and there); after each step the CUDA compute copies are exactly the
+/// masters rounded to nearest-even bf16.
+fn mixed_step_vs_cpu(_: &Device) -> Outcome {
+    use kiln::nn::{Activation as Act, Module, autocast, mlp};
+    use kiln::optim::{Adam, Optimizer, attach_compute_copies};
+    let td = TDev::Cuda(Device::shared().map_err(err)?);
+    let (batch, features, width, classes) = (37usize, 24usize, 40usize, 7usize);
+    let (mut rng, seed) = testing::rng();
+    eprintln!("seed {seed}");
+    let x = Tensor::from_vec(testing::uniform(&mut rng, batch * features), [batch, features]).map_err(err)?;
+    let y: Vec<usize> = (0..batch).map(|i| (i * 5 + 3) % classes).collect();
+    let run = |dev: &TDev| -> Result<(Vec<f64>, Vec<Vec<f32>>), String> {
+        let model = mlp(features, width, 3, classes, Act::Relu, DType::F32, &mut Tensor::rng(seed)).map_err(err)?;
+        for p in model.parameters() {
+            p.move_to(dev).map_err(err)?;
+        }
+        let mut opt = Adam::adam(model.named_parameters(), 1e-3, 0.0);
+        let copies = attach_compute_copies(&mut opt, DType::BF16).map_err(err)?;
+        let on_gpu = matches!(dev, TDev::Cuda(_));
+        if copies != if on_gpu { 6 } else { 0 } {
+            return Err(format!("{copies} compute copies attached on the {}", dev.name()));
+        }
+        let xd = x.to_device(dev).map_err(err)?;
+        let (mut losses, mut first_grads) = (Vec::new(), Vec::new());
+        for step in 0..2 {
+            let loss = {
+                let _mixed = autocast(DType::BF16).map_err(err)?;
+                model.forward(&xd).and_then(|l| l.cross_entropy(&y[..])).map_err(err)?
+            };
+            loss.backward().map_err(err)?;
+            losses.push(loss.item().map_err(err)?);
+            if step == 0 {
+                first_grads = model
+                    .parameters()
+                    .iter()
+                    .map(|p| p.grad().map(|g| g.to_vec_f32()))
+                    .collect::<Option<_>>()
+                    .ok_or("a master without a gradient")?;
+            }
+            opt.step().map_err(err)?;
+            opt.zero_grad();
+            if on_gpu {
+                for p in model.parameters() {
+                    let copy = p.compute_copy(DType::BF16).map_err(err)?.to_vec_f32();
+                    if copy.iter().map(|v| v.to_bits()).ne(bf16_round(&p.to_vec_f32()).iter().map(|v| v.to_bits())) {
+                        return Err(format!("after step {step} a compute copy is not the master rounded to bf16"));
+                    }
+                }
+            }
+        }
+        Ok((losses, first_grads))
+    };
+    let (gpu_losses, gpu_grads) = run(&td)?;
+    let (cpu_losses, cpu_grads) = run(&TDev::Cpu)?;
+    if (gpu_losses[0] - cpu_losses[0]).abs() > 1e-2 * cpu_losses[0].abs() {
+        return Err(format!("first loss {} on CUDA, {} on the CPU", gpu_losses[0], cpu_losses[0]));
+    }
+    for (i, (g, c)) in gpu_grads.iter().zip(&cpu_grads).enumerate() {
+        let scale = c.iter().fold(0.0f64, |m, v| m.max(v.abs() as f64));
+        let want: Vec<f64> = c.iter().map(|&v| v as f64).collect();
+        compare(&format!("parameter {i}'s gradient, CUDA vs CPU"), g, &want, Tol { abs: 0.02 * scale, rel: 0.0 })?;
+    }
+    Ok(())
+}
+
+/// `kiln train --dtype bf16` on CUDA: mixed precision with the optimizer-written copies reaches
+/// the main job's 90 % test accuracy in 20 epochs (as `gpu::train_main_job_on_cuda` in f32).
+fn train_main_job_bf16(_: &Device) -> Outcome {
+    use kiln::train::{DataSource, DeviceChoice, TrainConfig};
+    let cfg = TrainConfig {
+        data: DataSource::Spirals { per_class: 300, classes: 3, noise: 0.2 },
+        epochs: 20,
+        dtype: DType::BF16,
+        device: DeviceChoice::Cuda,
+        checkpoint: None,
+        progress: false,
+        ..TrainConfig::default()
+    };
+    let mut lines = Vec::new();
+    let report = kiln::train::train(&cfg, |l| {
+        eprintln!("{l}");
+        lines.push(l.to_string())
+    })
+    .map_err(err)?;
+    if !report.device.starts_with("GPU") {
+        return Err(format!("trained on {} instead of the GPU", report.device));
+    }
+    if !lines.iter().any(|l| l.contains("written by the optimizer")) {
+        return Err(format!("no optimizer-written compute copies: {lines:?}"));
+    }
+    let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
+    if acc < 0.9 {
+        return Err(format!("test accuracy {acc} after 20 epochs of mixed bf16 on the GPU"));
+    }
+    if kiln::nn::autocast_dtype().is_some() {
+        return Err("the training left its autocast scope open on this thread".into());
+    }
+    Ok(())
+}
+
+/// A mixed bf16 training step (autocast forward, cross-entropy, backward, SGD with momentum
+/// writing the compute copies, zero_grad) captured into a CUDA graph: one eager step and four
+/// replays give exactly the bits (masters and copies) of five eager steps. Where the step's bf16
+/// products run on `wgmma` (sm_90a), each needs tensor maps for the step's fresh buffers, which a
+/// capture cannot make: there the capture is refused with the typed tensor-map error and the eager
+/// steps go on working (what makes it capturable: tensor maps uploaded by a captured copy).
+fn captured_mixed_step(dev: &Device) -> Outcome {
+    use kiln::nn::{Module, autocast, mlp};
+    use kiln::optim::{Optimizer, Sgd, attach_compute_copies};
+    use kiln::tensor::Targets;
+    let td = TDev::Cuda(Device::shared().map_err(err)?);
+    let (batch, features, width, classes) = (24usize, 16usize, 40usize, 7usize);
+    let x = Tensor::randn([batch, features], DType::F32, &mut Tensor::rng(11)).to_device(&td).map_err(err)?;
+    let targets = Targets::new((0..batch).map(|i| (i * 5) % classes).collect());
+    let build = || -> Result<(kiln::nn::Sequential, Sgd), String> {
+        let model = mlp(features, width, 3, classes, kiln::nn::Activation::Relu, DType::F32, &mut Tensor::rng(5))
+            .map_err(err)?;
+        for p in model.parameters() {
+            p.move_to(&td).map_err(err)?;
+        }
+        let mut opt = Sgd::new(model.named_parameters(), 0.05, 0.9, 0.0, false);
+        attach_compute_copies(&mut opt, DType::BF16).map_err(err)?;
+        Ok((model, opt))
+    };
+    let step = |model: &kiln::nn::Sequential, opt: &mut Sgd| -> kiln::Result<()> {
+        let _mixed = autocast(DType::BF16)?;
+        let loss = model.forward(&x)?.cross_entropy(&targets)?;
+        loss.backward()?;
+        opt.step()?;
+        opt.zero_grad();
+        Ok(())
+    };
+    let state = |model: &kiln::nn::Sequential| -> Result<Vec<u32>, String> {
+        let mut v = Vec::new();
+        for p in model.parameters() {
+            v.extend(p.to_vec_f32().iter().map(|x| x.to_bits()));
+            v.extend(p.compute_copy(DType::BF16).map_err(err)?.to_vec_f32().iter().map(|x| x.to_bits()));
+        }
+        Ok(v)
+    };
+    let (eager, mut eager_opt) = build()?;
+    for _ in 0..5 {
+        step(&eager, &mut eager_opt).map_err(err)?;
+    }
+    let (replayed, mut opt) = build()?;
+    step(&replayed, &mut opt).map_err(err)?; // the warm-up: caches filled, momentum allocated
+    let before = state(&replayed)?;
+    let graph = match dev.capture(|| step(&replayed, &mut opt)) {
+        Ok(g) => g,
+        Err(e) if wgmma(dev) && e.to_string().contains("tensor map") => {
+            opt.zero_grad();
+            eprintln!("capture refused on sm_90a, as documented: {e}");
+            step(&replayed, &mut opt).map_err(err)?;
+            return Ok(());
+        }
+        Err(e) => return Err(format!("capturing the mixed step: {e}")),
+    };
+    if state(&replayed)? != before {
+        return Err("capturing the step ran it".into());
+    }
+    for _ in 0..4 {
+        // SAFETY: the model, its optimizer state and copies, x and the targets outlive the replays.
+        unsafe { graph.launch() }.map_err(err)?;
+    }
+    dev.synchronize().map_err(err)?;
+    if state(&replayed)? != state(&eager)? {
+        return Err("one eager mixed step and four replays differ from five eager steps".into());
+    }
+    Ok(())
+}
+
+/// `kiln train --dtype f16 --device cuda` is refused before any work with a typed error that
+/// says why (loss scaling) and what to use (bf16); `--device auto` trains f16 on the CPU instead.
+fn f16_refused(_: &Device) -> Outcome {
+    use kiln::train::{DataSource, DeviceChoice, TrainConfig};
+    let cfg = TrainConfig {
+        data: DataSource::Spirals { per_class: 20, classes: 3, noise: 0.2 },
+        epochs: 1,
+        dtype: DType::F16,
+        device: DeviceChoice::Cuda,
+        checkpoint: None,
+        progress: false,
+        ..TrainConfig::default()
+    };
+    match kiln::train::train(&cfg, |_| {}) {
+        Err(kiln::Error::Unsupported { what, .. }) if what.contains("loss scaling") && what.contains("bf16") => {}
+        Err(e) => return Err(format!("f16 on CUDA: the wrong error {e}")),
+        Ok(_) => return Err("f16 on CUDA trained instead of being refused".into()),
+    }
+    let auto = TrainConfig { device: DeviceChoice::Auto, ..cfg };
+    let report = kiln::train::train(&auto, |_| {}).map_err(err)?;
+    if !report.device.starts_with("CPU") || !report.device.contains("loss scaling") {
+        return Err(format!("f16 under --device auto trained on {}", report.device));
+    }
+    Ok(())
+}
