@@ -29,7 +29,7 @@ use super::gemm_wgmma::{ACT_NONE, Epilogue, WG_BK, WG_TILE_BYTES, WP_B_SHARE, WP
 use crate::tma::TensorMap;
 use crate::{DevicePtr, DevicePtrMut, kernel};
 
-/// Operand layouts of [`gemm_wgmma_bf16_fused`] (`C[m][n] = sum_k A(m, k) B(n, k)`).
+/// Operand layouts of `gemm_wgmma_bf16_fused` (`C[m][n] = sum_k A(m, k) B(n, k)`).
 pub mod layout {
     /// A stored m x k, B stored n x k: `C = A B^T` (a linear layer's forward, `y = x W^T`).
     pub const ABT: u32 = 0;
@@ -75,7 +75,7 @@ pub const fn mn_descriptor(tile: u32, kk: u32) -> u64 {
     crate::wgmma::smem_descriptor(tile + kk * 16 * 128, MN_BOX_BYTES, 8 * 128, 0, crate::swizzle::Swizzle::B128)
 }
 
-/// The bytes a stage of [`gemm_wgmma_bf16_fused`] receives in the CTA whose tile starts at (`m0`,
+/// The bytes a stage of `gemm_wgmma_bf16_fused` receives in the CTA whose tile starts at (`m0`,
 /// `n0`): each box of its A tile and of the cluster's B tile that starts inside the matrix (K-major:
 /// one box of 128 rows per A tile and per B share; MN-major: one box per 64 rows). Boxes wholly
 /// outside are not loaded (their outputs are never stored). Both CTAs of a cluster compute the same
@@ -112,7 +112,7 @@ pub const fn fused_stage_bytes(m0: u32, n0: u32, s: GemmShape, layout: u32) -> u
     bytes
 }
 
-/// The epilogue of [`gemm_wgmma_bf16_fused`]: `c = act(acc + bias[col]) + residual[row][col] +
+/// The epilogue of `gemm_wgmma_bf16_fused`: `c = act(acc + bias[col]) + residual[row][col] +
 /// table[row % period][col]`, rounded once to `format`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -532,7 +532,7 @@ mod dev {
         }
     }
 
-    /// The body of [`gemm_wgmma_bf16_fused`].
+    /// The body of `gemm_wgmma_bf16_fused`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn fused_body(
@@ -711,11 +711,11 @@ pub const fn staged_store_fits(n: u32, format: u32, c_addr: u64) -> bool {
     (n * FusedEpilogue::elem_bytes(format)).is_multiple_of(16) && c_addr.is_multiple_of(16)
 }
 
-/// Threads per block of [`gemm_column_sums`]: 32 columns by [`COLSUM_ROW_LANES`] row lanes.
+/// Threads per block of `gemm_column_sums`: 32 columns by [`COLSUM_ROW_LANES`] row lanes.
 pub const COLSUM_THREADS: u32 = 32 * COLSUM_ROW_LANES;
-/// Row lanes per block of [`gemm_column_sums`].
+/// Row lanes per block of `gemm_column_sums`.
 pub const COLSUM_ROW_LANES: u32 = 16;
-/// Dynamic shared memory of [`gemm_column_sums`]: one f32 partial per thread.
+/// Dynamic shared memory of `gemm_column_sums`: one f32 partial per thread.
 pub const COLSUM_SMEM_BYTES: u32 = COLSUM_THREADS * 4;
 
 /// Column sums of row chunks: `out[chunk][col] = sum over rows r of chunk of x[r][col]` for the m x n
