@@ -787,30 +787,29 @@ def level0_reduce():
 
 def determinism_chain():
     # the f32 tier (guide/src/determinism.md): C[i][j] is one thread's fma chain over ascending p
-    svg = Svg(940, 430)
-    svg.text(470, 22, "The f32 tier: each output is one thread's FMA chain over k, in ascending p", 14, "middle", weight="bold")
+    svg = Svg(960, 450)
+    svg.text(480, 22, "The f32 tier: each output is one thread's FMA chain over k, in ascending p", 14, "middle", weight="bold")
     cell = 16
     K = 12
     # X (batch x k) and W^T (k x n)
-    ax, ay = 40, 110
+    ax, ay = 40, 140
     rows = 6
     def afill(r, c):
         if r == 2:
             return COLORS[0] if c < 9 else "#ddd"
         return None
     grid(svg, ax, ay, rows, K, cell, afill)
-    svg.text(ax + K * cell / 2, ay - 8, "X (rows = samples)", 11, "middle")
-    svg.text(ax + K * cell / 2, ay + rows * cell + 16, "row i", 10, "middle", fill=COLORS[0])
-    bx, by = ax + K * cell + 40, 40
+    svg.text(ax + K * cell / 2, ay - 8, "X (row i = one sample)", 11, "middle")
+    svg.text(ax + K * cell / 2, ay + rows * cell + 16, "row i: a[i][p]", 10, "middle", fill=COLORS[0])
+    bx, by = ax + K * cell + 40, 70
     def bfill(r, c):
         if c == 3:
             return COLORS[1] if r < 9 else "#ddd"
         return None
     grid(svg, bx, by, K, 6, cell, bfill)
-    svg.text(bx + 3 * cell, by - 8, "W^T", 11, "middle")
-    svg.text(bx + 6 * cell + 6, by + 10.5 * cell, "zero padding to the tile", 9, fill="#555")
-    svg.text(bx + 6 * cell + 6, by + 11.5 * cell, "depth (tiled rungs only)", 9, fill="#555")
-    svg.text(ax + K * cell - 3 * cell, ay + rows * cell + 16, "padding", 9, "middle", fill="#555")
+    svg.text(bx + 3 * cell, by - 8, "W^T (column j: b[p][j])", 11, "middle")
+    svg.text(ax, ay + rows * cell + 32, "grey: zero padding to the tile depth", 9, fill="#555")
+    svg.text(ax, ay + rows * cell + 44, "(tiled rungs only, when k is not a multiple of it)", 9, fill="#555")
     cx, cy = bx, ay + 4 * 0  # C under W^T
     cy = by + K * cell + 14
     def cfill(r, c):
@@ -818,7 +817,7 @@ def determinism_chain():
     grid(svg, cx, cy, rows, 6, cell, cfill)
     svg.text(cx + 3 * cell, cy + rows * cell + 16, "C[i][j]: one thread", 10, "middle")
     # the chain
-    qx, qy = 430, 70
+    qx, qy = 450, 80
     svg.text(qx, qy, "one thread, one output:", 12, weight="bold")
     chain = ["acc = +0.0", "acc = fma(a[i][0], b[0][j], acc)", "acc = fma(a[i][1], b[1][j], acc)", "...", "acc = fma(a[i][k-1], b[k-1][j], acc)",
              "(padded steps: fma(0, 0, acc): same acc, except -0.0 -> +0.0)"]
@@ -827,9 +826,9 @@ def determinism_chain():
     svg.text(qx, qy + 22 + 6 * 18 + 6, "fma.rn.f32 (kiln_gpu::math::fma), reproduced on the CPU by f32::mul_add", 10)
     # what enters and what does not
     ey = 250
-    box(svg, qx, ey, 220, 116, ["the association depends on", "k only", "", "", ""], LIGHT[2], 11)
-    box(svg, qx + 240, ey, 240, 116, ["does not enter it", "the batch (m), other rows", "the tile sizes and the grid", "the rung the chooser picks", "no atomics, no split-k"], LIGHT[3], 11)
-    svg.text(470, 400, "Rows are independent: sample i gets the same bits in a batch of 7 or of 128; padding can change only the sign of a zero result.", 11, "middle")
+    box(svg, qx, ey, 220, 116, ["the association depends on", "k only", "(the steps p = 0, 1, ..., k - 1", "in this order)"], LIGHT[2], 11)
+    box(svg, qx + 240, ey, 230, 116, ["does not enter it", "the batch (m), other rows", "the tile sizes and the grid", "the rung the chooser picks", "no atomics, no split-k"], LIGHT[3], 11)
+    svg.text(480, 428, "Rows are independent: sample i gets the same bits in a batch of 7 or of 128; padding can change only the sign of a zero result.", 11, "middle")
     svg.save("determinism-chain.svg")
 
 
