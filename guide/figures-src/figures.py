@@ -841,8 +841,8 @@ def autograd_tape():
     nodes = {
         "x": (40, 80, "x (leaf)", "no grad"),
         "w": (40, 170, "w (leaf)", "requires_grad"),
-        "wt": (230, 170, "w.transpose(0, 1)", "view: same storage"),
-        "mm": (430, 120, "x.matmul(..)", "Op::MatMul"),
+        "wt": (230, 170, "w.transpose(0, 1)", "Op::Transpose (a view)"),
+        "mm": (430, 120, "x.matmul(..)", "Op::Matmul"),
         "ce": (630, 120, "cross_entropy", "Op::CrossEntropy"),
     }
     W, H = 160, 46
@@ -852,12 +852,12 @@ def autograd_tape():
     svg.arrow(200, 103, 428, 135)
     svg.arrow(390, 190, 428, 150)
     svg.arrow(590, 143, 628, 143)
-    svg.text(710, 196, "loss", 11, "middle", weight="bold")
+    svg.text(800, 148, "= loss", 12, weight="bold")
     svg.text(40, 62, "forward: each op returns a Tensor whose Op holds its inputs (host/src/tensor/forward.rs, ops.rs)", 11)
     # backward order
     by = 250
     svg.text(40, by, "loss.backward(): topological sort (iterative DFS), seed the loss with ones, then each Op's rule in reverse order", 11, weight="bold")
-    order = ["loss: Op::CrossEntropy", "matmul: Op::MatMul", "transpose (view)", "w.grad() += ..."]
+    order = ["Op::CrossEntropy's rule", "Op::Matmul's rule", "Op::Transpose's rule", "leaf w: w.grad()"]
     for i, t in enumerate(order):
         box(svg, 40 + i * 225, by + 16, 195, 36, [t], LIGHT[2], 11, False)
         if i < 3:
