@@ -898,18 +898,27 @@ def layers():
         box(svg, x, y, w, h, [a, b] if b else [a], fill, 11)
         if i < 8:
             svg.arrow(x + w / 2, y + h, x + w / 2, y + h + gap - 1)
-    # the allowed and forbidden arrows, on the right
+    # the allowed and forbidden arrows, drawn on the stack: nn -> cuda (down, skipping a layer) is
+    # allowed; cuda -> tensor (up) is not
+    yc = lambda i: 50 + i * (h + gap) + h / 2
+    gx = x + w + 16
+    svg.line(x + w, yc(3), gx, yc(3), COLORS[2], 1.5)
+    svg.line(gx, yc(3), gx, yc(5), COLORS[2], 1.5)
+    svg.line(gx, yc(5), x + w + 2, yc(5), COLORS[2], 1.5, 'marker-end="url(#arrow)"')
     rx = 560
-    svg.text(rx, 70, "allowed: down", 12, weight="bold", fill=COLORS[2])
-    svg.text(rx, 88, "nn maps nn::Activation onto the", 10)
-    svg.text(rx, 102, "epilogue's cuda::gemm::Activation", 10)
-    svg.arrow(rx + 250, 60, rx + 250, 200)
-    svg.text(rx, 250, "forbidden: up", 12, weight="bold", fill=COLORS[3])
-    svg.text(rx, 268, "the CUDA runtime knows nothing of tensors,", 10)
-    svg.text(rx, 282, "tensors nothing of layers", 10)
-    svg.line(rx + 250, 390, rx + 250, 250, COLORS[3], 1.5, 'marker-end="url(#arrow)"')
-    svg.line(rx + 236, 310, rx + 264, 330, COLORS[3], 3)
-    svg.line(rx + 264, 310, rx + 236, 330, COLORS[3], 3)
+    svg.text(rx, yc(3) + 4, "allowed: nn imports cuda (down, any distance)", 11, weight="bold", fill=COLORS[2])
+    svg.text(rx, yc(3) + 20, "nn maps nn::Activation onto the", 10)
+    svg.text(rx, yc(3) + 34, "epilogue's cuda::gemm::Activation", 10)
+    bx2 = x - 16
+    svg.line(x, yc(5), bx2, yc(5), COLORS[3], 1.5)
+    svg.line(bx2, yc(5), bx2, yc(4), COLORS[3], 1.5)
+    svg.line(bx2, yc(4), x - 2, yc(4), COLORS[3], 1.5, 'marker-end="url(#arrow)"')
+    ym = (yc(4) + yc(5)) / 2
+    svg.line(bx2 - 8, ym - 8, bx2 + 8, ym + 8, COLORS[3], 3)
+    svg.line(bx2 + 8, ym - 8, bx2 - 8, ym + 8, COLORS[3], 3)
+    svg.text(rx, yc(5) + 4, "forbidden: cuda imports tensor (up)", 11, weight="bold", fill=COLORS[3])
+    svg.text(rx, yc(5) + 20, "the CUDA runtime knows nothing of tensors,", 10)
+    svg.text(rx, yc(5) + 34, "tensors nothing of layers", 10)
     svg.text(rx, 420, "tests/structure.rs checks the direction on", 10, weight="bold")
     svg.text(rx, 434, "every test run, and that inline PTX stays", 10, weight="bold")
     svg.text(rx, 448, "inside the device library", 10, weight="bold")
