@@ -932,10 +932,10 @@ def device_library():
     # top: kernels
     ky = 50
     svg.text(30, ky + 4, "kernels (gpu/src/kernels/)", 12, weight="bold")
-    ks = ["vector_add", "reduce_sum_f32", "sgemm_*", "gemm_wgmma*", "flash_fwd_*", "megakernel"]
+    ks = ["vector_add", "reduce_sum_f32", "sgemm_*", "gemm_wgmma*", "flash_fwd_*", "megakernel_step*"]
     for i, k in enumerate(ks):
         box(svg, 30 + i * 155, ky + 14, 140, 34, [k], LIGHT[1], 11, False)
-    svg.text(490, ky + 76, "call safe or # Safety-documented #[inline(always)] functions; no inline PTX outside the library", 10, "middle")
+    svg.text(500, ky + 76, "call #[inline(always)] wrappers with # Safety sections; no inline PTX elsewhere", 10)
     # middle: modules, grouped
     my = 150
     svg.text(30, my, "kiln-gpu modules (wrappers)", 12, weight="bold")
@@ -943,7 +943,7 @@ def device_library():
         ("threads and sync", ["thread", "sync", "warp", "atomic", "fence"], LIGHT[0]),
         ("memory", ["shared", "cp_async", "mbarrier", "tma", "matrix"], LIGHT[2]),
         ("math units", ["mma", "wgmma (sm_90a)", "cluster (sm_90)", "tcgen05 (sm_100a)", "math"], LIGHT[6]),
-        ("pure, host-tested", ["swizzle", "convert", "hint", "layouts of mma", "smem_descriptor"], LIGHT[5]),
+        ("formats and hints", ["convert", "swizzle (pure)", "hint"], LIGHT[5]),
     ]
     gw = 225
     for g, (name, mods, fill) in enumerate(groups):
@@ -956,6 +956,7 @@ def device_library():
     # bottom: PTX
     py = 390
     svg.arrow(490, my + 214, 490, py - 2)
+    svg.text(500, my + 232, "pure functions (fragment layouts, swizzle, smem_descriptor) emit no PTX: host-tested", 10)
     svg.rect(30, py, 920, 80, "#eee", "#000", 1)
     svg.text(490, py + 20, "PTX (asm!), one instruction per wrapper, shown in its documentation", 12, "middle", weight="bold")
     ex = ["mov.u32 %r, %tid.x;", "shfl.sync.bfly.b32", "mbarrier.try_wait.parity", "cp.async.bulk.tensor.2d",
