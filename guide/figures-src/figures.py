@@ -968,12 +968,13 @@ def device_library():
 
 def online_softmax():
     # guide/src/attention.md: one query block walks key tiles; m, l, o per row; causal tiles skipped
-    svg = Svg(980, 470)
-    svg.text(490, 22, "The online softmax: one query block walks the key tiles, keeping m, l and o per row; causal tiles past the diagonal are never visited", 13, "middle", weight="bold")
-    x0, y0 = 90, 80
+    svg = Svg(980, 445)
+    svg.text(490, 22, "The online softmax: one query block walks the key tiles, keeping m, l and o per row;", 14, "middle", weight="bold")
+    svg.text(490, 40, "with the causal mask, tiles past the diagonal are never visited", 14, "middle", weight="bold")
+    x0, y0 = 90, 86
     nt, qb = 8, 8  # tiles shown along keys and query blocks (schematic)
     c = 34
-    svg.text(x0 + nt * c / 2, y0 - 24, "keys (tiles of K, V) ->", 11, "middle")
+    svg.text(x0 + nt * c / 2, y0 - 10, "keys (tiles of K, V) ->", 11, "middle")
     svg.text(x0 - 12, y0 + qb * c / 2, "query blocks", 11, "middle", extra=f'transform="rotate(-90 {x0 - 12} {y0 + qb * c / 2})"')
     sel = 5
     for r in range(qb):
@@ -992,9 +993,10 @@ def online_softmax():
         svg.text(x0 + t * c + c / 2, y0 + sel * c + c / 2 + 4, f"{t}", 11, "middle", fill="#fff" if t < sel else "#000")
     svg.text(x0 + nt * c / 2, y0 + qb * c + 20, "white/blue: full tiles; yellow: diagonal tiles (masked inside); grey: skipped", 10, "middle")
     svg.text(x0 + nt * c / 2, y0 + qb * c + 34, "the highlighted row is one query block's walk, tiles 0, 1, ... in order", 10, "middle")
+    svg.text(x0 + nt * c / 2, y0 + qb * c + 48, "(schematic: square tiles, q_len = kv_len)", 10, "middle", fill="#555")
     # right side: the recurrence
     rx = 420
-    svg.text(rx, 80, "per query row, for each key tile of scores s_1 .. s_n:", 12, weight="bold")
+    svg.text(rx, 86, "per query row, for each key tile of scores s_1 .. s_n:", 12, weight="bold")
     eqs = ["m' = max(m, s_1, ..., s_n)",
            "l' = l e^(m - m') + sum_j e^(s_j - m')",
            "o' = o e^(m - m') + sum_j e^(s_j - m') v_j"]
@@ -1013,7 +1015,7 @@ def online_softmax():
     box(svg, rx, ty + 100, 250, 46, ["after the last tile", "O = o / l,  LSE = m + ln l"], LIGHT[2], 11)
     svg.text(rx + 270, ty + 118, "the backward recomputes P", 10)
     svg.text(rx + 270, ty + 132, "from the LSE instead of storing it", 10)
-    svg.text(490, 450, "The naive form writes and reads back all of S and P (q_len x kv_len per head); here they live one tile at a time.", 11, "middle")
+    svg.text(490, 430, "The naive form writes and reads back all of S and P (q_len x kv_len per head); here they live one tile at a time.", 11, "middle")
     svg.save("online-softmax.svg")
 
 
