@@ -1022,30 +1022,23 @@ def online_softmax():
 def mixed_precision():
     # guide/src/mixed-precision.md: f32 masters, bf16 compute copies written by the optimizer's launch,
     # the fused Linear (gemm_wgmma_bf16_fused: bias + ReLU in the epilogue), dW in f32
-    svg = Svg(980, 520)
+    svg = Svg(980, 470)
     svg.text(490, 22, "Mixed precision: f32 masters, bf16 copies written by the optimizer's launch, dW back in f32", 14, "middle", weight="bold")
-    # master and copy
-    box(svg, 40, 60, 200, 50, ["W master (f32)", "the optimizer updates it"], LIGHT[0])
-    box(svg, 40, 200, 200, 50, ["W compute copy (bf16)", "Tensor::compute_copy: a view"], LIGHT[1])
-    box(svg, 300, 120, 260, 60, ["multi_adam_f32 / multi_sgd_f32", "one launch: new master, and its copy", "rounded to nearest-even"], LIGHT[5], 11)
-    svg.arrow(240, 85, 330, 118)
-    svg.arrow(430, 182, 242, 220)
-    svg.arrow(330, 182, 240, 100)
-    # forward
-    fx = 620
-    box(svg, fx, 60, 320, 50, ["forward inside autocast(BF16)", "X bf16 -> Linear -> Y bf16"], LIGHT[1])
-    svg.arrow(242, 228, fx - 2, 95)
-    box(svg, fx, 200, 320, 64, ["backward (rung 13's layouts on wgmma)", "dX = dY W   (AB, bf16 out)", "dW = dY^T X (AtB, f32 out)"], LIGHT[1], 11)
-    svg.arrow(fx + 160, 112, fx + 160, 198)
-    svg.line(fx + 60, 266, fx + 60, 300, COLORS[0], 1.5)
-    svg.line(fx + 60, 300, 140, 300, COLORS[0], 1.5)
-    svg.line(140, 300, 140, 270, COLORS[0], 1.5)
-    svg.text(380, 294, "dW in f32: the master's gradient, never rounded to bf16", 10, "middle", fill=COLORS[0])
-    svg.line(140, 270, 140, 254, COLORS[0], 1.5)
-    svg.line(100, 300, 100, 112, COLORS[0], 1.5, 'marker-end="url(#arrow)"')
-    svg.text(94, 160, "dW", 10, "end", fill=COLORS[0])
+    # one step as a cycle: optimizer -> master and copy -> forward -> backward -> dW -> master
+    box(svg, 40, 115, 240, 70, ["multi_adam_f32 / multi_sgd_f32", "reads W and dW, writes the new W", "and, in the same launch, its copy"], LIGHT[5], 11)
+    box(svg, 340, 55, 220, 50, ["W master (f32)", "with its gradient dW (f32)"], LIGHT[0])
+    box(svg, 340, 195, 220, 50, ["W compute copy (bf16)", "rounded to nearest-even"], LIGHT[1])
+    svg.arrow(282, 135, 338, 90)
+    svg.arrow(282, 165, 338, 210)
+    box(svg, 640, 195, 300, 50, ["forward inside autocast(BF16)", "Linear reads the copy: X bf16 -> Y bf16"], LIGHT[1])
+    svg.arrow(562, 220, 638, 220)
+    box(svg, 640, 45, 300, 70, ["backward (rung 13's layouts on wgmma)", "dX = dY W   (AB, bf16 out)", "dW = dY^T X (AtB, f32 out)"], LIGHT[1], 11)
+    svg.arrow(790, 193, 790, 117)
+    svg.line(638, 80, 562, 80, COLORS[0], 2, 'marker-end="url(#arrow)"')
+    svg.text(600, 72, "dW", 11, "middle", fill=COLORS[0], weight="bold")
+    svg.text(490, 280, "dW reaches the master in f32, never rounded to bf16; only the optimizer's launch writes the copy", 11, "middle", fill=COLORS[0])
     # epilogue
-    ey = 340
+    ey = 320
     svg.text(40, ey, "the fused Linear (Tensor::linear -> gemm_wgmma_bf16_fused, rung 12's epilogue): one pass over the output", 12, weight="bold")
     steps = [("TMA loads", "X, W bf16"), ("wgmma", "f32 accumulator"), ("+ bias", "f32"), ("ReLU", "in registers"), ("round once", "store bf16 Y")]
     for i, (a, b) in enumerate(steps):
