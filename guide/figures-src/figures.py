@@ -952,7 +952,7 @@ def device_library():
         svg.text(gx + gw / 2, my + 28, name, 11, "middle", weight="bold")
         for i, m in enumerate(mods):
             box(svg, gx + 12, my + 38 + i * 33, gw - 24, 27, [m], fill, 11, False)
-    svg.arrow(490, ky + 82, 490, my - 12)
+    svg.arrow(490, ky + 52, 490, my - 10)
     # bottom: PTX
     py = 390
     svg.arrow(490, my + 214, 490, py - 2)
