@@ -46,7 +46,7 @@ class Svg:
     def text(self, x, y, s, size=12, anchor="start", fill="#000", weight="normal", extra=""):
         s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         self.items.append(
-            f'<text x="{x:.1f}" y="{y:.1f}" {FONT} font-size="{size}" text-anchor="{anchor}" '
+            f'<text x="{x:.1f}" y="{y:.1f}" {"" if "font-family" in extra else FONT} font-size="{size}" text-anchor="{anchor}" '
             f'fill="{fill}" font-weight="{weight}" {extra}>{s}</text>'
         )
 
@@ -715,6 +715,342 @@ def megakernel_stream():
     svg.save("megakernel-stream.svg")
 
 
+# (b) chapters outside the ladder: one figure each ------------------------------------------------
+
+
+def box(svg, x, y, w, h, lines, fill="#fff", size=11, bold_first=True, fg="#000"):
+    svg.rect(x, y, w, h, fill, "#000", 1)
+    n = len(lines)
+    y0 = y + h / 2 - (n - 1) * (size + 3) / 2 + size * 0.35
+    for i, t in enumerate(lines):
+        svg.text(x + w / 2, y0 + i * (size + 3), t, size if i == 0 else size - 1, "middle", fg,
+                 "bold" if (i == 0 and bold_first) else "normal")
+
+
+def level0_reduce():
+    # reduce_sum_f32 (gpu/src/kernels/reduce.rs): grid-stride accumulation, warp butterfly
+    # (warp::reduce_sum_f32: lanes pair at distance 16, 8, 4, 2, 1), lane 0 -> warp_sums, barrier,
+    # warp 0 combines the warp sums, one partial per block; the host runs it again with one block.
+    svg = Svg(940, 545)
+    svg.text(470, 22, "reduce_sum_f32: a grid-stride loop, a butterfly per warp, then warp 0 over the warp sums", 14, "middle", weight="bold")
+    # 1. grid-stride loop over x
+    y1 = 60
+    svg.text(30, y1, "1. grid-stride loop: thread t of the grid adds x[t], x[t + stride], x[t + 2 stride], ...  (stride = grid_stride_x() = all threads of the grid)", 11, weight="bold")
+    cell, T = 13, 16
+    for r in range(3):
+        for t in range(T):
+            x = 30 + (r * T + t) * cell
+            b = t // 8
+            svg.rect(x, y1 + 14, cell, 22, LIGHT[b] if t != 2 else COLORS[b], "#888", 0.5)
+    for r in range(3):
+        svg.text(30 + (r * T + T / 2) * cell, y1 + 52, f"x[{r} stride ..]" if r else "x[0 .. stride)", 10, "middle")
+    for r in range(3):
+        x = 30 + (r * T + 2) * cell + cell / 2
+        svg.line(x, y1 + 36, x, y1 + 62, COLORS[0], 1)
+    svg.line(30 + 2 * cell + cell / 2, y1 + 62, 30 + (2 * T + 2) * cell + cell / 2, y1 + 62, COLORS[0], 1)
+    svg.text(30 + 48 * cell + 14, y1 + 30, "block 0 (light blue), block 1 (light orange);", 10)
+    svg.text(30 + 48 * cell + 14, y1 + 44, "thread 2 of block 0 (dark) sums its own slice", 10)
+    svg.text(30 + 48 * cell + 14, y1 + 58, "sequentially into acc: no atomics", 10)
+    # 2. butterfly in one warp
+    y2 = 160
+    svg.text(30, y2 - 6, "2. warp::reduce_sum_f32: shfl.sync.bfly at lane distance 16, 8, 4, 2, 1; every lane ends with the warp's sum", 11, weight="bold")
+    lx, lw = 60, 26
+    lanes = 32
+    rows = [16, 8, 4, 2, 1]
+    rowh = 34
+    for lvl in range(6):
+        y = y2 + 24 + lvl * rowh
+        for l in range(lanes):
+            svg.circle(lx + l * lw, y, 4, COLORS[0] if lvl == 5 else "#fff")
+        if lvl < 5:
+            d = rows[lvl]
+            for l in range(lanes):
+                svg.line(lx + l * lw, y + 4, lx + (l ^ d) * lw, y + rowh - 4, "#999", 0.6)
+            svg.text(lx - 10, y + rowh / 2 + 4, f"{d}", 10, "end", fill="#555")
+    svg.text(lx + 15.5 * lw, y2 + 16, "lanes 0 .. 31 of one warp; level labels: the lane distance", 9, "middle", fill="#555")
+    svg.text(lx + 31 * lw + 14, y2 + 24 + 5 * rowh + 4, "sum", 10)
+    # 3. across warps
+    y3 = y2 + 24 + 5 * rowh + 34
+    svg.text(30, y3, "3. lane 0 of warp w writes warp_sums[w] (shared memory); sync_threads(); warp 0 runs the same butterfly over them;", 11, weight="bold")
+    svg.text(30, y3 + 15, "    its lane 0 writes partials[block] = scale x total", 11, weight="bold")
+    y3 += 15
+    for w in range(4):
+        box(svg, 40 + w * 120, y3 + 16, 100, 34, [f"warp {w}" if w < 3 else "...", "sum" if w < 3 else ""], LIGHT[0])
+        svg.arrow(90 + w * 120, y3 + 52, 90 + w * 120, y3 + 76)
+    box(svg, 40, y3 + 78, 460, 30, ["warp_sums: one f32 per warp (static shared memory)"], "#eee", 10, False)
+    svg.arrow(510, y3 + 93, 570, y3 + 93)
+    box(svg, 572, y3 + 78, 150, 30, ["warp 0: butterfly"], LIGHT[2], 10, False)
+    svg.arrow(724, y3 + 93, 764, y3 + 93)
+    box(svg, 766, y3 + 70, 150, 46, ["partials[block]", "then a second launch", "with one block over them"], LIGHT[1], 10)
+    svg.save("level0-reduce-sum.svg")
+
+
+def determinism_chain():
+    # the f32 tier (guide/src/determinism.md): C[i][j] is one thread's fma chain over ascending p
+    svg = Svg(960, 450)
+    svg.text(480, 22, "The f32 tier: each output is one thread's FMA chain over k, in ascending p", 14, "middle", weight="bold")
+    cell = 16
+    K = 12
+    # X (batch x k) and W^T (k x n)
+    ax, ay = 40, 140
+    rows = 6
+    def afill(r, c):
+        if r == 2:
+            return COLORS[0] if c < 9 else "#ddd"
+        return None
+    grid(svg, ax, ay, rows, K, cell, afill)
+    svg.text(ax + K * cell / 2, ay - 8, "X (row i = one sample)", 11, "middle")
+    svg.text(ax + K * cell / 2, ay + rows * cell + 16, "row i: a[i][p]", 10, "middle", fill=COLORS[0])
+    bx, by = ax + K * cell + 40, 70
+    def bfill(r, c):
+        if c == 3:
+            return COLORS[1] if r < 9 else "#ddd"
+        return None
+    grid(svg, bx, by, K, 6, cell, bfill)
+    svg.text(bx + 3 * cell, by - 8, "W^T (column j: b[p][j])", 11, "middle")
+    svg.text(ax, ay + rows * cell + 32, "grey: zero padding to the tile depth", 9, fill="#555")
+    svg.text(ax, ay + rows * cell + 44, "(tiled rungs only, when k is not a multiple of it)", 9, fill="#555")
+    cx, cy = bx, ay + 4 * 0  # C under W^T
+    cy = by + K * cell + 14
+    def cfill(r, c):
+        return COLORS[2] if (r == 2 and c == 3) else None
+    grid(svg, cx, cy, rows, 6, cell, cfill)
+    svg.text(cx + 3 * cell, cy + rows * cell + 16, "C[i][j]: one thread", 10, "middle")
+    # the chain
+    qx, qy = 450, 80
+    svg.text(qx, qy, "one thread, one output:", 12, weight="bold")
+    chain = ["acc = +0.0", "acc = fma(a[i][0], b[0][j], acc)", "acc = fma(a[i][1], b[1][j], acc)", "...", "acc = fma(a[i][k-1], b[k-1][j], acc)",
+             "(padded steps: fma(0, 0, acc): same acc, except -0.0 -> +0.0)"]
+    for i, t in enumerate(chain):
+        svg.text(qx + 10, qy + 22 + i * 18, t, 11, fill="#555" if i == 5 else "#000", extra='font-family="monospace"' if False else "")
+    svg.text(qx, qy + 22 + 6 * 18 + 6, "fma.rn.f32 (kiln_gpu::math::fma), reproduced on the CPU by f32::mul_add", 10)
+    # what enters and what does not
+    ey = 250
+    box(svg, qx, ey, 220, 116, ["the association depends on", "k only", "(the steps p = 0, 1, ..., k - 1", "in this order)"], LIGHT[2], 11)
+    box(svg, qx + 240, ey, 230, 116, ["does not enter it", "the batch (m), other rows", "the tile sizes and the grid", "the rung the chooser picks", "no atomics, no split-k"], LIGHT[3], 11)
+    svg.text(480, 428, "Rows are independent: sample i gets the same bits in a batch of 7 or of 128; padding can change only the sign of a zero result.", 11, "middle")
+    svg.save("determinism-chain.svg")
+
+
+def autograd_tape():
+    # host/src/tensor: each result holds the Op that made it (ops.rs), backward() sorts the graph
+    # topologically (autograd.rs topo_order) and walks it in reverse; Storage is Cpu | Cuda (storage.rs)
+    svg = Svg(960, 470)
+    svg.text(480, 22, "The graph is the tensors: each result holds its Op; backward walks it in reverse topological order", 14, "middle", weight="bold")
+    # forward nodes
+    nodes = {
+        "x": (40, 80, "x (leaf)", "no grad"),
+        "w": (40, 170, "w (leaf)", "requires_grad"),
+        "wt": (230, 170, "w.transpose(0, 1)", "Op::Transpose (a view)"),
+        "mm": (430, 120, "x.matmul(..)", "Op::Matmul"),
+        "ce": (630, 120, "cross_entropy", "Op::CrossEntropy"),
+    }
+    W, H = 160, 46
+    for k, (x, y, a, b) in nodes.items():
+        box(svg, x, y, W, H, [a, b], LIGHT[0] if k in ("x", "w") else LIGHT[1])
+    svg.arrow(200, 193, 228, 193)
+    svg.arrow(200, 103, 428, 135)
+    svg.arrow(390, 190, 428, 150)
+    svg.arrow(590, 143, 628, 143)
+    svg.text(800, 148, "= loss", 12, weight="bold")
+    svg.text(40, 62, "forward: each op returns a Tensor whose Op holds its inputs (host/src/tensor/forward.rs, ops.rs)", 11)
+    # backward order
+    by = 250
+    svg.text(40, by, "loss.backward(): topological sort (iterative DFS), seed the loss with ones, then each Op's rule in reverse order", 11, weight="bold")
+    order = ["Op::CrossEntropy's rule", "Op::Matmul's rule", "Op::Transpose's rule", "leaf w: w.grad()"]
+    for i, t in enumerate(order):
+        box(svg, 40 + i * 225, by + 16, 195, 36, [t], LIGHT[2], 11, False)
+        if i < 3:
+            svg.arrow(237 + i * 225, by + 34, 263 + i * 225, by + 34)
+    svg.text(40, by + 72, "each rule is written with the same tensor ops, so it runs on the backend the forward ran on", 10)
+    # backend seam
+    sy = 350
+    svg.text(40, sy, "the backend seam (host/src/tensor/storage.rs)", 11, weight="bold")
+    box(svg, 40, sy + 14, 220, 46, ["Tensor", "Arc: storage, layout, dtype, Op"], LIGHT[0])
+    svg.arrow(262, sy + 37, 318, sy + 37)
+    box(svg, 320, sy + 14, 160, 46, ["Storage", "enum"], "#eee")
+    svg.arrow(482, sy + 30, 558, sy + 14 + 8)
+    svg.arrow(482, sy + 44, 558, sy + 66 + 8)
+    box(svg, 560, sy + 2, 360, 40, ["Storage::Cpu", "cpu/: the reference, f32 and f64, rows over threads"], LIGHT[2], 11)
+    box(svg, 560, sy + 54, 360, 40, ["Storage::Cuda", "cuda_backend.rs: kiln's Rust kernels (tensor_ops.rs)"], LIGHT[1], 11)
+    svg.save("autograd-tape.svg")
+
+
+def layers():
+    # guide/src/layout.md: the host's layers; an import goes to the same layer or below
+    svg = Svg(900, 520)
+    svg.text(450, 22, "The host's layers: a module imports its own layer and those below it, never one above", 14, "middle", weight="bold")
+    L = [
+        ("main.rs (CLI)", ""),
+        ("train", "the main job"),
+        ("megakernel · tools", "one launch per step; kiln gemm"),
+        ("nn · optim · checkpoint · data", "layers, optimizers, files, datasets"),
+        ("tensor", "Tensor, autograd, the backend seam"),
+        ("cuda", "devices, buffers, launches, GEMM launchers"),
+        ("ptx", "the embedded PTX modules"),
+        ("error · dtype · testing · deterministic · attention", "leaves"),
+        ("kiln_gpu (gpu/)", "kernels, parameter structs, constants"),
+    ]
+    x, w, h, gap = 60, 440, 40, 12
+    for i, (a, b) in enumerate(L):
+        y = 50 + i * (h + gap)
+        fill = LIGHT[4] if i < 8 else LIGHT[5]
+        box(svg, x, y, w, h, [a, b] if b else [a], fill, 11)
+        if i < 8:
+            svg.arrow(x + w / 2, y + h, x + w / 2, y + h + gap - 1)
+    # the allowed and forbidden arrows, drawn on the stack: nn -> cuda (down, skipping a layer) is
+    # allowed; cuda -> tensor (up) is not
+    yc = lambda i: 50 + i * (h + gap) + h / 2
+    gx = x + w + 16
+    svg.line(x + w, yc(3), gx, yc(3), COLORS[2], 1.5)
+    svg.line(gx, yc(3), gx, yc(5), COLORS[2], 1.5)
+    svg.line(gx, yc(5), x + w + 2, yc(5), COLORS[2], 1.5, 'marker-end="url(#arrow)"')
+    rx = 560
+    svg.text(rx, yc(3) + 4, "allowed: nn imports cuda (down, any distance)", 11, weight="bold", fill=COLORS[2])
+    svg.text(rx, yc(3) + 20, "nn maps nn::Activation onto the", 10)
+    svg.text(rx, yc(3) + 34, "epilogue's cuda::gemm::Activation", 10)
+    bx2 = x - 16
+    svg.line(x, yc(5), bx2, yc(5), COLORS[3], 1.5)
+    svg.line(bx2, yc(5), bx2, yc(4), COLORS[3], 1.5)
+    svg.line(bx2, yc(4), x - 2, yc(4), COLORS[3], 1.5, 'marker-end="url(#arrow)"')
+    ym = (yc(4) + yc(5)) / 2
+    svg.line(bx2 - 8, ym - 8, bx2 + 8, ym + 8, COLORS[3], 3)
+    svg.line(bx2 + 8, ym - 8, bx2 - 8, ym + 8, COLORS[3], 3)
+    svg.text(rx, yc(5) + 4, "forbidden: cuda imports tensor (up)", 11, weight="bold", fill=COLORS[3])
+    svg.text(rx, yc(5) + 20, "the CUDA runtime knows nothing of tensors,", 10)
+    svg.text(rx, yc(5) + 34, "tensors nothing of layers", 10)
+    svg.text(rx, 420, "tests/structure.rs checks the direction on", 10, weight="bold")
+    svg.text(rx, 434, "every test run, and that inline PTX stays", 10, weight="bold")
+    svg.text(rx, 448, "inside the device library", 10, weight="bold")
+    svg.save("host-layers.svg")
+
+
+def device_library():
+    # guide/src/device-library.md: PTX wrapped once in kiln-gpu modules; kernels call only wrappers
+    svg = Svg(980, 500)
+    svg.text(490, 22, "The device library: every PTX instruction wrapped once, kernels written as algorithms over the wrappers", 14, "middle", weight="bold")
+    # top: kernels
+    ky = 50
+    svg.text(30, ky + 4, "kernels (gpu/src/kernels/)", 12, weight="bold")
+    ks = ["vector_add", "reduce_sum_f32", "sgemm_*", "gemm_wgmma*", "flash_fwd_*", "megakernel_step*"]
+    for i, k in enumerate(ks):
+        box(svg, 30 + i * 155, ky + 14, 140, 34, [k], LIGHT[1], 11, False)
+    svg.text(500, ky + 76, "call #[inline(always)] wrappers with # Safety sections; no inline PTX elsewhere", 10)
+    # middle: modules, grouped
+    my = 150
+    svg.text(30, my, "kiln-gpu modules (wrappers)", 12, weight="bold")
+    groups = [
+        ("threads and sync", ["thread", "sync", "warp", "atomic", "fence"], LIGHT[0]),
+        ("memory", ["shared", "cp_async", "mbarrier", "tma", "matrix"], LIGHT[2]),
+        ("math units", ["mma", "wgmma (sm_90a)", "cluster (sm_90)", "tcgen05 (sm_100a)", "math"], LIGHT[6]),
+        ("formats and hints", ["convert", "swizzle (pure)", "hint"], LIGHT[5]),
+    ]
+    gw = 225
+    for g, (name, mods, fill) in enumerate(groups):
+        gx = 30 + g * (gw + 15)
+        svg.rect(gx, my + 10, gw, 200, "#fafafa", "#888", 1)
+        svg.text(gx + gw / 2, my + 28, name, 11, "middle", weight="bold")
+        for i, m in enumerate(mods):
+            box(svg, gx + 12, my + 38 + i * 33, gw - 24, 27, [m], fill, 11, False)
+    svg.arrow(490, ky + 52, 490, my - 10)
+    # bottom: PTX
+    py = 390
+    svg.arrow(490, my + 214, 490, py - 2)
+    svg.text(500, my + 232, "pure functions (fragment layouts, swizzle, smem_descriptor) emit no PTX: host-tested", 10)
+    svg.rect(30, py, 920, 80, "#eee", "#000", 1)
+    svg.text(490, py + 20, "PTX (asm!), one instruction per wrapper, shown in its documentation", 12, "middle", weight="bold")
+    ex = ["mov.u32 %r, %tid.x;", "shfl.sync.bfly.b32", "mbarrier.try_wait.parity", "cp.async.bulk.tensor.2d",
+          "mma.sync.aligned.m16n8k16", "wgmma.mma_async", "tcgen05.mma", "fma.rn.f32"]
+    for i, e in enumerate(ex):
+        svg.text(50 + (i % 4) * 228, py + 44 + (i // 4) * 18, e, 10.5, extra='font-family="monospace"')
+    svg.save("device-library.svg")
+
+
+def online_softmax():
+    # guide/src/attention.md: one query block walks key tiles; m, l, o per row; causal tiles skipped
+    svg = Svg(980, 445)
+    svg.text(490, 22, "The online softmax: one query block walks the key tiles, keeping m, l and o per row;", 14, "middle", weight="bold")
+    svg.text(490, 40, "with the causal mask, tiles past the diagonal are never visited", 14, "middle", weight="bold")
+    x0, y0 = 90, 86
+    nt, qb = 8, 8  # tiles shown along keys and query blocks (schematic)
+    c = 34
+    svg.text(x0 + nt * c / 2, y0 - 10, "keys (tiles of K, V) ->", 11, "middle")
+    svg.text(x0 - 12, y0 + qb * c / 2, "query blocks", 11, "middle", extra=f'transform="rotate(-90 {x0 - 12} {y0 + qb * c / 2})"')
+    sel = 5
+    for r in range(qb):
+        for t in range(nt):
+            if t > r:
+                fill = "#f2f2f2"
+            elif t == r:
+                fill = LIGHT[5]
+            else:
+                fill = "#fff"
+            if r == sel:
+                fill = COLORS[0] if t < r else (COLORS[5] if t == r else "#f2f2f2")
+            svg.rect(x0 + t * c, y0 + r * c, c, c, fill, "#999", 0.6)
+    svg.rect(x0, y0, nt * c, qb * c, "none", "#000", 1)
+    for t in range(sel + 1):
+        svg.text(x0 + t * c + c / 2, y0 + sel * c + c / 2 + 4, f"{t}", 11, "middle", fill="#fff" if t < sel else "#000")
+    svg.text(x0 + nt * c / 2, y0 + qb * c + 20, "white/blue: full tiles; yellow: diagonal tiles (masked inside); grey: skipped", 10, "middle")
+    svg.text(x0 + nt * c / 2, y0 + qb * c + 34, "the highlighted row is one query block's walk, tiles 0, 1, ... in order", 10, "middle")
+    svg.text(x0 + nt * c / 2, y0 + qb * c + 48, "(schematic: square tiles, q_len = kv_len)", 10, "middle", fill="#555")
+    # right side: the recurrence
+    rx = 420
+    svg.text(rx, 86, "per query row, for each key tile of scores s_1 .. s_n:", 12, weight="bold")
+    eqs = ["m' = max(m, s_1, ..., s_n)",
+           "l' = l e^(m - m') + sum_j e^(s_j - m')",
+           "o' = o e^(m - m') + sum_j e^(s_j - m') v_j"]
+    for i, e in enumerate(eqs):
+        svg.text(rx + 16, 106 + i * 22, e, 12, extra='font-family="monospace"')
+    svg.text(rx, 186, "e^(m - m') rescales what was computed against the old maximum", 11)
+    # timeline boxes
+    ty = 220
+    for i in range(4):
+        lbl = ["tile 0", "tile 1", "...", "diagonal tile"][i]
+        box(svg, rx + i * 130, ty, 110, 40, [lbl, "S, P on chip" if i != 2 else ""], COLORS[0] if i < 3 else COLORS[5], 11, True, "#fff" if i < 3 else "#000")
+        if i < 3:
+            svg.arrow(rx + i * 130 + 112, ty + 20, rx + i * 130 + 128, ty + 20)
+    svg.text(rx, ty + 62, "m, l, o stay in registers between tiles (one row per thread on rung 1;", 10)
+    svg.text(rx, ty + 76, "warp w owns 16 rows on rung 2)", 10)
+    box(svg, rx, ty + 100, 250, 46, ["after the last tile", "O = o / l,  LSE = m + ln l"], LIGHT[2], 11)
+    svg.text(rx + 270, ty + 118, "the backward recomputes P", 10)
+    svg.text(rx + 270, ty + 132, "from the LSE instead of storing it", 10)
+    svg.text(490, 430, "The naive form writes and reads back all of S and P (q_len x kv_len per head); here they live one tile at a time.", 11, "middle")
+    svg.save("online-softmax.svg")
+
+
+def mixed_precision():
+    # guide/src/mixed-precision.md: f32 masters, bf16 compute copies written by the optimizer's launch,
+    # the fused Linear (gemm_wgmma_bf16_fused: bias + ReLU in the epilogue), dW in f32
+    svg = Svg(980, 470)
+    svg.text(490, 22, "Mixed precision: f32 masters, bf16 copies written by the optimizer's launch, dW back in f32", 14, "middle", weight="bold")
+    # one step as a cycle: optimizer -> master and copy -> forward -> backward -> dW -> master
+    box(svg, 40, 115, 240, 70, ["multi_adam_f32 / multi_sgd_f32", "reads W and dW, writes the new W", "and, in the same launch, its copy"], LIGHT[5], 11)
+    box(svg, 340, 55, 220, 50, ["W master (f32)", "with its gradient dW (f32)"], LIGHT[0])
+    box(svg, 340, 195, 220, 50, ["W compute copy (bf16)", "rounded to nearest-even"], LIGHT[1])
+    svg.arrow(282, 135, 338, 90)
+    svg.arrow(282, 165, 338, 210)
+    box(svg, 640, 195, 300, 50, ["forward inside autocast(BF16)", "Linear reads the copy: X bf16 -> Y bf16"], LIGHT[1])
+    svg.arrow(562, 220, 638, 220)
+    box(svg, 640, 45, 300, 70, ["backward (rung 13's layouts on wgmma)", "dX = dY W   (AB, bf16 out)", "dW = dY^T X (AtB, f32 out)"], LIGHT[1], 11)
+    svg.arrow(790, 193, 790, 117)
+    svg.line(638, 80, 562, 80, COLORS[0], 2, 'marker-end="url(#arrow)"')
+    svg.text(600, 72, "dW", 11, "middle", fill=COLORS[0], weight="bold")
+    svg.text(490, 280, "dW reaches the master in f32, never rounded to bf16; only the optimizer's launch writes the copy", 11, "middle", fill=COLORS[0])
+    # epilogue
+    ey = 320
+    svg.text(40, ey, "the fused Linear (Tensor::linear -> gemm_wgmma_bf16_fused, rung 12's epilogue): one pass over the output", 12, weight="bold")
+    steps = [("TMA loads", "X, W bf16"), ("wgmma", "f32 accumulator"), ("+ bias", "f32"), ("ReLU", "in registers"), ("round once", "store bf16 Y")]
+    for i, (a, b) in enumerate(steps):
+        box(svg, 40 + i * 185, ey + 16, 160, 44, [a, b], LIGHT[2] if 1 < i < 4 else LIGHT[4], 11)
+        if i < 4:
+            svg.arrow(202 + i * 185, ey + 38, 223 + i * 185, ey + 38)
+    svg.text(40, ey + 86, "unfused: the product, the bias addition and the activation, each reading and writing the whole activation", 10)
+    svg.text(40, ey + 102, "elsewhere (CPU, f32, older GPU, other shapes): composed from matmul_t, the bias addition and the activation", 10)
+    svg.text(40, ey + 118, "GELU's gradient needs the pre-activation: after a fused product and bias it runs as its own op", 10)
+    svg.save("mixed-precision.svg")
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     thread_maps()
@@ -726,3 +1062,10 @@ if __name__ == "__main__":
     staged_epilogue()
     tmem_lanes()
     megakernel_stream()
+    level0_reduce()
+    determinism_chain()
+    autograd_tape()
+    layers()
+    device_library()
+    online_softmax()
+    mixed_precision()
