@@ -52,3 +52,25 @@ mod dtypes {
         mixed_dtypes,
     );
 }
+
+/// A product over zero inputs (K = 0) is zeros of the right shape (plus the bias for `linear`),
+/// and its gradients are zeros too: the row count comes from the leading dimensions, not from
+/// dividing the element count by K.
+#[test]
+fn products_over_zero_inputs_are_zeros_of_the_right_shape() {
+    use kiln::tensor::{DType, Tensor};
+    let x = Tensor::zeros([5, 0], DType::F64).requires_grad();
+    let w = Tensor::zeros([3, 0], DType::F64).requires_grad();
+    let y = x.matmul_t(&w).expect("x w^T with k = 0");
+    assert_eq!(y.dims(), [5, 3]);
+    assert_eq!(y.to_vec_f64(), vec![0.0; 15]);
+    let b = Tensor::from_f64(&[1.0, 2.0, 3.0], [3], DType::F64).expect("bias");
+    let z = x.linear(&w, Some(&b), None).expect("linear with k = 0");
+    assert_eq!(z.dims(), [5, 3]);
+    assert_eq!(z.to_vec_f64(), [1.0, 2.0, 3.0].repeat(5));
+    let x3 = Tensor::zeros([2, 4, 0], DType::F64);
+    assert_eq!(x3.matmul_t(&w).expect("rank 3, k = 0").dims(), [2, 4, 3]);
+    z.sum_all().expect("sum").backward().expect("backward with k = 0");
+    assert_eq!(x.grad().expect("x grad").dims(), [5, 0]);
+    assert_eq!(w.grad().expect("w grad").dims(), [3, 0]);
+}

@@ -66,6 +66,27 @@ pub trait Optimizer {
     unsafe fn set_compute_copy(&mut self, index: usize, copy: Option<ComputeCopy>) -> Result<()>;
 }
 
+/// Refuses a parameter list that names one CUDA tensor twice (tied weights passed as two handles):
+/// the fused launch would update it from two blocks at once, and a second compute copy would
+/// replace the first while the optimizer still writes to it.
+fn distinct_cuda_parameters(op: &'static str, params: &[(String, Tensor)]) -> Result<()> {
+    let mut seen: std::collections::HashMap<u64, &str> = std::collections::HashMap::new();
+    for (name, p) in params {
+        let st = p.storage();
+        let Storage::Cuda(c) = &*st else { continue };
+        if c.is_empty() {
+            continue;
+        }
+        if let Some(first) = seen.insert(c.addr(), name) {
+            return Err(Error::Unsupported {
+                op,
+                what: format!("`{first}` and `{name}` are the same tensor: list a shared parameter once"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Mixed precision on CUDA: gives every f32 parameter of `opt` that is on a GPU a `dtype` (bf16 or
 /// f16) compute copy, converted from the master now (round to nearest even) and written by every
 /// later [`Optimizer::step`] in the same launch as the update. The master owns its copy
@@ -86,6 +107,7 @@ pub fn attach_compute_copies(opt: &mut dyn Optimizer, dtype: DType) -> Result<us
             });
         }
     };
+    distinct_cuda_parameters("attach_compute_copies", opt.params())?;
     let params: Vec<Tensor> = opt.params().iter().map(|(_, p)| p.clone()).collect();
     let mut attached = 0;
     for (i, p) in params.iter().enumerate() {
@@ -219,6 +241,7 @@ impl Fused {
     /// parameter is on CUDA.
     fn prepare(&mut self, params: &[(String, Tensor)]) -> Result<Option<Gathered>> {
         let op = "optimizer step";
+        distinct_cuda_parameters(op, params)?;
         let mut members = Vec::new();
         let mut grads = Vec::new();
         let mut keep = Vec::new();

@@ -26,6 +26,7 @@ use std::sync::Arc;
 pub(crate) fn tests() -> Vec<GpuTest> {
     vec![
         GpuTest { name: "gpu::optim::fused_sgd_matches_cpu", available: any, run: fused_sgd_matches_cpu },
+        GpuTest { name: "gpu::optim::a_parameter_listed_twice_is_refused", available: any, run: listed_twice },
         GpuTest { name: "gpu::optim::fused_adam_matches_cpu", available: any, run: fused_adam_matches_cpu },
         GpuTest {
             name: "gpu::optim::fused_matches_per_tensor_kernels_with_copies",
@@ -452,4 +453,29 @@ fn train_main_job_with_clipping(_: &Device) -> Outcome {
         return Err(format!("test accuracy {acc} after 20 epochs on the GPU with --clip-grad-norm 1.0"));
     }
     Ok(())
+}
+
+/// One CUDA tensor listed twice (tied weights as two handles) is refused by the step and by
+/// `attach_compute_copies` with a typed error naming both entries, before any launch: the fused
+/// update would otherwise write it from two blocks at once.
+fn listed_twice(_dev: &Device) -> Outcome {
+    let td = TDev::cuda().map_err(err)?;
+    let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3]).map_err(err)?.to_device(&td).map_err(err)?.requires_grad();
+    let loss = (&w * &w).map_err(err)?.sum_all().map_err(err)?;
+    loss.backward().map_err(err)?;
+    let params = vec![("a".to_string(), w.clone()), ("b".to_string(), w.clone())];
+    let mut sgd = Sgd::new(params.clone(), 0.1, 0.9, 0.0, false);
+    let before = w.to_vec_f64();
+    match sgd.step() {
+        Err(e @ kiln::Error::Unsupported { .. }) if e.to_string().contains("`a` and `b` are the same tensor") => {}
+        other => return Err(format!("a twice-listed parameter: expected a typed refusal, got {other:?}")),
+    }
+    if w.to_vec_f64() != before {
+        return Err("the refused step changed the weights".into());
+    }
+    let mut adam = Adam::adamw(params, 1e-3, 0.0);
+    match kiln::optim::attach_compute_copies(&mut adam, kiln::tensor::DType::BF16) {
+        Err(e @ kiln::Error::Unsupported { .. }) if e.to_string().contains("same tensor") => Ok(()),
+        other => Err(format!("attach_compute_copies on a twice-listed parameter: got {other:?}")),
+    }
 }

@@ -189,7 +189,7 @@ impl Tensor {
             return Err(Error::DType { op: "matmul_t", got: w.dtype(), expected: self.dtype() });
         }
         let (n, k) = (b[0], b[1]);
-        let rows = self.shape().elem_count() / k.max(1);
+        let rows: usize = self.dims()[..self.dims().len() - 1].iter().product();
         let mut out_shape = a.to_vec();
         *out_shape.last_mut().expect("rank 2 or 3") = n;
         let in_place = self.data()?.matmul_abt(&*w.data()?, rows, k, n)?;
@@ -229,7 +229,7 @@ impl Tensor {
         {
             return Err(Error::shape("linear", format!("a bias of shape {} for {n} outputs", b.shape())));
         }
-        let rows = self.elem_count() / k.max(1);
+        let rows: usize = a[..a.len() - 1].iter().product();
         let mut out_shape = a.to_vec();
         *out_shape.last_mut().expect("rank 2 or 3") = n;
         let fused = {

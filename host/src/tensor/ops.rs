@@ -243,7 +243,7 @@ impl Op {
                 // copy) and copies elsewhere. Against a batched b, batched products of transposed
                 // views (copied).
                 let (k, n) = (a.dims()[a.shape().rank() - 1], g.dims()[g.shape().rank() - 1]);
-                let rows = a.elem_count() / k.max(1);
+                let rows: usize = a.dims()[..a.shape().rank() - 1].iter().product();
                 if b.shape().rank() == 2 {
                     // da (rows x k) = g (rows x n) b^T; db (k x n) = a^T g over all rows
                     let ga = g.reshape([rows, n])?.matmul(&b.transpose(0, 1)?)?.reshape(a.shape().clone())?;
@@ -257,7 +257,7 @@ impl Op {
                 // y = x w^T: dx = g w; dw (n x k) = g^T x over all rows (g a transposed view, read
                 // in place where the backend can).
                 let (n, k) = (w.dims()[0], w.dims()[1]);
-                let rows = x.elem_count() / k.max(1);
+                let rows: usize = x.dims()[..x.shape().rank() - 1].iter().product();
                 let gx = g.matmul(w)?;
                 let gw = g.reshape([rows, n])?.transpose(0, 1)?.matmul(&x.reshape([rows, k])?)?;
                 vec![(x.clone(), gx), (w.clone(), gw)]
@@ -362,7 +362,7 @@ fn linear_backward(
         None => g.clone(),
     };
     let (n, k) = (w.dims()[0], w.dims()[1]);
-    let rows = x.elem_count() / k.max(1);
+    let rows: usize = x.dims()[..x.shape().rank() - 1].iter().product();
     let master_copy = matches!(w.op(), Some(Op::ToDType(m)) if m.dtype() == DType::F32);
     let fused = gpre.data()?.linear_fused_backward(&*x.data()?, &*w.data()?, (rows, k, n), b.is_some())?;
     let (gx, gw, gb) = match fused {

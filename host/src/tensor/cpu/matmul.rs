@@ -32,6 +32,9 @@ impl CpuStorage {
 /// CUDA kernels compute, bit for bit.
 fn matmul<T: Float>(a: &[T], b: &[T], batch: usize, m: usize, k: usize, n: usize, b_batched: bool) -> Vec<T> {
     let mut c = vec![T::ZERO; batch * m * n];
+    if c.is_empty() {
+        return c; // no outputs (a zero-sized dimension): nothing to sum
+    }
     const KB: usize = 256;
     let chain = crate::deterministic::is_deterministic();
     par_rows(&mut c, n, k * n, |row0, chunk| {
