@@ -24,6 +24,11 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::mixed::training_step_matches_the_cpu", available: any, run: mixed_step_vs_cpu },
         GpuTest { name: "gpu::mixed::train_main_job_bf16_on_cuda", available: any, run: train_main_job_bf16 },
         GpuTest { name: "gpu::mixed::training_step_captured", available: any, run: captured_mixed_step },
+        GpuTest {
+            name: "gpu::mixed::training_step_captured_wgmma_shapes",
+            available: any,
+            run: captured_mixed_step_wgmma_shapes,
+        },
         GpuTest { name: "gpu::mixed::f16_training_on_cuda_is_refused", available: any, run: f16_refused },
     ]
 }
@@ -283,16 +288,34 @@ fn train_main_job_bf16(_: &Device) -> Outcome {
 
 /// A mixed bf16 training step (autocast forward, cross-entropy, backward, SGD with momentum
 /// writing the compute copies, zero_grad) captured into a CUDA graph: one eager step and four
-/// replays give exactly the bits (masters and copies) of five eager steps. Where the step's bf16
-/// products run on `wgmma` (sm_90a), each needs tensor maps for the step's fresh buffers, which a
-/// capture cannot make: there the capture is refused with the typed tensor-map error and the eager
-/// steps go on working (what makes it capturable: tensor maps uploaded by a captured copy).
+/// replays give exactly the bits (masters and copies) of five eager steps. Odd shapes (the bf16
+/// products' packing paths). Where the products run on `wgmma` (sm_90a), the buffers the graph
+/// allocates have addresses of the graph's own, so the capture makes tensor maps for them
+/// (written outside the graph, kept alive by it): the capture must succeed everywhere.
 fn captured_mixed_step(dev: &Device) -> Outcome {
+    captured_mixed_case(dev, (24, 16, 40, 7))
+}
+
+/// As [`captured_mixed_step`] at shapes whose Linear layers take the fused `wgmma` GEMM on sm_90a
+/// (every dimension a multiple of 64), so the captured step makes tensor maps for the graph's
+/// own buffers; checks that the capture made (or found) maps there.
+fn captured_mixed_step_wgmma_shapes(dev: &Device) -> Outcome {
+    let before = dev.tensor_map_cache_stats();
+    captured_mixed_case(dev, (256, 128, 192, 64))?;
+    let after = dev.tensor_map_cache_stats();
+    if wgmma(dev) && after.hits + after.misses == before.hits + before.misses {
+        return Err(format!("no tensor map was looked up on sm_90a: {before:?} -> {after:?}"));
+    }
+    Ok(())
+}
+
+/// One eager step plus four replays of a captured step against five eager steps, bit for bit, for
+/// an MLP of (batch, features, width, classes).
+fn captured_mixed_case(dev: &Device, (batch, features, width, classes): (usize, usize, usize, usize)) -> Outcome {
     use kiln::nn::{Module, autocast, mlp};
     use kiln::optim::{Optimizer, Sgd, attach_compute_copies};
     use kiln::tensor::Targets;
     let td = TDev::Cuda(Device::shared().map_err(err)?);
-    let (batch, features, width, classes) = (24usize, 16usize, 40usize, 7usize);
     let x = Tensor::randn([batch, features], DType::F32, &mut Tensor::rng(11)).to_device(&td).map_err(err)?;
     let targets = Targets::new((0..batch).map(|i| (i * 5) % classes).collect());
     let build = || -> Result<(kiln::nn::Sequential, Sgd), String> {
@@ -328,16 +351,7 @@ fn captured_mixed_step(dev: &Device) -> Outcome {
     let (replayed, mut opt) = build()?;
     step(&replayed, &mut opt).map_err(err)?; // the warm-up: caches filled, momentum allocated
     let before = state(&replayed)?;
-    let graph = match dev.capture(|| step(&replayed, &mut opt)) {
-        Ok(g) => g,
-        Err(e) if wgmma(dev) && e.to_string().contains("tensor map") => {
-            opt.zero_grad();
-            eprintln!("capture refused on sm_90a, as documented: {e}");
-            step(&replayed, &mut opt).map_err(err)?;
-            return Ok(());
-        }
-        Err(e) => return Err(format!("capturing the mixed step: {e}")),
-    };
+    let graph = dev.capture(|| step(&replayed, &mut opt)).map_err(|e| format!("capturing the mixed step: {e}"))?;
     if state(&replayed)? != before {
         return Err("capturing the step ran it".into());
     }

@@ -367,6 +367,11 @@ impl Device {
         self.launches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Makes the device's context current on this thread (for raw driver calls).
+    pub(super) fn bind_context(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(Error::driver("binding the context"))
+    }
+
     /// Whether the device's stream is being captured into a graph ([`Device::capture`]).
     pub fn is_capturing(&self) -> bool {
         use cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
@@ -384,7 +389,8 @@ impl Device {
     /// Run `f` once outside the capture first: the first run loads the module, sets kernel
     /// attributes and fills the caches (tensor maps, uploaded targets), which a capture cannot do.
     /// Anything in `f` that waits for the device (a download, a synchronize), copies from pageable
-    /// host memory or makes a new tensor map fails the capture; the capture ends either way (also
+    /// host memory or makes an uncached tensor map ([`Device::tensor_map`]) fails the capture
+    /// (cached maps, [`Device::tensor_map_cached`], are made outside the graph and kept by it); the capture ends either way (also
     /// when `f` panics). After a failed capture, host objects `f` created point at memory of a graph
     /// that never ran: drop them (a training step's gradients: `zero_grad`). Memory `f` allocates
     /// must also be freed in `f` (a training step's activations and gradients are), or the second

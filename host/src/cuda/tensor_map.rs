@@ -138,15 +138,63 @@ pub const TENSOR_MAP_ALIGN: u64 = 64;
 /// by pointer.
 #[derive(Debug)]
 pub struct DeviceTensorMap {
-    buf: DeviceBuffer<u64>,
+    store: MapStore,
     offset: usize,
+}
+
+/// Where a [`DeviceTensorMap`]'s words live.
+#[derive(Debug)]
+enum MapStore {
+    /// A stream-ordered pool buffer, written by a copy on the device's stream (maps made outside a
+    /// capture).
+    Pool(DeviceBuffer<u64>),
+    /// A `cuMemAlloc` allocation outside any graph, written by a synchronous copy that ran when the
+    /// map was made (maps made during a capture: see [`Device::tensor_map_cached`]). Freed by
+    /// `cuMemFree` when the last holder (the cache, the graphs that use it) drops it.
+    Raw(RawMapMemory),
+}
+
+/// Device memory from `cuMemAlloc` (256-byte aligned), freed on drop.
+#[derive(Debug)]
+struct RawMapMemory {
+    ptr: sys::CUdeviceptr,
+}
+
+// SAFETY: a plain device address; the driver calls that use it are thread-safe.
+unsafe impl Send for RawMapMemory {}
+// SAFETY: as above; nothing mutates it after it is written.
+unsafe impl Sync for RawMapMemory {}
+
+impl Drop for RawMapMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `cuMemAlloc` and is freed once; its holders (the cache and the
+        // graphs that read it) are gone. Nothing to report from a drop.
+        unsafe {
+            let _ = cudarc::driver::result::free_sync(self.ptr);
+        }
+    }
 }
 
 impl DeviceTensorMap {
     /// The kernel parameter: the first map (64-byte aligned whatever the allocator returned).
     pub fn ptr(&self) -> DevicePtr<TensorMap> {
-        DevicePtr::from_addr(self.buf.addr() + (self.offset * 8) as u64)
+        let base = match &self.store {
+            MapStore::Pool(buf) => buf.addr(),
+            MapStore::Raw(raw) => raw.ptr,
+        };
+        DevicePtr::from_addr(base + (self.offset * 8) as u64)
     }
+}
+
+/// Sets this thread's stream-capture mode to `mode` and gives back the one it replaces
+/// (`cuThreadExchangeStreamCaptureMode`).
+fn exchange_capture_mode(mode: sys::CUstreamCaptureMode) -> Result<sys::CUstreamCaptureMode> {
+    let mut m = mode;
+    // SAFETY: `m` is a valid in/out location.
+    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m) }
+        .result()
+        .map_err(Error::driver("exchanging the thread's stream-capture mode"))?;
+    Ok(m)
 }
 
 impl Device {
@@ -161,8 +209,8 @@ impl Device {
         if self.is_capturing() {
             return Err(Error::Unsupported {
                 op: "graph capture",
-                what: "making a new tensor map (its upload is a host copy, which a graph cannot replay): capture \
-                       work whose maps already exist, or use f32 products (MatmulPrecision::F32), which need none"
+                what: "making an uncached tensor map (its upload is a copy from pageable host memory, which a graph \
+                       cannot replay): make it with Device::tensor_map_cached, or before the capture"
                     .into(),
             });
         }
@@ -177,7 +225,35 @@ impl Device {
         let mut host = vec![0u64; buf.len()];
         host[offset..offset + words.len()].copy_from_slice(&words);
         self.write(&mut buf, &host)?;
-        Ok(DeviceTensorMap { buf, offset })
+        Ok(DeviceTensorMap { store: MapStore::Pool(buf), offset })
+    }
+
+    /// Encodes the maps of `maps` and writes them, now, to device memory that no graph owns: a
+    /// `cuMemAlloc` allocation and a synchronous host-to-device copy, both made with this thread's
+    /// capture mode relaxed for the two calls (the way PyTorch's caching allocator allocates while
+    /// a graph is captured). Neither call is recorded into the graph being captured: the words are
+    /// in place before the capture ends, and every replay reads them unchanged (a map is never
+    /// rewritten). The result must outlive every graph that reads it: only
+    /// [`Device::tensor_map_cached`] calls this, and it hands the map to the capture.
+    fn tensor_maps_outside_capture(&self, maps: &[(u64, TensorMapSpec)]) -> Result<DeviceTensorMap> {
+        let mut words = Vec::with_capacity(16 * maps.len());
+        for (addr, spec) in maps {
+            words.extend_from_slice(&spec.encode(*addr)?.opaque);
+        }
+        self.bind_context()?;
+        let before = exchange_capture_mode(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        // SAFETY: the context is bound; `cuMemAlloc` returns 256-byte aligned memory of the size
+        // asked (>= TENSOR_MAP_ALIGN alignment, so offset 0); the copy writes exactly that many bytes
+        // from a live host slice, synchronously.
+        let made = unsafe {
+            cudarc::driver::result::malloc_sync(words.len() * 8).and_then(|ptr| {
+                let raw = RawMapMemory { ptr };
+                cudarc::driver::result::memcpy_htod_sync(ptr, &words).map(|()| raw)
+            })
+        };
+        exchange_capture_mode(before)?;
+        let raw = made.map_err(Error::driver("uploading a tensor map outside the graph being captured"))?;
+        Ok(DeviceTensorMap { store: MapStore::Raw(raw), offset: 0 })
     }
 
     /// As [`Device::tensor_map`], remembered: the same address and geometry give the same map, so a
@@ -188,12 +264,29 @@ impl Device {
     /// is freed in stream order, after the kernels already launched with it; a captured graph keeps
     /// its own references to the maps it uses). Hits and misses are counted
     /// ([`Device::tensor_map_cache_stats`]).
+    ///
+    /// During a capture ([`Device::capture`]) a miss is served too, so that a step whose buffers
+    /// the graph allocates (at addresses of the graph's own, unlike the eager step's) can be
+    /// captured: the map is encoded for the graph's address and written at once to device memory
+    /// outside the graph (see `tensor_maps_outside_capture`), and the graph keeps a reference to
+    /// every map it reads, hit or miss. The key is everything the map encodes (address and
+    /// geometry), so a later lookup with the same key, in or out of a graph, gets a map that is
+    /// right for it; and while a capture is open the cache grows past its capacity instead of
+    /// starting over (dropping maps there would free memory inside the capture).
     pub fn tensor_map_cached(&self, addr: u64, spec: &TensorMapSpec) -> Result<std::sync::Arc<DeviceTensorMap>> {
-        let (map, hit) = {
+        let capturing = self.is_capturing();
+        let (map, _hit) = {
             let mut cache = self.tensor_map_cache.lock().unwrap_or_else(|p| p.into_inner());
-            cache.get_or_insert_with(addr, spec, || self.tensor_map(addr, spec).map(std::sync::Arc::new))?
+            cache.set_growing(capturing);
+            cache.get_or_insert_with(addr, spec, || {
+                if capturing {
+                    self.tensor_maps_outside_capture(&[(addr, *spec)]).map(std::sync::Arc::new)
+                } else {
+                    self.tensor_map(addr, spec).map(std::sync::Arc::new)
+                }
+            })?
         };
-        if hit && self.is_capturing() {
+        if capturing {
             // the graph being captured will read this map at every replay: it keeps a reference
             self.captured_maps.lock().unwrap_or_else(|p| p.into_inner()).push(map.clone());
         }
@@ -219,18 +312,26 @@ pub struct MapCacheStats {
 
 /// Tensor maps (or anything made from the same key) by `(global address, TensorMapSpec)`: the
 /// address, the matrix's shape and row pitch, the box, the element type and the swizzle. At most
-/// `capacity` entries; past that it starts over. Counts hits and misses.
+/// `capacity` entries; past that it starts over, except while it is set growing
+/// ([`MapCache::set_growing`]). Counts hits and misses.
 #[derive(Debug)]
 pub struct MapCache<V> {
     maps: std::collections::HashMap<(u64, TensorMapSpec), V>,
     capacity: usize,
+    growing: bool,
     stats: MapCacheStats,
 }
 
 impl<V: Clone> MapCache<V> {
     /// An empty cache of at most `capacity` entries.
     pub fn new(capacity: usize) -> Self {
-        MapCache { maps: std::collections::HashMap::new(), capacity, stats: MapCacheStats::default() }
+        MapCache { maps: std::collections::HashMap::new(), capacity, growing: false, stats: MapCacheStats::default() }
+    }
+
+    /// While `growing`, a full cache keeps every entry and grows instead of starting over (a
+    /// device's cache grows while a graph is captured: its entries may not be dropped there).
+    pub fn set_growing(&mut self, growing: bool) {
+        self.growing = growing;
     }
 
     /// The entry for (`addr`, `spec`), made by `make` on a miss (an error is returned, not cached);
@@ -248,7 +349,7 @@ impl<V: Clone> MapCache<V> {
         }
         let v = make()?;
         self.stats.misses += 1;
-        if self.maps.len() >= self.capacity {
+        if self.maps.len() >= self.capacity && !self.growing {
             self.maps.clear();
         }
         self.maps.insert(key, v.clone());
@@ -326,5 +427,29 @@ mod tests {
         // the third insert found the cache full and cleared it
         assert_eq!(cache.stats(), MapCacheStats { hits: 0, misses: 3, len: 1 });
         assert_eq!(cache.get_or_insert_with(0x30, &s, || Ok(0)).unwrap(), (0x30, true));
+    }
+
+    #[test]
+    fn map_cache_grows_past_capacity_while_growing_and_starts_over_after() {
+        let mut cache = MapCache::<u32>::new(2);
+        let s = spec();
+        cache.set_growing(true);
+        for a in [0x10u64, 0x20, 0x30, 0x40] {
+            assert_eq!(cache.get_or_insert_with(a, &s, || Ok(a as u32)).unwrap(), (a as u32, false));
+        }
+        // nothing was dropped while growing: every entry still hits
+        assert_eq!(cache.stats().len, 4);
+        for a in [0x10u64, 0x20, 0x30, 0x40] {
+            assert_eq!(cache.get_or_insert_with(a, &s, || Ok(0)).unwrap(), (a as u32, true));
+        }
+        // a map made for a graph's address is keyed like any other: the same address with another
+        // geometry misses
+        let other = TensorMapSpec { rows: s.rows + 1, ..s };
+        assert!(!cache.get_or_insert_with(0x10, &other, || Ok(7)).unwrap().1);
+        assert_eq!(cache.stats().len, 5);
+        cache.set_growing(false);
+        cache.get_or_insert_with(0x50, &s, || Ok(0x50)).unwrap();
+        // the next miss after growing found it over capacity and started over
+        assert_eq!(cache.stats().len, 1);
     }
 }
