@@ -9,7 +9,9 @@
 //! replayed); `bf16 eager` / `bf16 graph` the mixed-precision step (f32 master weights whose bf16
 //! copies the optimizer's launch writes, the forward and backward in bf16 inside
 //! `kiln::nn::autocast`, each Linear+ReLU one fused GEMM where the GPU has `wgmma`, the loss in
-//! f32), as each row's `kiln_path` says. Writes JSON to `$KILN_BENCH_OUT` (default `engine_step.json`); `cargo xtask
+//! f32), as each row's `kiln_path` says. Both dtypes' steps are captured (a bf16 step's tensor
+//! maps for the graph's buffers are made during the capture, outside the graph: see
+//! [`kiln::cuda::Device::tensor_map_cached`]); a graph row's note says so, or why not. Writes JSON to `$KILN_BENCH_OUT` (default `engine_step.json`); `cargo xtask
 //! engine-report` joins it with PyTorch's into `benches/results/engine_step.{json,md}`.
 //!
 //! Run: `cargo bench --bench engine_step`, or `benches/engine_step` from a GPU bundle. Without a
@@ -49,7 +51,8 @@ impl Path {
     }
 }
 
-/// One case: ms per step (NaN where the step could not run, with the reason) and peak bytes.
+/// One case: ms per step (NaN where the step could not run, with the reason; a note for a captured
+/// step) and peak bytes.
 fn case(dev: &Arc<Device>, model: (usize, usize, usize), path: Path, graph: bool) -> (f64, u64, Option<String>) {
     let (batch, width, layers) = model;
     let (reps, per) = if batch * width >= 1 << 22 { (7, 3) } else { (15, 10) };
@@ -87,6 +90,7 @@ fn case(dev: &Arc<Device>, model: (usize, usize, usize), path: Path, graph: bool
         step().expect("training step");
     }
     let (ms, why) = if graph {
+        let maps_before = dev.tensor_map_cache_stats().misses;
         match dev.capture(&mut step) {
             Ok(g) => (
                 timing::median_ms_batched(dev, reps, per, || {
@@ -94,7 +98,10 @@ fn case(dev: &Arc<Device>, model: (usize, usize, usize), path: Path, graph: bool
                     // until the end of this function, after the timing.
                     unsafe { g.launch() }.expect("replaying the step's graph")
                 }),
-                None,
+                Some(format!(
+                    "captured: one graph per step; {} tensor map(s) made during the capture for the graph's buffers",
+                    dev.tensor_map_cache_stats().misses - maps_before
+                )),
             ),
             Err(e) => (f64::NAN, Some(format!("capture refused: {e}"))),
         }
