@@ -373,40 +373,50 @@ pub fn embedding(dev: &Device, dt: DType) -> Outcome {
 
 /// Matrix products on odd shapes (the tensor cores on CUDA, f32 accumulation), batched products,
 /// and the products of the backward (the transposed layouts).
-pub fn matmul(dev: &Device, dt: DType) -> Outcome {
-    let mut c = Case::new(dev, dt);
-    let naive = |a: &[f64], b: &[f64], m: usize, k: usize, n: usize| {
-        let (mut out, mut bound) = (vec![0.0; m * n], vec![0.0; m * n]);
-        for i in 0..m {
-            for j in 0..n {
-                for p in 0..k {
-                    out[i * n + j] += a[i * k + p] * b[p * n + j];
-                    bound[i * n + j] += (a[i * k + p] * b[p * n + j]).abs();
-                }
+/// The naive product of `a` (m x k) and `b` (k x n) in f64, and the sum of the terms' magnitudes.
+fn naive_product(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
+    let (mut out, mut bound) = (vec![0.0; m * n], vec![0.0; m * n]);
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                out[i * n + j] += a[i * k + p] * b[p * n + j];
+                bound[i * n + j] += (a[i * k + p] * b[p * n + j]).abs();
             }
         }
-        (out, bound)
-    };
-    for (m, k, n) in [(1, 1, 1), (3, 257, 5), (33, 100, 17), (130, 72, 257), (2, 1025, 3)] {
-        let (a, av) = c.input(&[m, k], 1.0);
-        let (b, bv) = c.input(&[k, n], 1.0);
-        let (a, b) = (a.detach().requires_grad(), b.detach().requires_grad());
-        let p = a.matmul(&b).unwrap();
-        let (want, bound) = naive(&av, &bv, m, k, n);
-        c.check_sums(&format!("matmul {m}x{k}x{n}"), &p, &want, &bound, k)?;
-        // backward: dA = G B^T (NT), dB = A^T G (TN), with G of ones
-        p.sum_all().unwrap().backward().unwrap();
-        let ga: Vec<f64> = (0..m * k).map(|i| (0..n).map(|j| bv[(i % k) * n + j]).sum()).collect();
-        let gab: Vec<f64> = (0..m * k).map(|i| (0..n).map(|j| bv[(i % k) * n + j].abs()).sum()).collect();
-        c.check_sums(&format!("matmul {m}x{k}x{n} dA"), &a.grad().unwrap(), &ga, &gab, n)?;
-        let gb: Vec<f64> = (0..k * n).map(|i| (0..m).map(|r| av[r * k + i / n]).sum()).collect();
-        let gbb: Vec<f64> = (0..k * n).map(|i| (0..m).map(|r| av[r * k + i / n].abs()).sum()).collect();
-        c.check_sums(&format!("matmul {m}x{k}x{n} dB"), &b.grad().unwrap(), &gb, &gbb, m)?;
-        // A W^T, W stored n x k (a Linear layer's forward)
-        let (w, wv) = c.input(&[n, k], 1.0);
-        let wt: Vec<f64> = (0..k * n).map(|i| wv[(i % n) * k + i / n]).collect();
-        let (want, bound) = naive(&av, &wt, m, k, n);
-        c.check_sums(&format!("matmul_t {m}x{k}x{n}"), &a.matmul_t(&w).unwrap(), &want, &bound, k)?;
+    }
+    (out, bound)
+}
+
+/// `a b` (NN) of m x k by k x n, its gradients `dA = G B^T` (NT) and `dB = A^T G` (TN) with G of
+/// ones, and `a w^T` (NT, w stored n x k) against the f64 reference.
+fn matmul_layouts_at(c: &mut Case, (m, k, n): (usize, usize, usize)) -> Outcome {
+    let naive = naive_product;
+    let (a, av) = c.input(&[m, k], 1.0);
+    let (b, bv) = c.input(&[k, n], 1.0);
+    let (a, b) = (a.detach().requires_grad(), b.detach().requires_grad());
+    let p = a.matmul(&b).unwrap();
+    let (want, bound) = naive(&av, &bv, m, k, n);
+    c.check_sums(&format!("matmul {m}x{k}x{n}"), &p, &want, &bound, k)?;
+    // backward: dA = G B^T (NT), dB = A^T G (TN), with G of ones
+    p.sum_all().unwrap().backward().unwrap();
+    let ga: Vec<f64> = (0..m * k).map(|i| (0..n).map(|j| bv[(i % k) * n + j]).sum()).collect();
+    let gab: Vec<f64> = (0..m * k).map(|i| (0..n).map(|j| bv[(i % k) * n + j].abs()).sum()).collect();
+    c.check_sums(&format!("matmul {m}x{k}x{n} dA"), &a.grad().unwrap(), &ga, &gab, n)?;
+    let gb: Vec<f64> = (0..k * n).map(|i| (0..m).map(|r| av[r * k + i / n]).sum()).collect();
+    let gbb: Vec<f64> = (0..k * n).map(|i| (0..m).map(|r| av[r * k + i / n].abs()).sum()).collect();
+    c.check_sums(&format!("matmul {m}x{k}x{n} dB"), &b.grad().unwrap(), &gb, &gbb, m)?;
+    // A W^T, W stored n x k (a Linear layer's forward)
+    let (w, wv) = c.input(&[n, k], 1.0);
+    let wt: Vec<f64> = (0..k * n).map(|i| wv[(i % n) * k + i / n]).collect();
+    let (want, bound) = naive(&av, &wt, m, k, n);
+    c.check_sums(&format!("matmul_t {m}x{k}x{n}"), &a.matmul_t(&w).unwrap(), &want, &bound, k)
+}
+
+pub fn matmul(dev: &Device, dt: DType) -> Outcome {
+    let mut c = Case::new(dev, dt);
+    let naive = naive_product;
+    for shape in [(1, 1, 1), (3, 257, 5), (33, 100, 17), (130, 72, 257), (2, 1025, 3)] {
+        matmul_layouts_at(&mut c, shape)?;
     }
     // batched: both sides batched, and a shared B
     let (bt, m, k, n) = (3, 5, 19, 7);
@@ -422,6 +432,33 @@ pub fn matmul(dev: &Device, dt: DType) -> Outcome {
     let (s, sv) = c.input(&[k, n], 1.0);
     let (want, bound) = naive(&av, &sv, bt * m, k, n);
     c.check_sums("batched matmul, shared B", &a.matmul(&s).unwrap(), &want, &bound, k)
+}
+
+/// Products at shapes whose every stored row is a multiple of 8 elements (on sm_90a, bf16 products
+/// read their operands in place in each layout, NN, NT and TN, and write bf16 directly), beside
+/// shapes where one pitch breaks that (packed instead): one row, one tile, several tiles with
+/// ragged edges, a batch against a shared B. Forward and gradients against the f64 reference.
+pub fn matmul_in_place(dev: &Device, dt: DType) -> Outcome {
+    let mut c = Case::new(dev, dt);
+    for shape in [
+        (1, 8, 8),
+        (40, 64, 24),
+        (7, 16, 136),
+        (200, 136, 72),
+        (256, 128, 192),
+        (65, 72, 264),
+        // one pitch off a multiple of 8: NN (n), NT (k) or TN (m) packs
+        (40, 64, 20),
+        (40, 60, 24),
+        (36, 64, 24),
+    ] {
+        matmul_layouts_at(&mut c, shape)?;
+    }
+    let (bt, m, k, n) = (3, 5, 16, 24);
+    let (a, av) = c.input(&[bt, m, k], 1.0);
+    let (s, sv) = c.input(&[k, n], 1.0);
+    let (want, bound) = naive_product(&av, &sv, bt * m, k, n);
+    c.check_sums("batched matmul in place, shared B", &a.matmul(&s).unwrap(), &want, &bound, k)
 }
 
 /// Dropout: the same seed gives the same mask on every backend, and the output is `x * mask`

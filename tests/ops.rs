@@ -48,6 +48,7 @@ mod dtypes {
         layer_norm,
         embedding,
         matmul,
+        matmul_in_place,
         dropout,
         mixed_dtypes,
     );

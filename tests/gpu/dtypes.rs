@@ -42,6 +42,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         layer_norm,
         embedding,
         matmul,
+        matmul_in_place,
         dropout,
         mixed_dtypes,
     );

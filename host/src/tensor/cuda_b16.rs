@@ -19,7 +19,7 @@
 //!   are widened to f32, multiplied by the batched f32 kernel and narrowed.
 
 use super::{CudaData, CudaStorage, DeviceIndices, binary_code, check_len, grid, pad, u32s, unary_code};
-use crate::cuda::gemm::Layout;
+use crate::cuda::gemm::{Layout, WgmmaLayout};
 use crate::cuda::{Device as CudaDevice, DeviceBuffer, LaunchConfig};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -299,6 +299,26 @@ fn tensor_core_product<T: B16>(
     }
 }
 
+/// The `wgmma` layout that reads the operands of a bf16 product in `layout` (m x n out, reduction
+/// k) in place, or `None` where they must be packed: every stored row pitch a multiple of 8
+/// elements (TMA's 16-byte pitch; [`WgmmaLayout::pitches`]), no empty dimension, sizes within 32
+/// bits. `NN` (B k x n) is [`WgmmaLayout::AB`], `NT` (B n x k) [`WgmmaLayout::ABt`], `TN` (A k x
+/// m) [`WgmmaLayout::AtB`].
+pub(crate) fn in_place_layout(layout: Layout, m: usize, k: usize, n: usize) -> Option<WgmmaLayout> {
+    if m == 0 || k == 0 || n == 0 {
+        return None;
+    }
+    let v = u32s("matmul", &[m, n, k]).ok()?;
+    let s = GemmShape { m: v[0], n: v[1], k: v[2] };
+    let w = match layout {
+        Layout::NN => WgmmaLayout::AB,
+        Layout::NT => WgmmaLayout::ABt,
+        Layout::TN => WgmmaLayout::AtB,
+    };
+    let (pa, pb) = w.pitches(s);
+    (pa.is_multiple_of(8) && pb.is_multiple_of(8)).then_some(w)
+}
+
 /// `b` as a buffer of `U`.
 ///
 /// # Safety
@@ -451,10 +471,14 @@ impl CudaStorage {
         Ok(self.wrap16(res, out_n))
     }
 
-    /// `op(self) op(b)` in `layout` (m x n out, reduction k) on the tensor cores, any shape: the
-    /// operands packed k-major (transposed where `layout` stores them the other way, rows padded
-    /// to a multiple of 8 with zeros; an operand already in that form is read as it is), an f32
-    /// product, then one narrowing pass to the dtype (the GEMMs write f32 today).
+    /// `op(self) op(b)` in `layout` (m x n out, reduction k) on the tensor cores, any shape. bf16
+    /// operands on a device with the fused `wgmma` kernel (sm_90a) whose stored rows suit its
+    /// tensor maps ([`in_place_layout`]) are read in place in their layout and the product is
+    /// written in bf16 by the kernel's epilogue: no packing, no f32 product, no narrowing pass.
+    /// Otherwise (f16, other shapes, other devices) the operands are packed k-major (transposed
+    /// where `layout` stores them the other way, rows padded to a multiple of 8 with zeros; an
+    /// operand already in that form is read as it is), an f32 product, then one narrowing pass to
+    /// the dtype.
     pub(super) fn matmul_layout_b16<T: B16>(
         &self,
         x: &DeviceBuffer<T>,
@@ -466,6 +490,19 @@ impl CudaStorage {
     ) -> Result<CudaStorage> {
         if m * n == 0 || k == 0 {
             return Ok(self.wrap16(zeros::<T>(&self.dev, m * n)?, m * n)); // an empty sum
+        }
+        if T::DTYPE == DType::BF16
+            && let Some(w) = in_place_layout(layout, m, k, n)
+            && self.dev.supports::<kiln_gpu::kernels::gemm_wgmma_fused::GemmWgmmaBf16Fused>()
+        {
+            use crate::cuda::gemm::{GemmEpilogue, WgmmaGemm};
+            let v = u32s("matmul", &[m, n, k])?;
+            let s = GemmShape { m: v[0], n: v[1], k: v[2] };
+            // SAFETY (each cast): `T` is bf16 (checked above).
+            let (a, b) = unsafe { (cast::<T, bf16>(x), cast::<T, bf16>(y)) };
+            let mut out = output::<bf16>(&self.dev, m * n)?;
+            WgmmaGemm::with_layout(&self.dev, a, b, s, w)?.run_fused(&mut out, GemmEpilogue::default())?;
+            return Ok(self.wrap16(out, m * n));
         }
         let v = u32s("matmul", &[m, n, k])?;
         let kp = v[2].next_multiple_of(kiln_gpu::kernels::convert::PACK_K_MULTIPLE);
@@ -692,6 +729,28 @@ mod tests {
         assert_eq!(<<bf16 as B16>::LayerNormRows as Kernel>::NAME, "layer_norm_rows_bf16");
         assert_eq!(<<f16 as B16>::CrossEntropyBackwardRows as Kernel>::NAME, "cross_entropy_backward_rows_f16");
         assert_eq!(<<f16 as B16>::EmbeddingScatter as Kernel>::NAME, "embedding_scatter_f16");
+    }
+
+    #[test]
+    fn bf16_products_read_in_place_only_where_every_pitch_is_a_multiple_of_8() {
+        // NN: A m x k (pitch k), B k x n (pitch n)
+        assert_eq!(in_place_layout(Layout::NN, 5, 16, 24), Some(WgmmaLayout::AB));
+        assert_eq!(in_place_layout(Layout::NN, 5, 16, 20), None);
+        assert_eq!(in_place_layout(Layout::NN, 5, 12, 24), None);
+        // NT: both pitch k; m and n free
+        assert_eq!(in_place_layout(Layout::NT, 3, 64, 7), Some(WgmmaLayout::ABt));
+        assert_eq!(in_place_layout(Layout::NT, 3, 63, 7), None);
+        // TN: A k x m (pitch m), B k x n (pitch n); k free
+        assert_eq!(in_place_layout(Layout::TN, 8, 3, 16), Some(WgmmaLayout::AtB));
+        assert_eq!(in_place_layout(Layout::TN, 12, 3, 16), None);
+        assert_eq!(in_place_layout(Layout::TN, 8, 3, 4), None);
+        // empty products and sizes past 32 bits are packed (or answered) elsewhere
+        for l in [Layout::NN, Layout::NT, Layout::TN] {
+            assert_eq!(in_place_layout(l, 0, 8, 8), None);
+            assert_eq!(in_place_layout(l, 8, 0, 8), None);
+            assert_eq!(in_place_layout(l, 8, 8, 0), None);
+            assert_eq!(in_place_layout(l, 8, 8, 1 << 33), None);
+        }
     }
 
     #[test]
