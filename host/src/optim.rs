@@ -50,6 +50,14 @@ pub trait Optimizer {
     /// the f64 reference. Parameters split between the CPU and a GPU are refused.
     /// `max_norm` must be a finite number greater than 0.
     fn clip_grad_norm(&mut self, max_norm: f64) -> Result<()>;
+    /// Loss scaling's unscale: measures the global L2 norm of the (scaled) gradients; where it is
+    /// not finite (an overflow, an inf or a NaN anywhere) returns `false` and leaves the next step
+    /// unscaled (the caller skips it: [`LossScaler::step`]); else returns `true` and makes the
+    /// next [`Optimizer::step`] multiply every gradient by `inv_scale` (times the clip scale of
+    /// the unscaled norm against `max_norm`, when given) inside its update. On CUDA one norm
+    /// launch and one download of the norm (the step's only host round trip), the scale written
+    /// to the device for the fused update; the gradients themselves are left as they are.
+    fn unscale_grads(&mut self, inv_scale: f64, max_norm: Option<f64>) -> Result<bool>;
     /// The norm the last [`Optimizer::clip_grad_norm`] measured (None before any); on CUDA one
     /// download, so ask only when logging.
     fn grad_norm(&self) -> Result<Option<f64>>;
@@ -403,6 +411,68 @@ impl Fused {
         Ok(())
     }
 
+    /// [`Optimizer::unscale_grads`].
+    fn unscale_grads(&mut self, params: &[(String, Tensor)], inv_scale: f64, max_norm: Option<f64>) -> Result<bool> {
+        if !(inv_scale.is_finite() && inv_scale > 0.0) {
+            return Err(Error::InvalidSetting {
+                setting: "loss scale",
+                value: (1.0 / inv_scale).to_string(),
+                allowed: "a finite number greater than 0".into(),
+            });
+        }
+        if let Some(m) = max_norm.filter(|m| !(m.is_finite() && *m > 0.0)) {
+            return Err(Error::InvalidSetting {
+                setting: "--clip-grad-norm",
+                value: m.to_string(),
+                allowed: "the largest gradient norm must be a finite number greater than 0".into(),
+            });
+        }
+        let cuda = params.iter().filter(|(_, p)| matches!(p.device(), Device::Cuda(_))).count();
+        if cuda > 0 && cuda < params.len() {
+            return Err(Error::Unsupported {
+                op: "unscale_grads",
+                what: format!(
+                    "{cuda} of {} parameters on a GPU, the rest on the CPU: move them to one device",
+                    params.len()
+                ),
+            });
+        }
+        let clip_of = |norm: f64| match max_norm {
+            Some(m) => (m / (norm + CLIP_EPS as f64)).min(1.0),
+            None => 1.0,
+        };
+        if cuda > 0 {
+            let g = self.prepare(params)?.expect("every parameter is on CUDA");
+            let table = self.table.as_mut().expect("prepare built the table");
+            // SAFETY: as in `clip_grad_norm`.
+            unsafe { table.grad_norm(&g.grads, f32::MAX)? };
+            let scaled = table.clip_state()?.norm;
+            if !scaled.is_finite() {
+                self.clip = PendingClip::None;
+                return Ok(false);
+            }
+            let norm = scaled as f64 * inv_scale;
+            table.set_clip_state(norm as f32, (inv_scale * clip_of(norm)) as f32)?;
+            self.clip = PendingClip::Device;
+            self.last_norm = LastNorm::Device;
+            return Ok(true);
+        }
+        let mut sum = 0.0f64;
+        for (_, p) in params {
+            if let Some(g) = grad_of(p) {
+                sum += g.iter().map(|x| x * x).sum::<f64>();
+            }
+        }
+        if !sum.is_finite() {
+            self.clip = PendingClip::None;
+            return Ok(false);
+        }
+        let norm = sum.sqrt() * inv_scale;
+        self.clip = PendingClip::Host(inv_scale * clip_of(norm));
+        self.last_norm = LastNorm::Host(norm);
+        Ok(true)
+    }
+
     /// [`Optimizer::grad_norm`].
     fn grad_norm(&self) -> Result<Option<f64>> {
         match self.last_norm {
@@ -593,6 +663,9 @@ impl Optimizer for Sgd {
         self.sync_states();
         self.fused.clip_grad_norm(&self.params, max_norm)
     }
+    fn unscale_grads(&mut self, inv_scale: f64, max_norm: Option<f64>) -> Result<bool> {
+        self.fused.unscale_grads(&self.params, inv_scale, max_norm)
+    }
     fn grad_norm(&self) -> Result<Option<f64>> {
         self.fused.grad_norm()
     }
@@ -731,6 +804,9 @@ impl Optimizer for Adam {
     fn clip_grad_norm(&mut self, max_norm: f64) -> Result<()> {
         self.fused.clip_grad_norm(&self.params, max_norm)
     }
+    fn unscale_grads(&mut self, inv_scale: f64, max_norm: Option<f64>) -> Result<bool> {
+        self.fused.unscale_grads(&self.params, inv_scale, max_norm)
+    }
     fn grad_norm(&self) -> Result<Option<f64>> {
         self.fused.grad_norm()
     }
@@ -779,5 +855,171 @@ impl LrSchedule {
                 }
             }
         }
+    }
+}
+/// Dynamic loss scaling for f16 training (PyTorch's `GradScaler`): the loss is multiplied by
+/// [`LossScaler::scale`] before the backward, so that small gradients do not underflow f16; the
+/// optimizer's update divides the gradients by it again (fused into the update:
+/// [`Optimizer::unscale_grads`]). A step whose scaled gradients are not finite is skipped and
+/// the scale halved; after `growth_interval` good steps in a row the scale doubles.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LossScaler {
+    scale: f64,
+    growth_interval: u32,
+    good_steps: u32,
+    skipped: u64,
+}
+
+impl LossScaler {
+    /// Growth after a run of good steps.
+    pub const GROWTH: f64 = 2.0;
+    /// Backoff after a non-finite step.
+    pub const BACKOFF: f64 = 0.5;
+    /// The smallest scale (a backoff stops here).
+    pub const MIN_SCALE: f64 = 1.0 / (1u64 << 24) as f64;
+    /// The largest scale (growth stops here: f32's range).
+    pub const MAX_SCALE: f64 = (1u64 << 48) as f64;
+
+    /// A scaler starting at `init_scale`, growing after `growth_interval` good steps in a row.
+    pub fn new(init_scale: f64, growth_interval: u32) -> Result<LossScaler> {
+        if !(init_scale.is_finite() && (Self::MIN_SCALE..=Self::MAX_SCALE).contains(&init_scale)) {
+            return Err(Error::InvalidSetting {
+                setting: "loss scale",
+                value: init_scale.to_string(),
+                allowed: format!("a number in {}..={}", Self::MIN_SCALE, Self::MAX_SCALE),
+            });
+        }
+        if growth_interval == 0 {
+            return Err(Error::InvalidSetting {
+                setting: "loss-scale growth interval",
+                value: "0".into(),
+                allowed: "at least 1 good step".into(),
+            });
+        }
+        Ok(LossScaler { scale: init_scale, growth_interval, good_steps: 0, skipped: 0 })
+    }
+
+    /// PyTorch's defaults: 2^16, doubling after 2000 good steps.
+    pub fn f16_default() -> LossScaler {
+        LossScaler { scale: 65536.0, growth_interval: 2000, good_steps: 0, skipped: 0 }
+    }
+
+    /// The factor the loss is multiplied by now.
+    pub fn scale(&self) -> f64 {
+        self.scale
+    }
+
+    /// Steps skipped so far (non-finite gradients).
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// Records one step's outcome: a finite step counts towards growth (doubling the scale after
+    /// `growth_interval` in a row); a non-finite one halves it, restarts the count, and counts as
+    /// skipped.
+    pub fn update(&mut self, finite: bool) {
+        if finite {
+            self.good_steps += 1;
+            if self.good_steps >= self.growth_interval {
+                self.scale = (self.scale * Self::GROWTH).min(Self::MAX_SCALE);
+                self.good_steps = 0;
+            }
+        } else {
+            self.scale = (self.scale * Self::BACKOFF).max(Self::MIN_SCALE);
+            self.good_steps = 0;
+            self.skipped += 1;
+        }
+    }
+
+    /// After `loss * scale()` went backward: unscales the gradients inside the optimizer's update
+    /// (clipping to `max_norm` too, when given) and steps, or skips the step where they are not
+    /// finite; then updates the scale. Returns whether the step was taken. The caller zeroes the
+    /// gradients either way.
+    pub fn step(&mut self, opt: &mut dyn Optimizer, max_norm: Option<f64>) -> Result<bool> {
+        let finite = opt.unscale_grads(1.0 / self.scale, max_norm)?;
+        if finite {
+            opt.step()?;
+        }
+        self.update(finite);
+        Ok(finite)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loss_scaler_grows_after_a_run_of_good_steps_and_halves_on_overflow() {
+        let mut s = LossScaler::new(1024.0, 3).unwrap();
+        s.update(true);
+        s.update(true);
+        assert_eq!(s.scale(), 1024.0);
+        s.update(true);
+        assert_eq!(s.scale(), 2048.0, "the third good step in a row doubles it");
+        s.update(true);
+        s.update(true);
+        s.update(false);
+        assert_eq!((s.scale(), s.skipped()), (1024.0, 1), "an overflow halves it and restarts the run");
+        s.update(true);
+        s.update(true);
+        assert_eq!(s.scale(), 1024.0, "two good steps after the overflow are not a run of three");
+        s.update(true);
+        assert_eq!(s.scale(), 2048.0);
+        // the scale stays within [MIN_SCALE, MAX_SCALE]
+        let mut low = LossScaler::new(LossScaler::MIN_SCALE, 1).unwrap();
+        low.update(false);
+        assert_eq!(low.scale(), LossScaler::MIN_SCALE);
+        let mut high = LossScaler::new(LossScaler::MAX_SCALE, 1).unwrap();
+        high.update(true);
+        assert_eq!(high.scale(), LossScaler::MAX_SCALE);
+        assert_eq!(LossScaler::f16_default().scale(), 65536.0);
+    }
+
+    #[test]
+    fn loss_scaler_settings_are_checked() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e30] {
+            assert!(matches!(LossScaler::new(bad, 10), Err(Error::InvalidSetting { .. })), "{bad}");
+        }
+        assert!(matches!(LossScaler::new(8.0, 0), Err(Error::InvalidSetting { .. })));
+    }
+
+    /// A parameter and an SGD optimizer over it whose gradient is `scale * g` (the backward of
+    /// `scale * sum(w * g)`).
+    fn scaled_grad(w: &[f32], g: &[f32], scale: f64) -> (Tensor, Sgd) {
+        let n = w.len();
+        let p = Tensor::from_vec(w.to_vec(), [n]).unwrap().requires_grad();
+        let gt = Tensor::from_vec(g.to_vec(), [n]).unwrap();
+        p.mul(&gt).unwrap().sum_all().unwrap().mul_scalar(scale).unwrap().backward().unwrap();
+        let opt = Sgd::new(vec![("w".into(), p.clone())], 0.5, 0.0, 0.0, false);
+        (p, opt)
+    }
+
+    #[test]
+    fn a_scaled_step_updates_like_the_unscaled_one_and_an_overflow_skips() {
+        let (w, g) = ([1.0f32, -2.0, 3.0], [0.25f32, 0.5, -1.0]);
+        let (plain, mut opt) = scaled_grad(&w, &g, 1.0);
+        opt.step().unwrap();
+        let mut scaler = LossScaler::new(1024.0, 100).unwrap();
+        let (scaled, mut sopt) = scaled_grad(&w, &g, scaler.scale());
+        assert!(scaler.step(&mut sopt, None).unwrap());
+        assert_eq!(scaled.to_vec_f32(), plain.to_vec_f32(), "1024 is a power of two: the same bits");
+        assert_eq!(sopt.grad_norm().unwrap(), Some((0.0625f64 + 0.25 + 1.0).sqrt()), "the unscaled norm");
+        // clipping applies to the unscaled norm
+        let (clipped, mut copt) = scaled_grad(&w, &g, 1.0);
+        copt.clip_grad_norm(0.5).unwrap();
+        copt.step().unwrap();
+        let (sc, mut scopt) = scaled_grad(&w, &g, scaler.scale());
+        assert!(scaler.step(&mut scopt, Some(0.5)).unwrap());
+        let (a, b) = (sc.to_vec_f32(), clipped.to_vec_f32());
+        assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-6), "{a:?} vs {b:?}");
+        // an overflow: the step is skipped, the weights stay, the scale halves
+        let before = scaler.scale();
+        let (over, mut oopt) = scaled_grad(&w, &[f32::MAX, 1.0, 1.0], 1e10);
+        assert!(!scaler.step(&mut oopt, None).unwrap());
+        assert_eq!(over.to_vec_f32(), w.to_vec());
+        assert_eq!((scaler.scale(), scaler.skipped()), (before / 2.0, 1));
+        // a bad scale is a typed error
+        assert!(matches!(oopt.unscale_grads(f64::NAN, None), Err(Error::InvalidSetting { .. })));
     }
 }

@@ -339,6 +339,21 @@ impl MultiTensorTable {
         Ok(())
     }
 
+    /// Overwrites the clip state on the device with `norm` and `scale` (one host-to-device copy on
+    /// the stream, ordered after the launches before it): the next [`MultiTensorTable::sgd`] /
+    /// [`MultiTensorTable::adam`] with `clip` multiplies every gradient by `scale` inside its update
+    /// (loss scaling's unscale, fused with clipping). Needs a [`MultiTensorTable::grad_norm`]
+    /// launched before (it is what makes the state the launches read); refused otherwise.
+    pub fn set_clip_state(&mut self, norm: f32, scale: f32) -> Result<()> {
+        if !self.norm_launched {
+            return Err(Error::Unsupported {
+                op: "multi-tensor optimizer",
+                what: "setting the clip state before any grad_norm launch: launch grad_norm first".into(),
+            });
+        }
+        self.dev.write(&mut self.clip, &[norm.to_bits(), scale.to_bits(), 0, 0])
+    }
+
     /// The norm and scale of the last [`MultiTensorTable::grad_norm`] (one download; norm 0 and
     /// scale 1 before any, or for a table without elements).
     pub fn clip_state(&self) -> Result<ClipState> {
