@@ -187,7 +187,8 @@ struct TrainArgs {
     #[arg(long, value_enum, default_value = "auto")]
     device: Dev,
     /// Precision: f32, f64 (CPU), bf16 (mixed precision: f32 master weights, bf16 products and
-    /// activations, f32 losses) or f16 (f16 parameters, CPU only: f16 needs loss scaling).
+    /// activations, f32 losses) or f16 (on CUDA: the same mixed precision in f16 with dynamic loss
+    /// scaling; on the CPU: f16 parameters).
     #[arg(long, value_enum, default_value = "f32")]
     dtype: Dt,
     /// Seed (0 to 2^64 - 1).

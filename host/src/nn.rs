@@ -46,8 +46,9 @@ pub fn autocast_dtype() -> Option<DType> {
 /// parameters are wider than `dtype` compute in `dtype` (bf16 or f16) from their masters' compute
 /// copies (see the module's documentation). `let _mixed = autocast(DType::BF16)?;`
 ///
-/// f16's narrow range needs loss scaling against underflowing gradients, which kiln's training
-/// loop does not do: train in bf16 (f32's range) there.
+/// f16's narrow range needs loss scaling against underflowing gradients: pair an f16 scope with
+/// [`crate::optim::LossScaler`] (as `kiln train --dtype f16` on CUDA does), or compute in bf16
+/// (f32's range), which needs none.
 #[must_use = "the scope holds only while the guard lives"]
 pub fn autocast(dtype: DType) -> Result<AutocastGuard> {
     if !matches!(dtype, DType::BF16 | DType::F16) {

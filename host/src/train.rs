@@ -86,6 +86,9 @@ pub struct TrainConfig {
     /// precision: f32 master parameters kept by the optimizer, products and activations in bf16
     /// inside an `autocast` scope ([`crate::nn::autocast`]), f32 losses (on CUDA the bf16 compute
     /// copies are written by the optimizer's launch, [`crate::optim::attach_compute_copies`]).
+    /// [`DType::F16`] on CUDA is the same mixed precision in f16, with dynamic loss scaling
+    /// ([`crate::optim::LossScaler`]: the loss scaled before the backward, the gradients unscaled
+    /// inside the optimizer's update, a step with non-finite gradients skipped).
     pub dtype: DType,
     /// Seed for data, initialization and shuffling.
     pub seed: u64,
@@ -285,8 +288,10 @@ impl TrainConfig {
             }
             let widest = inputs.max(width).max(classes);
             let elem = if mk { 4 } else { self.dtype.size() as u64 };
-            // mixed precision (bf16): f32 masters, gradients and state, and a 16-bit compute copy
-            let (param_elem, compute_copy) = if !mk && self.dtype == DType::BF16 { (4, 2) } else { (elem, 0) };
+            // mixed precision (bf16; f16 on CUDA): f32 masters, gradients and state, and a 16-bit
+            // compute copy
+            let mixed = self.dtype == DType::BF16 || (self.dtype == DType::F16 && on_gpu);
+            let (param_elem, compute_copy) = if !mk && mixed { (4, 2) } else { (elem, 0) };
             // copies of the parameters: the weights, their gradients and the optimizer's state (the
             // megakernel: the weights, the momentum, two product copies and the gradients)
             let copies = match (mk, self.optimizer) {
@@ -456,15 +461,12 @@ pub fn accuracy(model: &Sequential, data: &Dataset, dtype: DType, device: &Devic
     Ok(correct as f64 / data.len().max(1) as f64)
 }
 
-/// Why `dtype` does not train on CUDA (None: it does; f32, and bf16 as mixed precision).
+/// Why `dtype` does not train on CUDA (None: it does; f32, and bf16 and f16 as mixed precision,
+/// f16 with loss scaling).
 fn cuda_refuses(dtype: DType) -> Option<&'static str> {
     match dtype {
-        DType::F32 | DType::BF16 => None,
-        DType::F64 => Some("f64 on CUDA: CUDA tensors are f32, bf16 or f16; train in f32 or bf16 there"),
-        DType::F16 => Some(
-            "f16 on CUDA: f16's narrow range needs loss scaling against underflowing gradients, which kiln's \
-             training loop does not do; train in bf16 there (mixed precision with f32 master weights)",
-        ),
+        DType::F32 | DType::BF16 | DType::F16 => None,
+        DType::F64 => Some("f64 on CUDA: CUDA tensors are f32, bf16 or f16; train in f32, bf16 or f16 there"),
     }
 }
 
@@ -565,10 +567,19 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         }
         Device::Cpu => {}
     }
-    // bf16 is mixed precision: f32 masters, bf16 compute inside this thread's autocast scope
-    let mixed = cfg.dtype == DType::BF16;
+    // bf16 (and f16 on CUDA) is mixed precision: f32 masters, 16-bit compute inside this thread's
+    // autocast scope; f16 adds dynamic loss scaling
+    let compute = match (cfg.dtype, &device) {
+        (DType::BF16, _) | (DType::F16, Device::Cuda(_)) => Some(cfg.dtype),
+        _ => None,
+    };
+    let mixed = compute.is_some();
     let param_dtype = if mixed { DType::F32 } else { cfg.dtype };
-    let _mixed = if mixed { Some(autocast(DType::BF16)?) } else { None };
+    let _mixed = match compute {
+        Some(d) => Some(autocast(d)?),
+        None => None,
+    };
+    let mut scaler = (compute == Some(DType::F16)).then(crate::optim::LossScaler::f16_default);
     let mut rng = Tensor::rng(cfg.seed.wrapping_add(1));
     let model =
         mlp(train_set.features, cfg.width, cfg.depth, train_set.classes, cfg.activation, param_dtype, &mut rng)?;
@@ -597,15 +608,22 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         OptimizerKind::Adam => Box::new(Adam::adam(params, cfg.lr, cfg.weight_decay)),
         OptimizerKind::AdamW => Box::new(Adam::adamw(params, cfg.lr, cfg.weight_decay)),
     };
-    if mixed {
-        let copies = attach_compute_copies(opt.as_mut(), DType::BF16)?;
+    if let Some(c) = compute {
+        let copies = attach_compute_copies(opt.as_mut(), c)?;
+        let name = checkpoint::dtype_name(c);
         log(&format!(
-            "mixed precision: f32 master weights, bf16 products and activations, f32 loss ({})",
+            "mixed precision: f32 master weights, {name} products and activations, f32 loss ({})",
             if copies > 0 {
-                "the bf16 weight copies written by the optimizer's update"
+                format!("the {name} weight copies written by the optimizer's update")
             } else {
-                "the bf16 weight copies converted per step"
+                format!("the {name} weight copies converted per step")
             }
+        ));
+    }
+    if let Some(s) = &scaler {
+        log(&format!(
+            "loss scaling: dynamic, from {} (halved and the step skipped on non-finite gradients, doubled after a run of good steps), unscaled inside the optimizer's update",
+            s.scale()
         ));
     }
     let schedule = lr_schedule(cfg, total);
@@ -641,11 +659,19 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
             if !lv.is_finite() {
                 return Err(Error::NonFinite { what: "the training loss".into(), value: lv, step });
             }
-            loss.backward()?;
-            if let Some(max_norm) = cfg.clip_grad_norm {
-                opt.clip_grad_norm(max_norm)?;
+            match scaler.as_mut() {
+                Some(s) => {
+                    loss.mul_scalar(s.scale())?.backward()?;
+                    s.step(opt.as_mut(), cfg.clip_grad_norm)?;
+                }
+                None => {
+                    loss.backward()?;
+                    if let Some(max_norm) = cfg.clip_grad_norm {
+                        opt.clip_grad_norm(max_norm)?;
+                    }
+                    opt.step()?;
+                }
             }
-            opt.step()?;
             opt.zero_grad();
             loss_sum += lv * chunk.len() as f64;
             correct += logits.argmax_last()?.iter().zip(&y).filter(|(p, t)| p == t).count();

@@ -29,7 +29,8 @@ pub(crate) fn tests() -> Vec<GpuTest> {
             available: any,
             run: captured_mixed_step_wgmma_shapes,
         },
-        GpuTest { name: "gpu::mixed::f16_training_on_cuda_is_refused", available: any, run: f16_refused },
+        GpuTest { name: "gpu::mixed::train_main_job_f16_loss_scaled", available: any, run: train_main_job_f16 },
+        GpuTest { name: "gpu::mixed::loss_scaled_step_on_cuda", available: any, run: loss_scaled_step },
     ]
 }
 
@@ -366,28 +367,127 @@ fn captured_mixed_case(dev: &Device, (batch, features, width, classes): (usize, 
     Ok(())
 }
 
-/// `kiln train --dtype f16 --device cuda` is refused before any work with a typed error that
-/// says why (loss scaling) and what to use (bf16); `--device auto` trains f16 on the CPU instead.
-fn f16_refused(_: &Device) -> Outcome {
+/// `kiln train --dtype f16 --device cuda`: mixed precision in f16 (f32 masters, f16 copies written
+/// by the optimizer) with dynamic loss scaling reaches the main job's target (test accuracy >= 0.9
+/// after 20 epochs, as bf16), says so in its log, and leaves no autocast scope open.
+fn train_main_job_f16(_: &Device) -> Outcome {
     use kiln::train::{DataSource, DeviceChoice, TrainConfig};
     let cfg = TrainConfig {
-        data: DataSource::Spirals { per_class: 20, classes: 3, noise: 0.2 },
-        epochs: 1,
+        data: DataSource::Spirals { per_class: 300, classes: 3, noise: 0.2 },
+        epochs: 20,
         dtype: DType::F16,
         device: DeviceChoice::Cuda,
         checkpoint: None,
         progress: false,
         ..TrainConfig::default()
     };
-    match kiln::train::train(&cfg, |_| {}) {
-        Err(kiln::Error::Unsupported { what, .. }) if what.contains("loss scaling") && what.contains("bf16") => {}
-        Err(e) => return Err(format!("f16 on CUDA: the wrong error {e}")),
-        Ok(_) => return Err("f16 on CUDA trained instead of being refused".into()),
+    let mut lines = Vec::new();
+    let report = kiln::train::train(&cfg, |l| {
+        eprintln!("{l}");
+        lines.push(l.to_string())
+    })
+    .map_err(err)?;
+    if !report.device.starts_with("GPU") {
+        return Err(format!("trained on {} instead of the GPU", report.device));
     }
-    let auto = TrainConfig { device: DeviceChoice::Auto, ..cfg };
-    let report = kiln::train::train(&auto, |_| {}).map_err(err)?;
-    if !report.device.starts_with("CPU") || !report.device.contains("loss scaling") {
-        return Err(format!("f16 under --device auto trained on {}", report.device));
+    for want in ["loss scaling", "f16 weight copies written by the optimizer"] {
+        if !lines.iter().any(|l| l.contains(want)) {
+            return Err(format!("no `{want}` in the log: {lines:?}"));
+        }
+    }
+    let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
+    if acc < 0.9 {
+        return Err(format!("test accuracy {acc} after 20 epochs of mixed f16 on the GPU"));
+    }
+    if kiln::nn::autocast_dtype().is_some() {
+        return Err("the training left its autocast scope open on this thread".into());
+    }
+    Ok(())
+}
+
+/// The fused unscale on CUDA: an SGD step (momentum, weight decay) from the gradients of
+/// `scale * loss` through [`kiln::optim::LossScaler::step`] gives the bits of the unscaled step
+/// (the scale a power of two; masters and the f16 copies), with and without clipping (clipping
+/// against the unscaled norm: within 1e-6 of `clip_grad_norm`'s step); gradients that overflow
+/// skip the step (weights unchanged) and halve the scale. Odd parameter sizes.
+fn loss_scaled_step(_: &Device) -> Outcome {
+    use kiln::optim::{LossScaler, Optimizer, Sgd, attach_compute_copies};
+    let td = TDev::Cuda(Device::shared().map_err(err)?);
+    let (mut rng, seed) = testing::rng();
+    let sizes = [37usize, 1, 130];
+    let values: Vec<Vec<f32>> = sizes.iter().map(|&n| testing::uniform(&mut rng, n)).collect();
+    let coefs: Vec<Vec<f32>> = sizes.iter().map(|&n| testing::uniform(&mut rng, n)).collect();
+    // parameters and an optimizer whose gradients are scale * coefs (the backward of
+    // scale * sum(w * coefs)), with f16 compute copies
+    let build = |scale: f64, poison: bool| -> Result<(Vec<Tensor>, Sgd), String> {
+        let mut params = Vec::new();
+        let mut loss: Option<Tensor> = None;
+        for (v, c) in values.iter().zip(&coefs) {
+            let p = Tensor::from_vec(v.clone(), [v.len()]).and_then(|t| t.to_device(&td)).map_err(err)?;
+            p.move_to(&td).map_err(err)?;
+            let p = p.requires_grad();
+            let mut c = c.clone();
+            if poison {
+                c[0] = f32::MAX;
+            }
+            let ct = Tensor::from_vec(c, [v.len()]).and_then(|t| t.to_device(&td)).map_err(err)?;
+            let term = p.mul(&ct).and_then(|t| t.sum_all()).map_err(err)?;
+            loss = Some(match loss {
+                Some(l) => l.add(&term).map_err(err)?,
+                None => term,
+            });
+            params.push(p);
+        }
+        let loss = loss.expect("three parameters").mul_scalar(scale).map_err(err)?;
+        let named = params.iter().enumerate().map(|(i, p)| (format!("p{i}"), p.clone())).collect();
+        let mut opt = Sgd::new(named, 0.05, 0.9, 0.01, false);
+        attach_compute_copies(&mut opt, DType::F16).map_err(err)?;
+        loss.backward().map_err(err)?;
+        Ok((params, opt))
+    };
+    let state = |ps: &[Tensor]| -> Result<Vec<u32>, String> {
+        let mut v = Vec::new();
+        for p in ps {
+            v.extend(p.to_vec_f32().iter().map(|x| x.to_bits()));
+            v.extend(p.compute_copy(DType::F16).map_err(err)?.to_vec_f32().iter().map(|x| x.to_bits()));
+        }
+        Ok(v)
+    };
+    let what = |s: &str| format!("{s} (seed {seed})");
+    // unscaled reference
+    let (plain, mut popt) = build(1.0, false)?;
+    popt.step().map_err(err)?;
+    let mut scaler = LossScaler::new(4096.0, 100).map_err(err)?;
+    let (scaled, mut sopt) = build(scaler.scale(), false)?;
+    if !scaler.step(&mut sopt, None).map_err(err)? {
+        return Err(what("finite scaled gradients were skipped"));
+    }
+    if state(&scaled)? != state(&plain)? {
+        return Err(what("the loss-scaled step differs in bits from the unscaled one"));
+    }
+    // clipping: against clip_grad_norm's step on the unscaled gradients
+    let (clipped, mut copt) = build(1.0, false)?;
+    copt.clip_grad_norm(0.25).map_err(err)?;
+    copt.step().map_err(err)?;
+    let (sc, mut scopt) = build(scaler.scale(), false)?;
+    if !scaler.step(&mut scopt, Some(0.25)).map_err(err)? {
+        return Err(what("finite scaled gradients were skipped (clipping)"));
+    }
+    for (a, b) in sc.iter().zip(&clipped) {
+        compare(&what("scaled and clipped step"), &a.to_vec_f32(), &b.to_vec_f64(), Tol { abs: 1e-6, rel: 1e-6 })?;
+    }
+    // an overflow skips the step and halves the scale
+    let before = scaler.scale();
+    let (over, mut oopt) = build(1e10, true)?;
+    let weights = state(&over)?;
+    if scaler.step(&mut oopt, None).map_err(err)? {
+        return Err(what("overflowing gradients were not skipped"));
+    }
+    if state(&over)? != weights {
+        return Err(what("a skipped step changed the weights or their copies"));
+    }
+    if scaler.scale() != before / 2.0 || scaler.skipped() != 1 {
+        return Err(what(&format!("after the overflow: scale {} skipped {}", scaler.scale(), scaler.skipped())));
     }
     Ok(())
 }
