@@ -492,6 +492,7 @@ impl CudaStorage {
             return Ok(self.wrap16(zeros::<T>(&self.dev, m * n)?, m * n)); // an empty sum
         }
         if T::DTYPE == DType::BF16
+            && (x.len(), y.len()) == (m * k, k * n)
             && let Some(w) = in_place_layout(layout, m, k, n)
             && self.dev.supports::<kiln_gpu::kernels::gemm_wgmma_fused::GemmWgmmaBf16Fused>()
         {
