@@ -70,7 +70,13 @@ pub const fn flash_bwd_query_blocks(p: AttentionParams, k0: u32) -> (u32, u32) {
         0
     } else {
         let f = k0 as i64 + p.q_len as i64 - p.kv_len as i64;
-        if f <= 0 { 0 } else if f >= p.q_len as i64 { p.q_len } else { f as u32 }
+        if f <= 0 {
+            0
+        } else if f >= p.q_len as i64 {
+            p.q_len
+        } else {
+            f as u32
+        }
     };
     let begin = first / FLASH_BWD_MMA_BQ;
     (begin, end.saturating_sub(begin))
@@ -93,7 +99,9 @@ unsafe fn rows_dot_rows<const F16: bool, const KS: usize, const NS: usize>(
     let mut s = [[0.0f32; 4]; NS];
     let mut ks = 0;
     while ks < KS {
-        let af = unsafe { matrix::ldmatrix_x4(a + flash_chunk_offset(row_bytes, a0 + lane % 16, 2 * ks as u32 + lane / 16)) };
+        let af = unsafe {
+            matrix::ldmatrix_x4(a + flash_chunk_offset(row_bytes, a0 + lane % 16, 2 * ks as u32 + lane / 16))
+        };
         let mut np = 0;
         while np < NS / 2 {
             let row = np as u32 * 16 + lane % 8 + (lane / 16) * 8;
