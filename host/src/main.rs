@@ -284,8 +284,8 @@ enum Command {
         /// The causal mask (bottom-right aligned: query i sees keys j <= i + kv_len - q_len).
         #[arg(long)]
         causal: bool,
-        /// Also run the backward (dQ, dK, dV; the flash_fwd_simt kernels' dtypes, on CUDA cores),
-        /// checked against the f64 reference where B H Sq Skv D is at most 2^30, and timed.
+        /// Also run the backward (dQ, dK, dV) of the kernel's rung (flash_fwd_simt_*: CUDA cores;
+        /// flash_fwd_mma_*: mma.sync), checked against the f64 reference where B H Sq Skv D is at most 2^30, and timed.
         #[arg(long)]
         backward: bool,
         /// Timed launches, 1 or more (the median is reported).
@@ -336,14 +336,6 @@ fn attention(
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
     let lens = [shape.q_elems(), shape.kv_elems(), shape.kv_elems(), shape.q_elems(), shape.lse_elems()];
     kiln::cuda::attention::check_forward(entry.kernel, entry.dtype, shape, scale, lens, [0; 5])?;
-    if backward && entry.kernel != kiln::cuda::attention::FlashKernel::Simt {
-        return Err(kiln::Error::Unsupported {
-            op: "attention",
-            what: format!(
-                "--backward with {name}: the backward runs on CUDA cores; use flash_fwd_simt_f32 or flash_fwd_simt_bf16"
-            ),
-        });
-    }
     // host: f32 inputs, their f64 copies and the outputs read back; device: inputs and outputs
     let (q, kv, l) = (shape.q_elems() as u64, shape.kv_elems() as u64, shape.lse_elems() as u64);
     let elem = entry.dtype.size() as u64;

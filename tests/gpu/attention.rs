@@ -2,7 +2,11 @@
 //! of the table, head dims 64 and 128, lengths 1, 17, 129 and 1000, query and key lengths that
 //! differ both ways, causal and not, fresh random inputs, outputs poisoned (NaN) before each
 //! launch; the same bits on a repeated launch; typed refusals. The backward (CUDA cores, f32 and
-//! bf16) against the f64 reference's gradients, and the same bits on a repeat.
+//! bf16; `mma.sync`, bf16 and f16) against the f64 reference's gradients (dQ, dK, dV poisoned,
+//! lengths 1, 17, 129 and 1000, unequal both ways, head dims 64 and 128, causal and not), and the
+//! same bits on a repeat (for the best kernel of the dtype the repeat goes through
+//! `flash_backward`'s dispatch, so it also checks the pick). Backward tolerances:
+//! `kiln::tools::attention::backward_tolerance`, relative to each gradient's largest element.
 //!
 //! Tolerances are `kiln::tools::attention::forward_bound`'s (the error analysis in its docs): on
 //! inputs rounded to the kernel's dtype (the reference sees the rounded values), f32 scores and
@@ -14,7 +18,8 @@ use half::{bf16, f16};
 use kiln::attention::{self as reference, AttentionParams};
 use kiln::cuda::Device;
 use kiln::cuda::attention::{
-    AttentionShape, FLASH_KERNELS, FlashElement, FlashEntry, FlashKernel, flash_backward, flash_forward,
+    AttentionShape, FLASH_KERNELS, FlashBwdKernel, FlashElement, FlashEntry, FlashKernel, flash_backward,
+    flash_backward_kernel, flash_backward_with, flash_forward,
 };
 use kiln::testing::{self, POISON_F32, Tol, compare};
 use kiln::{DType, Error};
@@ -42,8 +47,26 @@ pub(crate) fn tests() -> Vec<GpuTest> {
             run: |d| matches_f64(d, "flash_fwd_mma_f16"),
         },
         GpuTest { name: "gpu::flash_forward_same_bits_on_repeat", available: any, run: same_bits },
-        GpuTest { name: "gpu::flash_bwd_simt_f32_matches_f64", available: any, run: backward_case::<f32> },
-        GpuTest { name: "gpu::flash_bwd_simt_bf16_matches_f64", available: any, run: backward_case::<bf16> },
+        GpuTest {
+            name: "gpu::flash_bwd_simt_f32_matches_f64",
+            available: any,
+            run: |d| backward_case::<f32>(d, FlashKernel::Simt, FlashBwdKernel::Simt),
+        },
+        GpuTest {
+            name: "gpu::flash_bwd_simt_bf16_matches_f64",
+            available: any,
+            run: |d| backward_case::<bf16>(d, FlashKernel::Simt, FlashBwdKernel::Simt),
+        },
+        GpuTest {
+            name: "gpu::flash_bwd_mma_bf16_matches_f64",
+            available: any,
+            run: |d| backward_case::<bf16>(d, FlashKernel::MmaSync, FlashBwdKernel::MmaSync),
+        },
+        GpuTest {
+            name: "gpu::flash_bwd_mma_f16_matches_f64",
+            available: any,
+            run: |d| backward_case::<f16>(d, FlashKernel::MmaSync, FlashBwdKernel::MmaSync),
+        },
         GpuTest { name: "gpu::flash_forward_refuses_with_typed_errors", available: any, run: refusals },
         GpuTest { name: "gpu::attention_command_runs_every_kernel", available: any, run: command },
     ]
@@ -210,12 +233,12 @@ fn refusals(dev: &Device) -> Outcome {
         Err(Error::Unsupported { what, .. }) if what.contains("flash_fwd_mma_f16") => {}
         other => return Err(format!("Simt on f16 gave {other:?}")),
     }
-    // the backward runs on the CUDA-core kernels only
+    // the backward: MmaSync refuses f32, Simt refuses f16 (each naming what to use)
     let (mut dq, mut dk) = (dev.zeros::<f16>(s.q_elems()).map_err(err)?, dev.zeros::<f16>(s.kv_elems()).map_err(err)?);
     let mut dv = dev.zeros::<f16>(s.kv_elems()).map_err(err)?;
-    match flash_backward(
+    match flash_backward_with(
         dev,
-        FlashKernel::MmaSync,
+        FlashBwdKernel::Simt,
         (&qh, &kh, &kh, &qh, &qh),
         &lse,
         (&mut dq, &mut dk, &mut dv),
@@ -223,8 +246,23 @@ fn refusals(dev: &Device) -> Outcome {
         false,
         0.1,
     ) {
-        Err(Error::Unsupported { what, .. }) if what.contains("Simt") => {}
-        other => return Err(format!("the backward on MmaSync gave {other:?}")),
+        Err(Error::Unsupported { what, .. }) if what.contains("flash_fwd_mma_f16") => {}
+        other => return Err(format!("the Simt backward on f16 gave {other:?}")),
+    }
+    let (mut dq, mut dk) = (dev.zeros::<f32>(s.q_elems()).map_err(err)?, dev.zeros::<f32>(s.kv_elems()).map_err(err)?);
+    let mut dv = dev.zeros::<f32>(s.kv_elems()).map_err(err)?;
+    match flash_backward_with(
+        dev,
+        FlashBwdKernel::MmaSync,
+        (&q, &k, &k, &o, &q),
+        &lse,
+        (&mut dq, &mut dk, &mut dv),
+        s,
+        false,
+        0.1,
+    ) {
+        Err(Error::Unsupported { what, .. }) if what.contains("flash_fwd_simt_f32") => {}
+        other => return Err(format!("the MmaSync backward on f32 gave {other:?}")),
     }
     // a head dim no kernel is built for
     let s96 = AttentionShape { head_dim: 96, ..s };
@@ -247,8 +285,8 @@ fn command(dev: &Device) -> Outcome {
     let s = AttentionShape { batch: 2, heads: 2, q_len: 129, kv_len: 200, head_dim: 64 };
     for e in FLASH_KERNELS {
         for causal in [false, true] {
-            // the CUDA-core kernels run the backward too, checked against the f64 reference
-            let backward = e.kernel == FlashKernel::Simt;
+            // every rung runs the backward of its rung too, checked against the f64 reference
+            let backward = true;
             let r = kiln::tools::attention::run(dev, e.name, s, causal, 2, 7, backward)
                 .map_err(|x| format!("{}: {x}", e.name))?;
             let bwd_checked = r.backward.as_ref().is_some_and(|b| b.errors.is_some());
@@ -266,9 +304,11 @@ fn command(dev: &Device) -> Outcome {
     }
 }
 
-fn backward_case<T: Elem>(dev: &Device) -> Outcome {
+fn backward_case<T: Elem>(dev: &Device, fwd: FlashKernel, bwd: FlashBwdKernel) -> Outcome {
     let (mut rng, seed) = testing::rng();
-    let lengths: &[(u32, u32)] = &[(1, 1), (17, 17), (129, 129), (17, 129), (129, 17), (1000, 200)];
+    let lengths: &[(u32, u32)] =
+        &[(1, 1), (17, 17), (129, 129), (1000, 1000), (17, 129), (129, 17), (1, 1000), (1000, 200)];
+    let best = flash_backward_kernel(T::DTYPE, 64) == Some(bwd);
     // the tolerances and their reasoning: `kiln::tools::attention::backward_tolerance`
     let (elem_tol, l2_tol) = kiln::tools::attention::backward_tolerance(T::DTYPE);
     for &d in &[64u32, 128] {
@@ -277,7 +317,7 @@ fn backward_case<T: Elem>(dev: &Device) -> Outcome {
                 let (batch, heads) = if sq.max(skv) >= 1000 { (1, 2) } else { (2, 3) };
                 let s = AttentionShape { batch, heads, q_len: sq, kv_len: skv, head_dim: d };
                 let scale = 1.0 / (d as f32).sqrt();
-                let what = format!("backward {:?} {s:?} causal {causal} (seed {seed})", T::DTYPE);
+                let what = format!("backward {bwd:?} {:?} {s:?} causal {causal} (seed {seed})", T::DTYPE);
                 let make = |n: usize, rng: &mut rand::rngs::StdRng| -> Vec<T> {
                     testing::uniform(rng, n).into_iter().map(T::from_f32).collect()
                 };
@@ -291,22 +331,19 @@ fn backward_case<T: Elem>(dev: &Device) -> Outcome {
                 let (q, k, v, d_o) = (up(&qh)?, up(&kh)?, up(&vh)?, up(&doh)?);
                 let mut o = up(&vec![T::POISON; s.q_elems()])?;
                 let mut lse = dev.upload(&vec![POISON_F32; s.lse_elems()]).map_err(err)?;
-                flash_forward(dev, FlashKernel::Simt, &q, &k, &v, &mut o, &mut lse, s, causal, scale).map_err(err)?;
+                flash_forward(dev, fwd, &q, &k, &v, &mut o, &mut lse, s, causal, scale).map_err(err)?;
                 let mut grads = Vec::new();
-                for _ in 0..2 {
+                for rep in 0..2 {
                     let mut dq = up(&vec![T::POISON; s.q_elems()])?;
                     let mut dk = up(&vec![T::POISON; s.kv_elems()])?;
                     let mut dv = up(&vec![T::POISON; s.kv_elems()])?;
-                    flash_backward(
-                        dev,
-                        FlashKernel::Simt,
-                        (&q, &k, &v, &o, &d_o),
-                        &lse,
-                        (&mut dq, &mut dk, &mut dv),
-                        s,
-                        causal,
-                        scale,
-                    )
+                    let ins = (&q, &k, &v, &o, &d_o);
+                    let outs = (&mut dq, &mut dk, &mut dv);
+                    if rep == 1 && best {
+                        flash_backward(dev, fwd, ins, &lse, outs, s, causal, scale)
+                    } else {
+                        flash_backward_with(dev, bwd, ins, &lse, outs, s, causal, scale)
+                    }
                     .map_err(err)?;
                     let down = |b: &kiln::cuda::DeviceBuffer<T>| -> Result<Vec<f32>, String> {
                         Ok(dev.download(b).map_err(err)?.into_iter().map(|x| x.to_f64() as f32).collect())

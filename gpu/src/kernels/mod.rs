@@ -21,6 +21,8 @@
 pub mod barrier;
 pub mod convert;
 pub mod elementwise;
+#[path = "attention/flash_bwd_mma.rs"]
+pub mod flash_bwd_mma;
 #[path = "attention/flash_bwd_simt.rs"]
 pub mod flash_bwd_simt;
 #[path = "attention/flash_mma.rs"]

@@ -5,7 +5,15 @@
 //!   FlashKernel::MmaSync  rung 2: FlashAttention-2 on mma.sync           bf16, f16   D 64, 128
 //! ```
 //!
-//! The backward ([`flash_backward`]) runs on CUDA cores (`flash_bwd_simt`: f32, bf16; D 64, 128).
+//! The backward ([`flash_backward`]) has its own table, [`FlashBwdKernel`]:
+//!
+//! ```text
+//!   FlashBwdKernel::Simt     rung 1: three passes on CUDA cores            f32, bf16   D 64, 128
+//!   FlashBwdKernel::MmaSync  rung 2: FlashAttention-2 on mma.sync          bf16, f16   D 64, 128
+//! ```
+//!
+//! [`flash_backward`] picks the best one for the dtype and head dim ([`flash_backward_kernel`]);
+//! [`flash_backward_with`] runs a chosen one. Both are deterministic (no atomics).
 //!
 //! Every kernel runs on every module (sm_80 and newer). [`flash_forward`] checks the buffers
 //! against the shape, the dtype and head dim against the kernel, the alignment the kernel's
@@ -18,6 +26,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use half::{bf16, f16};
 use kiln_gpu::kernels::attention::AttentionParams;
+use kiln_gpu::kernels::flash_bwd_mma::{
+    self as bwd_mma, FLASH_BWD_MMA_BKV, FLASH_BWD_MMA_BQ, FLASH_BWD_MMA_THREADS, flash_bwd_mma_smem_bytes,
+};
 use kiln_gpu::kernels::flash_bwd_simt::{self as bwd, FLASH_BWD_ROWS, FLASH_BWD_THREADS, flash_bwd_smem_bytes};
 use kiln_gpu::kernels::flash_mma::{self as mma, FLASH_MMA_BQ, FLASH_MMA_THREADS, flash_mma_smem_bytes};
 use kiln_gpu::kernels::flash_simt::{self as simt, FLASH_SIMT_BQ, FLASH_SIMT_THREADS, flash_simt_smem_bytes};
@@ -375,33 +386,74 @@ trait BwdKernels {
     type Dv: Kernel;
 }
 
-/// Attention backward (FlashAttention-2 on CUDA cores, [`FlashKernel::Simt`] only, f32 or bf16):
-/// from the forward's inputs, its output `o` and log-sum-exp `lse`, and the output's gradient
-/// `d_o`, the gradients `dq`, `dk`, `dv` (the shapes of q, k, v). Deterministic: no atomics, each
-/// gradient row summed by one thread in a fixed order (three passes: dQ with `delta = dO . O`,
-/// then dK, then dV), so the same inputs give the same bits. The checks are
-/// [`flash_forward`]'s, plus the gradients' sizes.
-#[allow(clippy::too_many_arguments)]
-pub fn flash_backward<T: FlashElement>(
-    dev: &Device,
-    kernel: FlashKernel,
-    (q, k, v, o, d_o): BwdInputs<'_, T>,
-    lse: &DeviceBuffer<f32>,
-    (dq, dk, dv): (&mut DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<T>),
+/// The flash backward kernels, rung by rung.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlashBwdKernel {
+    /// Rung 1: three passes on CUDA cores (`flash_bwd_simt`), f32 or bf16.
+    Simt,
+    /// Rung 2: FlashAttention-2 on `mma.sync` (`flash_bwd_mma`: delta, dK / dV, dQ), bf16 or f16.
+    MmaSync,
+}
+
+impl FlashBwdKernel {
+    /// The forward kernel of the same rung (the one whose dtype table this kernel shares).
+    pub fn forward(self) -> FlashKernel {
+        match self {
+            FlashBwdKernel::Simt => FlashKernel::Simt,
+            FlashBwdKernel::MmaSync => FlashKernel::MmaSync,
+        }
+    }
+    /// The backward kernel of the forward rung `k`.
+    pub fn of_forward(k: FlashKernel) -> Self {
+        match k {
+            FlashKernel::Simt => FlashBwdKernel::Simt,
+            FlashKernel::MmaSync => FlashBwdKernel::MmaSync,
+        }
+    }
+    /// Whether this kernel runs `dtype` at head dim `head_dim`.
+    pub fn supports(self, dtype: DType, head_dim: u32) -> bool {
+        FLASH_HEAD_DIMS.contains(&head_dim) && self.forward().dtypes().contains(&dtype)
+    }
+    /// Dynamic shared memory per block at head dim `d`.
+    pub fn smem_bytes(self, d: u32) -> u32 {
+        match self {
+            FlashBwdKernel::Simt => flash_bwd_smem_bytes(d),
+            FlashBwdKernel::MmaSync => flash_bwd_mma_smem_bytes(d),
+        }
+    }
+}
+
+/// The backward kernel [`flash_backward`] runs for `dtype` at `head_dim`: the best verified one
+/// (`MmaSync` for bf16 / f16, `Simt` for f32), or `None` where no kernel takes the pair.
+pub fn flash_backward_kernel(dtype: DType, head_dim: u32) -> Option<FlashBwdKernel> {
+    [FlashBwdKernel::MmaSync, FlashBwdKernel::Simt].into_iter().find(|k| k.supports(dtype, head_dim))
+}
+
+/// Whether [`flash_backward`] runs `dtype` at `head_dim` (f32, bf16 and f16 at head dims 64 and
+/// 128).
+pub fn flash_backward_supports(dtype: DType, head_dim: u32) -> bool {
+    flash_backward_kernel(dtype, head_dim).is_some()
+}
+
+/// Checks a backward problem for `kernel` before any launch: the forward's checks (dtype table,
+/// head dim, scale, sizes, grid) for the rung's forward kernel, the gradients' sizes and (for
+/// `MmaSync`'s 16-byte copies) the alignment of every 16-bit buffer. `lens` and `addrs` are those
+/// of (q, k, v, o, lse, d_o, dq, dk, dv).
+pub fn check_backward(
+    kernel: FlashBwdKernel,
+    dtype: DType,
     shape: AttentionShape,
-    causal: bool,
     scale: f32,
+    lens: [usize; 9],
+    addrs: [u64; 9],
 ) -> Result<()> {
     const OP: &str = "flash_backward";
-    if kernel != FlashKernel::Simt {
-        return Err(Error::Unsupported {
-            op: OP,
-            what: format!("{kernel:?}: the backward runs on FlashKernel::Simt (f32 or bf16) so far"),
-        });
-    }
-    let lens = [q.len(), k.len(), v.len(), o.len(), lse.len()];
-    check_forward(kernel, T::DTYPE, shape, scale, lens, [0; 5])?;
-    let grads = [d_o.len(), dq.len(), dk.len(), dv.len()];
+    let fwd_lens = [lens[0], lens[1], lens[2], lens[3], lens[4]];
+    check_forward(kernel.forward(), dtype, shape, scale, fwd_lens, [0; 5]).map_err(|e| match e {
+        Error::Unsupported { what, .. } => Error::Unsupported { op: OP, what: format!("{kernel:?} backward: {what}") },
+        e => e,
+    })?;
+    let grads = [lens[5], lens[6], lens[7], lens[8]];
     let want = [shape.q_elems(), shape.q_elems(), shape.kv_elems(), shape.kv_elems()];
     if grads != want {
         return Err(Error::shape(
@@ -412,21 +464,78 @@ pub fn flash_backward<T: FlashElement>(
             ),
         ));
     }
+    if kernel == FlashBwdKernel::MmaSync
+        && let Some(a) = addrs.iter().enumerate().filter(|(i, _)| *i != 4).map(|(_, a)| a).find(|a| *a % 16 != 0)
+    {
+        return Err(Error::Unsupported {
+            op: OP,
+            what: format!(
+                "a buffer at {a:#x} with {kernel:?}: its 16-byte copies need 16-byte-aligned q, k, v, o, d_o, dq, dk and dv"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Attention backward with the best verified kernel for `T` and the head dim
+/// ([`flash_backward_kernel`]: `MmaSync` for bf16 / f16, `Simt` for f32): from the forward's
+/// inputs, its output `o` and log-sum-exp `lse`, and the output's gradient `d_o`, the gradients
+/// `dq`, `dk`, `dv` (the shapes of q, k, v). `kernel` is the forward kernel that made `o` and
+/// `lse`; any forward's are valid inputs, so it does not restrict the choice. Deterministic (no
+/// atomics): the same inputs give the same bits. See [`flash_backward_with`].
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward<T: FlashElement>(
+    dev: &Device,
+    kernel: FlashKernel,
+    inputs: BwdInputs<'_, T>,
+    lse: &DeviceBuffer<f32>,
+    grads: (&mut DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<T>),
+    shape: AttentionShape,
+    causal: bool,
+    scale: f32,
+) -> Result<()> {
+    let bwd = flash_backward_kernel(T::DTYPE, shape.head_dim).unwrap_or(FlashBwdKernel::of_forward(kernel));
+    flash_backward_with(dev, bwd, inputs, lse, grads, shape, causal, scale)
+}
+
+/// Attention backward with `kernel` (FlashAttention-2: P recomputed from `lse`): see
+/// [`flash_backward`]. `Simt` runs three passes on CUDA cores (dQ with `delta = dO . O`, then dK,
+/// then dV), `MmaSync` three kernels on the tensor cores (delta, then dK and dV together, then dQ);
+/// both own every gradient row in one block and sum it in a fixed order (no atomics). Refuses,
+/// with a typed error, what [`check_backward`] refuses and a device without the shared memory.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward_with<T: FlashElement>(
+    dev: &Device,
+    kernel: FlashBwdKernel,
+    (q, k, v, o, d_o): BwdInputs<'_, T>,
+    lse: &DeviceBuffer<f32>,
+    (dq, dk, dv): (&mut DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<T>),
+    shape: AttentionShape,
+    causal: bool,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "flash_backward";
+    let lens = [q.len(), k.len(), v.len(), o.len(), lse.len(), d_o.len(), dq.len(), dk.len(), dv.len()];
+    let addrs = [q.addr(), k.addr(), v.addr(), o.addr(), lse.addr(), d_o.addr(), dq.addr(), dk.addr(), dv.addr()];
+    check_backward(kernel, T::DTYPE, shape, scale, lens, addrs)?;
     if shape.batch == 0 || shape.heads == 0 {
         return Ok(());
     }
-    let smem = flash_bwd_smem_bytes(shape.head_dim);
+    let smem = kernel.smem_bytes(shape.head_dim);
     use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
     let max_smem = dev.attribute(OPTIN)?.max(0) as u32;
     if smem > max_smem {
         return Err(Error::Unsupported {
             op: OP,
             what: format!(
-                "head dim {}: the backward needs {smem} bytes of shared memory per block and {} allows {max_smem}",
+                "{kernel:?} at head dim {}: the backward needs {smem} bytes of shared memory per block and {} allows {max_smem}",
                 shape.head_dim,
                 dev.name()
             ),
         });
+    }
+    if kernel == FlashBwdKernel::MmaSync {
+        return mma_backward(dev, (q, k, v, o, d_o), lse, (dq, dk, dv), shape, causal, scale);
     }
     let mut delta = dev.zeros::<f32>(shape.lse_elems())?;
     let p = shape.params(causal, scale);
@@ -481,6 +590,134 @@ pub fn flash_backward<T: FlashElement>(
             (dtype, _) => Err(Error::Unsupported { op: OP, what: format!("{dtype:?}: not in the kernel table") }),
         }
     }
+}
+
+/// The `MmaSync` backward's launches (checked by [`flash_backward_with`]): delta, dK / dV, dQ.
+#[allow(clippy::too_many_arguments)]
+fn mma_backward<T: FlashElement>(
+    dev: &Device,
+    ins: BwdInputs<'_, T>,
+    lse: &DeviceBuffer<f32>,
+    outs: (&mut DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<T>),
+    shape: AttentionShape,
+    causal: bool,
+    scale: f32,
+) -> Result<()> {
+    let p = shape.params(causal, scale);
+    let mut delta = dev.zeros::<f32>(shape.lse_elems())?;
+    let smem = flash_bwd_mma_smem_bytes(shape.head_dim);
+    let cfg = |rows: u32, block: u32, smem: u32| LaunchConfig {
+        grid_dim: (rows.div_ceil(block), shape.batch * shape.heads, 1),
+        block_dim: (FLASH_BWD_MMA_THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    /// Launches the three kernels of `B` (element type `U`, which is `T`'s by the dtype match).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn three<B: MmaBwdKernels, U, T: cudarc::driver::DeviceRepr>(
+        dev: &Device,
+        cfgs: [LaunchConfig; 3],
+        shape: AttentionShape,
+        (q, k, v, o, d_o): BwdInputs<'_, T>,
+        lse: &DeviceBuffer<f32>,
+        delta: &mut DeviceBuffer<f32>,
+        (dq, dk, dv): (&mut DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<T>),
+        p: AttentionParams,
+    ) -> Result<()>
+    where
+        B::Delta: Kernel<Args = (DevicePtr<U>, DevicePtr<U>, DevicePtrMut<f32>, AttentionParams)>,
+        B::DkDv: Kernel<Args = MmaDkDvArgs<U>>,
+        B::Dq: Kernel<Args = MmaDqArgs<U>>,
+    {
+        let [q, k, v, o, d_o] = [q, k, v, o, d_o].map(|b| b.ptr().cast::<U>());
+        // SAFETY: the caller checked sizes, dtype and alignment; delta holds one f32 per query
+        // row, written by the first launch before the others read it (one stream).
+        unsafe {
+            if shape.q_len > 0 {
+                dev.launch(B::Delta::default(), cfgs[0], (o, d_o, delta.ptr_mut(), p))?;
+            }
+            if shape.kv_len > 0 {
+                let args =
+                    (q, k, v, d_o, lse.ptr(), delta.ptr(), dk.ptr_mut().cast::<U>(), dv.ptr_mut().cast::<U>(), p);
+                dev.launch(B::DkDv::default(), cfgs[1], args)?;
+            }
+            if shape.q_len > 0 {
+                dev.launch(
+                    B::Dq::default(),
+                    cfgs[2],
+                    (q, k, v, d_o, lse.ptr(), delta.ptr(), dq.ptr_mut().cast::<U>(), p),
+                )?;
+            }
+        }
+        Ok(())
+    }
+    let cfgs = [
+        cfg(shape.q_len, FLASH_BWD_MMA_BQ, 0),
+        cfg(shape.kv_len, FLASH_BWD_MMA_BKV, smem),
+        cfg(shape.q_len, FLASH_BWD_MMA_BQ, smem),
+    ];
+    let d128 = shape.head_dim == 128;
+    // SAFETY: as above.
+    unsafe {
+        match (T::DTYPE, d128) {
+            (DType::BF16, false) => three::<MmaBf16D64, bf16, T>(dev, cfgs, shape, ins, lse, &mut delta, outs, p),
+            (DType::BF16, true) => three::<MmaBf16D128, bf16, T>(dev, cfgs, shape, ins, lse, &mut delta, outs, p),
+            (DType::F16, false) => three::<MmaF16D64, f16, T>(dev, cfgs, shape, ins, lse, &mut delta, outs, p),
+            (DType::F16, true) => three::<MmaF16D128, f16, T>(dev, cfgs, shape, ins, lse, &mut delta, outs, p),
+            (dtype, _) => Err(Error::Unsupported {
+                op: "flash_backward",
+                what: format!("{dtype:?} with MmaSync: not in the kernel table"),
+            }),
+        }
+    }
+}
+
+/// The `MmaSync` dK / dV kernel's arguments.
+type MmaDkDvArgs<T> = (
+    DevicePtr<T>,
+    DevicePtr<T>,
+    DevicePtr<T>,
+    DevicePtr<T>,
+    DevicePtr<f32>,
+    DevicePtr<f32>,
+    DevicePtrMut<T>,
+    DevicePtrMut<T>,
+    AttentionParams,
+);
+/// The `MmaSync` dQ kernel's arguments.
+type MmaDqArgs<T> = (
+    DevicePtr<T>,
+    DevicePtr<T>,
+    DevicePtr<T>,
+    DevicePtr<T>,
+    DevicePtr<f32>,
+    DevicePtr<f32>,
+    DevicePtrMut<T>,
+    AttentionParams,
+);
+
+/// The `MmaSync` backward's three kernels for one element type and head dim.
+trait MmaBwdKernels {
+    type Delta: Kernel;
+    type DkDv: Kernel;
+    type Dq: Kernel;
+}
+
+macro_rules! mma_bwd_kernels {
+    ($($name:ident: $delta:ident, $dkdv:ident, $dq:ident;)*) => {$(
+        struct $name;
+        impl MmaBwdKernels for $name {
+            type Delta = bwd_mma::$delta;
+            type DkDv = bwd_mma::$dkdv;
+            type Dq = bwd_mma::$dq;
+        }
+    )*};
+}
+
+mma_bwd_kernels! {
+    MmaBf16D64: FlashBwdDeltaBf16D64, FlashBwdDkdvMmaBf16D64, FlashBwdDqMmaBf16D64;
+    MmaBf16D128: FlashBwdDeltaBf16D128, FlashBwdDkdvMmaBf16D128, FlashBwdDqMmaBf16D128;
+    MmaF16D64: FlashBwdDeltaF16D64, FlashBwdDkdvMmaF16D64, FlashBwdDqMmaF16D64;
+    MmaF16D128: FlashBwdDeltaF16D128, FlashBwdDkdvMmaF16D128, FlashBwdDqMmaF16D128;
 }
 
 macro_rules! bwd_kernels {
@@ -559,5 +796,84 @@ mod tests {
         assert_eq!(FlashKernel::MmaSync.smem_bytes(128), 80 * 1024);
         // the backward needs the opt-in on every GPU: 106 KiB at head dim 128 (an A100 allows 163)
         assert!(flash_bwd_smem_bytes(128) <= 163 * 1024 && flash_bwd_smem_bytes(64) <= 99 * 1024);
+    }
+
+    fn bwd_lens(s: AttentionShape) -> [usize; 9] {
+        let (q, kv) = (s.q_elems(), s.kv_elems());
+        [q, kv, kv, q, s.lse_elems(), q, q, kv, kv]
+    }
+
+    #[test]
+    fn the_backward_picks_mma_sync_for_16_bit_types_and_simt_for_f32() {
+        for d in [64, 128] {
+            assert_eq!(flash_backward_kernel(DType::BF16, d), Some(FlashBwdKernel::MmaSync));
+            assert_eq!(flash_backward_kernel(DType::F16, d), Some(FlashBwdKernel::MmaSync));
+            assert_eq!(flash_backward_kernel(DType::F32, d), Some(FlashBwdKernel::Simt));
+            assert!(flash_backward_supports(DType::F16, d));
+        }
+        assert_eq!(flash_backward_kernel(DType::F64, 64), None);
+        assert!(!flash_backward_supports(DType::BF16, 96));
+        assert!(FlashBwdKernel::Simt.supports(DType::BF16, 64) && !FlashBwdKernel::Simt.supports(DType::F16, 64));
+        for k in [FlashKernel::Simt, FlashKernel::MmaSync] {
+            assert_eq!(FlashBwdKernel::of_forward(k).forward(), k);
+        }
+    }
+
+    #[test]
+    fn the_backward_checks_dtypes_sizes_and_alignment() {
+        let l = bwd_lens(SHAPE);
+        check_backward(FlashBwdKernel::MmaSync, DType::BF16, SHAPE, 0.1, l, [0; 9]).unwrap();
+        check_backward(FlashBwdKernel::MmaSync, DType::F16, SHAPE, 0.1, l, [0; 9]).unwrap();
+        let e = check_backward(FlashBwdKernel::MmaSync, DType::F32, SHAPE, 0.1, l, [0; 9]).unwrap_err();
+        assert!(e.to_string().contains("flash_fwd_simt_f32") && e.to_string().contains("MmaSync backward"), "{e}");
+        let e = check_backward(FlashBwdKernel::Simt, DType::F16, SHAPE, 0.1, l, [0; 9]).unwrap_err();
+        assert!(e.to_string().contains("flash_fwd_mma_f16"), "{e}");
+        let mut short = l;
+        short[7] -= 1;
+        let e = check_backward(FlashBwdKernel::MmaSync, DType::BF16, SHAPE, 0.1, short, [0; 9]).unwrap_err();
+        assert!(matches!(e, Error::Shape { .. }) && e.to_string().contains("dk"), "{e}");
+        // a misaligned gradient is refused by MmaSync; the lse (f32, read per element) may be at 4
+        let mut addrs = [0u64; 9];
+        addrs[8] = 8;
+        let e = check_backward(FlashBwdKernel::MmaSync, DType::BF16, SHAPE, 0.1, l, addrs).unwrap_err();
+        assert!(e.to_string().contains("16-byte"), "{e}");
+        check_backward(FlashBwdKernel::Simt, DType::BF16, SHAPE, 0.1, l, addrs).unwrap();
+        let mut addrs = [0u64; 9];
+        addrs[4] = 4;
+        check_backward(FlashBwdKernel::MmaSync, DType::BF16, SHAPE, 0.1, l, addrs).unwrap();
+        let s = AttentionShape { head_dim: 96, ..SHAPE };
+        assert!(check_backward(FlashBwdKernel::MmaSync, DType::BF16, s, 0.1, bwd_lens(s), [0; 9]).is_err());
+    }
+
+    #[test]
+    fn the_mma_backward_fits_shared_memory_and_walks_the_right_query_blocks() {
+        use kiln_gpu::kernels::flash_bwd_mma::flash_bwd_query_blocks;
+        assert_eq!(FlashBwdKernel::MmaSync.smem_bytes(64), 48 * 1024);
+        assert_eq!(FlashBwdKernel::MmaSync.smem_bytes(128), 96 * 1024);
+        let p = |q_len, kv_len, causal: bool| {
+            AttentionShape { batch: 1, heads: 1, q_len, kv_len, head_dim: 64 }.params(causal, 0.1)
+        };
+        // without the mask every key block walks every query block
+        assert_eq!(flash_bwd_query_blocks(p(1000, 1000, false), 640), (0, 16));
+        // with it, from the block of the first row that sees the first key (rows see j <= i + kv - q)
+        assert_eq!(flash_bwd_query_blocks(p(1000, 1000, true), 0), (0, 16));
+        assert_eq!(flash_bwd_query_blocks(p(1000, 1000, true), 640), (10, 6));
+        assert_eq!(flash_bwd_query_blocks(p(1000, 1000, true), 960), (15, 1));
+        // q_len < kv_len: the first keys are seen by every row
+        assert_eq!(flash_bwd_query_blocks(p(17, 129, true), 64), (0, 1));
+        // q_len > kv_len: rows 0..871 see no key; key 0 is first seen by row 871
+        assert_eq!(flash_bwd_query_blocks(p(1000, 129, true), 0), (13, 3));
+        // brute force against the mask itself
+        for (q, kv) in [(1, 1), (17, 17), (129, 17), (17, 129), (1000, 129), (200, 1000)] {
+            let pp = p(q, kv, true);
+            for k0 in (0..kv).step_by(64) {
+                let (b, n) = flash_bwd_query_blocks(pp, k0);
+                let first = (0..q).find(|&i| pp.visible_keys(i) > k0);
+                match first {
+                    Some(i) => assert!(b * 64 <= i && i < (b + 1) * 64 && b + n == q.div_ceil(64), "{q} {kv} {k0}"),
+                    None => assert_eq!(n, 0, "{q} {kv} {k0}"),
+                }
+            }
+        }
     }
 }

@@ -3,7 +3,8 @@
 
 use crate::attention::{self as reference, AttentionParams};
 use crate::cuda::attention::{
-    AttentionShape, FlashElement, FlashEntry, FlashKernel, flash_backward, flash_entry, flash_forward,
+    AttentionShape, FlashBwdKernel, FlashElement, FlashEntry, FlashKernel, flash_backward_with, flash_entry,
+    flash_forward,
 };
 use crate::cuda::{Device, timing};
 use crate::dtype::DType;
@@ -101,7 +102,9 @@ pub const BACKWARD_CHECK_LIMIT: f64 = (1u64 << 30) as f64;
 /// `(elementwise, relative L2)`. f32: every product and sum in f32 over at most `D + kv_len`
 /// (or `q_len`) terms, a worst case near `(D + len) 2^-24` of the magnitudes (about 2^-14 for the
 /// tested sizes), with margin. bf16: O (which enters `delta = dO . O`) and the gradients are rounded
-/// to bf16, a relative 2^-9 each, and the error of `delta` is multiplied by up to `D` in `dS`.
+/// to bf16, a relative 2^-9 each, and the error of `delta` is multiplied by up to `D` in `dS`; the
+/// `mma.sync` backward also rounds P and dS to bf16 (f16) before their products (a relative 2^-9,
+/// 2^-11 on each term), inside the same bound.
 pub fn backward_tolerance(dtype: DType) -> (f64, f64) {
     match dtype {
         DType::BF16 | DType::F16 => (2f64.powi(-4), 2f64.powi(-6)),
@@ -324,7 +327,8 @@ fn launch<T: FlashElement>(
             let poison = |n: usize| dev.upload(&vec![to(f32::NAN); n]);
             let (mut dq, mut dk, mut dv) = (poison(s.q_elems())?, poison(s.kv_elems())?, poison(s.kv_elems())?);
             let go = |dq: &mut _, dk: &mut _, dv: &mut _| {
-                flash_backward(dev, kernel, (&q, &k, &v, &o, &d_o), &lse, (dq, dk, dv), s, causal, scale)
+                let bwd = FlashBwdKernel::of_forward(kernel);
+                flash_backward_with(dev, bwd, (&q, &k, &v, &o, &d_o), &lse, (dq, dk, dv), s, causal, scale)
             };
             go(&mut dq, &mut dk, &mut dv)?;
             let wide = |b: &crate::cuda::DeviceBuffer<T>| -> Result<Vec<f32>> {

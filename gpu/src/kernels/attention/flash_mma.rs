@@ -58,14 +58,14 @@ pub const fn flash_chunk_offset(row_bytes: u32, row: u32, chunk: u32) -> u32 {
 #[cfg(target_arch = "nvptx64")]
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
-struct U32x4([u32; 4]);
+pub(super) struct U32x4(pub(super) [u32; 4]);
 
 /// Copies rows `row0..row0 + FLASH_MMA_BKV` (or the Q tile's `FLASH_MMA_BQ`) of a `[rows, D]`
 /// 16-bit matrix into the swizzled tile at `dst`, 16 bytes per copy; rows past `rows` are
 /// zero-filled (their source clamped into the matrix and not read).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn copy_tile<const D: u32, const ROWS: u32>(
+pub(super) unsafe fn copy_tile<const D: u32, const ROWS: u32>(
     src: *const u16,
     rows: u32,
     row0: u32,
@@ -89,13 +89,13 @@ unsafe fn copy_tile<const D: u32, const ROWS: u32>(
 
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-fn mma16<const F16: bool>(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+pub(super) fn mma16<const F16: bool>(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
     if F16 { mma::mma_m16n8k16_f16(a, b, c) } else { mma::mma_m16n8k16_bf16(a, b, c) }
 }
 
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-fn pack<const F16: bool>(lo: f32, hi: f32) -> u32 {
+pub(super) fn pack<const F16: bool>(lo: f32, hi: f32) -> u32 {
     if F16 { convert::pack_f16x2(lo, hi) } else { convert::pack_bf16x2(lo, hi) }
 }
 

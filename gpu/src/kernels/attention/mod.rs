@@ -8,6 +8,8 @@
 //!   tiles, swizzled shared memory, P kept in registers.
 //! - [`flash_bwd_simt`]: the backward (dQ, dK, dV from the saved log-sum-exp) on CUDA cores,
 //!   deterministic.
+//! - [`flash_bwd_mma`]: the backward on `mma.sync` (bf16 / f16): delta, dK / dV, dQ kernels,
+//!   deterministic (no atomics).
 //!
 //! Layout: Q and O are `[batch, heads, q_len, head_dim]`, K and V `[batch, heads, kv_len,
 //! head_dim]`, all row-major and dense; the log-sum-exp is `[batch, heads, q_len]` f32 (natural
@@ -20,7 +22,7 @@
 
 use crate::KernelParam;
 
-pub use super::{flash_bwd_simt, flash_mma, flash_simt};
+pub use super::{flash_bwd_mma, flash_bwd_simt, flash_mma, flash_simt};
 
 /// The problem an attention kernel solves, passed by value.
 #[repr(C)]
