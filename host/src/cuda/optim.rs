@@ -415,7 +415,10 @@ mod tests {
     #[test]
     fn table_entries_check_copies() {
         let slot = TensorSlot { param: 0x1000, len: 10, state1: 0x2000, state2: 0, copy: None, no_decay: false };
-        assert_eq!(table_entry(&TensorSlot { no_decay: true, ..slot }).unwrap().flags, kiln_gpu::kernels::optim::NO_DECAY);
+        assert_eq!(
+            table_entry(&TensorSlot { no_decay: true, ..slot }).unwrap().flags,
+            kiln_gpu::kernels::optim::NO_DECAY
+        );
         let e = table_entry(&slot).unwrap();
         assert_eq!((e.param, e.grad, e.state1, e.copy, e.len, e.flags), (0x1000, 0, 0x2000, 0, 10, 0));
         let copy = ComputeCopy { addr: 0x3000, len: 10, format: CopyFormat::F16 };
