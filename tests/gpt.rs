@@ -40,7 +40,11 @@ fn gradients_match_finite_differences() {
                 p.with_data_mut::<f64, _>(|d| d[i] = orig).unwrap();
                 let fd = (up - down) / (2.0 * eps);
                 let err = (g[i] - fd).abs() / (1e-6 + fd.abs().max(g[i].abs()));
-                assert!(err < 1e-5 || (g[i] - fd).abs() < 1e-9, "tie {tie}: {name}[{i}]: analytic {} numeric {fd}", g[i]);
+                assert!(
+                    err < 1e-5 || (g[i] - fd).abs() < 1e-9,
+                    "tie {tie}: {name}[{i}]: analytic {} numeric {fd}",
+                    g[i]
+                );
             }
         }
     }

@@ -195,6 +195,10 @@ impl WindowRng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
+    /// A generator continuing from [`WindowRng::state`].
+    pub fn from_state(state: u64) -> WindowRng {
+        WindowRng { state }
+    }
     /// The generator's state (saved in checkpoints, so a resumed run draws the windows the
     /// uninterrupted run would have).
     pub fn state(&self) -> u64 {
