@@ -193,6 +193,13 @@ struct TrainArgs {
     /// GPT: a head of its own instead of the token embedding's weight.
     #[arg(long)]
     untied: bool,
+    /// GPT: pad the vocabulary to N tokens (at least the data's), e.g. 50304 for GPT-2's size.
+    #[arg(long, value_parser = parse::count, allow_negative_numbers = true)]
+    vocab: Option<usize>,
+    /// GPT: save the freshly initialized model to this file before the first step (the PyTorch
+    /// parity script starts from it).
+    #[arg(long)]
+    save_init: Option<PathBuf>,
     /// GPT: optimizer steps of the whole run (1 or more).
     #[arg(long, default_value_t = 1000, value_parser = parse::count, allow_negative_numbers = true)]
     steps: usize,
@@ -699,6 +706,8 @@ impl TrainArgs {
             (self.resume.is_some(), "--resume"),
             (self.loss_log.is_some(), "--loss-log"),
             (self.bench_steps.is_some(), "--bench-steps"),
+            (self.vocab.is_some(), "--vocab"),
+            (self.save_init.is_some(), "--save-init"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -732,6 +741,7 @@ fn train_gpt(a: TrainArgs) -> kiln::Result<bool> {
             heads: a.heads,
             dropout: a.dropout,
             untied: a.untied,
+            vocab: a.vocab,
         },
         steps: a.steps,
         batch: a.batch.unwrap_or(d.batch),
@@ -757,6 +767,7 @@ fn train_gpt(a: TrainArgs) -> kiln::Result<bool> {
         checkpoint: Some(a.checkpoint.unwrap_or_else(|| PathBuf::from("kiln-gpt.safetensors"))),
         resume: a.resume,
         loss_log: a.loss_log,
+        save_init: a.save_init,
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         bench_steps: a.bench_steps,
     };

@@ -39,12 +39,22 @@ pub struct GptSpec {
     pub dropout: Option<f64>,
     /// Untie the head from the token embedding.
     pub untied: bool,
+    /// Pad the vocabulary to this many tokens (at least the data's; GPT-2's 50304 for speed
+    /// comparisons on byte data). Ids past the data's vocabulary are never sampled.
+    pub vocab: Option<usize>,
 }
 
 impl GptSpec {
     /// The configuration for a vocabulary of `vocab` tokens.
     pub fn resolve(&self, vocab: usize) -> Result<GptConfig> {
-        let mut c = GptConfig::preset(self.preset.as_deref().unwrap_or("tiny"), vocab)?;
+        let padded = match self.vocab {
+            Some(v) if v < vocab => {
+                return Err(invalid("--vocab", v, format!("at least the data's vocabulary of {vocab} tokens")));
+            }
+            Some(v) => v,
+            None => vocab,
+        };
+        let mut c = GptConfig::preset(self.preset.as_deref().unwrap_or("tiny"), padded)?;
         if let Some(v) = self.block {
             c.block = v;
         }
@@ -107,6 +117,9 @@ pub struct GptTrainConfig {
     pub resume: Option<PathBuf>,
     /// Write each step's training loss as `step loss` lines to this file.
     pub loss_log: Option<PathBuf>,
+    /// Save the freshly initialized model here (parameters and the run's metadata) before the
+    /// first step: `benches/torch_gpt.py` starts PyTorch from it.
+    pub save_init: Option<PathBuf>,
     /// Show a progress bar.
     pub progress: bool,
     /// Time this many steps after 3 warm-up steps and report ms/step, tokens/s and peak memory
@@ -135,6 +148,7 @@ impl Default for GptTrainConfig {
             checkpoint: Some(PathBuf::from("kiln-gpt.safetensors")),
             resume: None,
             loss_log: None,
+            save_init: None,
             progress: false,
             bench_steps: None,
         }
@@ -276,6 +290,12 @@ pub fn train_gpt(cfg: &GptTrainConfig, mut log: impl FnMut(&str)) -> Result<GptR
                 format!("more than the {start} steps the checkpoint has taken (--steps counts the whole run)"),
             ));
         }
+    }
+    if let Some(path) = &cfg.save_init {
+        let mut meta = config.to_metadata();
+        meta.extend(corpus.vocab.to_metadata());
+        meta.insert("model".into(), "gpt".into());
+        checkpoint::save(path, &model.named_parameters(), meta)?;
     }
     model.move_to(&device)?;
     if cfg.dtype == DType::BF16 && matches!(device, Device::Cuda(_)) {
