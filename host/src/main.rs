@@ -293,6 +293,7 @@ struct TrainArgs {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once; TrainArgs carries the MLP's and the GPT's flags
 enum Command {
     /// Train a classifier MLP (the default command).
     Train(TrainArgs),

@@ -109,7 +109,7 @@ impl CausalSelfAttention {
         dtype: DType,
         rng: &mut StdRng,
     ) -> Result<CausalSelfAttention> {
-        if heads == 0 || width % heads != 0 {
+        if heads == 0 || !width.is_multiple_of(heads) {
             return Err(Error::shape(
                 "CausalSelfAttention::new",
                 format!("width {width} in {heads} heads: the width must be a positive multiple of the heads"),

@@ -98,7 +98,7 @@ impl GptConfig {
         if self.layers == 0 {
             return Err(bad("--layers", 0, "at least 1"));
         }
-        if self.heads == 0 || self.width == 0 || self.width % self.heads != 0 {
+        if self.heads == 0 || self.width == 0 || !self.width.is_multiple_of(self.heads) {
             return Err(bad("--width", self.width, &format!("a positive multiple of --heads ({})", self.heads)));
         }
         if !(0.0..1.0).contains(&self.dropout) {
@@ -330,7 +330,7 @@ impl Gpt {
     }
 
     fn check_ids(&self, ids: &[usize], batch: usize, start: usize) -> Result<usize> {
-        if batch == 0 || ids.is_empty() || ids.len() % batch != 0 {
+        if batch == 0 || ids.is_empty() || !ids.len().is_multiple_of(batch) {
             return Err(Error::shape("Gpt", format!("{} token ids in {batch} sequences", ids.len())));
         }
         let t = ids.len() / batch;

@@ -446,7 +446,7 @@ pub fn train_gpt(cfg: &GptTrainConfig, mut log: impl FnMut(&str)) -> Result<GptR
 fn validation_loss(model: &mut Gpt, corpus: &Corpus, cfg: &GptTrainConfig) -> Result<f64> {
     model.set_training(false);
     let _g = no_grad();
-    let mut rng = WindowRng::new(cfg.seed ^ 0x5eed_0f_ba11);
+    let mut rng = WindowRng::new(cfg.seed ^ 0x5eed_f00d);
     let mut total = 0.0;
     let result = (|| {
         for _ in 0..cfg.eval_batches {
