@@ -237,6 +237,15 @@ pub fn train_gpt(cfg: &GptTrainConfig, mut log: impl FnMut(&str)) -> Result<GptR
     let mut opt = Adam::adamw(params, cfg.lr, cfg.weight_decay);
     opt.beta2 = 0.95;
     opt.set_decay(&decay)?;
+    if let Some(path) = &cfg.save_init {
+        let mut meta = config.to_metadata();
+        meta.extend(corpus.vocab.to_metadata());
+        meta.insert("model".into(), "gpt".into());
+        checkpoint::save(path, &model.named_parameters(), meta)?;
+    }
+    // On the device before a resume loads the optimizer's state, so the fused update starts from
+    // the saved moments.
+    model.move_to(&device)?;
     let mut rng = WindowRng::new(cfg.seed);
     let mut report = GptReport::default();
     let mut start = 0usize;
@@ -291,13 +300,6 @@ pub fn train_gpt(cfg: &GptTrainConfig, mut log: impl FnMut(&str)) -> Result<GptR
             ));
         }
     }
-    if let Some(path) = &cfg.save_init {
-        let mut meta = config.to_metadata();
-        meta.extend(corpus.vocab.to_metadata());
-        meta.insert("model".into(), "gpt".into());
-        checkpoint::save(path, &model.named_parameters(), meta)?;
-    }
-    model.move_to(&device)?;
     if cfg.dtype == DType::BF16 && matches!(device, Device::Cuda(_)) {
         attach_compute_copies(&mut opt, DType::BF16)?;
     }
