@@ -14,7 +14,8 @@ Modes (run from the repository root; KILN is the kiln binary, default target/rel
 
   speed   ms per optimizer step, tokens/s and peak memory for char-mini at batch 64 and
           gpt2-small at batch 16 (vocabulary 50304) in bf16: kiln (`--bench-steps`), PyTorch eager
-          with autocast, and torch.compile; writes benches/results/gpt.json (and gpt.md).
+          with autocast, and torch.compile; MFU against $PEAK_TFLOPS (default 989, H100/H200 dense
+          bf16); writes benches/results/gpt.json (and gpt.md).
 
       python3 benches/torch_gpt.py speed [--cases char-mini,gpt2-small] [--steps 20]
 
@@ -334,8 +335,18 @@ def kiln_speed(args, name, case, data):
     return json.loads(line)
 
 
+def flops_per_token(preset, vocab):
+    """Training FLOPs per token: 6 N (forward and backward of every weight) + 12 L T C (attention's
+    two products, causal or not, as nanoGPT and PaLM count them)."""
+    block, C, L, _ = SIZES[preset]
+    n = vocab * C + block * C + L * (12 * C * C + 13 * C) + 2 * C
+    return 6 * n + 12 * L * block * C
+
+
 def speed(args):
     import torch
+
+    peak = float(os.environ.get("PEAK_TFLOPS", "989")) * 1e12  # H100/H200 SXM dense bf16
 
     work = tempfile.mkdtemp(prefix="kiln-gpt-speed-")
     data = os.path.join(work, "random.bin")
@@ -348,13 +359,16 @@ def speed(args):
         eager = torch_speed(case, args.steps, compiled=False)
         comp = torch_speed(case, args.steps, compiled=True) if not args.no_compile else None
         tokens = case["batch"] * SIZES[case["preset"]][0]
+        fpt = flops_per_token(case["preset"], case["vocab"])
         for ref, r in (("torch eager autocast bf16", eager), ("torch.compile autocast bf16", comp)):
             if r is None:
                 continue
             rows.append({"case": f"{name} batch {case['batch']} bf16 (vocab {case['vocab']}, {tokens} tokens/step)",
                          "kiln_ms": round(k["kiln_ms"], 3), "reference": ref, "reference_ms": round(r[0], 3),
                          "kiln_tokens_per_s": round(k["tokens_per_s"]), "reference_tokens_per_s": round(r[1]),
-                         "kiln_peak_bytes": k["peak_bytes"], "reference_peak_bytes": r[2]})
+                         "kiln_peak_bytes": k["peak_bytes"], "reference_peak_bytes": r[2],
+                         "kiln_mfu": round(k["tokens_per_s"] * fpt / peak, 4),
+                         "reference_mfu": round(r[1] * fpt / peak, 4)})
         print(json.dumps(rows[-1]), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": commit,
@@ -366,13 +380,13 @@ def speed(args):
     with open(md, "w") as f:
         f.write(f"# GPT training step: kiln against PyTorch {torch.__version__}\n\n")
         f.write(f"{result['device']}, {result['date']}, commit {commit}: `{result['command']}`\n\n")
-        f.write("| case | kiln ms | reference | reference ms | kiln tokens/s | reference tokens/s | kiln peak MiB | reference peak MiB |\n")
-        f.write("|---|---|---|---|---|---|---|---|\n")
+        f.write("| case | kiln ms | reference | reference ms | kiln tokens/s | reference tokens/s | kiln peak MiB | reference peak MiB | kiln MFU | reference MFU |\n")
+        f.write("|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
             kp = "-" if r["kiln_peak_bytes"] is None else f"{r['kiln_peak_bytes'] / 2**20:.0f}"
             f.write(f"| {r['case']} | {r['kiln_ms']} | {r['reference']} | {r['reference_ms']} | "
                     f"{r['kiln_tokens_per_s']} | {r['reference_tokens_per_s']} | {kp} | "
-                    f"{r['reference_peak_bytes'] / 2**20:.0f} |\n")
+                    f"{r['reference_peak_bytes'] / 2**20:.0f} | {r['kiln_mfu']:.1%} | {r['reference_mfu']:.1%} |\n")
     print(f"wrote {args.out} and {md}")
     return 0
 
