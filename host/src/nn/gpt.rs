@@ -39,7 +39,8 @@ pub struct GptConfig {
     pub layers: usize,
     /// Attention heads (the width is a multiple of them).
     pub heads: usize,
-    /// Dropout probability (embeddings, attention output, MLP output).
+    /// Dropout probability (after the embeddings and on the attention's and the MLP's outputs; the
+    /// attention probabilities are not dropped).
     pub dropout: f64,
     /// The head shares the token embedding's weight.
     pub tie_weights: bool,

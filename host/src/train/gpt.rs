@@ -500,8 +500,8 @@ pub fn load_gpt(path: &Path) -> Result<(Gpt, Vocab)> {
 pub struct SampleConfig {
     /// The checkpoint.
     pub checkpoint: PathBuf,
-    /// The text to continue (empty: start from token 0... a newline for char vocabularies that
-    /// have one).
+    /// The text to continue (empty: generation starts from token 0, the byte 0 or the first
+    /// character of a char vocabulary, a newline in most texts).
     pub prompt: String,
     /// Tokens to generate.
     pub tokens: usize,
