@@ -130,10 +130,11 @@ fn is_sentence(s: &str) -> bool {
         && w[4].strip_suffix('.').is_some_and(|n| NOUNS.contains(&n))
 }
 
-/// Trains a tiny char model on the grammar until its validation loss is below 0.3 nats per
+/// Trains a tiny char model on the grammar until its validation loss is below 0.24 nats per
 /// character (the grammar's own entropy is about 0.17: ln 48 per sentence of 23 characters; a
-/// uniform guess over its characters is 3.0), then samples 20 sentences: at least 5 must be
-/// sentences of the grammar, against a chance below 1e-25. About 50 s in a debug build.
+/// uniform guess over its characters is 3.0), then samples 20 sentences: at least 10 must be
+/// sentences of the grammar, against a chance below 1e-25. About 40 s in a debug build (seeded:
+/// the same run every time).
 #[test]
 fn learns_a_grammar() {
     let text = grammar_text(600, 1);
@@ -144,20 +145,20 @@ fn learns_a_grammar() {
     let model = Gpt::new(&cfg, DType::F32, 0).unwrap();
     let params = model.named_parameters();
     let decay: Vec<bool> = params.iter().map(|(n, _)| Gpt::decays(n)).collect();
-    let mut opt = Adam::adamw(params, 1e-2, 0.01);
+    let mut opt = Adam::adamw(params, 2e-2, 0.01);
     opt.set_decay(&decay).unwrap();
     let mut rng = WindowRng::new(2);
     let mut val_loss = f64::INFINITY;
-    let bound = 0.3;
+    let bound = 0.24;
     for step in 0..1500 {
-        let (x, y) = windows(&corpus.train, 16, block, &mut rng);
+        let (x, y) = windows(&corpus.train, 8, block, &mut rng);
         opt.zero_grad();
-        model.loss(&x, &y, 16).unwrap().backward().unwrap();
+        model.loss(&x, &y, 8).unwrap().backward().unwrap();
         opt.step().unwrap();
-        if step % 50 == 49 {
+        if step % 25 == 24 {
             let _g = kiln::tensor::no_grad();
-            let (x, y) = windows(&corpus.val, 32, block, &mut WindowRng::new(99));
-            val_loss = model.loss(&x, &y, 32).unwrap().item().unwrap();
+            let (x, y) = windows(&corpus.val, 16, block, &mut WindowRng::new(99));
+            val_loss = model.loss(&x, &y, 16).unwrap().item().unwrap();
             eprintln!("step {step}: validation loss {val_loss:.3}");
             if val_loss < bound {
                 break;
@@ -204,7 +205,7 @@ fn learns_a_grammar() {
         }
     }
     // Chance: a uniform string over the 21 characters is one of the 48 sentences with probability
-    // below 1e-25; the trained model (about 0.08 nats per character above the grammar's entropy
-    // at the bound) gets a third or more right.
-    assert!(good >= trials / 4, "{good} of {trials} samples were sentences of the grammar");
+    // below 1e-25; the trained model (within about 0.07 nats per character of the grammar's
+    // entropy at the bound) gets half or more right.
+    assert!(good >= trials / 2, "{good} of {trials} samples were sentences of the grammar");
 }
