@@ -463,3 +463,89 @@ fn attention_lists_its_kernels_and_checks_its_arguments_before_the_device() {
     assert!(r.err.contains("no usable GPU") && r.err.contains("compute capability 8.0"), "{r:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A few sentences of text for the GPT cases (about 2,400 bytes).
+fn gpt_text(dir: &Path) -> PathBuf {
+    let p = dir.join("text.txt");
+    let s: String =
+        (0..100).map(|i| format!("the {} sees the {}. ", ["cat", "dog"][i % 2], ["fox", "bird"][i % 3 % 2])).collect();
+    std::fs::write(&p, s).expect("the text file");
+    p
+}
+
+/// `kiln train --model gpt` on a temporary file: trains a few steps, writes the checkpoint, the
+/// loss curve and the loss log, resumes to more steps, and `kiln sample` continues a prompt.
+#[test]
+fn gpt_trains_resumes_and_samples() {
+    if !binary_here("gpt_trains_resumes_and_samples") {
+        return;
+    }
+    let dir = tmpdir("gpt");
+    let text = gpt_text(&dir);
+    let t = text.to_str().unwrap();
+    let base = ["train", "--model", "gpt", "--data", t, "--tokens", "chars", "--device", "cpu", "--batch", "4"];
+    let mut args = base.to_vec();
+    args.extend_from_slice(&[
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--checkpoint",
+        "a.safetensors",
+        "--loss-log",
+        "a.log",
+    ]);
+    let r = kiln_in(&dir, &args);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.out.contains("validation loss"), "{r:?}");
+    assert!(dir.join("a.safetensors").exists() && dir.join("a.svg").exists());
+    let log = std::fs::read_to_string(dir.join("a.log")).unwrap();
+    assert_eq!(log.lines().count(), 4, "{log}");
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--steps", "6", "--resume", "a.safetensors", "--checkpoint", "b.safetensors"]);
+    let r = kiln_in(&dir, &args);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.out.contains("step 6/6"), "{r:?}");
+    let r = kiln_in(
+        &dir,
+        &["sample", "--checkpoint", "b.safetensors", "--prompt", "the ", "--tokens", "30", "--device", "cpu"],
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.out.starts_with("the ") && r.out.trim_end().chars().count() >= 30, "{r:?}");
+    // a resume with another model, a prompt outside the vocabulary, a GPT checkpoint to eval
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--steps", "8", "--resume", "b.safetensors", "--width", "64"]);
+    assert_refused(&kiln_in(&dir, &args), &["b.safetensors", "same --preset"]);
+    let r = kiln_in(&dir, &["sample", "--checkpoint", "b.safetensors", "--prompt", "THE", "--device", "cpu"]);
+    assert_refused(&r, &["--prompt", "'T'"]);
+    assert_refused(&kiln_in(&dir, &["eval", "--checkpoint", "b.safetensors"]), &["GPT checkpoint", "kiln sample"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Bad data for a GPT is refused before any step, naming the file and what to change.
+#[test]
+fn gpt_refuses_bad_data_and_checkpoints() {
+    if !binary_here("gpt_refuses_bad_data_and_checkpoints") {
+        return;
+    }
+    let dir = tmpdir("gpt-bad");
+    std::fs::write(dir.join("empty.txt"), "").unwrap();
+    std::fs::write(dir.join("short.txt"), "hello").unwrap();
+    std::fs::write(dir.join("binary.bin"), [0xffu8, 0xfe, 0x00, 0x80].repeat(100)).unwrap();
+    let gpt = |extra: &[&str]| {
+        let mut a = vec!["train", "--model", "gpt", "--device", "cpu", "--steps", "1"];
+        a.extend_from_slice(extra);
+        kiln_in(&dir, &a)
+    };
+    assert_refused(&gpt(&[]), &["--data"]);
+    assert_refused(&gpt(&["--data", "empty.txt"]), &["empty.txt", "empty"]);
+    assert_refused(&gpt(&["--data", "short.txt"]), &["short.txt", "--block"]);
+    assert_refused(&gpt(&["--data", "binary.bin", "--tokens", "chars"]), &["binary.bin", "UTF-8", "--tokens bytes"]);
+    assert_refused(&gpt(&["--data", "missing.txt"]), &["missing.txt"]);
+    assert_refused(&gpt(&["--data", "short.txt", "--preset", "huge"]), &["--preset", "char-mini"]);
+    assert_refused(&gpt(&["--data", "short.txt", "--width", "30"]), &["--width", "multiple"]);
+    assert_refused(&kiln_in(&dir, &["sample", "--checkpoint", "missing.safetensors"]), &["missing.safetensors"]);
+    assert_refused(&train(&dir, &["--data", "short.txt"]), &["--data", "--model gpt"]);
+    assert!(!dir.join("kiln-gpt.safetensors").exists(), "a refused run saved a checkpoint");
+    let _ = std::fs::remove_dir_all(&dir);
+}

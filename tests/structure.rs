@@ -63,7 +63,7 @@ const LAYERS: &[&[&str]] = &[
     &["ptx"],
     &["cuda"],
     &["tensor"],
-    &["nn", "optim", "checkpoint", "data"],
+    &["nn", "optim", "checkpoint", "data", "corpus"],
     &["megakernel", "tools"],
     &["train"],
 ];

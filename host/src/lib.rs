@@ -39,6 +39,7 @@
 
 pub mod attention;
 pub mod checkpoint;
+pub mod corpus;
 pub mod cuda;
 pub mod data;
 pub mod deterministic;

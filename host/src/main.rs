@@ -1,4 +1,4 @@
-//! The `kiln` command line: `train` (the default), `eval`, `info`, `gemm` and `attention`. Every number is
+//! The `kiln` command line: `train` (the default; `--model gpt` trains a GPT), `sample`, `eval`, `info`, `gemm` and `attention`. Every number is
 //! checked by its parser (a message naming the flag and its range, negative values included, so
 //! `--lr=-1` and `--lr -1` read alike), and every combination the run cannot honour is refused,
 //! before any work starts.
@@ -29,6 +29,18 @@ struct Cli {
     /// With no subcommand, `kiln` trains with these options.
     #[command(flatten)]
     train: TrainArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModelKind {
+    Mlp,
+    Gpt,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Tokens {
+    Bytes,
+    Chars,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -151,18 +163,78 @@ struct TrainArgs {
     /// Directory with MNIST's IDX files (train-images-idx3-ubyte, ...).
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Hidden width (1 or more).
-    #[arg(long, default_value_t = 64, value_parser = parse::count, allow_negative_numbers = true)]
-    width: usize,
+    /// The model: a classifier MLP, or a GPT language model trained on --data (the flags from
+    /// --data to --bench-steps are the GPT's).
+    #[arg(long, value_enum, default_value = "mlp")]
+    model: ModelKind,
+    /// GPT: the text file to train on (any file; tokens are its bytes unless --tokens chars).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// GPT: tokens are bytes (vocabulary 256, any file) or the file's characters (UTF-8 only).
+    #[arg(long, value_enum, default_value = "bytes")]
+    tokens: Tokens,
+    /// GPT: size preset, tiny (block 16, width 32, 2 layers, 4 heads), char-mini (256, 384, 6,
+    /// 6) or gpt2-small (1024, 768, 12, 12; vocabulary 50304 when larger than 256); the size flags
+    /// override it.
+    #[arg(long, default_value = "tiny")]
+    preset: String,
+    /// GPT: context length in tokens (1 or more) [default: the preset's].
+    #[arg(long, value_parser = parse::count, allow_negative_numbers = true)]
+    block: Option<usize>,
+    /// GPT: transformer blocks (1 or more) [default: the preset's].
+    #[arg(long, value_parser = parse::count, allow_negative_numbers = true)]
+    layers: Option<usize>,
+    /// GPT: attention heads (1 or more; the width is a multiple) [default: the preset's].
+    #[arg(long, value_parser = parse::count, allow_negative_numbers = true)]
+    heads: Option<usize>,
+    /// GPT: dropout probability, 0 to below 1 [default: the preset's: 0, char-mini 0.2].
+    #[arg(long, value_parser = parse::fraction, allow_negative_numbers = true)]
+    dropout: Option<f64>,
+    /// GPT: a head of its own instead of the token embedding's weight.
+    #[arg(long)]
+    untied: bool,
+    /// GPT: pad the vocabulary to N tokens (at least the data's), e.g. 50304 for GPT-2's size.
+    #[arg(long, value_parser = parse::count, allow_negative_numbers = true)]
+    vocab: Option<usize>,
+    /// GPT: save the freshly initialized model to this file before the first step (the PyTorch
+    /// parity script starts from it).
+    #[arg(long)]
+    save_init: Option<PathBuf>,
+    /// GPT: optimizer steps of the whole run (1 or more).
+    #[arg(long, default_value_t = 1000, value_parser = parse::count, allow_negative_numbers = true)]
+    steps: usize,
+    /// GPT: micro-batches per optimizer step (1 or more).
+    #[arg(long, default_value_t = 1, value_parser = parse::count, allow_negative_numbers = true)]
+    grad_accum: usize,
+    /// GPT: validation loss every N steps (0: only after the last).
+    #[arg(long, default_value_t = 100, value_parser = parse::steps, allow_negative_numbers = true)]
+    eval_every: usize,
+    /// GPT: batches in each validation measurement (1 or more).
+    #[arg(long, default_value_t = 8, value_parser = parse::count, allow_negative_numbers = true)]
+    eval_batches: usize,
+    /// GPT: continue from this checkpoint (same data, model and settings; --steps counts the
+    /// whole run).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// GPT: write each step's training loss (`step loss` lines) to this file.
+    #[arg(long)]
+    loss_log: Option<PathBuf>,
+    /// GPT: time N steps after 3 warm-up steps; print ms/step, tokens/s and peak GPU memory
+    /// (nothing is saved).
+    #[arg(long, value_parser = parse::count, allow_negative_numbers = true)]
+    bench_steps: Option<usize>,
+    /// Hidden width (1 or more) [default: 64; a GPT: the preset's].
+    #[arg(long, value_parser = parse::count, allow_negative_numbers = true)]
+    width: Option<usize>,
     /// Linear layers (1 or more).
     #[arg(long, default_value_t = 3, value_parser = parse::count, allow_negative_numbers = true)]
     depth: usize,
     /// Activation.
     #[arg(long, value_enum, default_value = "relu")]
     activation: Act,
-    /// Batch size (1 or more).
-    #[arg(long, default_value_t = 64, value_parser = parse::count, allow_negative_numbers = true)]
-    batch: usize,
+    /// Batch size (1 or more) [default: 64; a GPT: 16 windows].
+    #[arg(long, value_parser = parse::count, allow_negative_numbers = true)]
+    batch: Option<usize>,
     /// Epochs (1 or more).
     #[arg(long, default_value_t = 40, value_parser = parse::count, allow_negative_numbers = true)]
     epochs: usize,
@@ -170,19 +242,20 @@ struct TrainArgs {
     /// takes sgd only].
     #[arg(long, value_enum)]
     optimizer: Option<Opt>,
-    /// Learning rate (a finite number greater than 0).
-    #[arg(long, default_value_t = 1e-2, value_parser = parse::positive, allow_negative_numbers = true)]
-    lr: f64,
-    /// Weight decay (a finite number, 0 or more).
-    #[arg(long, default_value_t = 0.0, value_parser = parse::non_negative, allow_negative_numbers = true)]
-    weight_decay: f64,
+    /// Learning rate (a finite number greater than 0) [default: 0.01; a GPT: 0.001].
+    #[arg(long, value_parser = parse::positive, allow_negative_numbers = true)]
+    lr: Option<f64>,
+    /// Weight decay (a finite number, 0 or more) [default: 0; a GPT: 0.1, AdamW's decoupled decay
+    /// on the linear layers' weights only].
+    #[arg(long, value_parser = parse::non_negative, allow_negative_numbers = true)]
+    weight_decay: Option<f64>,
     /// Clip the gradients to this global L2 norm before each step (a finite number greater than
-    /// 0; on the GPU one reduction, no host round trip) [default: no clipping].
+    /// 0; on the GPU one reduction, no host round trip) [default: no clipping; a GPT: 1].
     #[arg(long, value_parser = parse::positive, allow_negative_numbers = true)]
     clip_grad_norm: Option<f64>,
-    /// Warmup steps of the cosine schedule (0: constant rate).
-    #[arg(long, default_value_t = 50, value_parser = parse::steps, allow_negative_numbers = true)]
-    warmup: usize,
+    /// Warmup steps of the cosine schedule (0: constant rate) [default: 50; a GPT: 100].
+    #[arg(long, value_parser = parse::steps, allow_negative_numbers = true)]
+    warmup: Option<usize>,
     /// Device.
     #[arg(long, value_enum, default_value = "auto")]
     device: Dev,
@@ -194,9 +267,10 @@ struct TrainArgs {
     /// Seed (0 to 2^64 - 1).
     #[arg(long, default_value_t = 0, value_parser = parse::seed, allow_negative_numbers = true)]
     seed: u64,
-    /// Checkpoint to write.
-    #[arg(long, default_value = "kiln-mlp.safetensors")]
-    checkpoint: PathBuf,
+    /// Checkpoint to write [default: kiln-mlp.safetensors; a GPT: kiln-gpt.safetensors, with the
+    /// loss curve beside it as kiln-gpt.svg].
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
     /// Test accuracy the run must reach, a fraction from 0 to 1 (exit status 1 otherwise).
     /// Default: 0.95 (95% on spirals) or 0.9 (90% on mnist).
     #[arg(long, value_parser = parse::fraction, allow_negative_numbers = true)]
@@ -220,9 +294,12 @@ struct TrainArgs {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once; TrainArgs carries the MLP's and the GPT's flags
 enum Command {
     /// Train a classifier MLP (the default command).
     Train(TrainArgs),
+    /// Generate text from a GPT checkpoint, one position per new token (a key/value cache).
+    Sample(SampleArgs),
     /// Evaluate a checkpoint on its dataset's held-out split.
     Eval {
         /// The checkpoint.
@@ -526,6 +603,15 @@ fn info(load_time: bool) -> kiln::Result<()> {
 }
 
 fn train(a: TrainArgs) -> kiln::Result<bool> {
+    if let ModelKind::Gpt = a.model {
+        return train_gpt(a);
+    }
+    if let Some(flag) = a.gpt_only_flag() {
+        return Err(kiln::Error::Unsupported {
+            op: "train",
+            what: format!("{flag} with the MLP: it is a GPT setting; add --model gpt"),
+        });
+    }
     let data = match a.dataset {
         Data::Spirals if a.data_dir.is_some() => {
             return Err(kiln::Error::Unsupported {
@@ -544,13 +630,13 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
     };
     let cfg = TrainConfig {
         data,
-        width: a.width,
+        width: a.width.unwrap_or(64),
         depth: a.depth,
         activation: match a.activation {
             Act::Relu => Activation::Relu,
             Act::Gelu => Activation::Gelu,
         },
-        batch: a.batch,
+        batch: a.batch.unwrap_or(64),
         epochs: a.epochs,
         optimizer: match a.optimizer.unwrap_or(if a.megakernel { Opt::Sgd } else { Opt::Adam }) {
             Opt::Sgd => OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
@@ -558,10 +644,10 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
             Opt::Adam => OptimizerKind::Adam,
             Opt::Adamw => OptimizerKind::AdamW,
         },
-        lr: a.lr,
-        weight_decay: a.weight_decay,
+        lr: a.lr.unwrap_or(1e-2),
+        weight_decay: a.weight_decay.unwrap_or(0.0),
         clip_grad_norm: a.clip_grad_norm,
-        warmup: a.warmup,
+        warmup: a.warmup.unwrap_or(50),
         device: match a.device {
             Dev::Auto => DeviceChoice::Auto,
             Dev::Cpu => DeviceChoice::Cpu,
@@ -574,7 +660,7 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
             Dt::F16 => DType::F16,
         },
         seed: a.seed,
-        checkpoint: Some(a.checkpoint),
+        checkpoint: Some(a.checkpoint.unwrap_or_else(|| PathBuf::from("kiln-mlp.safetensors"))),
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         megakernel: a.megakernel,
         mega_path: a.mega_path.map(|p| match p {
@@ -603,6 +689,139 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
     }
 }
 
+impl TrainArgs {
+    /// A GPT flag given to an MLP run, if any.
+    fn gpt_only_flag(&self) -> Option<&'static str> {
+        [
+            (self.data.is_some(), "--data"),
+            (self.block.is_some(), "--block"),
+            (self.layers.is_some(), "--layers"),
+            (self.heads.is_some(), "--heads"),
+            (self.resume.is_some(), "--resume"),
+            (self.loss_log.is_some(), "--loss-log"),
+            (self.bench_steps.is_some(), "--bench-steps"),
+            (self.vocab.is_some(), "--vocab"),
+            (self.save_init.is_some(), "--save-init"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+}
+
+fn train_gpt(a: TrainArgs) -> kiln::Result<bool> {
+    use kiln::train::gpt::{GptSpec, GptTrainConfig};
+    let data = a.data.clone().ok_or_else(|| kiln::Error::Unsupported {
+        op: "train",
+        what: "--model gpt without --data FILE (any text file to train on)".into(),
+    })?;
+    if a.megakernel || a.data_dir.is_some() || a.optimizer.is_some() {
+        return Err(kiln::Error::Unsupported {
+            op: "train",
+            what: "--megakernel, --data-dir and --optimizer are MLP settings: a GPT trains with AdamW".into(),
+        });
+    }
+    let d = GptTrainConfig::default();
+    let cfg = GptTrainConfig {
+        data,
+        tokens: match a.tokens {
+            Tokens::Bytes => kiln::corpus::TokenKind::Bytes,
+            Tokens::Chars => kiln::corpus::TokenKind::Chars,
+        },
+        spec: GptSpec {
+            preset: Some(a.preset.clone()),
+            block: a.block,
+            width: a.width,
+            layers: a.layers,
+            heads: a.heads,
+            dropout: a.dropout,
+            untied: a.untied,
+            vocab: a.vocab,
+        },
+        steps: a.steps,
+        batch: a.batch.unwrap_or(d.batch),
+        grad_accum: a.grad_accum,
+        lr: a.lr.unwrap_or(d.lr),
+        warmup: a.warmup.unwrap_or(d.warmup),
+        weight_decay: a.weight_decay.unwrap_or(d.weight_decay),
+        clip_grad_norm: a.clip_grad_norm.or(d.clip_grad_norm),
+        eval_every: a.eval_every,
+        eval_batches: a.eval_batches,
+        dtype: match a.dtype {
+            Dt::F32 => DType::F32,
+            Dt::F64 => DType::F64,
+            Dt::Bf16 => DType::BF16,
+            Dt::F16 => DType::F16,
+        },
+        device: match a.device {
+            Dev::Auto => DeviceChoice::Auto,
+            Dev::Cpu => DeviceChoice::Cpu,
+            Dev::Cuda => DeviceChoice::Cuda,
+        },
+        seed: a.seed,
+        checkpoint: Some(a.checkpoint.unwrap_or_else(|| PathBuf::from("kiln-gpt.safetensors"))),
+        resume: a.resume,
+        loss_log: a.loss_log,
+        save_init: a.save_init,
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        bench_steps: a.bench_steps,
+    };
+    let report = kiln::train::gpt::train_gpt(&cfg, |line| say!("{line}"))?;
+    if cfg.bench_steps.is_some() {
+        say!(
+            "{{\"kiln_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"peak_bytes\": {}}}",
+            report.ms_per_step,
+            report.tokens_per_s,
+            report.peak_bytes.map_or("null".to_string(), |b| b.to_string())
+        );
+    }
+    Ok(true)
+}
+
+fn sample(a: SampleArgs) -> kiln::Result<()> {
+    let cfg = kiln::train::gpt::SampleConfig {
+        checkpoint: a.checkpoint,
+        prompt: a.prompt,
+        tokens: a.tokens,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        seed: a.seed,
+        device: match a.device {
+            Dev::Auto => DeviceChoice::Auto,
+            Dev::Cpu => DeviceChoice::Cpu,
+            Dev::Cuda => DeviceChoice::Cuda,
+        },
+    };
+    say!("{}", kiln::train::gpt::sample(&cfg)?);
+    Ok(())
+}
+
+#[derive(clap::Args)]
+struct SampleArgs {
+    /// A checkpoint written by `kiln train --model gpt`.
+    #[arg(long, default_value = "kiln-gpt.safetensors")]
+    checkpoint: PathBuf,
+    /// The text to continue (its characters must be in a char model's vocabulary; longer than the
+    /// block, only its last block tokens are read).
+    #[arg(long, default_value = "")]
+    prompt: String,
+    /// Tokens to generate (1 or more); past the block size the context is cropped to its last
+    /// half block and the cache rebuilt.
+    #[arg(long, default_value_t = 200, value_parser = parse::count, allow_negative_numbers = true)]
+    tokens: usize,
+    /// Softmax temperature (a finite number greater than 0).
+    #[arg(long, default_value_t = 1.0, value_parser = parse::positive, allow_negative_numbers = true)]
+    temperature: f64,
+    /// Draw only from the K likeliest tokens (1 or more) [default: all].
+    #[arg(long, value_parser = parse::count, allow_negative_numbers = true)]
+    top_k: Option<usize>,
+    /// Seed of the sampler (0 to 2^64 - 1).
+    #[arg(long, default_value_t = 0, value_parser = parse::seed, allow_negative_numbers = true)]
+    seed: u64,
+    /// Device.
+    #[arg(long, value_enum, default_value = "auto")]
+    device: Dev,
+}
+
 fn eval(checkpoint: PathBuf, data_dir: Option<PathBuf>) -> kiln::Result<()> {
     let (model, meta) = kiln::train::load_model(&checkpoint)?;
     let data = meta.get("data").cloned().unwrap_or_default();
@@ -628,6 +847,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         None => train(cli.train),
         Some(Command::Train(a)) => train(a),
+        Some(Command::Sample(a)) => sample(a).map(|_| true),
         Some(Command::Eval { checkpoint, data_dir }) => eval(checkpoint, data_dir).map(|_| true),
         Some(Command::Info { load_time }) => info(load_time).map(|_| true),
         Some(Command::Gemm { ladder: true, shape, reps, seed, json, .. }) => gemm_ladder(shape, reps, seed, json),

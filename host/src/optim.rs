@@ -213,6 +213,8 @@ struct Fused {
     has_state: Vec<bool>,
     /// Each parameter's compute copy.
     copies: Vec<Option<ComputeCopy>>,
+    /// Parameters that take no weight decay.
+    no_decay: Vec<bool>,
     table: Option<MultiTensorTable>,
     /// The table's parameters: (index, address, elements) as built.
     members: Vec<(usize, u64, usize)>,
@@ -236,6 +238,7 @@ impl Fused {
             state: (0..n_params).map(|_| Vec::new()).collect(),
             has_state: vec![false; n_params],
             copies: vec![None; n_params],
+            no_decay: vec![false; n_params],
             table: None,
             members: Vec::new(),
             dirty: false,
@@ -333,6 +336,7 @@ impl Fused {
                         state1: s.first().map_or(0, cuda_addr),
                         state2: s.get(1).map_or(0, cuda_addr),
                         copy: self.copies[i],
+                        no_decay: self.no_decay[i],
                     }
                 })
                 .collect();
@@ -714,6 +718,20 @@ impl Adam {
     pub fn steps(&self) -> u64 {
         self.t
     }
+    /// Parameter groups: parameter `i` takes weight decay only where `decay[i]` is true (AdamW
+    /// training of a transformer leaves biases, norms and embeddings undecayed). All parameters
+    /// decay until this is called. On CUDA the fused launch reads a per-parameter flag.
+    pub fn set_decay(&mut self, decay: &[bool]) -> Result<()> {
+        if decay.len() != self.params.len() {
+            return Err(Error::shape(
+                "Adam::set_decay",
+                format!("{} flags for {} parameters", decay.len(), self.params.len()),
+            ));
+        }
+        self.fused.no_decay = decay.iter().map(|d| !d).collect();
+        self.fused.dirty = true;
+        Ok(())
+    }
 }
 
 impl Optimizer for Adam {
@@ -748,9 +766,10 @@ impl Optimizer for Adam {
                     *gi *= scale;
                 }
             }
-            if self.weight_decay != 0.0 && !self.decoupled {
+            let wd = if self.fused.no_decay[i] { 0.0 } else { self.weight_decay };
+            if wd != 0.0 && !self.decoupled {
                 for (gi, wi) in g.iter_mut().zip(&w) {
-                    *gi += self.weight_decay * wi;
+                    *gi += wd * wi;
                 }
             }
             let (m, v) = (&mut self.m[i], &mut self.v[i]);
@@ -759,8 +778,8 @@ impl Optimizer for Adam {
                 v[j] = b2 * v[j] + (1.0 - b2) * g[j] * g[j];
                 let mhat = m[j] / c1;
                 let vhat = v[j] / c2;
-                if self.decoupled && self.weight_decay != 0.0 {
-                    w[j] -= self.lr * self.weight_decay * w[j];
+                if self.decoupled && wd != 0.0 {
+                    w[j] -= self.lr * wd * w[j];
                 }
                 w[j] -= self.lr * mhat / (vhat.sqrt() + self.eps);
             }

@@ -23,6 +23,7 @@
 //! megakernel/     both megakernels against the CPU interpreter, their stalls and refusals
 //! optim           the fused multi-tensor optimizer and clipping against the CPU reference
 //! mixed           mixed-precision training (bf16 compute copies) and the fused Linear layer
+//! gpt             the GPT against the CPU model, AdamW's groups, training and sampling on CUDA
 //! common          helpers the families share (error text, bits, the A B^T check)
 //! ```
 
@@ -33,6 +34,7 @@ mod dtypes;
 mod first_kernels;
 mod fused;
 mod gemm;
+mod gpt;
 mod megakernel;
 mod mixed;
 mod optim;
@@ -81,6 +83,7 @@ fn tests() -> Vec<GpuTest> {
         megakernel::tests(),
         optim::tests(),
         mixed::tests(),
+        gpt::tests(),
     ]
     .into_iter()
     .flatten()

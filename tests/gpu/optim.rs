@@ -320,6 +320,7 @@ fn fused_matches_per_tensor_kernels(_: &Device) -> Outcome {
                 state1: s1.addr(),
                 state2: if adam { s2.addr() } else { 0 },
                 copy: Some(ComputeCopy { addr: c.addr(), len: w.len(), format }),
+                no_decay: false,
             });
             bufs.push((p, s1, s2, off));
             copies.push((c, format));

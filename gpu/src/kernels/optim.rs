@@ -53,6 +53,9 @@ pub const CLIP_EPS: f32 = 1e-6;
 
 /// [`OptimTensor::flags`]: the compute copy is f16 (else bf16).
 pub const COPY_F16: u32 = 1;
+/// [`OptimTensor::flags`]: the parameter takes no weight decay (AdamW's parameter groups: biases,
+/// norms and embeddings).
+pub const NO_DECAY: u32 = 2;
 
 /// One parameter of the table. Addresses are device addresses; 0 means "none".
 #[repr(C)]
@@ -316,7 +319,7 @@ unsafe fn update_chunks(
     clip: DevicePtr<ClipState>,
     patch: &GradPatch,
     states: u32,
-    f: impl Fn(f32, f32, f32, f32) -> (f32, f32, f32),
+    f: impl Fn(f32, f32, f32, f32, f32) -> (f32, f32, f32),
 ) {
     unsafe { write_patch(tensors, patch) };
     let clipped = clip.addr() != 0;
@@ -341,6 +344,8 @@ unsafe fn update_chunks(
         let s2 = DevicePtrMut::<f32>::from_addr(e.state2).offset(start);
         let copy = DevicePtrMut::<u16>::from_addr(e.copy).offset(start);
         let f16 = e.flags & COPY_F16 != 0;
+        // The weight-decay factor: 0 for a parameter flagged NO_DECAY, else 1.
+        let decay = if e.flags & NO_DECAY != 0 { 0.0 } else { 1.0 };
         let mut first_single = 0;
         if quads_aligned(&e, grad) {
             let n4 = len / 4;
@@ -356,7 +361,7 @@ unsafe fn update_chunks(
                     let mut nb = [0.0f32; 4];
                     let mut k = 0;
                     while k < 4 {
-                        (nw[k], na[k], nb[k]) = f(w[k], g_of(gv[k]), a[k], b[k]);
+                        (nw[k], na[k], nb[k]) = f(w[k], g_of(gv[k]), a[k], b[k], decay);
                         k += 1;
                     }
                     p.write4(q, nw);
@@ -379,7 +384,7 @@ unsafe fn update_chunks(
             unsafe {
                 let a = if states >= 1 { s1.as_const().read(i) } else { 0.0 };
                 let b = if states >= 2 { s2.as_const().read(i) } else { 0.0 };
-                let (nw, na, nb) = f(p.as_const().read(i), g_of(g.read(i)), a, b);
+                let (nw, na, nb) = f(p.as_const().read(i), g_of(g.read(i)), a, b, decay);
                 p.write(i, nw);
                 if states >= 1 {
                     s1.write(i, na);
@@ -401,7 +406,7 @@ unsafe fn update_chunks(
 /// - Parameters: `tensors` / `chunks`: the table (module docs); `clip`: a [`ClipState`] whose
 ///   `scale` multiplies every gradient, or null for none; `h`: the step's scalars; `patch`: the
 ///   gradients that moved (written into the table by block 0).
-/// - Per element: `g = g * scale + weight_decay * w`; with momentum, `v = momentum * v + g` and
+/// - Per element (`weight_decay` is 0 for a parameter flagged [`NO_DECAY`]): `g = g * scale + weight_decay * w`; with momentum, `v = momentum * v + g` and
 ///   `g = g + momentum * v` (Nesterov) or `g = v`; `w = w - lr * g`; the copy gets `round(w)`.
 /// - Launch: `min(chunks, MAX_OPTIM_BLOCKS)` blocks of [`OPTIM_THREADS`]; mapping in the module docs.
 #[kernel]
@@ -414,8 +419,8 @@ pub unsafe fn multi_sgd_f32(
 ) {
     let states = if h.momentum != 0.0 { 1 } else { 0 };
     unsafe {
-        update_chunks(tensors, chunks, h.chunks, clip, &patch, states, |w, g, vel, _| {
-            let mut gi = g + h.weight_decay * w;
+        update_chunks(tensors, chunks, h.chunks, clip, &patch, states, |w, g, vel, _, decay| {
+            let mut gi = g + decay * h.weight_decay * w;
             let mut v = vel;
             if h.momentum != 0.0 {
                 v = h.momentum * vel + gi;
@@ -430,7 +435,7 @@ pub unsafe fn multi_sgd_f32(
 ///
 /// - Parameters: as [`multi_sgd_f32`], with `h` Adam's scalars; `state1` is the first moment `m`,
 ///   `state2` the second moment `v`.
-/// - Per element: `g = g * scale`; Adam adds `weight_decay * w` to `g`; `m = b1 m + (1 - b1) g`,
+/// - Per element (`weight_decay` is 0 for a parameter flagged [`NO_DECAY`]): `g = g * scale`; Adam adds `weight_decay * w` to `g`; `m = b1 m + (1 - b1) g`,
 ///   `v = b2 v + (1 - b2) g^2`; AdamW first takes `w -= lr * weight_decay * w`; then
 ///   `w -= lr * (m / c1) / (sqrt(v / c2) + eps)`; the copy gets `round(w)`.
 /// - Launch: `min(chunks, MAX_OPTIM_BLOCKS)` blocks of [`OPTIM_THREADS`]; mapping in the module docs.
@@ -443,16 +448,17 @@ pub unsafe fn multi_adam_f32(
     patch: GradPatch,
 ) {
     unsafe {
-        update_chunks(tensors, chunks, h.chunks, clip, &patch, 2, |w, g, m, v| {
+        update_chunks(tensors, chunks, h.chunks, clip, &patch, 2, |w, g, m, v, decay| {
             let mut w = w;
             let mut gi = g;
+            let wd = decay * h.weight_decay;
             if h.decoupled == 0 {
-                gi += h.weight_decay * w;
+                gi += wd * w;
             }
             let mi = h.beta1 * m + (1.0 - h.beta1) * gi;
             let vi = h.beta2 * v + (1.0 - h.beta2) * gi * gi;
             if h.decoupled != 0 {
-                w -= h.lr * h.weight_decay * w;
+                w -= h.lr * wd * w;
             }
             w -= h.lr * (mi / h.c1) / (math::sqrt(vi / h.c2) + h.eps);
             (w, mi, vi)

@@ -64,6 +64,8 @@ pub struct TensorSlot {
     pub state2: u64,
     /// The 16-bit compute copy, if any.
     pub copy: Option<ComputeCopy>,
+    /// The parameter takes no weight decay (flag `NO_DECAY`).
+    pub no_decay: bool,
 }
 
 /// The table entry of a slot (its gradient 0 until the first launch patches it in).
@@ -87,6 +89,7 @@ pub fn table_entry(slot: &TensorSlot) -> Result<OptimTensor> {
         }
         Some(c) => (c.addr, if c.format == CopyFormat::F16 { kiln_gpu::kernels::optim::COPY_F16 } else { 0 }),
     };
+    let flags = if slot.no_decay { flags | kiln_gpu::kernels::optim::NO_DECAY } else { flags };
     Ok(OptimTensor { param: slot.param, grad: 0, state1: slot.state1, state2: slot.state2, copy, len, flags })
 }
 
@@ -426,7 +429,11 @@ mod tests {
 
     #[test]
     fn table_entries_check_copies() {
-        let slot = TensorSlot { param: 0x1000, len: 10, state1: 0x2000, state2: 0, copy: None };
+        let slot = TensorSlot { param: 0x1000, len: 10, state1: 0x2000, state2: 0, copy: None, no_decay: false };
+        assert_eq!(
+            table_entry(&TensorSlot { no_decay: true, ..slot }).unwrap().flags,
+            kiln_gpu::kernels::optim::NO_DECAY
+        );
         let e = table_entry(&slot).unwrap();
         assert_eq!((e.param, e.grad, e.state1, e.copy, e.len, e.flags), (0x1000, 0, 0x2000, 0, 10, 0));
         let copy = ComputeCopy { addr: 0x3000, len: 10, format: CopyFormat::F16 };

@@ -1,6 +1,8 @@
 //! The main job: check the configuration and the memory it needs, train a classifier MLP, report
 //! loss and accuracy per epoch, save a checkpoint; and rebuild a saved model for `eval`.
 
+pub mod gpt;
+
 use crate::checkpoint::{self, TrainingState};
 use crate::data::{self, Dataset};
 use crate::error::{Error, Result};
@@ -716,6 +718,9 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
 pub fn load_model(path: &std::path::Path) -> Result<(Sequential, HashMap<String, String>)> {
     let (tensors, meta) = checkpoint::load(path)?;
     let bad = |msg: String| Error::File { path: path.into(), msg };
+    if meta.get("model").map(String::as_str) == Some("gpt") {
+        return Err(bad("it is a GPT checkpoint, not a classifier MLP's: generate from it with `kiln sample`".into()));
+    }
     let get = |k: &str| -> Result<usize> {
         let v = meta.get(k).ok_or_else(|| bad(format!("metadata `{k}` missing")))?;
         v.parse().map_err(|_| bad(format!("metadata `{k}` = {v:?} is not a whole number")))

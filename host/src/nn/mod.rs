@@ -27,6 +27,12 @@
 //! # Ok::<(), kiln::Error>(())
 //! ```
 
+pub mod attention;
+pub mod gpt;
+
+pub use attention::{CausalSelfAttention, KvCache};
+pub use gpt::{Gpt, GptConfig};
+
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 use rand::rngs::StdRng;
@@ -267,7 +273,7 @@ impl Dropout {
 }
 impl Module for Dropout {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if !self.training {
+        if !self.training || self.p == 0.0 {
             return Ok(x.clone());
         }
         let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
