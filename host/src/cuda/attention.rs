@@ -147,6 +147,13 @@ pub fn flash_entry(name: &str) -> Result<FlashEntry> {
     })
 }
 
+/// The kernel [`flash_backward`] runs for `dtype` at head dim `head_dim`, or `None` where no
+/// backward kernel takes the case (the tensor op then computes attention by its naive path when a
+/// gradient is needed).
+pub fn flash_backward_kernel(dtype: DType, head_dim: u32) -> Option<FlashKernel> {
+    (FLASH_HEAD_DIMS.contains(&head_dim) && matches!(dtype, DType::F32 | DType::BF16)).then_some(FlashKernel::Simt)
+}
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}

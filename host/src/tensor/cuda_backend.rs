@@ -20,6 +20,8 @@ use kiln_gpu::kernels::reduce::ReduceSumF32;
 use kiln_gpu::kernels::tensor_ops::{self as k, AdamStep, MAX_DIMS, MatmulShape, ROW_THREADS, SgdStep, Strided2};
 use std::sync::{Arc, Mutex};
 
+#[path = "cuda_attention.rs"]
+mod attention;
 #[path = "cuda_b16.rs"]
 mod b16;
 #[path = "cuda_linear.rs"]

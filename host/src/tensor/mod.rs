@@ -65,6 +65,7 @@
 //! and [`Binary`](ops::Binary) (`elementwise.rs`), [`DType`], and [`Targets`] (whose device copy the
 //! CUDA backend keeps).
 
+pub mod attention;
 mod autograd;
 pub mod cpu;
 pub mod cuda_backend;
