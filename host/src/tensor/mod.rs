@@ -376,6 +376,11 @@ impl Tensor {
     pub fn ones_like(&self) -> Result<Tensor> {
         self.full_like(1.0)
     }
+    /// The name of the op that recorded this tensor (`None` for leaves and for results no
+    /// gradient flows through): which path an op took, for tests and messages.
+    pub fn op_name(&self) -> Option<&'static str> {
+        self.0.op.as_ref().map(Op::name)
+    }
     pub(crate) fn op(&self) -> Option<&Op> {
         self.0.op.as_ref()
     }
