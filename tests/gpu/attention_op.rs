@@ -22,6 +22,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::attention_op::odd_head_dims_run_naive", available: any, run: odd_head_dims },
         GpuTest { name: "gpu::attention_op::same_bits_on_repeat", available: any, run: same_bits },
         GpuTest { name: "gpu::attention_op::refusals", available: any, run: refusals },
+        GpuTest { name: "gpu::attention_op::naive_command_runs", available: any, run: naive_command },
     ]
 }
 
@@ -118,4 +119,22 @@ fn refusals(_: &Device) -> Outcome {
         Err(e) => Err(format!("the device refusal does not name the devices: {e}")),
         Ok(_) => Err("q on the CPU with k on CUDA was accepted".into()),
     }
+}
+
+/// `kiln attention --kernel naive` / `naive_bf16`'s runner: within its bound at odd lengths, both
+/// masks, a head dim the flash kernels do not take.
+fn naive_command(_: &Device) -> Outcome {
+    use kiln::cuda::attention::AttentionShape;
+    for &(name, _) in kiln::tools::attention::NAIVE_KERNELS {
+        for (s, causal) in [
+            (AttentionShape { batch: 1, heads: 2, q_len: 129, kv_len: 17, head_dim: 64 }, true),
+            (AttentionShape { batch: 2, heads: 2, q_len: 17, kv_len: 1000, head_dim: 96 }, false),
+        ] {
+            let r = kiln::tools::attention::run_naive(name, s, causal, 2, 7).map_err(err)?;
+            if !r.passed() || !(r.ms > 0.0) {
+                return Err(format!("{r}"));
+            }
+        }
+    }
+    Ok(())
 }
