@@ -425,9 +425,13 @@ fn attention_lists_its_kernels_and_checks_its_arguments_before_the_device() {
     let no_gpu = [("CUDA_VISIBLE_DEVICES", "")];
     let r = kiln_with_env(&dir, &["attention"], &no_gpu);
     assert_eq!(r.code, Some(0), "{r:?}");
-    for name in ["flash_fwd_simt_f32", "flash_fwd_simt_bf16", "flash_fwd_mma_bf16", "flash_fwd_mma_f16"] {
+    for name in
+        ["naive", "naive_bf16", "flash_fwd_simt_f32", "flash_fwd_simt_bf16", "flash_fwd_mma_bf16", "flash_fwd_mma_f16"]
+    {
         assert!(r.out.contains(name), "the list lacks {name}: {r:?}");
     }
+    let r = kiln_with_env(&dir, &["attention", "--kernel", "naive", "--backward"], &no_gpu);
+    assert_refused(&r, &["--backward", "autograd"]);
     let r = kiln_with_env(&dir, &["attention", "--kernel", "nonexistent"], &no_gpu);
     assert_refused(&r, &["nonexistent", "flash_fwd_mma_bf16"]);
     assert!(!r.err.contains("CUDA"), "the device was opened first: {r:?}");

@@ -348,7 +348,7 @@ enum Command {
     /// Run one flash attention forward kernel on random inputs: its error against the f64
     /// reference and its time (without --kernel: list the kernels).
     Attention {
-        /// The kernel, e.g. flash_fwd_simt_f32, flash_fwd_mma_bf16.
+        /// The kernel, e.g. naive (tensor ops), flash_fwd_simt_f32, flash_fwd_mma_bf16.
         #[arg(long)]
         kernel: Option<String>,
         /// The problem, BxHxSxD: batch, heads, query length (and key length unless --kv-len), head
@@ -402,11 +402,17 @@ fn attention(
     use kiln::cuda::attention::{FLASH_KERNELS, flash_entry};
     let Some(name) = kernel else {
         say!("kernels (--kernel NAME), rung by rung (head dims 64 and 128):");
+        for &(n, dtype) in kiln::tools::attention::NAIVE_KERNELS {
+            say!("  {n:22} rung 0, {dtype:?}: tensor ops (S and P materialized; any head dim)");
+        }
         for e in FLASH_KERNELS {
             say!("  {:22} rung {}, {:?} in and out", e.name, e.rung, e.dtype);
         }
         return Ok(true);
     };
+    if let Some(&(_, dtype)) = kiln::tools::attention::NAIVE_KERNELS.iter().find(|(n, _)| *n == name) {
+        return attention_naive(&name, dtype, shape, kv_len, causal, backward, reps, seed);
+    }
     // the name, the sizes and the table first: a mistake there is reported before the device opens
     let entry = flash_entry(&name)?;
     let shape = kiln::cuda::attention::AttentionShape { kv_len: kv_len.unwrap_or(shape.q_len), ..shape };
@@ -431,6 +437,48 @@ fn attention(
     kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
     say!("device: {} ({})", dev.name(), dev.arch().name());
     let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed, backward)?;
+    say!("{r}");
+    Ok(r.passed())
+}
+
+/// `kiln attention --kernel naive`: the naive rung (tensor ops) on random inputs, checked and timed.
+#[allow(clippy::too_many_arguments)]
+fn attention_naive(
+    name: &str,
+    dtype: kiln::DType,
+    shape: kiln::cuda::attention::AttentionShape,
+    kv_len: Option<u32>,
+    causal: bool,
+    backward: bool,
+    reps: usize,
+    seed: u64,
+) -> kiln::Result<bool> {
+    if backward {
+        return Err(kiln::Error::Unsupported {
+            op: "attention",
+            what: format!(
+                "--backward with {name}: the naive rung's gradients come from autograd (tests/attention_op.rs); use flash_fwd_simt_bf16 for a timed backward"
+            ),
+        });
+    }
+    let shape = kiln::cuda::attention::AttentionShape { kv_len: kv_len.unwrap_or(shape.q_len), ..shape };
+    // host: f32 inputs, their rounded f64 copies, O; device: inputs, S and P (f32 or bf16), the mask, O
+    let (q, kv) = (shape.q_elems() as u64, shape.kv_elems() as u64);
+    let scores = shape.batch as u64 * shape.heads as u64 * shape.q_len as u64 * shape.kv_len as u64;
+    let elem = dtype.size() as u64;
+    let need = kiln::train::MemoryNeed {
+        host: (q + 2 * kv) * (4 + 8 + elem) + q * 8,
+        device: (2 * q + 2 * kv) * elem + 3 * scores * elem + q * 4,
+    };
+    let what = format!(
+        "naive attention {}x{}x{}x{} (inputs, scores, probabilities, outputs)",
+        shape.batch, shape.heads, shape.q_len, shape.head_dim
+    );
+    kiln::train::check_memory(&what, need, None, "lower --shape")?;
+    let Some(dev) = gemm_device() else { return Ok(false) };
+    kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
+    say!("device: {} ({})", dev.name(), dev.arch().name());
+    let r = kiln::tools::attention::run_naive(name, shape, causal, reps, seed)?;
     say!("{r}");
     Ok(r.passed())
 }

@@ -19,6 +19,8 @@
 //! views           strided views and batched products against the CPU, the GEMM reading views
 //! fused           the fused wgmma epilogues, the backward layouts read in place, column sums
 //! attention       the flash forward kernels against the f64 reference, repeats, refusals
+//! attention_op    the attention tensor op (flash and naive paths) with autograd against the f64
+//!                 reference (tests/attention_cases.rs, shared with the CPU's tests/attention_op.rs)
 //! determinism     bit-exact tiers: batch invariance, repeats, across processes
 //! megakernel/     both megakernels against the CPU interpreter, their stalls and refusals
 //! optim           the fused multi-tensor optimizer and clipping against the CPU reference
@@ -28,6 +30,7 @@
 //! ```
 
 mod attention;
+mod attention_op;
 mod common;
 mod determinism;
 mod dtypes;
@@ -43,6 +46,8 @@ mod tensor;
 mod tma;
 mod views;
 
+#[path = "../attention_cases.rs"]
+mod attention_cases;
 #[path = "../backend_cases.rs"]
 mod backend_cases;
 #[path = "../dtype_cases.rs"]
@@ -79,6 +84,7 @@ fn tests() -> Vec<GpuTest> {
         gemm::tests(),
         fused::tests(),
         attention::tests(),
+        attention_op::tests(),
         determinism::tests(),
         megakernel::tests(),
         optim::tests(),

@@ -1,50 +1,14 @@
 //! Causal multi-head self-attention with a key/value cache for generation.
 //!
 //! One fused projection makes queries, keys and values (`c_attn`, width -> 3 width); the heads are
-//! views of it (reshape to `[B, T, 3, H, D]`, narrow, permute to `[B, H, T, D]`); attention is
-//! one scaled-dot-product call; the heads are merged back (`[B, T, H, D]` -> `[B, T, C]`) and
+//! views of it (reshape to `[B, T, 3H, D]`, narrow, permute to `[B, H, T, D]`); attention is
+//! one [`Tensor::scaled_dot_product_attention`] call (the flash kernels on CUDA in bf16 and f16); the heads are merged back (`[B, T, H, D]` -> `[B, T, C]`) and
 //! projected (`c_proj`), then dropped out while training.
 
 use super::{Dropout, Linear, Module};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 use rand::rngs::StdRng;
-
-/// `softmax(q k^T * scale + mask) v` for `q` `[B, H, Sq, D]` and `k`, `v` `[B, Hkv, Skv, D]`
-/// (`Hkv == H`), the causal mask bottom-right aligned: query `i` sees keys `j <= i + Skv - Sq`,
-/// so one new query attends to the whole cache. `scale` defaults to `1 / sqrt(D)`.
-///
-/// Composed of tensor ops (a product, a scale, an additive mask of `-inf`, a softmax, a product),
-/// so it runs and differentiates on every backend.
-// lead: replace with Tensor::scaled_dot_product_attention at merge
-pub(crate) fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f64>) -> Result<Tensor> {
-    let (qd, kd) = (q.dims(), k.dims());
-    if qd.len() != 4 || kd.len() != 4 || v.dims() != kd || qd[0] != kd[0] || qd[1] != kd[1] || qd[3] != kd[3] {
-        return Err(Error::shape(
-            "sdpa",
-            format!("q {:?}, k {:?}, v {:?}: q is [B, H, Sq, D] and k, v [B, H, Skv, D]", q.dims(), k.dims(), v.dims()),
-        ));
-    }
-    let (sq, skv, d) = (qd[2], kd[2], qd[3]);
-    if causal && sq > skv {
-        return Err(Error::shape("sdpa", format!("{sq} queries over {skv} keys: a causal query needs its key")));
-    }
-    let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
-    let scores = q.matmul(&k.transpose(-2, -1)?)?.mul_scalar(scale)?;
-    let scores = if causal && (sq > 1 || skv > sq) {
-        let mut mask = vec![0.0; sq * skv];
-        for i in 0..sq {
-            for j in (i + skv - sq + 1)..skv {
-                mask[i * skv + j] = f64::NEG_INFINITY;
-            }
-        }
-        let mask = Tensor::from_f64(&mask, [sq, skv], scores.dtype())?.to_device(&scores.device())?;
-        scores.add(&mask)?
-    } else {
-        scores
-    };
-    scores.softmax()?.matmul(v)
-}
 
 /// The keys and values of every layer seen so far, `[B, H, S, D]` each, appended to by
 /// [`CausalSelfAttention::forward_cached`].
@@ -133,9 +97,9 @@ impl CausalSelfAttention {
         }
         let (b, t, c) = (d[0], d[1], d[2]);
         let h = self.heads;
-        let qkv = self.c_attn.forward(x)?.reshape([b, t, 3, h, c / h])?;
-        let part =
-            |i: usize| -> Result<Tensor> { qkv.narrow(2, i, 1)?.reshape([b, t, h, c / h])?.permute(&[0, 2, 1, 3]) };
+        // [B, T, 3C] read as [B, T, 3H, D]: q, k and v are H heads each along dim 2
+        let qkv = self.c_attn.forward(x)?.reshape([b, t, 3 * h, c / h])?;
+        let part = |i: usize| -> Result<Tensor> { qkv.narrow(2, i * h, h)?.permute(&[0, 2, 1, 3]) };
         Ok((part(0)?, part(1)?, part(2)?))
     }
 
@@ -157,7 +121,7 @@ impl CausalSelfAttention {
             None => (k.contiguous()?, v.contiguous()?),
             Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
         };
-        let y = sdpa(&q, &k, &v, true, None)?;
+        let y = q.scaled_dot_product_attention(&k, &v, true, None)?;
         *entry = Some((k, v));
         self.out(&y)
     }
@@ -167,7 +131,7 @@ impl Module for CausalSelfAttention {
     /// `[B, T, C]` -> `[B, T, C]`, each position attending to itself and those before it.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (q, k, v) = self.qkv(x)?;
-        let y = sdpa(&q, &k, &v, true, None)?;
+        let y = q.scaled_dot_product_attention(&k, &v, true, None)?;
         self.out(&y)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {

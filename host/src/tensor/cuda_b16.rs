@@ -18,7 +18,7 @@
 //!   the dtype by one more pass for now (the GEMMs write f32); batched products with a batched B
 //!   are widened to f32, multiplied by the batched f32 kernel and narrowed.
 
-use super::{CudaData, CudaStorage, DeviceIndices, binary_code, check_len, grid, pad, u32s, unary_code};
+use super::{CudaData, CudaStorage, DeviceIndices, binary_code, check_len, grid, pad, pad_walk, u32s, unary_code};
 use crate::cuda::gemm::{Layout, WgmmaLayout};
 use crate::cuda::{Device as CudaDevice, DeviceBuffer, LaunchConfig};
 use crate::dtype::DType;
@@ -375,8 +375,8 @@ impl CudaStorage {
         op: Binary,
     ) -> Result<CudaStorage> {
         let op = binary_code(op);
-        let (dims, sa) = pad("binary", out.dims(), &a_shape.broadcast_strides(out))?;
-        let (_, sb) = pad("binary", out.dims(), &b_shape.broadcast_strides(out))?;
+        let (dims, [sa, sb]) =
+            pad_walk("binary", out.dims(), [&a_shape.broadcast_strides(out), &b_shape.broadcast_strides(out)])?;
         let n_out = out.elem_count();
         let mut res = output::<T>(&self.dev, n_out)?;
         if n_out > 0 {
@@ -442,7 +442,7 @@ impl CudaStorage {
         out: &Shape,
         strides: &[usize],
     ) -> Result<CudaStorage> {
-        let (dims, sa) = pad("strided copy", out.dims(), strides)?;
+        let (dims, [sa]) = pad_walk("strided copy", out.dims(), [strides])?;
         let n_out = out.elem_count();
         let mut res = output::<T>(&self.dev, n_out)?;
         if n_out > 0 {

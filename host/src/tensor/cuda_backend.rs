@@ -10,6 +10,7 @@
 //! are one table (the impls of its `B16` trait). f64 tensors do not live on CUDA (convert first).
 
 use super::elementwise::{Binary, Unary};
+use super::layout::coalesce;
 use super::shape::Shape;
 use crate::cuda::gemm::Layout;
 use crate::cuda::{Device as CudaDevice, DeviceBuffer, LaunchConfig, MatmulPrecision};
@@ -20,6 +21,8 @@ use kiln_gpu::kernels::reduce::ReduceSumF32;
 use kiln_gpu::kernels::tensor_ops::{self as k, AdamStep, MAX_DIMS, MatmulShape, ROW_THREADS, SgdStep, Strided2};
 use std::sync::{Arc, Mutex};
 
+#[path = "cuda_attention.rs"]
+mod attention;
 #[path = "cuda_b16.rs"]
 mod b16;
 #[path = "cuda_linear.rs"]
@@ -118,6 +121,26 @@ fn pad(op: &'static str, dims: &[usize], strides: &[usize]) -> Result<([u32; MAX
     d[off..].copy_from_slice(&dd);
     s[off..].copy_from_slice(&ss);
     Ok((d, s))
+}
+
+/// A walk of `dims` read through each of `strides` at once, coalesced ([`coalesce`]: size-1
+/// dimensions dropped, neighbours merged where every stride list allows) and then padded to
+/// [`MAX_DIMS`]: a contiguous operand of any rank is one dimension, so only walks that stay
+/// irregular in more than [`MAX_DIMS`] dimensions are refused.
+fn pad_walk<const N: usize>(
+    op: &'static str,
+    dims: &[usize],
+    strides: [&[usize]; N],
+) -> Result<([u32; MAX_DIMS], [[u32; MAX_DIMS]; N])> {
+    let (d, s) = coalesce(dims, &strides);
+    let mut out = [[0u32; MAX_DIMS]; N];
+    let mut padded = [1u32; MAX_DIMS];
+    for (o, s) in out.iter_mut().zip(&s) {
+        let (pd, ps) = pad(op, &d, s)?;
+        padded = pd;
+        *o = ps;
+    }
+    Ok((padded, out))
 }
 
 /// A view the strided kernels cannot take (more than [`MAX_DIMS`] dimensions after merging), said
@@ -347,8 +370,8 @@ impl CudaStorage {
             _ => return Err(Error::DType { op: op.name(), got: other.dtype(), expected: self.dtype() }),
         };
         let op = binary_code(op);
-        let (dims, sa) = pad("binary", out.dims(), &a_shape.broadcast_strides(out))?;
-        let (_, sb) = pad("binary", out.dims(), &b_shape.broadcast_strides(out))?;
+        let (dims, [sa, sb]) =
+            pad_walk("binary", out.dims(), [&a_shape.broadcast_strides(out), &b_shape.broadcast_strides(out)])?;
         let mut res = Self::output(&self.dev, out.elem_count())?;
         if out.elem_count() > 0 && a_shape == out && b_shape == out {
             // No broadcasting: the flat kernel, 16-byte accesses and no index arithmetic.
@@ -367,7 +390,7 @@ impl CudaStorage {
     /// `out[i] = self[offset(i)]` for an output of `out` dims read through `strides`.
     pub fn strided_copy(&self, out: &Shape, strides: &[usize]) -> Result<CudaStorage> {
         let buf = f32_or_b16!(self, |x| self.strided_copy_b16(x, out, strides));
-        let (dims, sa) = pad("strided copy", out.dims(), strides)?;
+        let (dims, [sa]) = pad_walk("strided copy", out.dims(), [strides])?;
         let mut res = Self::output(&self.dev, out.elem_count())?;
         if out.elem_count() > 0 {
             let (n, cfg) = grid(out.elem_count(), "strided copy")?;
@@ -893,5 +916,20 @@ mod tests {
         let (d, s) = pad("t", &[3, 5], &[5, 1]).unwrap();
         assert_eq!((d, s), ([1, 1, 3, 5], [0, 0, 5, 1]));
         assert!(matches!(pad("t", &[1; 5], &[0; 5]), Err(Error::Unsupported { op: "t", .. })));
+    }
+
+    #[test]
+    fn walks_of_any_rank_coalesce_before_padding() {
+        // two contiguous rank-5 operands: one dimension
+        let c = [60, 30, 10, 5, 1];
+        let (d, [a, b]) = pad_walk::<2>("t", &[2, 2, 3, 2, 5], [&c, &c]).unwrap();
+        assert_eq!((d, a, b), ([1, 1, 1, 120], [0, 0, 0, 1], [0, 0, 0, 1]));
+        // a rank-5 broadcast of a row over contiguous data: two dimensions
+        let row = [0, 0, 0, 0, 1];
+        let (d, [a, b]) = pad_walk::<2>("t", &[2, 2, 3, 2, 5], [&c, &row]).unwrap();
+        assert_eq!((d, a, b), ([1, 1, 24, 5], [0, 0, 5, 1], [0, 0, 0, 1]));
+        // five irregular dimensions stay refused
+        let odd = [1000, 100, 20, 7, 1];
+        assert!(pad_walk::<1>("t", &[2, 2, 3, 2, 5], [&odd]).is_err());
     }
 }

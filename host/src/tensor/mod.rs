@@ -65,6 +65,7 @@
 //! and [`Binary`](ops::Binary) (`elementwise.rs`), [`DType`], and [`Targets`] (whose device copy the
 //! CUDA backend keeps).
 
+pub mod attention;
 mod autograd;
 pub mod cpu;
 pub mod cuda_backend;
@@ -374,6 +375,11 @@ impl Tensor {
     /// Ones with this tensor's shape, dtype and device.
     pub fn ones_like(&self) -> Result<Tensor> {
         self.full_like(1.0)
+    }
+    /// The name of the op that recorded this tensor (`None` for leaves and for results no
+    /// gradient flows through): which path an op took, for tests and messages.
+    pub fn op_name(&self) -> Option<&'static str> {
+        self.0.op.as_ref().map(Op::name)
     }
     pub(crate) fn op(&self) -> Option<&Op> {
         self.0.op.as_ref()

@@ -120,6 +120,23 @@ pub enum Op {
     ToDType(Tensor),
     /// Copy to another device.
     ToDevice(Tensor),
+    /// Scaled dot-product attention on the flash kernels (`Tensor::scaled_dot_product_attention`
+    /// records it only where the backend ran the flash forward; the naive path records its parts).
+    /// K and V have q's heads (grouped heads already expanded, by an op of their own).
+    Attention {
+        /// Queries `[batch, heads, q_len, head_dim]`.
+        q: Tensor,
+        /// Keys `[batch, heads, kv_len, head_dim]`.
+        k: Tensor,
+        /// Values, as keys.
+        v: Tensor,
+        /// The forward's log-sum-exp per query row, f32 `[batch, heads, q_len]` (untracked).
+        lse: Tensor,
+        /// Whether the causal (bottom-right aligned) mask applied.
+        causal: bool,
+        /// The score scale.
+        scale: f64,
+    },
 }
 
 impl Op {
@@ -149,6 +166,7 @@ impl Op {
             Op::Dropout(..) => "dropout",
             Op::ToDType(_) => "to_dtype",
             Op::ToDevice(_) => "to_device",
+            Op::Attention { .. } => "attention",
         }
     }
 
@@ -175,6 +193,7 @@ impl Op {
             Op::CrossEntropy { logits, .. } => vec![logits],
             Op::LayerNorm { x, weight, bias, .. } => vec![x, weight, bias],
             Op::Embedding { weight, .. } => vec![weight],
+            Op::Attention { q, k, v, .. } => vec![q, k, v],
         }
     }
 
@@ -202,6 +221,7 @@ impl Op {
             Op::CrossEntropy { logits, .. } => vec![logits],
             Op::LayerNorm { x, weight, bias, mean, rstd } => vec![x, weight, bias, mean, rstd],
             Op::Embedding { weight, .. } => vec![weight],
+            Op::Attention { q, k, v, lse, .. } => vec![q, k, v, lse],
         }
     }
 
@@ -333,6 +353,27 @@ impl Op {
             Op::Dropout(x, mask) => vec![(x.clone(), g.mul(mask)?)],
             Op::ToDType(x) => vec![(x.clone(), g.to_dtype(x.dtype())?)],
             Op::ToDevice(x) => vec![(x.clone(), g.to_device(&x.device())?)],
+            Op::Attention { q, k, v, lse, causal, scale } => {
+                // the flash backward: P recomputed from the saved log-sum-exp (see
+                // crate::cuda::attention::flash_backward); every operand dense, in q's dtype
+                let shape = super::attention::flash_shape(q.dims(), k.dims()[2])?;
+                let g = if g.dtype() == out.dtype() { g.clone() } else { g.to_dtype(out.dtype())? };
+                let (dq, dk, dv) = q.data()?.flash_attention_backward(
+                    &*k.data()?,
+                    &*v.data()?,
+                    &*out.data()?,
+                    &*g.data()?,
+                    &*lse.data()?,
+                    shape,
+                    *causal,
+                    *scale as f32,
+                )?;
+                vec![
+                    (q.clone(), Tensor::from_storage(dq, q.shape().clone(), None)),
+                    (k.clone(), Tensor::from_storage(dk, k.shape().clone(), None)),
+                    (v.clone(), Tensor::from_storage(dv, v.shape().clone(), None)),
+                ]
+            }
         })
     }
 }

@@ -330,6 +330,60 @@ impl Storage {
         })
     }
 
+    /// `(o, lse)` of attention of `self` (q), `k` and `v` (dense `[batch, heads, seq, head_dim]`,
+    /// one dtype, equal heads) on the flash kernels, where the backend has one for the case (CUDA:
+    /// bf16 and f16 at the flash head dims, with a backward kernel when `need_grad`; see
+    /// `cuda_attention.rs`). `None` elsewhere (the caller composes the naive attention).
+    pub(crate) fn flash_attention(
+        &self,
+        k: &Storage,
+        v: &Storage,
+        shape: crate::cuda::attention::AttentionShape,
+        causal: bool,
+        scale: f32,
+        need_grad: bool,
+    ) -> Result<Option<(Storage, Storage)>> {
+        Ok(match (self, k, v) {
+            (Storage::Cuda(q), Storage::Cuda(k), Storage::Cuda(v)) => q
+                .flash_attention(k, v, shape, causal, scale, need_grad)?
+                .map(|(o, l)| (Storage::Cuda(o), Storage::Cuda(l))),
+            _ => None,
+        })
+    }
+
+    /// `(dq, dk, dv)` of a flash attention forward ([`Storage::flash_attention`]): `self` is q, `o`
+    /// and `lse` the forward's outputs, `d_o` the output's gradient.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn flash_attention_backward(
+        &self,
+        k: &Storage,
+        v: &Storage,
+        o: &Storage,
+        d_o: &Storage,
+        lse: &Storage,
+        shape: crate::cuda::attention::AttentionShape,
+        causal: bool,
+        scale: f32,
+    ) -> Result<(Storage, Storage, Storage)> {
+        match (self, k, v, o, d_o, lse) {
+            (
+                Storage::Cuda(q),
+                Storage::Cuda(k),
+                Storage::Cuda(v),
+                Storage::Cuda(o),
+                Storage::Cuda(d_o),
+                Storage::Cuda(l),
+            ) => {
+                let (dq, dk, dv) = q.flash_attention_backward(k, v, o, d_o, l, shape, causal, scale)?;
+                Ok((Storage::Cuda(dq), Storage::Cuda(dk), Storage::Cuda(dv)))
+            }
+            (q, ..) => Err(Error::Unsupported {
+                op: "attention backward",
+                what: format!("flash attention on {} (only CUDA tensors run the flash kernels)", q.device().name()),
+            }),
+        }
+    }
+
     /// Softmax or log-softmax of each row of `d`.
     pub(crate) fn softmax(&self, d: usize, log: bool) -> Result<Storage> {
         Ok(match self {

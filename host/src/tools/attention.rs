@@ -289,6 +289,135 @@ pub fn run(
     })
 }
 
+/// The naive rung's names (`kiln attention --kernel NAME`) and dtypes: attention composed of
+/// tensor ops on CUDA ([`Tensor::naive_attention`](crate::tensor::Tensor::naive_attention): batched
+/// products, the scale, the mask, the softmax; S and P materialized), rung 0 of the ladder.
+pub const NAIVE_KERNELS: &[(&str, DType)] = &[("naive", DType::F32), ("naive_bf16", DType::BF16)];
+
+/// The naive rung's error bound on inputs uniform in `[-1, 1)`: f32, the flash CUDA-core rung's
+/// ([`forward_bound`]); bf16 rounds the scores (a relative `2^-9` of `|s| <= D scale`, which moves
+/// O by twice that), the probabilities and the output (`2^-9` each) as well.
+pub fn naive_bound(dtype: DType, p: &AttentionParams) -> f64 {
+    let f32_part = forward_bound(FlashKernel::Simt, DType::F32, p).0;
+    match dtype {
+        DType::BF16 | DType::F16 => {
+            f32_part + 2.0 * 2f64.powi(-9) * p.head_dim as f64 * p.scale as f64 + 2.0 * 2f64.powi(-9)
+        }
+        DType::F32 | DType::F64 => f32_part,
+    }
+}
+
+/// The outcome of one naive run.
+#[derive(Clone, Debug)]
+pub struct NaiveRun {
+    /// Its name ([`NAIVE_KERNELS`]).
+    pub name: &'static str,
+    /// The element type of the tensors.
+    pub dtype: DType,
+    /// The problem.
+    pub params: AttentionParams,
+    /// Median milliseconds per forward.
+    pub ms: f64,
+    /// Forward TFLOP/s (the FLOPs of [`AttentionRun::tflops`]).
+    pub tflops: f64,
+    /// Query rows compared with the f64 reference.
+    pub rows_checked: usize,
+    /// The largest `|O - O_ref|` over them.
+    pub o_error: f64,
+    /// Its bound ([`naive_bound`]).
+    pub bound: f64,
+}
+
+impl NaiveRun {
+    /// Whether the error is within its bound.
+    pub fn passed(&self) -> bool {
+        self.o_error <= self.bound
+    }
+}
+
+impl std::fmt::Display for NaiveRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = &self.params;
+        writeln!(
+            f,
+            "{} {}x{}x{}x{}, kv_len {}{}: O = softmax(scale Q K^T) V by tensor ops, {:?}, scale {}",
+            self.name,
+            p.batch,
+            p.heads,
+            p.q_len,
+            p.head_dim,
+            p.kv_len,
+            if p.causal != 0 { ", causal" } else { "" },
+            self.dtype,
+            p.scale
+        )?;
+        writeln!(
+            f,
+            "  error: max |O - O_ref| = {:.3e} (bound {:.3e}) over {} rows: {}",
+            self.o_error,
+            self.bound,
+            self.rows_checked,
+            if self.passed() { "ok" } else { "FAILED" }
+        )?;
+        write!(f, "  time: {:.4} ms (median), {:.1} TFLOP/s", self.ms, self.tflops)
+    }
+}
+
+/// The naive rung `name` ([`NAIVE_KERNELS`]) on `s` on the shared CUDA device (scale
+/// `1 / sqrt(head_dim)`, any head dim), random inputs from `seed` (the flash rungs' inputs):
+/// checked once against the f64 reference, then `reps` timed forwards (median; no graph recorded).
+pub fn run_naive(name: &str, s: AttentionShape, causal: bool, reps: usize, seed: u64) -> Result<NaiveRun> {
+    use crate::tensor::{Device as TDevice, Tensor, no_grad};
+    let &(name, dtype) = NAIVE_KERNELS.iter().find(|(n, _)| *n == name).ok_or_else(|| crate::Error::Unsupported {
+        op: "attention",
+        what: format!("--kernel {name}: not a naive rung; known: naive, naive_bf16"),
+    })?;
+    let _g = no_grad();
+    let dev = crate::cuda::Device::shared()?;
+    let tdev = TDevice::Cuda(dev.clone());
+    let (q32, k32, v32) = inputs(s, seed);
+    let (b, h, sq, skv, d) =
+        (s.batch as usize, s.heads as usize, s.q_len as usize, s.kv_len as usize, s.head_dim as usize);
+    let tensor = |v: Vec<f32>, len: usize| -> Result<(Tensor, Vec<f64>)> {
+        let t = Tensor::from_vec(v, [b, h, len, d])?.to_dtype(dtype)?;
+        let seen = t.try_to_vec_f64()?;
+        Ok((t.to_device(&tdev)?, seen))
+    };
+    let ((q, qw), (k, kw), (v, vw)) = (tensor(q32, sq)?, tensor(k32, skv)?, tensor(v32, skv)?);
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    let p = s.params(causal, scale);
+    let o = q.naive_attention(&k, &v, causal, Some(scale as f64))?.to_dtype(DType::F32)?.to_vec_f32();
+    let ms = timing::median_ms(&dev, reps, 1, || q.naive_attention(&k, &v, causal, Some(scale as f64)).map(|_| ()))?;
+    let heads = b * h;
+    let picks: Vec<(usize, usize)> = if heads * sq <= FULL_CHECK_ROWS {
+        (0..heads * sq).map(|r| (r / sq, r % sq)).collect()
+    } else {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9);
+        let mut v: Vec<(usize, usize)> =
+            (0..FULL_CHECK_ROWS).map(|_| (rng.random_range(0..heads), rng.random_range(0..sq))).collect();
+        v.extend([(0, 0), (0, sq - 1), (heads - 1, 0), (heads - 1, sq - 1)]);
+        v
+    };
+    let mut o_error = 0.0f64;
+    for &(hh, i) in &picks {
+        let (want, _) = reference::forward_row(&p, &qw, &kw, &vw, hh, i);
+        for (c, w) in want.iter().enumerate() {
+            let e = (o[(hh * sq + i) * d + c] as f64 - w).abs();
+            o_error = if e.is_nan() || o_error.is_nan() { f64::NAN } else { o_error.max(e) };
+        }
+    }
+    Ok(NaiveRun {
+        name,
+        dtype,
+        params: p,
+        ms,
+        tflops: p.forward_flops() / ms / 1e9,
+        rows_checked: picks.len(),
+        o_error,
+        bound: naive_bound(dtype, &p),
+    })
+}
+
 /// The backward's gradients (dQ, dK, dV as f32) and its median ms.
 type Grads = ([Vec<f32>; 3], f64);
 
