@@ -209,9 +209,12 @@ pub fn check(what: &str, got: &Run, want: &Run, tols: Tols) -> Result<(), String
             return Err(format!("{what}: {name} has {} elements, expected {}", g.len(), w.len()));
         }
         if w.iter().all(|x| *x == 0.0) {
-            // every row masked: the gradient is exactly 0
-            if let Some(i) = g.iter().position(|x| *x != 0.0) {
-                return Err(format!("{what}: {name}[{i}] = {:e}, expected 0", g[i]));
+            // Zero in exact arithmetic: every row masked (the kernels write exact zeros), or one
+            // key (dQ = 0 since dS = dP - dO.O = 0), which rounding leaves as noise at the
+            // inputs' scale (|x| <= 1): bounded by the output's absolute tolerance.
+            let floor = if tols.out.abs < 1e-9 { tols.out.abs } else { 1e-4 };
+            if let Some(i) = g.iter().position(|x| x.abs() > floor || x.is_nan()) {
+                return Err(format!("{what}: {name}[{i}] = {:e}, expected 0 (within {floor:e})", g[i]));
             }
             continue;
         }
