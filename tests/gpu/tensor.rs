@@ -77,6 +77,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::train_main_job_bf16_products", available: any, run: train_main_job_bf16 },
         GpuTest { name: "gpu::training_step_captured_in_a_cuda_graph", available: any, run: captured_training_step },
         GpuTest { name: "gpu::peak_memory_is_the_pools_high_water_mark", available: any, run: peak_memory },
+        GpuTest { name: "gpu::tensor::long_column_sums_split", available: any, run: long_column_sums },
     ]
 }
 
@@ -277,6 +278,36 @@ fn peak_memory(dev: &Device) -> Outcome {
     let after = dev.peak_memory().map_err(err)?;
     if after >= during {
         return Err(format!("peak {after} B after freeing the buffer and a reset (was {during} B)"));
+    }
+    Ok(())
+}
+
+/// Sums over long leading dimensions (a bias gradient's shape, and a strided view), which the
+/// CUDA backend splits into chunks: against an f64 sum on the CPU, and the same bits twice.
+fn long_column_sums(_: &Device) -> Outcome {
+    use kiln::tensor::{DType, Device as TDevice, Tensor};
+    let cuda = TDevice::Cuda(Device::shared().map_err(err)?);
+    let (mut rng, seed) = testing::rng();
+    for &(rows, cols) in &[(16384usize, 384usize), (1000, 3), (257, 1029), (4097, 7)] {
+        let x = Tensor::randn([rows, cols], DType::F32, &mut rng);
+        let host = x.to_vec_f64();
+        let g = x.to_device(&cuda).map_err(err)?;
+        for (what, t) in [("rows", g.sum_dim(0, false).map_err(err)?), ("rows again", g.sum_dim(0, false).map_err(err)?)] {
+            let got = t.to_vec_f32();
+            let want: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| host[r * cols + c]).sum()).collect();
+            let tol = testing::Tol { abs: 1e-6 * (rows as f64).sqrt(), rel: 1e-6 };
+            testing::compare(&format!("sum over {rows} rows of {cols} ({what}, seed {seed})"), &got, &want, tol)
+                .map_err(|e| e.to_string())?;
+        }
+        let (a, b) = (g.sum_dim(0, false).map_err(err)?.to_vec_f32(), g.sum_dim(0, false).map_err(err)?.to_vec_f32());
+        if bits(&a) != bits(&b) {
+            return Err(format!("sum over {rows} rows of {cols}: a repeat gave different bits"));
+        }
+        // a transposed view: the sum runs over the view's leading dimension (strided reads)
+        let tv = g.transpose(0, 1).map_err(err)?.sum_dim(1, false).map_err(err)?.to_vec_f32();
+        let want: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| host[r * cols + c]).sum()).collect();
+        testing::compare(&format!("view sum {rows}x{cols}"), &tv, &want, testing::Tol { abs: 1e-6 * (rows as f64).sqrt(), rel: 1e-6 })
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }

@@ -370,6 +370,49 @@ pub unsafe fn reduce_sum_dims_f32(x: DevicePtr<f32>, out: DevicePtrMut<f32>, p: 
     }
 }
 
+/// The first pass of a split sum over dimensions ([`ReduceDims`]), for few outputs over long
+/// reductions (a bias gradient: hundreds of columns summed over thousands of rows), where one
+/// thread per output leaves the GPU nearly idle. The reduction is cut into chunks of `chunk`
+/// consecutive reduced elements; thread `i` (grid-stride) owns output `o = i % out_n` and chunk
+/// `c = i / out_n`, so neighbouring threads read neighbouring columns, and writes the f64 sum of
+/// its chunk (row-major order) to `partial[i]`. [`reduce_partials_f64`] adds the chunks in order:
+/// a fixed order for a given shape, so the same inputs give the same bits.
+#[kernel]
+pub unsafe fn reduce_sum_dims_partial_f32(x: DevicePtr<f32>, partial: DevicePtrMut<f64>, p: ReduceDims, chunk: u32) {
+    let chunks = p.red_n.div_ceil(chunk);
+    let mut i = thread::global_idx_x();
+    while i < p.out_n * chunks {
+        let (o, c) = (i % p.out_n, i / p.out_n);
+        let base = offset_of(&p.kept_dims, &p.kept_strides, o);
+        let end = if (c + 1) * chunk < p.red_n { (c + 1) * chunk } else { p.red_n };
+        let mut acc = 0.0f64;
+        let mut r = c * chunk;
+        while r < end {
+            acc += unsafe { x.read((base + offset_of(&p.red_dims, &p.red_strides, r)) as usize) } as f64;
+            r += 1;
+        }
+        unsafe { partial.write(i as usize, acc) };
+        i += thread::grid_stride_x();
+    }
+}
+
+/// The second pass of the split sum: `out[o] = sum over c of partial[c * out_n + o]` in order of
+/// `c`, rounded once to f32. One thread per output, grid-stride.
+#[kernel]
+pub unsafe fn reduce_partials_f64(partial: DevicePtr<f64>, out: DevicePtrMut<f32>, out_n: u32, chunks: u32) {
+    let mut o = thread::global_idx_x();
+    while o < out_n {
+        let mut acc = 0.0f64;
+        let mut c = 0;
+        while c < chunks {
+            acc += unsafe { partial.read((c * out_n + o) as usize) };
+            c += 1;
+        }
+        unsafe { out.write(o as usize, acc as f32) };
+        o += thread::grid_stride_x();
+    }
+}
+
 /// Maximum along one dimension: input viewed as (outer, len, inner); one thread per (outer, inner)
 /// writes the first maximum and its input offset.
 #[kernel]

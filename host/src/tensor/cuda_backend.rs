@@ -143,6 +143,18 @@ fn pad_walk<const N: usize>(
     Ok((padded, out))
 }
 
+/// The chunk of a split sum over dimensions (`reduce_sum_dims_partial_f32`): `red_n` (no split)
+/// where the outputs alone fill the GPU or the reduction is short; else chunks of at least 64
+/// elements, enough of them that outputs x chunks is about 2^18 threads.
+fn split_sum_chunk(out_n: u32, red_n: u32) -> u32 {
+    const THREADS: u32 = 1 << 18;
+    if out_n >= THREADS / 4 || red_n < 256 {
+        return red_n.max(1);
+    }
+    let chunks = (THREADS / out_n.max(1)).clamp(1, red_n / 64);
+    red_n.div_ceil(chunks)
+}
+
 /// A view the strided kernels cannot take (more than [`MAX_DIMS`] dimensions after merging), said
 /// as what to change.
 fn view_error(e: Error) -> Error {
@@ -501,7 +513,19 @@ impl CudaStorage {
             return Ok(Self::wrap(&self.dev, CudaData::F32(total), 1));
         }
         let mut res = Self::output(&self.dev, out_n)?;
-        if out_n > 0 {
+        let chunk = split_sum_chunk(p.out_n, p.red_n);
+        if out_n > 0 && chunk < p.red_n {
+            // Few outputs over a long reduction: split it (two passes, fixed order).
+            let chunks = p.red_n.div_ceil(chunk);
+            let mut partial = self.dev.zeros::<f64>(out_n * chunks as usize)?;
+            let (_, cfg) = grid(out_n * chunks as usize, "sum")?;
+            let (_, cfg2) = grid(out_n, "sum")?;
+            // SAFETY: every offset is a valid index of `from`; `partial` holds chunks x out_n.
+            unsafe {
+                self.dev.launch(k::ReduceSumDimsPartialF32, cfg, (buf.ptr(), partial.ptr_mut(), p, chunk))?;
+                self.dev.launch(k::ReducePartialsF64, cfg2, (partial.ptr(), res.f32_mut().ptr_mut(), p.out_n, chunks))?;
+            }
+        } else if out_n > 0 {
             let (_, cfg) = grid(out_n, "sum")?;
             // SAFETY: every offset is a valid index of `from`.
             unsafe { self.dev.launch(k::ReduceSumDimsF32, cfg, (buf.ptr(), res.f32_mut().ptr_mut(), p))? };
@@ -916,6 +940,18 @@ mod tests {
         let (d, s) = pad("t", &[3, 5], &[5, 1]).unwrap();
         assert_eq!((d, s), ([1, 1, 3, 5], [0, 0, 5, 1]));
         assert!(matches!(pad("t", &[1; 5], &[0; 5]), Err(Error::Unsupported { op: "t", .. })));
+    }
+
+    #[test]
+    fn long_sums_over_few_outputs_split_into_chunks_of_at_least_64() {
+        // a bias gradient: 384 columns over 16384 rows
+        let c = split_sum_chunk(384, 16384);
+        assert!((64..16384).contains(&c), "{c}");
+        assert!(384 * 16384u32.div_ceil(c) <= 1 << 19);
+        // many outputs or short sums: no split
+        assert_eq!(split_sum_chunk(1 << 17, 16384), 16384);
+        assert_eq!(split_sum_chunk(10, 100), 100);
+        assert_eq!(split_sum_chunk(1, 1 << 20) * (1u32 << 20).div_ceil(split_sum_chunk(1, 1 << 20)) >= 1 << 20, true);
     }
 
     #[test]
