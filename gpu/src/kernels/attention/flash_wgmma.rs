@@ -152,7 +152,11 @@ mod device {
         let q0 = (thread::grid_dim_x() - 1 - thread::block_idx_x()) * BQ;
         let (q_len, kv_len) = (p.q_len, p.kv_len);
         let tile = flash_wgmma_tile_bytes(D);
-        let lay = Layout { base: shared::dynamic_smem_addr(), tile, bars: shared::dynamic_smem_addr() + flash_wgmma_barriers(D) };
+        let lay = Layout {
+            base: shared::dynamic_smem_addr(),
+            tile,
+            bars: shared::dynamic_smem_addr() + flash_wgmma_barriers(D),
+        };
         if lay.base % 1024 != 0 {
             thread::trap();
         }
