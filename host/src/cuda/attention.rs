@@ -444,6 +444,14 @@ fn flash_forward_wgmma<T: FlashElement>(
 ) -> Result<()> {
     let (q, k, v, o, lse) = bufs;
     let bh = shape.batch as u64 * shape.heads as u64;
+    // the kernel's TMA row coordinates are i32
+    let rows = bh * shape.q_len.max(shape.kv_len) as u64;
+    if rows > i32::MAX as u64 {
+        return Err(Error::Unsupported {
+            op: "flash_forward",
+            what: format!("{rows} rows over all heads with Wgmma (its TMA coordinates are i32): split the batch"),
+        });
+    }
     let q_map = dev.tensor_map_cached(q.addr(), &wgmma_qkv_spec(T::DTYPE, bh * shape.q_len as u64, shape.head_dim))?;
     // with no key the kernel loads no K/V tile (every row gets O = 0, LSE = -inf), and a map of 0
     // rows cannot be made: Q's map stands in
