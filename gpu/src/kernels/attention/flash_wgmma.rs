@@ -26,7 +26,7 @@
 //!   query rows); grid `(ceil(q_len / BQ), batch * heads)`, query tiles taken last first.
 //! - **Tiles.** Q 64 x D, K and V [`FLASH_WGMMA_BKV`] x D, each stored as `D / 64` boxes of 64 rows
 //!   of 128 bytes, 128-byte swizzled (the swizzle span is 64 elements). Two stages of K and V.
-//! - **Ring.** `full[s]`: one arrival (the producer's `arrive.expect_tx` of the stage's bytes) plus
+//! - **Ring.** Every wait is bounded and traps on a stall. `full[s]`: one arrival (the producer's `arrive.expect_tx` of the stage's bytes) plus
 //!   the TMA bytes; `empty[s]`: 128 arrivals (every consumer thread, after the stage's products
 //!   have been waited for). Use `j` of stage `j % 2` is phase `j / 2`.
 //! - **Edges.** The maps are 2-D over all heads' rows, so a tile that crosses `kv_len` reads the
@@ -120,6 +120,15 @@ mod device {
         }
     }
 
+    /// Waits for the phase of `bar` with `parity`; a phase that does not complete within
+    /// [`mbarrier::DEFAULT_WAIT_NS`] traps, so a miscounted ring fails the launch instead of hanging.
+    #[inline(always)]
+    unsafe fn wait(bar: u32, parity: u32) {
+        if !unsafe { mbarrier::wait_parity_bounded(bar, parity, mbarrier::DEFAULT_WAIT_NS) } {
+            thread::trap();
+        }
+    }
+
     /// Loads a 64 x D tile starting at global row `row` as `D / 64` boxes, completing on `bar`.
     #[inline(always)]
     unsafe fn load_tile<const D: u32>(dst: u32, map: *const TensorMap, row: u32, bar: u32) {
@@ -189,7 +198,7 @@ mod device {
                 while j < n_tiles {
                     let st = j % ST;
                     if j >= ST {
-                        unsafe { mbarrier::wait_parity(lay.empty(st), ((j / ST) + 1) & 1) };
+                        unsafe { wait(lay.empty(st), ((j / ST) + 1) & 1) };
                     }
                     let row = bh * kv_len + j * BKV;
                     unsafe {
@@ -212,12 +221,12 @@ mod device {
         let mut m = [f32::NEG_INFINITY; 2];
         let mut l = [0.0f32; 2];
         let mut acc = [0.0f32; NO];
-        unsafe { mbarrier::wait_parity(lay.q_full(), 0) };
+        unsafe { wait(lay.q_full(), 0) };
 
         let mut j = 0;
         while j < n_tiles {
             let st = j % ST;
-            unsafe { mbarrier::wait_parity(lay.full(st), (j / ST) & 1) };
+            unsafe { wait(lay.full(st), (j / ST) & 1) };
             let k0 = j * BKV;
 
             // S = Q K^T (64 x 64)
