@@ -56,6 +56,16 @@ pub(crate) fn tests() -> Vec<GpuTest> {
             available: hopper,
             run: |d| matches_f64(d, "flash_fwd_wgmma_f16"),
         },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma2_bf16_matches_f64_sm90",
+            available: hopper,
+            run: |d| matches_f64(d, "flash_fwd_wgmma2_bf16"),
+        },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma2_f16_matches_f64_sm90",
+            available: hopper,
+            run: |d| matches_f64(d, "flash_fwd_wgmma2_f16"),
+        },
         GpuTest { name: "gpu::flash_fwd_wgmma_refusals", available: any, run: wgmma_refusals },
         GpuTest { name: "gpu::flash_forward_same_bits_on_repeat", available: any, run: same_bits },
         GpuTest {
@@ -90,7 +100,7 @@ fn hopper(d: &Device) -> bool {
 
 /// Whether the device runs the table entry `e` (the Hopper rung only on sm_90a).
 fn runs(d: &Device, e: &FlashEntry) -> bool {
-    e.kernel != FlashKernel::Wgmma || hopper(d)
+    !e.kernel.is_hopper() || hopper(d)
 }
 
 /// The Hopper rung's refusals: off sm_90a a typed error that names the device's module and what to

@@ -4,6 +4,7 @@
 //!   FlashKernel::Simt     rung 1: tiled online softmax on CUDA cores     f32, bf16   D 64, 128
 //!   FlashKernel::MmaSync  rung 2: FlashAttention-2 on mma.sync           bf16, f16   D 64, 128
 //!   FlashKernel::Wgmma    rung 3: TMA + wgmma, producer warp (sm_90a)    bf16, f16   D 64, 128
+//!   FlashKernel::Wgmma2   rung 3, two consumer warpgroups (sm_90a)        bf16, f16   D 64, 128
 //! ```
 //!
 //! The backward ([`flash_backward`]) has its own table, [`FlashBwdKernel`]:
@@ -16,7 +17,7 @@
 //! [`flash_backward`] picks the best one for the dtype and head dim ([`flash_backward_kernel`]);
 //! [`flash_backward_with`] runs a chosen one. Both are deterministic (no atomics).
 //!
-//! Every kernel but `Wgmma` runs on every module (sm_80 and newer); `Wgmma` runs only on the sm_90a
+//! Every kernel but `Wgmma` and `Wgmma2` runs on every module (sm_80 and newer); those run only on the sm_90a
 //! module (compute capability 9.0) and is refused elsewhere ([`check_arch`]). It reads Q, K and V
 //! through tensor maps ([`wgmma_qkv_spec`]), made and cached as the wgmma GEMM's are. The
 //! forward's best-kernel choice ([`flash_forward_kernel`]) does not pick it until
@@ -38,8 +39,8 @@ use kiln_gpu::kernels::flash_bwd_simt::{self as bwd, FLASH_BWD_ROWS, FLASH_BWD_T
 use kiln_gpu::kernels::flash_mma::{self as mma, FLASH_MMA_BQ, FLASH_MMA_THREADS, flash_mma_smem_bytes};
 use kiln_gpu::kernels::flash_simt::{self as simt, FLASH_SIMT_BQ, FLASH_SIMT_THREADS, flash_simt_smem_bytes};
 use kiln_gpu::kernels::flash_wgmma::{
-    self as fwg, FLASH_WGMMA_BOX_COLS, FLASH_WGMMA_BOX_ROWS, FLASH_WGMMA_BQ, FLASH_WGMMA_THREADS,
-    flash_wgmma_smem_bytes,
+    self as fwg, FLASH_WGMMA_BOX_COLS, FLASH_WGMMA_BOX_ROWS, FLASH_WGMMA_BQ, FLASH_WGMMA_THREADS, FLASH_WGMMA2_BQ,
+    FLASH_WGMMA2_THREADS, flash_wgmma_smem_bytes, flash_wgmma2_smem_bytes,
 };
 use kiln_gpu::{DevicePtr, DevicePtrMut, Kernel};
 
@@ -98,6 +99,9 @@ pub enum FlashKernel {
     MmaSync,
     /// Rung 3: TMA + `wgmma` with a producer warp (`flash_wgmma`, sm_90a only), bf16 or f16.
     Wgmma,
+    /// Rung 3 with two consumer warpgroups sharing each K/V tile (`flash_fwd_wgmma2_*`, sm_90a
+    /// only), bf16 or f16.
+    Wgmma2,
 }
 
 /// Whether [`flash_forward_kernel`] may pick [`FlashKernel::Wgmma`] on sm_90a. Off until the rung's
@@ -123,7 +127,7 @@ pub fn flash_forward_kernel(dtype: DType, head_dim: u32, arch: kiln_gpu::Arch) -
 /// Refuses a kernel the device's module does not hold: `Wgmma` needs the sm_90a module (compute
 /// capability 9.0); every other kernel runs everywhere.
 pub fn check_arch(kernel: FlashKernel, arch: kiln_gpu::Arch) -> Result<()> {
-    if kernel == FlashKernel::Wgmma && arch != kiln_gpu::Arch::Sm90a {
+    if kernel.is_hopper() && arch != kiln_gpu::Arch::Sm90a {
         return Err(Error::Unsupported {
             op: "flash_forward",
             what: format!(
@@ -171,6 +175,8 @@ pub const FLASH_KERNELS: &[FlashEntry] = &[
     FlashEntry { name: "flash_fwd_mma_f16", kernel: FlashKernel::MmaSync, dtype: DType::F16, rung: 2 },
     FlashEntry { name: "flash_fwd_wgmma_bf16", kernel: FlashKernel::Wgmma, dtype: DType::BF16, rung: 3 },
     FlashEntry { name: "flash_fwd_wgmma_f16", kernel: FlashKernel::Wgmma, dtype: DType::F16, rung: 3 },
+    FlashEntry { name: "flash_fwd_wgmma2_bf16", kernel: FlashKernel::Wgmma2, dtype: DType::BF16, rung: 3 },
+    FlashEntry { name: "flash_fwd_wgmma2_f16", kernel: FlashKernel::Wgmma2, dtype: DType::F16, rung: 3 },
 ];
 
 /// Head dims every flash kernel is built for.
@@ -187,6 +193,7 @@ impl FlashKernel {
             FlashKernel::Simt => FLASH_SIMT_THREADS,
             FlashKernel::MmaSync => FLASH_MMA_THREADS,
             FlashKernel::Wgmma => FLASH_WGMMA_THREADS,
+            FlashKernel::Wgmma2 => FLASH_WGMMA2_THREADS,
         }
     }
     /// Query rows per block.
@@ -195,6 +202,7 @@ impl FlashKernel {
             FlashKernel::Simt => FLASH_SIMT_BQ,
             FlashKernel::MmaSync => FLASH_MMA_BQ,
             FlashKernel::Wgmma => FLASH_WGMMA_BQ,
+            FlashKernel::Wgmma2 => FLASH_WGMMA2_BQ,
         }
     }
     /// Dynamic shared memory per block at head dim `d`.
@@ -203,12 +211,17 @@ impl FlashKernel {
             FlashKernel::Simt => flash_simt_smem_bytes(d),
             FlashKernel::MmaSync => flash_mma_smem_bytes(d),
             FlashKernel::Wgmma => flash_wgmma_smem_bytes(d),
+            FlashKernel::Wgmma2 => flash_wgmma2_smem_bytes(d),
         }
     }
     /// Whether the kernel copies rows in 16-byte chunks or through TMA (buffers 16-byte aligned,
     /// rows of a multiple of 8 elements).
     pub fn needs_16_byte_alignment(self) -> bool {
-        matches!(self, FlashKernel::MmaSync | FlashKernel::Wgmma)
+        matches!(self, FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2)
+    }
+    /// Whether the kernel is a Hopper one (sm_90a module only, Q / K / V through tensor maps).
+    pub fn is_hopper(self) -> bool {
+        matches!(self, FlashKernel::Wgmma | FlashKernel::Wgmma2)
     }
 }
 
@@ -408,8 +421,8 @@ pub fn flash_forward<T: FlashElement>(
         // SAFETY: the caller checked sizes, dtype and alignment.
         unsafe { dev.launch(K::default(), cfg, args::<T, U>(q, k, v, o, lse, p)) }
     }
-    if kernel == FlashKernel::Wgmma {
-        return flash_forward_wgmma(dev, cfg, (q, k, v, o, lse), shape, p);
+    if kernel.is_hopper() {
+        return flash_forward_wgmma(dev, kernel, cfg, (q, k, v, o, lse), shape, p);
     }
     let bufs = (q, k, v, o, lse);
     let d128 = shape.head_dim == 128;
@@ -437,6 +450,7 @@ pub fn flash_forward<T: FlashElement>(
 /// Q, K and V from the device's cache, then the kernel for `T` and the head dim.
 fn flash_forward_wgmma<T: FlashElement>(
     dev: &Device,
+    kernel: FlashKernel,
     cfg: LaunchConfig,
     bufs: Bufs<'_, T>,
     shape: AttentionShape,
@@ -466,14 +480,19 @@ fn flash_forward_wgmma<T: FlashElement>(
     // SAFETY: `check_forward` matched the buffers' sizes to the shape and their alignment to TMA,
     // `check_arch` the device to sm_90a; the maps describe exactly these buffers.
     unsafe {
-        match (T::DTYPE, shape.head_dim == 128) {
-            (DType::BF16, false) => dev.launch(fwg::FlashFwdWgmmaBf16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (DType::BF16, true) => dev.launch(fwg::FlashFwdWgmmaBf16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (DType::F16, false) => dev.launch(fwg::FlashFwdWgmmaF16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (DType::F16, true) => dev.launch(fwg::FlashFwdWgmmaF16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (dtype, _) => Err(Error::Unsupported {
+        let pair = kernel == FlashKernel::Wgmma2;
+        match (T::DTYPE, shape.head_dim == 128, pair) {
+            (DType::BF16, false, false) => dev.launch(fwg::FlashFwdWgmmaBf16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::BF16, true, false) => dev.launch(fwg::FlashFwdWgmmaBf16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::F16, false, false) => dev.launch(fwg::FlashFwdWgmmaF16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::F16, true, false) => dev.launch(fwg::FlashFwdWgmmaF16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::BF16, false, true) => dev.launch(fwg::FlashFwdWgmma2Bf16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::BF16, true, true) => dev.launch(fwg::FlashFwdWgmma2Bf16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::F16, false, true) => dev.launch(fwg::FlashFwdWgmma2F16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::F16, true, true) => dev.launch(fwg::FlashFwdWgmma2F16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (dtype, _, _) => Err(Error::Unsupported {
                 op: "flash_forward",
-                what: format!("{dtype:?} with Wgmma: not in the kernel table"),
+                what: format!("{dtype:?} with {kernel:?}: not in the kernel table"),
             }),
         }
     }
@@ -525,7 +544,7 @@ impl FlashBwdKernel {
         match k {
             FlashKernel::Simt => FlashBwdKernel::Simt,
             // the Hopper rung has no backward of its own yet: mma.sync's takes its O and LSE
-            FlashKernel::MmaSync | FlashKernel::Wgmma => FlashBwdKernel::MmaSync,
+            FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2 => FlashBwdKernel::MmaSync,
         }
     }
     /// Whether this kernel runs `dtype` at head dim `head_dim`.
@@ -885,6 +904,10 @@ mod tests {
         // Q, two stages of K and V, five barriers; under the 227 KiB opt-in of Hopper
         assert_eq!(FlashKernel::Wgmma.smem_bytes(64), 5 * 8192 + 40);
         assert_eq!(FlashKernel::Wgmma.smem_bytes(128), 5 * 16384 + 40);
+        assert_eq!(FlashKernel::Wgmma2.smem_bytes(128), 6 * 16384 + 40);
+        assert!(check_arch(FlashKernel::Wgmma2, Arch::Sm80).is_err());
+        assert_eq!(FlashKernel::Wgmma2.threads(), 288);
+        assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma2), FlashBwdKernel::MmaSync);
         let e = check_forward(FlashKernel::Wgmma, DType::BF16, SHAPE, 0.1, lens(SHAPE), [0, 8, 0, 0, 0]).unwrap_err();
         assert!(e.to_string().contains("16-byte"), "{e}");
     }

@@ -41,7 +41,12 @@
 //! - **O += P V.** 4 wgmma `m64nDk16` with P from registers (two n8 blocks of S are one k16 A
 //!   fragment) and V read MN-major (the GEMM's `mn_descriptor`: 64-column boxes 8192 bytes apart).
 //!
-//! Shared memory: [`flash_wgmma_smem_bytes`] (Q, two stages of K and V, five mbarriers).
+//! - **Two consumers** (`flash_fwd_wgmma2_*`): warps 0-7 are two consumer warpgroups, each with its
+//!   own 64-row Q tile, both reading every K/V stage (`empty[s]` counts 256 arrivals); warp 8
+//!   produces. A block owns 128 query rows, so each K/V tile loaded serves twice the rows.
+//!
+//! Shared memory: [`flash_wgmma_smem_bytes`] (Q, two stages of K and V, five mbarriers), or
+//! [`flash_wgmma2_smem_bytes`] (two Q tiles).
 
 use super::attention::AttentionParams;
 use crate::tma::TensorMap;
@@ -77,6 +82,17 @@ pub const fn flash_wgmma_smem_bytes(d: u32) -> u32 {
     flash_wgmma_barriers(d) + (1 + 2 * FLASH_WGMMA_STAGES) * 8
 }
 
+/// Query rows per block of the two-consumer kernels (`flash_fwd_wgmma2_*`): 64 per warpgroup.
+pub const FLASH_WGMMA2_BQ: u32 = 128;
+/// Threads per block of the two-consumer kernels: two consumer warpgroups and one producer warp.
+pub const FLASH_WGMMA2_THREADS: u32 = 288;
+
+/// Dynamic shared memory of the two-consumer kernels at head dim `d`: two Q tiles (one per
+/// consumer), two stages of K and V, and the barriers.
+pub const fn flash_wgmma2_smem_bytes(d: u32) -> u32 {
+    (2 + 2 * FLASH_WGMMA_STAGES) * flash_wgmma_tile_bytes(d) + (1 + 2 * FLASH_WGMMA_STAGES) * 8
+}
+
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod device {
     use super::*;
@@ -92,22 +108,25 @@ mod device {
     /// 128 bytes of one 64-column box row, 64 rows per box.
     const BOX_BYTES: u32 = FLASH_WGMMA_BOX_ROWS * FLASH_WGMMA_BOX_COLS * 2;
 
+    /// Shared memory of a block with `cons` consumer warpgroups: `cons` Q tiles, then K and V of
+    /// each stage, then the barriers.
     #[derive(Clone, Copy)]
     struct Layout {
         base: u32,
         tile: u32,
+        cons: u32,
         bars: u32,
     }
 
     impl Layout {
-        fn q(self) -> u32 {
-            self.base
+        fn q(self, c: u32) -> u32 {
+            self.base + c * self.tile
         }
         fn k(self, st: u32) -> u32 {
-            self.base + (1 + 2 * st) * self.tile
+            self.base + (self.cons + 2 * st) * self.tile
         }
         fn v(self, st: u32) -> u32 {
-            self.base + (2 + 2 * st) * self.tile
+            self.base + (self.cons + 1 + 2 * st) * self.tile
         }
         fn q_full(self) -> u32 {
             self.bars
@@ -147,7 +166,7 @@ mod device {
     }
 
     #[inline(always)]
-    pub(super) unsafe fn flash_wgmma<const F16: bool, const D: u32, const NO: usize>(
+    pub(super) unsafe fn flash_wgmma<const F16: bool, const D: u32, const NO: usize, const CONS: u32>(
         q_map: *const TensorMap,
         k_map: *const TensorMap,
         v_map: *const TensorMap,
@@ -155,28 +174,26 @@ mod device {
         lse: DevicePtrMut<f32>,
         p: AttentionParams,
     ) {
-        const { assert!(NO as u32 == D / 2 && (D == 64 || D == 128)) };
+        const { assert!(NO as u32 == D / 2 && (D == 64 || D == 128) && (CONS == 1 || CONS == 2)) };
         let tid = thread::thread_idx_x();
         let bh = thread::block_idx_y();
-        let q0 = (thread::grid_dim_x() - 1 - thread::block_idx_x()) * BQ;
+        // the block's first query row (each consumer warpgroup owns 64 rows from q0 + 64 c)
+        let q0 = (thread::grid_dim_x() - 1 - thread::block_idx_x()) * BQ * CONS;
         let (q_len, kv_len) = (p.q_len, p.kv_len);
         let tile = flash_wgmma_tile_bytes(D);
-        let lay = Layout {
-            base: shared::dynamic_smem_addr(),
-            tile,
-            bars: shared::dynamic_smem_addr() + flash_wgmma_barriers(D),
-        };
+        let base = shared::dynamic_smem_addr();
+        let lay = Layout { base, tile, cons: CONS, bars: base + (CONS + 2 * ST) * tile };
         if lay.base % 1024 != 0 {
             thread::trap();
         }
-        let n_tiles = p.keys_for_rows(q0, BQ).div_ceil(BKV);
+        let n_tiles = p.keys_for_rows(q0, BQ * CONS).div_ceil(BKV);
         if tid == 0 {
             unsafe {
                 mbarrier::init(lay.q_full(), 1);
                 let mut st = 0;
                 while st < ST {
                     mbarrier::init(lay.full(st), 1);
-                    mbarrier::init(lay.empty(st), 128);
+                    mbarrier::init(lay.empty(st), 128 * CONS);
                     st += 1;
                 }
             }
@@ -184,15 +201,30 @@ mod device {
         }
         sync::sync_threads();
 
-        if tid >= 128 {
+        if tid >= 128 * CONS {
             // the producer warp: lane 0 issues every copy
-            if tid == 128 {
+            if tid == 128 * CONS {
+                // a consumer's Q tile that starts past the last head's rows is not loaded (its rows
+                // are never stored): only boxes that start inside the tensor are counted
+                let q_rows = p.heads_total() * q_len;
+                let mut loads = 0;
+                let mut c = 0;
+                while c < CONS {
+                    if bh * q_len + q0 + c * BQ < q_rows {
+                        loads += 1;
+                    }
+                    c += 1;
+                }
                 unsafe {
                     tma::prefetch(q_map);
                     tma::prefetch(k_map);
                     tma::prefetch(v_map);
-                    mbarrier::arrive_expect_tx(lay.q_full(), tile);
-                    load_tile::<D>(lay.q(), q_map, bh * q_len + q0, lay.q_full());
+                    mbarrier::arrive_expect_tx(lay.q_full(), loads * tile);
+                    let mut c = 0;
+                    while c < loads {
+                        load_tile::<D>(lay.q(c), q_map, bh * q_len + q0 + c * BQ, lay.q_full());
+                        c += 1;
+                    }
                 }
                 let mut j = 0;
                 while j < n_tiles {
@@ -212,11 +244,14 @@ mod device {
             return;
         }
 
-        // the consumer warpgroup
-        let (lane, w) = (tid % 32, tid / 32);
+        // consumer warpgroup `cw`: rows q0 + 64 cw .. + 64, warp w of it rows 16 w .. 16 w + 16
+        let cw = tid / 128;
+        let (lane, w) = (tid % 32, (tid % 128) / 32);
         let (g, tq) = (lane / 4, lane % 4);
+        let r0 = q0 + cw * BQ;
+        let q_tile = lay.q(cw);
         let wrow = w * 16;
-        let rows = [q0 + wrow + g, q0 + wrow + g + 8];
+        let rows = [r0 + wrow + g, r0 + wrow + g + 8];
         let scale_log2 = p.scale * core::f32::consts::LOG2_E;
         let mut m = [f32::NEG_INFINITY; 2];
         let mut l = [0.0f32; 2];
@@ -234,13 +269,15 @@ mod device {
             wgmma::fence();
             let mut ks = 0;
             while ks < D / 16 {
-                unsafe { wgmma::mma_m64n64k16_ss::<F16>(&mut s, kmajor(lay.q(), ks), kmajor(lay.k(st), ks), ks > 0) };
+                unsafe { wgmma::mma_m64n64k16_ss::<F16>(&mut s, kmajor(q_tile, ks), kmajor(lay.k(st), ks), ks > 0) };
                 ks += 1;
             }
             wgmma::commit_group();
             unsafe { wgmma::wait_group_m64n64::<0>(&mut s) };
 
-            if p.tile_needs_mask(q0, k0, BKV) {
+            // (with two consumers and the causal mask, the first one's last tiles may be wholly
+            // masked: its rows keep their state, P = 0)
+            if p.tile_needs_mask(r0, k0, BKV) {
                 let vis = [p.visible_keys(rows[0]), p.visible_keys(rows[1])];
                 let mut i = 0;
                 while i < 32 {
@@ -356,17 +393,18 @@ mod device {
 }
 
 macro_rules! flash_wgmma_kernels {
-    ($($(#[$doc:meta])+ $name:ident: $ty:ty, $f16:literal, $d:literal;)*) => {$(
+    ($($(#[$doc:meta])+ $name:ident: $ty:ty, $f16:literal, $d:literal, $cons:literal, $threads:literal;)*) => {$(
         $(#[$doc])+
         ///
         /// Parameters: `q_map`, `k_map`, `v_map` (tensor maps in global memory over Q as
         /// `[batch * heads * q_len, head_dim]` and K, V as `[batch * heads * kv_len, head_dim]`, box
         /// 64 x 64, 128-byte swizzle), `o` (output, the shape of Q, 4-byte aligned), `lse`
-        /// (`batch * heads * q_len` f32), `p` (the problem). Grid `(ceil(q_len / FLASH_WGMMA_BQ),
-        /// batch * heads)`; block [`FLASH_WGMMA_THREADS`] (warps 0-3 consume, warp 4 produces);
-        /// dynamic shared memory `flash_wgmma_smem_bytes(head_dim)`. Tiling and thread mapping: the
-        /// module docs.
-        #[kernel(arch = "sm_90a", max_threads = 160)]
+        /// (`batch * heads * q_len` f32), `p` (the problem). Grid `(ceil(q_len / (64 C)), batch *
+        /// heads)` for `C` consumer warpgroups; block `128 C + 32` threads (warps `0..4 C`
+        /// consume, 64 query rows per warpgroup; the last warp produces); dynamic shared memory
+        /// `flash_wgmma_smem_bytes(head_dim)` (C = 1) or `flash_wgmma2_smem_bytes(head_dim)` (C =
+        /// 2). Tiling and thread mapping: the module docs.
+        #[kernel(arch = "sm_90a", max_threads = $threads)]
         pub unsafe fn $name(
             q_map: DevicePtr<TensorMap>,
             k_map: DevicePtr<TensorMap>,
@@ -376,7 +414,7 @@ macro_rules! flash_wgmma_kernels {
             p: AttentionParams,
         ) {
             unsafe {
-                device::flash_wgmma::<$f16, $d, { $d / 2 }>(
+                device::flash_wgmma::<$f16, $d, { $d / 2 }, $cons>(
                     q_map.as_ptr(),
                     k_map.as_ptr(),
                     v_map.as_ptr(),
@@ -390,12 +428,25 @@ macro_rules! flash_wgmma_kernels {
 }
 
 flash_wgmma_kernels! {
-    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), bf16 in and out, head dim 64.
-    flash_fwd_wgmma_bf16_d64: bf16, false, 64;
-    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), bf16 in and out, head dim 128.
-    flash_fwd_wgmma_bf16_d128: bf16, false, 128;
-    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), f16 in and out, head dim 64.
-    flash_fwd_wgmma_f16_d64: f16, true, 64;
-    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), f16 in and out, head dim 128.
-    flash_fwd_wgmma_f16_d128: f16, true, 128;
+    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), bf16 in and out, head dim 64; one
+    /// consumer warpgroup.
+    flash_fwd_wgmma_bf16_d64: bf16, false, 64, 1, 160;
+    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), bf16 in and out, head dim 128; one
+    /// consumer warpgroup.
+    flash_fwd_wgmma_bf16_d128: bf16, false, 128, 1, 160;
+    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), f16 in and out, head dim 64; one
+    /// consumer warpgroup.
+    flash_fwd_wgmma_f16_d64: f16, true, 64, 1, 160;
+    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), f16 in and out, head dim 128; one
+    /// consumer warpgroup.
+    flash_fwd_wgmma_f16_d128: f16, true, 128, 1, 160;
+    /// The two-consumer form (128 query rows per block, K/V tiles shared by both warpgroups), bf16,
+    /// head dim 64.
+    flash_fwd_wgmma2_bf16_d64: bf16, false, 64, 2, 288;
+    /// The two-consumer form, bf16, head dim 128.
+    flash_fwd_wgmma2_bf16_d128: bf16, false, 128, 2, 288;
+    /// The two-consumer form, f16, head dim 64.
+    flash_fwd_wgmma2_f16_d64: f16, true, 64, 2, 288;
+    /// The two-consumer form, f16, head dim 128.
+    flash_fwd_wgmma2_f16_d128: f16, true, 128, 2, 288;
 }
