@@ -442,6 +442,114 @@ mod device {
         };
     }
 
+    /// One `wgmma.mma_async` with both operands from shared memory, K-major (no transpose), element
+    /// type `$ty` (`"bf16"` or `"f16"`): accumulators `$d[0..]` listed by index, scale-d from `$acc`.
+    macro_rules! wgmma_ss_typed {
+        ($ty:literal, $shape:literal, $d:ident, $a:ident, $b:ident, $acc:ident; $($i:literal),+) => {
+            asm!(
+                concat!(
+                    "{{ .reg .pred p; setp.ne.b32 p, {acc}, 0;\n",
+                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.", $ty, ".", $ty, " {{{0}",
+                    $(", {", stringify!($i), "}",)+
+                    "}}, {a}, {b}, p, 1, 1, 0, 0; }}"
+                ),
+                inout(reg32) $d[0],
+                $(inout(reg32) $d[$i],)+
+                a = in(reg64) $a,
+                b = in(reg64) $b,
+                acc = in(reg32) $acc as u32,
+                options(nostack)
+            )
+        };
+    }
+
+    /// One `wgmma.mma_async` with A from registers (`$a`, four 32-bit words of packed pairs, the
+    /// `mma.m16n8k16` A fragment of the warp's 16 rows) and B from shared memory read MN-major
+    /// (transpose bit set), element type `$ty`; always accumulates.
+    macro_rules! wgmma_rs_typed_tb {
+        ($ty:literal, $shape:literal, $d:ident, $a:ident, $b:ident; $($i:literal),+) => {
+            asm!(
+                concat!(
+                    "{{ .reg .pred p; setp.eq.u32 p, 1, 1;\n",
+                    "wgmma.mma_async.sync.aligned.", $shape, ".f32.", $ty, ".", $ty, " {{{0}",
+                    $(", {", stringify!($i), "}",)+
+                    "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, 1; }}"
+                ),
+                inout(reg32) $d[0],
+                $(inout(reg32) $d[$i],)+
+                a0 = in(reg32) $a[0],
+                a1 = in(reg32) $a[1],
+                a2 = in(reg32) $a[2],
+                a3 = in(reg32) $a[3],
+                b = in(reg64) $b,
+                options(nostack)
+            )
+        };
+    }
+
+    /// One warpgroup-wide `D (+)= A B` on a 64 x 64 x 16 tile, A and B from shared memory through
+    /// descriptors, both K-major, bf16 (`F16 = false`) or f16 (`F16 = true`) inputs, f32
+    /// accumulators (32 per thread, [`super::acc_m64`]). `accumulate = false` overwrites D.
+    ///
+    /// PTX: `wgmma.mma_async.sync.aligned.m64n64k16.f32.{bf16,f16}.{bf16,f16} {d0..d31}, a_desc, b_desc, p, 1, 1, 0, 0;`
+    ///
+    /// # Safety
+    /// As [`mma_m64n128k16_bf16`]: the whole warpgroup, converged, after [`fence`]; results valid
+    /// after [`commit_group`] and [`wait_group_m64n64`].
+    #[inline(always)]
+    pub unsafe fn mma_m64n64k16_ss<const F16: bool>(d: &mut [f32; 32], a_desc: u64, b_desc: u64, accumulate: bool) {
+        if F16 {
+            unsafe {
+                wgmma_ss_typed!("f16", "m64n64k16", d, a_desc, b_desc, accumulate; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
+            };
+        } else {
+            unsafe {
+                wgmma_ss_typed!("bf16", "m64n64k16", d, a_desc, b_desc, accumulate; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
+            };
+        }
+    }
+
+    /// `D += A B` on a 64 x 64 x 16 tile with A from registers (`a`: the thread's four words of
+    /// packed bf16 / f16 pairs, laid out as the `mma.m16n8k16` A fragment of its warp's 16 rows)
+    /// and B from shared memory, MN-major (the transpose bit set: B stored k rows of n), f32
+    /// accumulators (32 per thread).
+    ///
+    /// PTX: `wgmma.mma_async.sync.aligned.m64n64k16.f32.{bf16,f16}.{bf16,f16} {d0..d31}, {a0, a1, a2, a3}, b_desc, p, 1, 1, 1;`
+    ///
+    /// # Safety
+    /// As [`mma_m64n64k16_ss`]; `a` must not be changed until the group is waited for.
+    #[inline(always)]
+    pub unsafe fn mma_m64n64k16_rs_tb<const F16: bool>(d: &mut [f32; 32], a: [u32; 4], b_desc: u64) {
+        if F16 {
+            unsafe {
+                wgmma_rs_typed_tb!("f16", "m64n64k16", d, a, b_desc; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
+            };
+        } else {
+            unsafe {
+                wgmma_rs_typed_tb!("bf16", "m64n64k16", d, a, b_desc; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
+            };
+        }
+    }
+
+    /// The 64 x 128 x 16 form of [`mma_m64n64k16_rs_tb`] (64 accumulators per thread).
+    ///
+    /// PTX: `wgmma.mma_async.sync.aligned.m64n128k16.f32.{bf16,f16}.{bf16,f16} {d0..d63}, {a0, a1, a2, a3}, b_desc, p, 1, 1, 1;`
+    ///
+    /// # Safety
+    /// As [`mma_m64n64k16_rs_tb`]; results valid after [`wait_group_m64n128`].
+    #[inline(always)]
+    pub unsafe fn mma_m64n128k16_rs_tb<const F16: bool>(d: &mut [f32; 64], a: [u32; 4], b_desc: u64) {
+        if F16 {
+            unsafe {
+                wgmma_rs_typed_tb!("f16", "m64n128k16", d, a, b_desc; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+            };
+        } else {
+            unsafe {
+                wgmma_rs_typed_tb!("bf16", "m64n128k16", d, a, b_desc; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+            };
+        }
+    }
+
     /// Raises this warpgroup's per-thread register budget to `N` (24..=256, a multiple of 8),
     /// waiting until the registers are free: consumer warpgroups take what producers released.
     ///

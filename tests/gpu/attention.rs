@@ -1,5 +1,5 @@
 //! The flash attention forward kernels against the f64 reference (`kiln::attention`): every kernel
-//! of the table, head dims 64 and 128, lengths 1, 17, 129 and 1000, query and key lengths that
+//! of the table (the Hopper rung `flash_fwd_wgmma_*` only on sm_90a), head dims 64 and 128, lengths 1, 17, 129 and 1000, query and key lengths that
 //! differ both ways, causal and not, fresh random inputs, outputs poisoned (NaN) before each
 //! launch; the same bits on a repeated launch; typed refusals. The backward (CUDA cores, f32 and
 //! bf16; `mma.sync`, bf16 and f16) against the f64 reference's gradients (dQ, dK, dV poisoned,
@@ -46,6 +46,27 @@ pub(crate) fn tests() -> Vec<GpuTest> {
             available: any,
             run: |d| matches_f64(d, "flash_fwd_mma_f16"),
         },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma_bf16_matches_f64_sm90",
+            available: hopper,
+            run: |d| matches_f64(d, "flash_fwd_wgmma_bf16"),
+        },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma_f16_matches_f64_sm90",
+            available: hopper,
+            run: |d| matches_f64(d, "flash_fwd_wgmma_f16"),
+        },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma2_bf16_matches_f64_sm90",
+            available: hopper,
+            run: |d| matches_f64(d, "flash_fwd_wgmma2_bf16"),
+        },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma2_f16_matches_f64_sm90",
+            available: hopper,
+            run: |d| matches_f64(d, "flash_fwd_wgmma2_f16"),
+        },
+        GpuTest { name: "gpu::flash_fwd_wgmma_refusals", available: any, run: wgmma_refusals },
         GpuTest { name: "gpu::flash_forward_same_bits_on_repeat", available: any, run: same_bits },
         GpuTest {
             name: "gpu::flash_bwd_simt_f32_matches_f64",
@@ -70,6 +91,46 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::flash_forward_refuses_with_typed_errors", available: any, run: refusals },
         GpuTest { name: "gpu::attention_command_runs_every_kernel", available: any, run: command },
     ]
+}
+
+/// Whether the device runs the Hopper rung (`flash_fwd_wgmma_*`, sm_90a module only).
+fn hopper(d: &Device) -> bool {
+    d.supports::<kiln::gpu::kernels::flash_wgmma::FlashFwdWgmmaBf16D64>()
+}
+
+/// Whether the device runs the table entry `e` (the Hopper rung only on sm_90a).
+fn runs(d: &Device, e: &FlashEntry) -> bool {
+    !e.kernel.is_hopper() || hopper(d)
+}
+
+/// The Hopper rung's refusals: off sm_90a a typed error that names the device's module and what to
+/// use; on sm_90a a dtype it does not take (f32) and a head dim it is not built for.
+fn wgmma_refusals(dev: &Device) -> Outcome {
+    let s = AttentionShape { batch: 1, heads: 2, q_len: 17, kv_len: 33, head_dim: 64 };
+    let mut lse = dev.zeros::<f32>(s.lse_elems()).map_err(err)?;
+    let (q, k) = (dev.zeros::<bf16>(s.q_elems()).map_err(err)?, dev.zeros::<bf16>(s.kv_elems()).map_err(err)?);
+    let mut o = dev.zeros::<bf16>(s.q_elems()).map_err(err)?;
+    let r = flash_forward(dev, FlashKernel::Wgmma, &q, &k, &k, &mut o, &mut lse, s, false, 0.125);
+    if !hopper(dev) {
+        return match r {
+            Err(Error::Unsupported { what, .. }) if what.contains("sm_90a") && what.contains("MmaSync") => Ok(()),
+            other => Err(format!("Wgmma off sm_90a gave {other:?}")),
+        };
+    }
+    r.map_err(err)?;
+    let (qf, kf) = (dev.zeros::<f32>(s.q_elems()).map_err(err)?, dev.zeros::<f32>(s.kv_elems()).map_err(err)?);
+    let mut of = dev.zeros::<f32>(s.q_elems()).map_err(err)?;
+    match flash_forward(dev, FlashKernel::Wgmma, &qf, &kf, &kf, &mut of, &mut lse, s, false, 0.125) {
+        Err(Error::Unsupported { what, .. }) if what.contains("flash_fwd_simt_f32") => {}
+        other => return Err(format!("Wgmma on f32 gave {other:?}")),
+    }
+    let s96 = AttentionShape { head_dim: 96, ..s };
+    let (q, k) = (dev.zeros::<bf16>(s96.q_elems()).map_err(err)?, dev.zeros::<bf16>(s96.kv_elems()).map_err(err)?);
+    let mut o = dev.zeros::<bf16>(s96.q_elems()).map_err(err)?;
+    match flash_forward(dev, FlashKernel::Wgmma, &q, &k, &k, &mut o, &mut lse, s96, true, 0.1) {
+        Err(Error::Unsupported { what, .. }) if what.contains("head dim 96") => Ok(()),
+        other => Err(format!("Wgmma at head dim 96 gave {other:?}")),
+    }
 }
 
 /// Host rounding to the kernel's element type and back, and its NaN poison.
@@ -200,7 +261,7 @@ fn matches_f64(dev: &Device, name: &str) -> Outcome {
 
 fn same_bits(dev: &Device) -> Outcome {
     let (mut rng, seed) = testing::rng();
-    for e in FLASH_KERNELS {
+    for e in FLASH_KERNELS.iter().filter(|e| runs(dev, e)) {
         for d in [64u32, 128] {
             let s = AttentionShape { batch: 2, heads: 3, q_len: 129, kv_len: 200, head_dim: d };
             // the same inputs twice: a generator cloned before each launch
@@ -283,7 +344,7 @@ fn refusals(dev: &Device) -> Outcome {
 
 fn command(dev: &Device) -> Outcome {
     let s = AttentionShape { batch: 2, heads: 2, q_len: 129, kv_len: 200, head_dim: 64 };
-    for e in FLASH_KERNELS {
+    for e in FLASH_KERNELS.iter().filter(|e| runs(dev, e)) {
         for causal in [false, true] {
             // every rung runs the backward of its rung too, checked against the f64 reference
             let backward = true;

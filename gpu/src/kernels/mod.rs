@@ -29,6 +29,8 @@ pub mod flash_bwd_simt;
 pub mod flash_mma;
 #[path = "attention/flash_simt.rs"]
 pub mod flash_simt;
+#[path = "attention/flash_wgmma.rs"]
+pub mod flash_wgmma;
 #[path = "gemm/gemm_tcgen05.rs"]
 pub mod gemm_tcgen05;
 #[path = "gemm/gemm_wgmma.rs"]

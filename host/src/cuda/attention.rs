@@ -3,6 +3,8 @@
 //! ```text
 //!   FlashKernel::Simt     rung 1: tiled online softmax on CUDA cores     f32, bf16   D 64, 128
 //!   FlashKernel::MmaSync  rung 2: FlashAttention-2 on mma.sync           bf16, f16   D 64, 128
+//!   FlashKernel::Wgmma    rung 3: TMA + wgmma, producer warp (sm_90a)    bf16, f16   D 64, 128
+//!   FlashKernel::Wgmma2   rung 3, two consumer warpgroups (sm_90a)        bf16, f16   D 64, 128
 //! ```
 //!
 //! The backward ([`flash_backward`]) has its own table, [`FlashBwdKernel`]:
@@ -15,7 +17,11 @@
 //! [`flash_backward`] picks the best one for the dtype and head dim ([`flash_backward_kernel`]);
 //! [`flash_backward_with`] runs a chosen one. Both are deterministic (no atomics).
 //!
-//! Every kernel runs on every module (sm_80 and newer). [`flash_forward`] checks the buffers
+//! Every kernel but `Wgmma` and `Wgmma2` runs on every module (sm_80 and newer); those run only on the sm_90a
+//! module (compute capability 9.0) and is refused elsewhere ([`check_arch`]). It reads Q, K and V
+//! through tensor maps ([`wgmma_qkv_spec`]), made and cached as the wgmma GEMM's are. The
+//! forward's best-kernel choice ([`flash_forward_kernel`]) does not pick it until
+//! [`FLASH_WGMMA_DISPATCH`] is switched on. [`flash_forward`] checks the buffers
 //! against the shape, the dtype and head dim against the kernel, the alignment the kernel's
 //! 16-byte copies need, the grid and the shared memory, and refuses the rest with an error that
 //! says what to change. The layout and the causal mask (bottom-right aligned) are
@@ -32,6 +38,10 @@ use kiln_gpu::kernels::flash_bwd_mma::{
 use kiln_gpu::kernels::flash_bwd_simt::{self as bwd, FLASH_BWD_ROWS, FLASH_BWD_THREADS, flash_bwd_smem_bytes};
 use kiln_gpu::kernels::flash_mma::{self as mma, FLASH_MMA_BQ, FLASH_MMA_THREADS, flash_mma_smem_bytes};
 use kiln_gpu::kernels::flash_simt::{self as simt, FLASH_SIMT_BQ, FLASH_SIMT_THREADS, flash_simt_smem_bytes};
+use kiln_gpu::kernels::flash_wgmma::{
+    self as fwg, FLASH_WGMMA_BOX_COLS, FLASH_WGMMA_BOX_ROWS, FLASH_WGMMA_BQ, FLASH_WGMMA_THREADS, FLASH_WGMMA2_BQ,
+    FLASH_WGMMA2_THREADS, flash_wgmma_smem_bytes, flash_wgmma2_smem_bytes,
+};
 use kiln_gpu::{DevicePtr, DevicePtrMut, Kernel};
 
 /// The shape of one attention problem: Q and O are `[batch, heads, q_len, head_dim]`, K and V
@@ -87,6 +97,60 @@ pub enum FlashKernel {
     Simt,
     /// Rung 2: FlashAttention-2 on `mma.sync` (`flash_mma`), bf16 or f16.
     MmaSync,
+    /// Rung 3: TMA + `wgmma` with a producer warp (`flash_wgmma`, sm_90a only), bf16 or f16.
+    Wgmma,
+    /// Rung 3 with two consumer warpgroups sharing each K/V tile (`flash_fwd_wgmma2_*`, sm_90a
+    /// only), bf16 or f16.
+    Wgmma2,
+}
+
+/// Whether [`flash_forward_kernel`] may pick [`FlashKernel::Wgmma`] on sm_90a. Off until the rung's
+/// GPU tests pass on the device; the lead switches it.
+pub const FLASH_WGMMA_DISPATCH: bool = false;
+
+/// The forward kernel the attention op should run for `dtype` at `head_dim` on a device whose
+/// module is `arch`: the best verified one (`MmaSync` for bf16 / f16, `Wgmma` instead on sm_90a
+/// once [`FLASH_WGMMA_DISPATCH`] is on, `Simt` for f32), or `None` where no kernel takes the pair.
+pub fn flash_forward_kernel(dtype: DType, head_dim: u32, arch: kiln_gpu::Arch) -> Option<FlashKernel> {
+    if !FLASH_HEAD_DIMS.contains(&head_dim) {
+        return None;
+    }
+    let wgmma = FLASH_WGMMA_DISPATCH && arch == kiln_gpu::Arch::Sm90a;
+    let order: &[FlashKernel] = if wgmma {
+        &[FlashKernel::Wgmma, FlashKernel::MmaSync, FlashKernel::Simt]
+    } else {
+        &[FlashKernel::MmaSync, FlashKernel::Simt]
+    };
+    order.iter().copied().find(|k| k.dtypes().contains(&dtype))
+}
+
+/// Refuses a kernel the device's module does not hold: `Wgmma` needs the sm_90a module (compute
+/// capability 9.0); every other kernel runs everywhere.
+pub fn check_arch(kernel: FlashKernel, arch: kiln_gpu::Arch) -> Result<()> {
+    if kernel.is_hopper() && arch != kiln_gpu::Arch::Sm90a {
+        return Err(Error::Unsupported {
+            op: "flash_forward",
+            what: format!(
+                "{kernel:?} needs an sm_90a device (Hopper, compute capability 9.0); this device loads the {arch:?} module: use MmaSync"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The tensor map `flash_fwd_wgmma_*` reads Q (`rows = batch * heads * q_len`) or K / V (`rows =
+/// batch * heads * kv_len`) through: a `[rows, head_dim]` 16-bit matrix, boxes of 64 rows by 64
+/// columns, 128-byte swizzle.
+pub fn wgmma_qkv_spec(dtype: DType, rows: u64, head_dim: u32) -> crate::cuda::TensorMapSpec {
+    crate::cuda::TensorMapSpec {
+        dtype: if dtype == DType::F16 { crate::cuda::TmaDtype::F16 } else { crate::cuda::TmaDtype::Bf16 },
+        rows,
+        cols: head_dim as u64,
+        row_pitch: head_dim as u64,
+        box_rows: FLASH_WGMMA_BOX_ROWS,
+        box_cols: FLASH_WGMMA_BOX_COLS,
+        swizzle: kiln_gpu::swizzle::Swizzle::B128,
+    }
 }
 
 /// One row of the kernel table: a kernel and the dtype it runs, under the name `kiln attention
@@ -109,6 +173,10 @@ pub const FLASH_KERNELS: &[FlashEntry] = &[
     FlashEntry { name: "flash_fwd_simt_bf16", kernel: FlashKernel::Simt, dtype: DType::BF16, rung: 1 },
     FlashEntry { name: "flash_fwd_mma_bf16", kernel: FlashKernel::MmaSync, dtype: DType::BF16, rung: 2 },
     FlashEntry { name: "flash_fwd_mma_f16", kernel: FlashKernel::MmaSync, dtype: DType::F16, rung: 2 },
+    FlashEntry { name: "flash_fwd_wgmma_bf16", kernel: FlashKernel::Wgmma, dtype: DType::BF16, rung: 3 },
+    FlashEntry { name: "flash_fwd_wgmma_f16", kernel: FlashKernel::Wgmma, dtype: DType::F16, rung: 3 },
+    FlashEntry { name: "flash_fwd_wgmma2_bf16", kernel: FlashKernel::Wgmma2, dtype: DType::BF16, rung: 3 },
+    FlashEntry { name: "flash_fwd_wgmma2_f16", kernel: FlashKernel::Wgmma2, dtype: DType::F16, rung: 3 },
 ];
 
 /// Head dims every flash kernel is built for.
@@ -124,6 +192,8 @@ impl FlashKernel {
         match self {
             FlashKernel::Simt => FLASH_SIMT_THREADS,
             FlashKernel::MmaSync => FLASH_MMA_THREADS,
+            FlashKernel::Wgmma => FLASH_WGMMA_THREADS,
+            FlashKernel::Wgmma2 => FLASH_WGMMA2_THREADS,
         }
     }
     /// Query rows per block.
@@ -131,6 +201,8 @@ impl FlashKernel {
         match self {
             FlashKernel::Simt => FLASH_SIMT_BQ,
             FlashKernel::MmaSync => FLASH_MMA_BQ,
+            FlashKernel::Wgmma => FLASH_WGMMA_BQ,
+            FlashKernel::Wgmma2 => FLASH_WGMMA2_BQ,
         }
     }
     /// Dynamic shared memory per block at head dim `d`.
@@ -138,12 +210,18 @@ impl FlashKernel {
         match self {
             FlashKernel::Simt => flash_simt_smem_bytes(d),
             FlashKernel::MmaSync => flash_mma_smem_bytes(d),
+            FlashKernel::Wgmma => flash_wgmma_smem_bytes(d),
+            FlashKernel::Wgmma2 => flash_wgmma2_smem_bytes(d),
         }
     }
-    /// Whether the kernel copies rows in 16-byte chunks (buffers 16-byte aligned, rows of a
-    /// multiple of 8 elements).
+    /// Whether the kernel copies rows in 16-byte chunks or through TMA (buffers 16-byte aligned,
+    /// rows of a multiple of 8 elements).
     pub fn needs_16_byte_alignment(self) -> bool {
-        self == FlashKernel::MmaSync
+        matches!(self, FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2)
+    }
+    /// Whether the kernel is a Hopper one (sm_90a module only, Q / K / V through tensor maps).
+    pub fn is_hopper(self) -> bool {
+        matches!(self, FlashKernel::Wgmma | FlashKernel::Wgmma2)
     }
 }
 
@@ -266,7 +344,9 @@ pub fn check_forward(
     {
         return Err(Error::Unsupported {
             op: OP,
-            what: format!("a buffer at {a:#x} with {kernel:?}: its 16-byte copies need 16-byte-aligned q, k, v and o"),
+            what: format!(
+                "a buffer at {a:#x} with {kernel:?}: its 16-byte copies (TMA for Wgmma) need 16-byte-aligned q, k, v and o"
+            ),
         });
     }
     Ok(())
@@ -293,6 +373,7 @@ pub fn flash_forward<T: FlashElement>(
     let lens = [q.len(), k.len(), v.len(), o.len(), lse.len()];
     let addrs = [q.addr(), k.addr(), v.addr(), o.addr(), lse.addr()];
     check_forward(kernel, T::DTYPE, shape, scale, lens, addrs)?;
+    check_arch(kernel, dev.arch())?;
     if shape.q_len == 0 || shape.batch == 0 || shape.heads == 0 {
         return Ok(());
     }
@@ -340,6 +421,9 @@ pub fn flash_forward<T: FlashElement>(
         // SAFETY: the caller checked sizes, dtype and alignment.
         unsafe { dev.launch(K::default(), cfg, args::<T, U>(q, k, v, o, lse, p)) }
     }
+    if kernel.is_hopper() {
+        return flash_forward_wgmma(dev, kernel, cfg, (q, k, v, o, lse), shape, p);
+    }
     let bufs = (q, k, v, o, lse);
     let d128 = shape.head_dim == 128;
     // SAFETY: `check_forward` matched the buffers' sizes to the shape, the dtype to the kernel and
@@ -355,6 +439,58 @@ pub fn flash_forward<T: FlashElement>(
             (FlashKernel::MmaSync, DType::F16, false) => go::<mma::FlashFwdMmaF16D64, f16, T>(dev, cfg, bufs, p),
             (FlashKernel::MmaSync, DType::F16, true) => go::<mma::FlashFwdMmaF16D128, f16, T>(dev, cfg, bufs, p),
             (kernel, dtype, _) => Err(Error::Unsupported {
+                op: "flash_forward",
+                what: format!("{dtype:?} with {kernel:?}: not in the kernel table"),
+            }),
+        }
+    }
+}
+
+/// Launches `flash_fwd_wgmma_*` (the caller checked the problem and the device): the tensor maps of
+/// Q, K and V from the device's cache, then the kernel for `T` and the head dim.
+fn flash_forward_wgmma<T: FlashElement>(
+    dev: &Device,
+    kernel: FlashKernel,
+    cfg: LaunchConfig,
+    bufs: Bufs<'_, T>,
+    shape: AttentionShape,
+    p: AttentionParams,
+) -> Result<()> {
+    let (q, k, v, o, lse) = bufs;
+    let bh = shape.batch as u64 * shape.heads as u64;
+    // the kernel's TMA row coordinates are i32
+    let rows = bh * shape.q_len.max(shape.kv_len) as u64;
+    if rows > i32::MAX as u64 {
+        return Err(Error::Unsupported {
+            op: "flash_forward",
+            what: format!("{rows} rows over all heads with Wgmma (its TMA coordinates are i32): split the batch"),
+        });
+    }
+    let q_map = dev.tensor_map_cached(q.addr(), &wgmma_qkv_spec(T::DTYPE, bh * shape.q_len as u64, shape.head_dim))?;
+    // with no key the kernel loads no K/V tile (every row gets O = 0, LSE = -inf), and a map of 0
+    // rows cannot be made: Q's map stands in
+    let (k_map, v_map) = if shape.kv_len == 0 {
+        (q_map.clone(), q_map.clone())
+    } else {
+        let kv_spec = wgmma_qkv_spec(T::DTYPE, bh * shape.kv_len as u64, shape.head_dim);
+        (dev.tensor_map_cached(k.addr(), &kv_spec)?, dev.tensor_map_cached(v.addr(), &kv_spec)?)
+    };
+    let (qm, km, vm) = (q_map.ptr(), k_map.ptr(), v_map.ptr());
+    let (op, lp) = (o.ptr_mut(), lse.ptr_mut());
+    // SAFETY: `check_forward` matched the buffers' sizes to the shape and their alignment to TMA,
+    // `check_arch` the device to sm_90a; the maps describe exactly these buffers.
+    unsafe {
+        let pair = kernel == FlashKernel::Wgmma2;
+        match (T::DTYPE, shape.head_dim == 128, pair) {
+            (DType::BF16, false, false) => dev.launch(fwg::FlashFwdWgmmaBf16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::BF16, true, false) => dev.launch(fwg::FlashFwdWgmmaBf16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::F16, false, false) => dev.launch(fwg::FlashFwdWgmmaF16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::F16, true, false) => dev.launch(fwg::FlashFwdWgmmaF16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::BF16, false, true) => dev.launch(fwg::FlashFwdWgmma2Bf16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::BF16, true, true) => dev.launch(fwg::FlashFwdWgmma2Bf16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::F16, false, true) => dev.launch(fwg::FlashFwdWgmma2F16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::F16, true, true) => dev.launch(fwg::FlashFwdWgmma2F16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (dtype, _, _) => Err(Error::Unsupported {
                 op: "flash_forward",
                 what: format!("{dtype:?} with {kernel:?}: not in the kernel table"),
             }),
@@ -407,7 +543,8 @@ impl FlashBwdKernel {
     pub fn of_forward(k: FlashKernel) -> Self {
         match k {
             FlashKernel::Simt => FlashBwdKernel::Simt,
-            FlashKernel::MmaSync => FlashBwdKernel::MmaSync,
+            // the Hopper rung has no backward of its own yet: mma.sync's takes its O and LSE
+            FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2 => FlashBwdKernel::MmaSync,
         }
     }
     /// Whether this kernel runs `dtype` at head dim `head_dim`.
@@ -741,6 +878,51 @@ bwd_kernels! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hopper_rung_is_refused_off_sm90a_and_not_dispatched_yet() {
+        use kiln_gpu::Arch;
+        check_arch(FlashKernel::Wgmma, Arch::Sm90a).unwrap();
+        for arch in [Arch::Sm80, Arch::Sm100a] {
+            let e = check_arch(FlashKernel::Wgmma, arch).unwrap_err();
+            assert!(e.to_string().contains("sm_90a") && e.to_string().contains("MmaSync"), "{e}");
+            check_arch(FlashKernel::MmaSync, arch).unwrap();
+            check_arch(FlashKernel::Simt, arch).unwrap();
+        }
+        for arch in Arch::ALL {
+            let want =
+                if FLASH_WGMMA_DISPATCH && arch == Arch::Sm90a { FlashKernel::Wgmma } else { FlashKernel::MmaSync };
+            assert_eq!(flash_forward_kernel(DType::BF16, 128, arch), Some(want));
+            assert_eq!(flash_forward_kernel(DType::F16, 64, arch), Some(want));
+            assert_eq!(flash_forward_kernel(DType::F32, 64, arch), Some(FlashKernel::Simt));
+            assert_eq!(flash_forward_kernel(DType::BF16, 96, arch), None);
+            assert_eq!(flash_forward_kernel(DType::F64, 64, arch), None);
+        }
+        assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma), FlashBwdKernel::MmaSync);
+        assert!(FlashKernel::Wgmma.needs_16_byte_alignment());
+        assert_eq!(FlashKernel::Wgmma.dtypes(), vec![DType::BF16, DType::F16]);
+        // Q, two stages of K and V, five barriers; under the 227 KiB opt-in of Hopper
+        assert_eq!(FlashKernel::Wgmma.smem_bytes(64), 5 * 8192 + 40);
+        assert_eq!(FlashKernel::Wgmma.smem_bytes(128), 5 * 16384 + 40);
+        assert_eq!(FlashKernel::Wgmma2.smem_bytes(128), 6 * 16384 + 40);
+        assert!(check_arch(FlashKernel::Wgmma2, Arch::Sm80).is_err());
+        assert_eq!(FlashKernel::Wgmma2.threads(), 288);
+        assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma2), FlashBwdKernel::MmaSync);
+        let e = check_forward(FlashKernel::Wgmma, DType::BF16, SHAPE, 0.1, lens(SHAPE), [0, 8, 0, 0, 0]).unwrap_err();
+        assert!(e.to_string().contains("16-byte"), "{e}");
+    }
+
+    #[test]
+    fn the_hopper_rung_maps_are_valid_tensor_maps() {
+        for d in FLASH_HEAD_DIMS {
+            for dtype in [DType::BF16, DType::F16] {
+                let spec = wgmma_qkv_spec(dtype, 6 * 17, *d);
+                spec.validate(0x1000).unwrap();
+                assert_eq!(spec.box_bytes(), 64 * 64 * 2);
+                assert!(spec.validate(0x1008).is_err());
+            }
+        }
+    }
 
     const SHAPE: AttentionShape = AttentionShape { batch: 2, heads: 3, q_len: 17, kv_len: 33, head_dim: 64 };
 

@@ -6,6 +6,8 @@
 //! - [`flash_simt`]: tiled online softmax on CUDA cores, f32 or bf16 in and out, f32 math.
 //! - [`flash_mma`]: FlashAttention-2 on `mma.sync` (bf16 / f16), `cp.async` double-buffered K/V
 //!   tiles, swizzled shared memory, P kept in registers.
+//! - [`flash_wgmma`]: the Hopper rung (sm_90a): TMA K/V ring with mbarriers, a producer warp, `wgmma`
+//!   for `Q K^T` (shared operands) and `P V` (P from registers).
 //! - [`flash_bwd_simt`]: the backward (dQ, dK, dV from the saved log-sum-exp) on CUDA cores,
 //!   deterministic.
 //! - [`flash_bwd_mma`]: the backward on `mma.sync` (bf16 / f16): delta, dK / dV, dQ kernels,
@@ -22,7 +24,7 @@
 
 use crate::KernelParam;
 
-pub use super::{flash_bwd_mma, flash_bwd_simt, flash_mma, flash_simt};
+pub use super::{flash_bwd_mma, flash_bwd_simt, flash_mma, flash_simt, flash_wgmma};
 
 /// The problem an attention kernel solves, passed by value.
 #[repr(C)]

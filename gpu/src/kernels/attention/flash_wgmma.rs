@@ -1,0 +1,452 @@
+//! Flash attention, rung 3 (sm_90a): the forward on TMA + `wgmma` with a producer warp, in the
+//! FlashAttention-3 style (simplified: one consumer warpgroup, no ping-pong yet). bf16 or f16 in and
+//! out, f32 accumulation, head dim 64 or 128.
+//!
+//! ```text
+//!   global Q [B*H*q_len, D]   K, V [B*H*kv_len, D]          (2-D tensor maps, box 64 x 64, 128B swizzle)
+//!        |                      |
+//!        | TMA once             | TMA, producer warp (warp 4, lane 0), 2-stage ring
+//!        v                      v
+//!   smem Q tile 64 x D     smem stage s: K tile 64 x D | V tile 64 x D    full[s] / empty[s] mbarriers
+//!        \                    /                 |
+//!         wgmma m64n64k16 (A = Q smem, B = K smem, both K-major)
+//!                 |  S 64 x 64 f32 in registers (32 per thread)
+//!                 v
+//!         mask, online softmax (row max / sum over the 4 lanes of a quad)
+//!                 |  P packed to bf16 / f16 in registers (the A fragment)
+//!                 v
+//!         wgmma m64nDk16 (A = P registers, B = V smem, MN-major: transpose bit)  -> O 64 x D f32
+//!                 |
+//!                 v  O / l, rounded, 4-byte stores (rows < q_len); LSE f32 per row
+//!   global O [B*H*q_len, D], LSE [B*H*q_len]
+//! ```
+//!
+//! - **Block.** [`FLASH_WGMMA_THREADS`] threads: warps 0-3 are the consumer warpgroup, warp 4 the
+//!   producer (its lane 0 issues every TMA copy). One block per (batch * head, [`FLASH_WGMMA_BQ`]
+//!   query rows); grid `(ceil(q_len / BQ), batch * heads)`, query tiles taken last first.
+//! - **Tiles.** Q 64 x D, K and V [`FLASH_WGMMA_BKV`] x D, each stored as `D / 64` boxes of 64 rows
+//!   of 128 bytes, 128-byte swizzled (the swizzle span is 64 elements). Two stages of K and V.
+//! - **Ring.** Every wait is bounded and traps on a stall. `full[s]`: one arrival (the producer's `arrive.expect_tx` of the stage's bytes) plus
+//!   the TMA bytes; `empty[s]`: 128 arrivals (every consumer thread, after the stage's products
+//!   have been waited for). Use `j` of stage `j % 2` is phase `j / 2`.
+//! - **Edges.** The maps are 2-D over all heads' rows, so a tile that crosses `kv_len` reads the
+//!   next head's rows (zeros past the tensor's end): every score at a key `>= kv_len` is masked to
+//!   `-inf`, so those rows get P = 0 and add nothing (the inputs must be finite). Query rows past
+//!   `q_len` are computed from the next head's rows and not stored. Causal: tiles wholly above the
+//!   diagonal are never loaded, the diagonal ones masked.
+//! - **S = Q K^T.** `D / 16` wgmma `m64n64k16`, descriptors advanced 32 bytes per k step inside a
+//!   128-byte swizzle atom (the GEMM's `tile_descriptor`).
+//! - **Softmax.** As rung 2 (`flash_mma`): the wgmma accumulator of warp `w` is the `mma.m16n8`
+//!   C layout of rows `16 w .. 16 w + 16`, a thread holds rows `g` and `g + 8`.
+//! - **O += P V.** 4 wgmma `m64nDk16` with P from registers (two n8 blocks of S are one k16 A
+//!   fragment) and V read MN-major (the GEMM's `mn_descriptor`: 64-column boxes 8192 bytes apart).
+//!
+//! - **Two consumers** (`flash_fwd_wgmma2_*`): warps 0-7 are two consumer warpgroups, each with its
+//!   own 64-row Q tile, both reading every K/V stage (`empty[s]` counts 256 arrivals); warp 8
+//!   produces. A block owns 128 query rows, so each K/V tile loaded serves twice the rows.
+//!
+//! Shared memory: [`flash_wgmma_smem_bytes`] (Q, two stages of K and V, five mbarriers), or
+//! [`flash_wgmma2_smem_bytes`] (two Q tiles).
+
+use super::attention::AttentionParams;
+use crate::tma::TensorMap;
+use crate::{DevicePtr, DevicePtrMut, kernel};
+use half::{bf16, f16};
+
+/// Query rows per block (the consumer warpgroup's 64).
+pub const FLASH_WGMMA_BQ: u32 = 64;
+/// Keys per K/V tile (one box of 64 rows).
+pub const FLASH_WGMMA_BKV: u32 = 64;
+/// Threads per block: one consumer warpgroup and one producer warp.
+pub const FLASH_WGMMA_THREADS: u32 = 160;
+/// Ring depth (K/V stages).
+pub const FLASH_WGMMA_STAGES: u32 = 2;
+/// Rows of a TMA box (every tile is loaded in boxes of 64 rows by 64 columns).
+pub const FLASH_WGMMA_BOX_ROWS: u32 = 64;
+/// Columns of a TMA box: 64 16-bit elements, the 128-byte swizzle span.
+pub const FLASH_WGMMA_BOX_COLS: u32 = 64;
+
+/// Bytes of one 64 x D tile (Q, K or V) at head dim `d`.
+pub const fn flash_wgmma_tile_bytes(d: u32) -> u32 {
+    64 * d * 2
+}
+
+/// Offset of the mbarriers: after the Q tile and the stages.
+pub const fn flash_wgmma_barriers(d: u32) -> u32 {
+    (1 + 2 * FLASH_WGMMA_STAGES) * flash_wgmma_tile_bytes(d)
+}
+
+/// Dynamic shared memory of the rung-3 kernel at head dim `d`: Q, two stages of K and V, and the
+/// barriers (`q_full`, `full[2]`, `empty[2]`).
+pub const fn flash_wgmma_smem_bytes(d: u32) -> u32 {
+    flash_wgmma_barriers(d) + (1 + 2 * FLASH_WGMMA_STAGES) * 8
+}
+
+/// Query rows per block of the two-consumer kernels (`flash_fwd_wgmma2_*`): 64 per warpgroup.
+pub const FLASH_WGMMA2_BQ: u32 = 128;
+/// Threads per block of the two-consumer kernels: two consumer warpgroups and one producer warp.
+pub const FLASH_WGMMA2_THREADS: u32 = 288;
+
+/// Dynamic shared memory of the two-consumer kernels at head dim `d`: two Q tiles (one per
+/// consumer), two stages of K and V, and the barriers.
+pub const fn flash_wgmma2_smem_bytes(d: u32) -> u32 {
+    (2 + 2 * FLASH_WGMMA_STAGES) * flash_wgmma_tile_bytes(d) + (1 + 2 * FLASH_WGMMA_STAGES) * 8
+}
+
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+mod device {
+    use super::*;
+    use crate::kernels::flash_mma::pack;
+    use crate::kernels::gemm_wgmma::tile_descriptor;
+    use crate::kernels::gemm_wgmma_fused::mn_descriptor;
+    use crate::{fence, math, mbarrier, shared, sync, thread, tma, warp, wgmma};
+
+    const BQ: u32 = FLASH_WGMMA_BQ;
+    const BKV: u32 = FLASH_WGMMA_BKV;
+    const ST: u32 = FLASH_WGMMA_STAGES;
+
+    /// 128 bytes of one 64-column box row, 64 rows per box.
+    const BOX_BYTES: u32 = FLASH_WGMMA_BOX_ROWS * FLASH_WGMMA_BOX_COLS * 2;
+
+    /// Shared memory of a block with `cons` consumer warpgroups: `cons` Q tiles, then K and V of
+    /// each stage, then the barriers.
+    #[derive(Clone, Copy)]
+    struct Layout {
+        base: u32,
+        tile: u32,
+        cons: u32,
+        bars: u32,
+    }
+
+    impl Layout {
+        fn q(self, c: u32) -> u32 {
+            self.base + c * self.tile
+        }
+        fn k(self, st: u32) -> u32 {
+            self.base + (self.cons + 2 * st) * self.tile
+        }
+        fn v(self, st: u32) -> u32 {
+            self.base + (self.cons + 1 + 2 * st) * self.tile
+        }
+        fn q_full(self) -> u32 {
+            self.bars
+        }
+        fn full(self, st: u32) -> u32 {
+            self.bars + 8 * (1 + st)
+        }
+        fn empty(self, st: u32) -> u32 {
+            self.bars + 8 * (1 + ST + st)
+        }
+    }
+
+    /// Waits for the phase of `bar` with `parity`; a phase that does not complete within
+    /// [`mbarrier::DEFAULT_WAIT_NS`] traps, so a miscounted ring fails the launch instead of hanging.
+    #[inline(always)]
+    unsafe fn wait(bar: u32, parity: u32) {
+        if !unsafe { mbarrier::wait_parity_bounded(bar, parity, mbarrier::DEFAULT_WAIT_NS) } {
+            thread::trap();
+        }
+    }
+
+    /// Loads a 64 x D tile starting at global row `row` as `D / 64` boxes, completing on `bar`.
+    #[inline(always)]
+    unsafe fn load_tile<const D: u32>(dst: u32, map: *const TensorMap, row: u32, bar: u32) {
+        let mut c = 0;
+        while c < D / 64 {
+            unsafe { tma::load_2d(dst + c * BOX_BYTES, map, (c * 64) as i32, row as i32, bar) };
+            c += 1;
+        }
+    }
+
+    /// The K-major descriptor of k step `ks` (16 elements) of a 64 x D tile stored as 64-column
+    /// boxes.
+    #[inline(always)]
+    fn kmajor(tile: u32, ks: u32) -> u64 {
+        tile_descriptor(tile + (ks / 4) * BOX_BYTES, ks % 4)
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn flash_wgmma<const F16: bool, const D: u32, const NO: usize, const CONS: u32>(
+        q_map: *const TensorMap,
+        k_map: *const TensorMap,
+        v_map: *const TensorMap,
+        o: *mut u16,
+        lse: DevicePtrMut<f32>,
+        p: AttentionParams,
+    ) {
+        const { assert!(NO as u32 == D / 2 && (D == 64 || D == 128) && (CONS == 1 || CONS == 2)) };
+        let tid = thread::thread_idx_x();
+        let bh = thread::block_idx_y();
+        // the block's first query row (each consumer warpgroup owns 64 rows from q0 + 64 c)
+        let q0 = (thread::grid_dim_x() - 1 - thread::block_idx_x()) * BQ * CONS;
+        let (q_len, kv_len) = (p.q_len, p.kv_len);
+        let tile = flash_wgmma_tile_bytes(D);
+        let base = shared::dynamic_smem_addr();
+        let lay = Layout { base, tile, cons: CONS, bars: base + (CONS + 2 * ST) * tile };
+        if lay.base % 1024 != 0 {
+            thread::trap();
+        }
+        let n_tiles = p.keys_for_rows(q0, BQ * CONS).div_ceil(BKV);
+        if tid == 0 {
+            unsafe {
+                mbarrier::init(lay.q_full(), 1);
+                let mut st = 0;
+                while st < ST {
+                    mbarrier::init(lay.full(st), 1);
+                    mbarrier::init(lay.empty(st), 128 * CONS);
+                    st += 1;
+                }
+            }
+            fence::mbarrier_init_release_cluster();
+        }
+        sync::sync_threads();
+
+        if tid >= 128 * CONS {
+            // the producer warp: lane 0 issues every copy
+            if tid == 128 * CONS {
+                // a consumer's Q tile that starts past the last head's rows is not loaded (its rows
+                // are never stored): only boxes that start inside the tensor are counted
+                let q_rows = p.heads_total() * q_len;
+                let mut loads = 0;
+                let mut c = 0;
+                while c < CONS {
+                    if bh * q_len + q0 + c * BQ < q_rows {
+                        loads += 1;
+                    }
+                    c += 1;
+                }
+                unsafe {
+                    tma::prefetch(q_map);
+                    tma::prefetch(k_map);
+                    tma::prefetch(v_map);
+                    mbarrier::arrive_expect_tx(lay.q_full(), loads * tile);
+                    let mut c = 0;
+                    while c < loads {
+                        load_tile::<D>(lay.q(c), q_map, bh * q_len + q0 + c * BQ, lay.q_full());
+                        c += 1;
+                    }
+                }
+                let mut j = 0;
+                while j < n_tiles {
+                    let st = j % ST;
+                    if j >= ST {
+                        unsafe { wait(lay.empty(st), ((j / ST) + 1) & 1) };
+                    }
+                    let row = bh * kv_len + j * BKV;
+                    unsafe {
+                        mbarrier::arrive_expect_tx(lay.full(st), 2 * tile);
+                        load_tile::<D>(lay.k(st), k_map, row, lay.full(st));
+                        load_tile::<D>(lay.v(st), v_map, row, lay.full(st));
+                    }
+                    j += 1;
+                }
+            }
+            return;
+        }
+
+        // consumer warpgroup `cw`: rows q0 + 64 cw .. + 64, warp w of it rows 16 w .. 16 w + 16
+        let cw = tid / 128;
+        let (lane, w) = (tid % 32, (tid % 128) / 32);
+        let (g, tq) = (lane / 4, lane % 4);
+        let r0 = q0 + cw * BQ;
+        let q_tile = lay.q(cw);
+        let wrow = w * 16;
+        let rows = [r0 + wrow + g, r0 + wrow + g + 8];
+        let scale_log2 = p.scale * core::f32::consts::LOG2_E;
+        let mut m = [f32::NEG_INFINITY; 2];
+        let mut l = [0.0f32; 2];
+        let mut acc = [0.0f32; NO];
+        unsafe { wait(lay.q_full(), 0) };
+
+        let mut j = 0;
+        while j < n_tiles {
+            let st = j % ST;
+            unsafe { wait(lay.full(st), (j / ST) & 1) };
+            let k0 = j * BKV;
+
+            // S = Q K^T (64 x 64)
+            let mut s = [0.0f32; 32];
+            wgmma::fence();
+            let mut ks = 0;
+            while ks < D / 16 {
+                unsafe { wgmma::mma_m64n64k16_ss::<F16>(&mut s, kmajor(q_tile, ks), kmajor(lay.k(st), ks), ks > 0) };
+                ks += 1;
+            }
+            wgmma::commit_group();
+            unsafe { wgmma::wait_group_m64n64::<0>(&mut s) };
+
+            // (with two consumers and the causal mask, the first one's last tiles may be wholly
+            // masked: its rows keep their state, P = 0)
+            if p.tile_needs_mask(r0, k0, BKV) {
+                let vis = [p.visible_keys(rows[0]), p.visible_keys(rows[1])];
+                let mut i = 0;
+                while i < 32 {
+                    // element i: row g + 8 ((i % 4) / 2), column 8 (i / 4) + 2 tq + i % 2
+                    let c = k0 + 8 * (i as u32 / 4) + 2 * tq + (i as u32 % 2);
+                    if c >= vis[(i % 4) / 2] {
+                        s[i] = f32::NEG_INFINITY;
+                    }
+                    i += 1;
+                }
+            }
+
+            // online softmax, rows g (h = 0) and g + 8 (h = 1)
+            let mut h = 0;
+            while h < 2 {
+                let mut mx = f32::NEG_INFINITY;
+                let mut nt = 0;
+                while nt < 8 {
+                    mx = mx.max(s[4 * nt + 2 * h]).max(s[4 * nt + 2 * h + 1]);
+                    nt += 1;
+                }
+                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
+                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
+                let m_new = m[h].max(mx * scale_log2);
+                let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+                let alpha = math::exp2_fast(m[h] - m_use);
+                let mut sum = 0.0f32;
+                let mut nt = 0;
+                while nt < 8 {
+                    let e0 = math::exp2_fast(math::fma(s[4 * nt + 2 * h], scale_log2, -m_use));
+                    let e1 = math::exp2_fast(math::fma(s[4 * nt + 2 * h + 1], scale_log2, -m_use));
+                    s[4 * nt + 2 * h] = e0;
+                    s[4 * nt + 2 * h + 1] = e1;
+                    sum += e0 + e1;
+                    nt += 1;
+                }
+                l[h] = l[h] * alpha + sum;
+                m[h] = m_new;
+                let mut n = 0;
+                while n < NO / 4 {
+                    acc[4 * n + 2 * h] *= alpha;
+                    acc[4 * n + 2 * h + 1] *= alpha;
+                    n += 1;
+                }
+                h += 1;
+            }
+
+            // O += P V: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of k step kk
+            let mut pa = [[0u32; 4]; 4];
+            let mut kk = 0;
+            while kk < 4 {
+                let b = 8 * kk;
+                pa[kk] = [
+                    pack::<F16>(s[b], s[b + 1]),
+                    pack::<F16>(s[b + 2], s[b + 3]),
+                    pack::<F16>(s[b + 4], s[b + 5]),
+                    pack::<F16>(s[b + 6], s[b + 7]),
+                ];
+                kk += 1;
+            }
+            wgmma::fence();
+            let mut kk = 0;
+            while kk < 4 {
+                let bd = mn_descriptor(lay.v(st), kk as u32);
+                if D == 128 {
+                    let a = unsafe { &mut *(acc.as_mut_ptr() as *mut [f32; 64]) };
+                    unsafe { wgmma::mma_m64n128k16_rs_tb::<F16>(a, pa[kk], bd) };
+                } else {
+                    let a = unsafe { &mut *(acc.as_mut_ptr() as *mut [f32; 32]) };
+                    unsafe { wgmma::mma_m64n64k16_rs_tb::<F16>(a, pa[kk], bd) };
+                }
+                kk += 1;
+            }
+            wgmma::commit_group();
+            if D == 128 {
+                unsafe { wgmma::wait_group_m64n128::<0>(&mut *(acc.as_mut_ptr() as *mut [f32; 64])) };
+            } else {
+                unsafe { wgmma::wait_group_m64n64::<0>(&mut *(acc.as_mut_ptr() as *mut [f32; 32])) };
+            }
+            // this thread is done reading the stage
+            unsafe { mbarrier::arrive(lay.empty(st)) };
+            j += 1;
+        }
+
+        // epilogue: O = o / l, 4-byte stores; LSE by the quad's first lane
+        let mut h = 0;
+        while h < 2 {
+            let mut lt = l[h];
+            lt += warp::shfl_xor_f32(warp::FULL_MASK, lt, 1);
+            lt += warp::shfl_xor_f32(warp::FULL_MASK, lt, 2);
+            let inv = if lt > 0.0 { 1.0 / lt } else { 0.0 };
+            if rows[h] < q_len {
+                let orow = (bh as usize * q_len as usize + rows[h] as usize) * D as usize;
+                let mut n = 0;
+                while n < NO / 4 {
+                    let col = n as u32 * 8 + 2 * tq;
+                    let word = pack::<F16>(acc[4 * n + 2 * h] * inv, acc[4 * n + 2 * h + 1] * inv);
+                    unsafe { (o.add(orow + col as usize) as *mut u32).write(word) };
+                    n += 1;
+                }
+                if tq == 0 {
+                    let v = if lt > 0.0 {
+                        (m[h] + math::ln(lt) * core::f32::consts::LOG2_E) * core::f32::consts::LN_2
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                    unsafe { lse.write(bh as usize * q_len as usize + rows[h] as usize, v) };
+                }
+            }
+            h += 1;
+        }
+    }
+}
+
+macro_rules! flash_wgmma_kernels {
+    ($($(#[$doc:meta])+ $name:ident: $ty:ty, $f16:literal, $d:literal, $cons:literal, $threads:literal;)*) => {$(
+        $(#[$doc])+
+        ///
+        /// Parameters: `q_map`, `k_map`, `v_map` (tensor maps in global memory over Q as
+        /// `[batch * heads * q_len, head_dim]` and K, V as `[batch * heads * kv_len, head_dim]`, box
+        /// 64 x 64, 128-byte swizzle), `o` (output, the shape of Q, 4-byte aligned), `lse`
+        /// (`batch * heads * q_len` f32), `p` (the problem). Grid `(ceil(q_len / (64 C)), batch *
+        /// heads)` for `C` consumer warpgroups; block `128 C + 32` threads (warps `0..4 C`
+        /// consume, 64 query rows per warpgroup; the last warp produces); dynamic shared memory
+        /// `flash_wgmma_smem_bytes(head_dim)` (C = 1) or `flash_wgmma2_smem_bytes(head_dim)` (C =
+        /// 2). Tiling and thread mapping: the module docs.
+        #[kernel(arch = "sm_90a", max_threads = $threads)]
+        pub unsafe fn $name(
+            q_map: DevicePtr<TensorMap>,
+            k_map: DevicePtr<TensorMap>,
+            v_map: DevicePtr<TensorMap>,
+            o: DevicePtrMut<$ty>,
+            lse: DevicePtrMut<f32>,
+            p: AttentionParams,
+        ) {
+            unsafe {
+                device::flash_wgmma::<$f16, $d, { $d / 2 }, $cons>(
+                    q_map.as_ptr(),
+                    k_map.as_ptr(),
+                    v_map.as_ptr(),
+                    o.as_mut_ptr() as *mut u16,
+                    lse,
+                    p,
+                )
+            }
+        }
+    )*};
+}
+
+flash_wgmma_kernels! {
+    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), bf16 in and out, head dim 64; one
+    /// consumer warpgroup.
+    flash_fwd_wgmma_bf16_d64: bf16, false, 64, 1, 160;
+    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), bf16 in and out, head dim 128; one
+    /// consumer warpgroup.
+    flash_fwd_wgmma_bf16_d128: bf16, false, 128, 1, 160;
+    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), f16 in and out, head dim 64; one
+    /// consumer warpgroup.
+    flash_fwd_wgmma_f16_d64: f16, true, 64, 1, 160;
+    /// FlashAttention-3-style forward on TMA + `wgmma` (sm_90a), f16 in and out, head dim 128; one
+    /// consumer warpgroup.
+    flash_fwd_wgmma_f16_d128: f16, true, 128, 1, 160;
+    /// The two-consumer form (128 query rows per block, K/V tiles shared by both warpgroups), bf16,
+    /// head dim 64.
+    flash_fwd_wgmma2_bf16_d64: bf16, false, 64, 2, 288;
+    /// The two-consumer form, bf16, head dim 128.
+    flash_fwd_wgmma2_bf16_d128: bf16, false, 128, 2, 288;
+    /// The two-consumer form, f16, head dim 64.
+    flash_fwd_wgmma2_f16_d64: f16, true, 64, 2, 288;
+    /// The two-consumer form, f16, head dim 128.
+    flash_fwd_wgmma2_f16_d128: f16, true, 128, 2, 288;
+}
