@@ -351,7 +351,7 @@ fn backward_layouts(dev: &Device) -> Outcome {
 fn split_k_layouts(dev: &Device) -> Outcome {
     let (mut rng, _) = testing::rng();
     // (layout, m, n, k, splits)
-    for &(lay, m, n, k, ref splits) in &[
+    for &(lay, m, n, k, splits) in &[
         (WgmmaLayout::AtB, 264u32, 136u32, 1000u32, &[2u32, 3, 5][..]),
         (WgmmaLayout::AtB, 8, 8, 77, &[2][..]),
         (WgmmaLayout::AtB, 520, 264, 4100, &[7][..]),
@@ -380,7 +380,7 @@ fn split_k_layouts(dev: &Device) -> Outcome {
         }
         let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
         let s = GemmShape { m, n, k };
-        for &sp in splits.iter() {
+        for &sp in splits {
             let plan = WgmmaGemm::with_layout(dev, &da, &db, s, lay).map_err(err)?.with_split_k(sp).map_err(err)?;
             if plan.split_k() != sp {
                 return Err(format!("{lay:?} {m}x{n}x{k}: split {} where {sp} was set", plan.split_k()));
