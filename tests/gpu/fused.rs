@@ -352,9 +352,9 @@ fn split_k_layouts(dev: &Device) -> Outcome {
     let (mut rng, _) = testing::rng();
     // (layout, m, n, k, splits)
     for &(lay, m, n, k, splits) in &[
-        (WgmmaLayout::AtB, 264u32, 136u32, 1000u32, &[2u32, 3, 5][..]),
+        (WgmmaLayout::AtB, 264u32, 136u32, 1000u32, &[2u32, 3, 6][..]),
         (WgmmaLayout::AtB, 8, 8, 77, &[2][..]),
-        (WgmmaLayout::AtB, 520, 264, 4100, &[7][..]),
+        (WgmmaLayout::AtB, 520, 264, 2100, &[7][..]),
         (WgmmaLayout::AtB, 384, 136, 4160, &[13][..]),
         (WgmmaLayout::AB, 300, 136, 1032, &[3][..]),
         (WgmmaLayout::ABt, 130, 72, 1000, &[4][..]),
@@ -365,12 +365,14 @@ fn split_k_layouts(dev: &Device) -> Outcome {
         let a_at = |i: usize, p: usize| if lay == WgmmaLayout::AtB { a[p * mu + i] } else { a[i * ku + p] };
         let b_at = |j: usize, p: usize| if lay == WgmmaLayout::ABt { b[j * ku + p] } else { b[p * nu + j] };
         let (mut want, mut mag) = (vec![0.0f64; mu * nu], vec![0.0f64; mu * nu]);
+        // B as n rows of k f64s
+        let brows: Vec<f64> = (0..nu * ku).map(|x| b_at(x / ku, x % ku).to_f64()).collect();
         for i in 0..mu {
             let arow: Vec<f64> = (0..ku).map(|p| a_at(i, p).to_f64()).collect();
             for j in 0..nu {
                 let (mut acc, mut abs) = (0.0f64, 0.0f64);
-                for (p, &x) in arow.iter().enumerate() {
-                    let t = x * b_at(j, p).to_f64();
+                for (&x, &y) in arow.iter().zip(&brows[j * ku..(j + 1) * ku]) {
+                    let t = x * y;
                     acc += t;
                     abs += t.abs();
                 }
