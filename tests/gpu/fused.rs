@@ -24,6 +24,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::fused_backward_layouts_sm90", available: wgmma, run: backward_layouts },
         GpuTest { name: "gpu::fused_column_sums", available: |_| true, run: column_sums_case },
         GpuTest { name: "gpu::fused_refusals_sm90", available: wgmma, run: refusals },
+        GpuTest { name: "gpu::fused_split_k_layouts_sm90", available: wgmma, run: split_k_layouts },
     ]
 }
 
@@ -343,6 +344,79 @@ fn backward_layouts(dev: &Device) -> Outcome {
     Ok(())
 }
 
+/// The fused kernel's k split (`WgmmaGemm::with_split_k` then `run_fused`:
+/// `gemm_wgmma_bf16_fused_split` and `gemm_split_k_reduce_fused`) in every layout against f64, into
+/// f32 and bf16: k not a multiple of 64 nor of the split, m and n off the 256 x 256 cluster tile,
+/// several tiles per part; twice with the same bits; with a bias and ReLU.
+fn split_k_layouts(dev: &Device) -> Outcome {
+    let (mut rng, _) = testing::rng();
+    // (layout, m, n, k, splits)
+    for &(lay, m, n, k, splits) in &[
+        (WgmmaLayout::AtB, 264u32, 136u32, 1000u32, &[2u32, 3, 6][..]),
+        (WgmmaLayout::AtB, 8, 8, 77, &[2][..]),
+        (WgmmaLayout::AtB, 520, 264, 2100, &[7][..]),
+        (WgmmaLayout::AtB, 384, 136, 4160, &[13][..]),
+        (WgmmaLayout::AB, 300, 136, 1032, &[3][..]),
+        (WgmmaLayout::ABt, 130, 72, 1000, &[4][..]),
+    ] {
+        let (mu, nu, ku) = (m as usize, n as usize, k as usize);
+        let (a, b) = (rand_bf16(&mut rng, mu * ku), rand_bf16(&mut rng, nu * ku));
+        // A(i, p) and B(j, p) as each layout stores them
+        let a_at = |i: usize, p: usize| if lay == WgmmaLayout::AtB { a[p * mu + i] } else { a[i * ku + p] };
+        let b_at = |j: usize, p: usize| if lay == WgmmaLayout::ABt { b[j * ku + p] } else { b[p * nu + j] };
+        let (mut want, mut mag) = (vec![0.0f64; mu * nu], vec![0.0f64; mu * nu]);
+        // B as n rows of k f64s
+        let brows: Vec<f64> = (0..nu * ku).map(|x| b_at(x / ku, x % ku).to_f64()).collect();
+        for i in 0..mu {
+            let arow: Vec<f64> = (0..ku).map(|p| a_at(i, p).to_f64()).collect();
+            for j in 0..nu {
+                let (mut acc, mut abs) = (0.0f64, 0.0f64);
+                for (&x, &y) in arow.iter().zip(&brows[j * ku..(j + 1) * ku]) {
+                    let t = x * y;
+                    acc += t;
+                    abs += t.abs();
+                }
+                want[i * nu + j] = acc;
+                mag[i * nu + j] = abs;
+            }
+        }
+        let (da, db) = (dev.upload(&a).map_err(err)?, dev.upload(&b).map_err(err)?);
+        let s = GemmShape { m, n, k };
+        for &sp in splits {
+            let plan = WgmmaGemm::with_layout(dev, &da, &db, s, lay).map_err(err)?.with_split_k(sp).map_err(err)?;
+            if plan.split_k() != sp {
+                return Err(format!("{lay:?} {m}x{n}x{k}: split {} where {sp} was set", plan.split_k()));
+            }
+            let what = format!("{lay:?} {m}x{n}x{k} split {sp}");
+            check_product::<f32>(dev, &plan, &want, &mag, ku, &what)?;
+            check_product::<bf16>(dev, &plan, &want, &mag, ku, &what)?;
+            // same bits twice
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                let mut c = dev.upload(&vec![testing::POISON_F32; mu * nu]).map_err(err)?;
+                plan.run_fused(&mut c, GemmEpilogue::<f32>::default()).map_err(err)?;
+                runs.push(crate::common::bits(&dev.download(&c).map_err(err)?));
+            }
+            if runs[0] != runs[1] {
+                return Err(format!("{what}: two runs differ"));
+            }
+            // the epilogue after the sum: relu(acc + bias)
+            let bias: Vec<f32> = testing::uniform(&mut rng, nu);
+            let dbias = dev.upload(&bias).map_err(err)?;
+            let mut c = dev.upload(&vec![testing::POISON_F32; mu * nu]).map_err(err)?;
+            let e = GemmEpilogue { bias: Some(&dbias), act: Some(Activation::Relu), ..Default::default() };
+            plan.run_fused(&mut c, e).map_err(err)?;
+            let got = dev.download(&c).map_err(err)?;
+            for (at, &g) in got.iter().enumerate() {
+                let w = (want[at] + bias[at % nu] as f64).max(0.0);
+                let tol = ku as f64 * 2f64.powi(-22) * mag[at] + 2f64.powi(-22) * (bias[at % nu] as f64).abs() + 1e-30;
+                compare(&format!("{what} bias + relu at {at}"), &[g], &[w], Tol { abs: tol, rel: 0.0 })?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs `plan` into a poisoned C of `T` (no epilogue) and checks it against `want` within the f32
 /// accumulation over `k` terms and one rounding to `T`.
 fn check_product<T: Out>(
@@ -444,8 +518,9 @@ fn refusals(dev: &Device) -> Outcome {
         Ok(_) => return Err("a 12-wide MN-major b must be refused".into()),
     }
     let t = WgmmaGemm::with_layout(dev, &a, &b, s, WgmmaLayout::AB).map_err(err)?;
+    // one k tile (k = 16) cut in two: an empty part
     if !matches!(t.with_split_k(2), Err(kiln::Error::Unsupported { op: "wgmma gemm", .. })) {
-        return Err("a k split of the A B layout must be refused".into());
+        return Err("a k split of the A B layout with an empty part must be refused".into());
     }
     let wide = WgmmaGemm::with_tile(dev, &a, &b, s, WgmmaTile::T128x256).map_err(err)?;
     match wide.run_fused(&mut c, GemmEpilogue::default()) {

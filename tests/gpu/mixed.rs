@@ -21,6 +21,11 @@ pub(crate) fn tests() -> Vec<GpuTest> {
     vec![
         GpuTest { name: "gpu::mixed::fused_linear_sm90", available: wgmma, run: fused_linear },
         GpuTest { name: "gpu::mixed::linear_falls_back_off_sm90", available: |d| !wgmma(d), run: fallback_linear },
+        GpuTest {
+            name: "gpu::mixed::linear_weight_gradient_split_k_sm90",
+            available: wgmma,
+            run: weight_gradient_split,
+        },
         GpuTest { name: "gpu::mixed::training_step_matches_the_cpu", available: any, run: mixed_step_vs_cpu },
         GpuTest { name: "gpu::mixed::train_main_job_bf16_on_cuda", available: any, run: train_main_job_bf16 },
         GpuTest { name: "gpu::mixed::training_step_captured", available: any, run: captured_mixed_step },
@@ -167,6 +172,46 @@ fn check_linear(td: &TDev, shapes: &[(usize, usize, usize)], expect_fused: impl 
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// A bf16 Linear's weight gradient at a 16384 x 384 input (GPT char-mini's), which the engine
+/// computes with a k split (`WgmmaGemm::auto_split_k`, checked to be above 1 here): against the
+/// unsplit fused product of the same bf16 operands within bf16 tolerance, and the same bits on a
+/// second run.
+fn weight_gradient_split(_: &Device) -> Outcome {
+    use half::bf16;
+    use kiln::cuda::gemm::{GemmEpilogue, WgmmaGemm, WgmmaLayout};
+    use kiln::gpu::kernels::mma_tile::GemmShape;
+    let dev = Device::shared().map_err(err)?;
+    let td = TDev::Cuda(dev.clone());
+    let (rows, k, n) = (16384usize, 384usize, 384usize);
+    let (mut rng, seed) = testing::rng();
+    eprintln!("seed {seed}");
+    let (xv, wv) = (bf16_round(&testing::uniform(&mut rng, rows * k)), testing::uniform(&mut rng, n * k));
+    let (bv, gv) = (testing::uniform(&mut rng, n), testing::uniform(&mut rng, rows * n));
+    let inputs = (&xv[..], &wv[..], &bv[..], &gv[..]);
+    let (_, _, dw, _, fused) = linear_on(&td, inputs, (rows, k, n), None, false)?;
+    if !fused {
+        return Err("the 16384 x 384 Linear did not take the fused op".into());
+    }
+    // the unsplit product dW = dY^T X of the same bf16 operands (dY: the upstream gradient rounded)
+    let gb: Vec<bf16> = gv.iter().map(|&x| bf16::from_f32(x)).collect();
+    let xb: Vec<bf16> = xv.iter().map(|&x| bf16::from_f32(x)).collect();
+    let (dg, dx) = (dev.upload(&gb).map_err(err)?, dev.upload(&xb).map_err(err)?);
+    let s = GemmShape { m: n as u32, n: k as u32, k: rows as u32 };
+    let plan = WgmmaGemm::with_layout(&dev, &dg, &dx, s, WgmmaLayout::AtB).map_err(err)?;
+    if plan.auto_split_k() < 2 {
+        return Err(format!("the engine does not split {n}x{k}x{rows}: auto_split_k {}", plan.auto_split_k()));
+    }
+    let mut c = dev.upload(&vec![testing::POISON_F32; n * k]).map_err(err)?;
+    plan.run_fused(&mut c, GemmEpilogue::<f32>::default()).map_err(err)?;
+    let unsplit: Vec<f64> = dev.download(&c).map_err(err)?.into_iter().map(|x| x as f64).collect();
+    compare("dW split (engine) vs unsplit", &dw, &unsplit, bf16_tol(&unsplit))?;
+    let (_, _, dw2, _, _) = linear_on(&td, inputs, (rows, k, n), None, false)?;
+    if crate::common::bits(&dw) != crate::common::bits(&dw2) {
+        return Err("the split weight gradient differs between two runs".into());
     }
     Ok(())
 }

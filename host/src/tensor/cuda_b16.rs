@@ -502,7 +502,11 @@ impl CudaStorage {
             // SAFETY (each cast): `T` is bf16 (checked above).
             let (a, b) = unsafe { (cast::<T, bf16>(x), cast::<T, bf16>(y)) };
             let mut out = output::<bf16>(&self.dev, m * n)?;
-            WgmmaGemm::with_layout(&self.dev, a, b, s, w)?.run_fused(&mut out, GemmEpilogue::default())?;
+            let plan = WgmmaGemm::with_layout(&self.dev, a, b, s, w)?;
+            // A^T B (a weight gradient's shape: few outputs summed over many rows) takes the
+            // engine's k split where it helps; the other layouts keep their unsplit sums
+            let split = if w == WgmmaLayout::AtB { plan.auto_split_k() } else { 1 };
+            plan.with_split_k(split)?.run_fused(&mut out, GemmEpilogue::default())?;
             return Ok(self.wrap16(out, m * n));
         }
         let v = u32s("matmul", &[m, n, k])?;

@@ -523,7 +523,11 @@ impl CudaStorage {
             // SAFETY: every offset is a valid index of `from`; `partial` holds chunks x out_n.
             unsafe {
                 self.dev.launch(k::ReduceSumDimsPartialF32, cfg, (buf.ptr(), partial.ptr_mut(), p, chunk))?;
-                self.dev.launch(k::ReducePartialsF64, cfg2, (partial.ptr(), res.f32_mut().ptr_mut(), p.out_n, chunks))?;
+                self.dev.launch(
+                    k::ReducePartialsF64,
+                    cfg2,
+                    (partial.ptr(), res.f32_mut().ptr_mut(), p.out_n, chunks),
+                )?;
             }
         } else if out_n > 0 {
             let (_, cfg) = grid(out_n, "sum")?;

@@ -111,10 +111,12 @@ impl CudaStorage {
         let mut dx = self.dev.alloc_uninit_bf16(rows * k)?;
         WgmmaGemm::with_layout(&self.dev, g, wb, GemmShape { m: r, n: k32, k: n32 }, WgmmaLayout::AB)?
             .run_fused(&mut dx, GemmEpilogue::default())?;
-        // dW (n x k) = dY^T (n x rows) X (rows x k): both read MN-major in place, f32 out
+        // dW (n x k) = dY^T (n x rows) X (rows x k): both read MN-major in place, f32 out; few
+        // output tiles over many rows take a k split (fixed order: the same bits every run)
         let mut dw = self.dev.alloc_uninit_f32(n * k)?;
-        WgmmaGemm::with_layout(&self.dev, g, xb, GemmShape { m: n32, n: k32, k: r }, WgmmaLayout::AtB)?
-            .run_fused(&mut dw, GemmEpilogue::default())?;
+        let plan = WgmmaGemm::with_layout(&self.dev, g, xb, GemmShape { m: n32, n: k32, k: r }, WgmmaLayout::AtB)?;
+        let split = plan.auto_split_k();
+        plan.with_split_k(split)?.run_fused(&mut dw, GemmEpilogue::default())?;
         let db = if bias {
             let mut db = self.dev.alloc_uninit_f32(n)?;
             column_sums(&self.dev, g, &mut db, r, n32)?;

@@ -229,7 +229,7 @@ mod dev {
     use super::*;
     use crate::kernels::gemm_wgmma::{
         Ring, WG_CONSUMERS, WG_STAGES, WP_B_SHARE_BYTES, WP_BM, WP_EMPTY_ARRIVALS, WW_BN, WW_CONSUMER_REGS,
-        WW_PRODUCER_REGS, WW_STAGE_BYTES, empty_parity, persistent_tile, tile_descriptor,
+        WW_PRODUCER_REGS, WW_STAGE_BYTES, empty_parity, persistent_tile, split_k_range, tile_descriptor,
     };
     use crate::{cluster, mbarrier, shared, thread, tma, wgmma};
     use elem::{load, load2, store, store2};
@@ -532,7 +532,25 @@ mod dev {
         }
     }
 
-    /// The body of `gemm_wgmma_bf16_fused`.
+    /// The body of `gemm_split_k_reduce_fused`.
+    #[inline(always)]
+    pub(super) unsafe fn reduce_parts(ws: DevicePtr<f32>, c: u64, s: GemmShape, splits: u32, epi: FusedEpilogue) {
+        let len = s.m * s.n;
+        let stride = thread::grid_dim_x() * thread::block_dim_x();
+        let mut i = thread::block_idx_x() * thread::block_dim_x() + thread::thread_idx_x();
+        while i < len {
+            let mut v = unsafe { ws.read(i as usize) };
+            let mut sp = 1;
+            while sp < splits {
+                v += unsafe { ws.read(sp as usize * len as usize + i as usize) };
+                sp += 1;
+            }
+            store(epi.format, c, i as usize, epi.apply(v, i / s.n, i % s.n, s.n));
+            i += stride;
+        }
+    }
+
+    /// The body of `gemm_wgmma_bf16_fused` (`splits` 1) and `gemm_wgmma_bf16_fused_split`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn fused_body(
@@ -544,6 +562,7 @@ mod dev {
         multicast: bool,
         layout: u32,
         c_map: DevicePtr<TensorMap>,
+        splits: u32,
     ) {
         let tid = thread::thread_idx_x();
         let wg = tid / 128;
@@ -565,10 +584,11 @@ mod dev {
                 }
                 let mut t = 0;
                 let mut i = 0;
-                while let Some((_, tm, tn, _)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n, 1, 1) {
+                while let Some((_, tm, tn, sp)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n, splits, 1) {
                     let (m0, n0) = (tm * WP_BM + rank * super::super::gemm_wgmma::WG_BM, tn * WW_BN);
-                    let mut kt = 0;
-                    while kt < k_tiles {
+                    let (first, count) = split_k_range(k_tiles, splits, sp);
+                    let mut kt = first;
+                    while kt < first + count {
                         let st = t % WG_STAGES;
                         if t >= WG_STAGES
                             && !unsafe {
@@ -628,13 +648,14 @@ mod dev {
             let mut acc = [0.0f32; 128];
             let mut t = 0;
             let mut i = 0;
-            while let Some((_, tm, tn, _)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n, 1, 1) {
+            while let Some((_, tm, tn, sp)) = persistent_tile(cid, clusters, i, tiles_m, tiles_n, splits, 1) {
                 let (m0, n0) = (tm * WP_BM + rank * super::super::gemm_wgmma::WG_BM, tn * WW_BN);
-                let mut kt = 0;
-                while kt < k_tiles {
-                    mma(ring, t, cons, &mut acc, kt > 0, layout);
+                let (first, count) = split_k_range(k_tiles, splits, sp);
+                let mut kt = first;
+                while kt < first + count {
+                    mma(ring, t, cons, &mut acc, kt > first, layout);
                     // tile kt - 1's products are done: its stage can be refilled while kt's run
-                    if kt > 0 {
+                    if kt > first {
                         release(t - 1);
                     }
                     t += 1;
@@ -645,7 +666,11 @@ mod dev {
                 // the thread index laundered per tile: the epilogue's per-pair offsets are then
                 // recomputed here instead of hoisted out of the tile loop (and spilled)
                 let lt = crate::hint::launder(ct);
-                if staged {
+                if splits > 1 {
+                    // a k part goes unchanged (f32) to its partial; the reduction applies the epilogue
+                    let part = c + sp as u64 * s.m as u64 * s.n as u64 * 4;
+                    store_m64n256(&acc, lt, m0 + cons * 64, n0, part, s, FusedEpilogue::NONE);
+                } else if staged {
                     Staged { ct: lt, cons, row0: m0 + cons * 64, n0, c_map, s, epi, staging, pairs }.store(&acc);
                 } else {
                     store_m64n256(&acc, lt, m0 + cons * 64, n0, c, s, epi);
@@ -697,7 +722,51 @@ pub unsafe fn gemm_wgmma_bf16_fused(
     layout: u32,
     c_map: DevicePtr<TensorMap>,
 ) {
-    unsafe { dev::fused_body(a_map, b_map, c.addr(), s, epi, multicast != 0, layout, c_map) }
+    unsafe { dev::fused_body(a_map, b_map, c.addr(), s, epi, multicast != 0, layout, c_map, 1) }
+}
+
+/// The k-split products of `gemm_wgmma_bf16_fused` (any [`layout`]): the same schedule, loads
+/// and products, with each work unit one k part of a cluster tile (`persistent_tile` with
+/// `splits`; the part's k tiles by `split_k_range`, all non-empty: `split_k_fits`). A part's
+/// 256 x 256 f32 sums go unchanged, from registers and masked, to the partial
+/// `ws + split * m * n` (row-major, pitch n); [`gemm_split_k_reduce_fused`] then adds the parts in
+/// order and applies the epilogue. For long-k products with few output tiles (weight gradients).
+///
+/// - Grid: [`WP_CLUSTER`]-CTA clusters, at most as many as fit at once (a multiple of 2 CTAs);
+///   cluster `c` takes units `c, c + clusters, ...` of the `tiles * splits` units.
+/// - Block: 384 threads, as `gemm_wgmma_bf16_fused` (producer warpgroup 0, consumers 1 and 2).
+///
+/// Parameters: `a_map`, `b_map` (as `gemm_wgmma_bf16_fused`'s, for `layout`), `ws` (`splits * m * n`
+/// f32), the shape, `multicast`, `layout`, `splits` (at least 1). Dynamic shared memory
+/// `WP_SMEM_BYTES`.
+#[kernel(arch = "sm_90a", max_threads = 384, cluster = 2)]
+pub unsafe fn gemm_wgmma_bf16_fused_split(
+    a_map: DevicePtr<TensorMap>,
+    b_map: DevicePtr<TensorMap>,
+    ws: DevicePtrMut<f32>,
+    s: GemmShape,
+    multicast: u32,
+    layout: u32,
+    splits: u32,
+) {
+    let null = DevicePtr::from_addr(0);
+    unsafe { dev::fused_body(a_map, b_map, ws.addr(), s, FusedEpilogue::NONE, multicast != 0, layout, null, splits) }
+}
+
+/// `c[i] = epi(sum over s of ws[s * m * n + i])` for the `m * n` outputs, the sum in the order
+/// `s = 0, 1, ..` in f32, then `epi` ([`FusedEpilogue`]: bias, activation, residual, table) and one
+/// rounding to `epi.format`: the fixed-order reduction of [`gemm_wgmma_bf16_fused_split`]'s parts
+/// (the same bits on every run of a shape and split). Grid-stride over the outputs, one thread an
+/// output; any grid; block 256.
+#[kernel(arch = "sm_90a")]
+pub unsafe fn gemm_split_k_reduce_fused(
+    ws: DevicePtr<f32>,
+    c: DevicePtrMut<u8>,
+    s: GemmShape,
+    splits: u32,
+    epi: FusedEpilogue,
+) {
+    unsafe { dev::reduce_parts(ws, c.addr(), s, splits, epi) }
 }
 
 /// Columns of C in one staging box of the fused kernel's staged epilogue: 128 bytes of `format`.

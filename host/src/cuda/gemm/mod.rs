@@ -36,7 +36,7 @@ pub use layout::{Layout, SizeClass};
 pub use mma_sync::{HgemmArgs, HgemmInput, hgemm, hgemm_tile_for, hgemm_with_tile};
 pub use tcgen05::gemm_tcgen05;
 pub use typed::{TypedTier, typed_gemm};
-pub use wgmma::{BatchSpec, WgmmaGemm, WgmmaLayout, WgmmaTile, column_sum_chunks, column_sums};
+pub use wgmma::{BatchSpec, WgmmaGemm, WgmmaLayout, WgmmaTile, column_sum_chunks, column_sums, engine_split_k};
 
 /// The tensor map of a K-major bf16 operand of the TMA-fed kernels (`wgmma`, `tcgen05`, the
 /// TMA-fed `mma.sync`): `rows` rows of `k`, boxes of `box_rows` rows by one 64-wide k tile, 128-byte

@@ -144,7 +144,8 @@ impl<'a> WgmmaGemm<'a> {
     /// The persistent kernel's product with its operands stored in `layout` (`a` and `b` hold m k
     /// and n k elements either way): [`WgmmaLayout::ABt`] is [`WgmmaGemm::new`]; the others run the
     /// fused kernel (`gemm_wgmma_bf16_fused`), which reads MN-major operands in place through
-    /// 64 x 64 boxes of their k x m (k x n) tensor maps. No k split, one product.
+    /// 64 x 64 boxes of their k x m (k x n) tensor maps. One product; a k split through
+    /// [`WgmmaGemm::with_split_k`] (see [`WgmmaGemm::auto_split_k`]).
     pub fn with_layout(
         dev: &'a Device,
         a: &'a DeviceBuffer<half::bf16>,
@@ -310,10 +311,22 @@ impl<'a> WgmmaGemm<'a> {
     /// [`WgmmaGemm::with_split_k`] where speed matters more than that.
     pub fn suggested_split_k(&self) -> u32 {
         use kiln_gpu::kernels::gemm_wgmma::{WG_BK, choose_split_k};
-        if !self.tile.is_persistent() || self.batch.count > 1 || self.layout != WgmmaLayout::ABt {
+        if !self.tile.is_persistent() || self.batch.count > 1 {
             return 1; // batches are not split
         }
         choose_split_k(self.cluster_tiles(), self.checked.shape().k.div_ceil(WG_BK), self.resident)
+    }
+
+    /// The k split the tensor engine applies to this product: [`engine_split_k`] of its cluster
+    /// tiles, k tiles and resident clusters (1 for batches and non-persistent tiles). For products
+    /// whose bits may depend on their shape, such as weight gradients (a split changes the order
+    /// of each output's sum; the bits stay the same on every run of a shape).
+    pub fn auto_split_k(&self) -> u32 {
+        use kiln_gpu::kernels::gemm_wgmma::WG_BK;
+        if !self.tile.is_persistent() || self.batch.count > 1 {
+            return 1;
+        }
+        engine_split_k(self.cluster_tiles(), self.checked.shape().k.div_ceil(WG_BK), self.resident)
     }
 
     /// The persistent kernel's cluster tiles (256 x 256) for this shape.
@@ -330,12 +343,6 @@ impl<'a> WgmmaGemm<'a> {
     pub fn with_split_k(mut self, splits: u32) -> Result<Self> {
         use kiln_gpu::kernels::gemm_wgmma::{WG_BK, split_k_fits};
         let k_tiles = self.checked.shape().k.div_ceil(WG_BK);
-        if self.layout != WgmmaLayout::ABt && splits != 1 {
-            return Err(Error::Unsupported {
-                op: "wgmma gemm",
-                what: format!("a k split of the {:?} layout: only A B^T products are split", self.layout),
-            });
-        }
         if !self.tile.is_persistent() && splits != 1 {
             return Err(Error::Unsupported {
                 op: "wgmma gemm",
@@ -524,18 +531,20 @@ impl WgmmaGemm<'_> {
     /// Launches into `c` (m x n of `T`: f32, bf16 or f16) with the whole fused epilogue
     /// ([`GemmEpilogue`]: `c = act(acc + bias) + residual + table[row % period]`, rounded once to
     /// `T`), on the fused kernel (`gemm_wgmma_bf16_fused`, stores from registers). Needs a
-    /// persistent tile, no k split and one product; the buffers are checked against the shape
-    /// (typed errors). [`WgmmaGemm::run_with`] comes here for f32 outputs with additions or a
+    /// persistent tile and one product; the buffers are checked against the shape (typed errors).
+    /// With a k split ([`WgmmaGemm::with_split_k`]) the parts run on `gemm_wgmma_bf16_fused_split`
+    /// into an f32 workspace and `gemm_split_k_reduce_fused` adds them in order and applies the
+    /// epilogue. [`WgmmaGemm::run_with`] comes here for f32 outputs with additions or a
     /// layout other than [`WgmmaLayout::ABt`].
     pub fn run_fused<T: GemmOutput>(&self, c: &mut DeviceBuffer<T>, epi: GemmEpilogue<'_, T>) -> Result<()> {
         use kiln_gpu::kernels::gemm_wgmma::{ACT_NONE, WG_THREADS, WP_SMEM_BYTES};
         use kiln_gpu::kernels::gemm_wgmma_fused::{FusedEpilogue, GemmWgmmaBf16Fused};
-        if !self.tile.is_persistent() || self.splits != 1 || self.batch.count != 1 {
+        if !self.tile.is_persistent() || self.batch.count != 1 {
             return Err(Error::Unsupported {
                 op: "wgmma gemm",
                 what: format!(
-                    "the fused epilogue with the {:?} tile, {} k parts and {} products: it needs a persistent tile, no k split and one product",
-                    self.tile, self.splits, self.batch.count
+                    "the fused epilogue with the {:?} tile and {} products: it needs a persistent tile and one product",
+                    self.tile, self.batch.count
                 ),
             });
         }
@@ -568,8 +577,11 @@ impl WgmmaGemm<'_> {
             shared_mem_bytes: WP_SMEM_BYTES,
         };
         let c_ptr = kiln_gpu::DevicePtrMut::<u8>::from_addr(c.addr());
-        let c_map = kiln_gpu::DevicePtr::from_addr(self.fused_c_map::<T>(c.addr())?);
         let s = self.checked.shape();
+        if self.splits > 1 {
+            return self.run_fused_split(c_ptr, fused, multicast);
+        }
+        let c_map = kiln_gpu::DevicePtr::from_addr(self.fused_c_map::<T>(c.addr())?);
         let args = (self.a_map.ptr(), self.b_map.ptr(), c_ptr, s, fused, multicast, self.layout.code(), c_map);
         // SAFETY: the maps describe the borrowed operands in the plan's layout (boxes as the
         // kernel loads them); c, the bias, the residual and the table are checked against the
@@ -581,6 +593,46 @@ impl WgmmaGemm<'_> {
 }
 
 impl WgmmaGemm<'_> {
+    /// [`WgmmaGemm::run_fused`] with a k split: the parts into the workspace
+    /// (`gemm_wgmma_bf16_fused_split`), then their fixed-order sum and `fused` into `c`
+    /// (`gemm_split_k_reduce_fused`). `c` and the epilogue's buffers are checked by the caller.
+    fn run_fused_split(
+        &self,
+        c: kiln_gpu::DevicePtrMut<u8>,
+        fused: kiln_gpu::kernels::gemm_wgmma_fused::FusedEpilogue,
+        multicast: u32,
+    ) -> Result<()> {
+        use kiln_gpu::kernels::gemm_wgmma::{WG_THREADS, WP_SMEM_BYTES};
+        use kiln_gpu::kernels::gemm_wgmma_fused::{GemmSplitKReduceFused, GemmWgmmaBf16FusedSplit};
+        type K = GemmWgmmaBf16FusedSplit;
+        let s = self.checked.shape();
+        let mn = s.m as usize * s.n as usize;
+        let parts = self.splits as usize * mn;
+        let mut ws = self.workspace.borrow_mut();
+        if ws.as_ref().is_none_or(|w| w.len() != parts) {
+            *ws = Some(self.dev.alloc_uninit_f32(parts)?);
+        }
+        let ws = ws.as_mut().expect("allocated above");
+        let cfg = LaunchConfig {
+            grid_dim: (self.clusters * <K as kiln_gpu::Kernel>::CLUSTER, 1, 1),
+            block_dim: (WG_THREADS, 1, 1),
+            shared_mem_bytes: WP_SMEM_BYTES,
+        };
+        let args = (self.a_map.ptr(), self.b_map.ptr(), ws.ptr_mut(), s, multicast, self.layout.code(), self.splits);
+        // SAFETY: the maps describe the borrowed operands in the plan's layout; the workspace holds
+        // the splits * m * n f32 partials the kernel stores (masked at the edges), every k part is
+        // non-empty (with_split_k); the shared memory is the persistent kernel's ring.
+        self.checked.launch(cfg, |cfg| unsafe { self.dev.launch(K::default(), cfg, args) })?;
+        let blocks = (mn as u32).div_ceil(256).min(132 * 16);
+        let rcfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the reduction reads the m * n * splits partials written above and writes the
+        // m * n outputs of c in `fused.format`, reading the epilogue's buffers, all checked by
+        // run_fused against the shape.
+        self.checked.launch(rcfg, |rcfg| unsafe {
+            self.dev.launch(GemmSplitKReduceFused, rcfg, (ws.ptr(), c, s, self.splits, fused))
+        })
+    }
+
     /// The address of C's tensor map for the fused kernel's staged epilogue (C of `T` at
     /// `c_addr`), or 0 where C cannot take TMA stores
     /// ([`kiln_gpu::kernels::gemm_wgmma_fused::staged_store_fits`]) or the tile stores from
@@ -611,6 +663,19 @@ impl WgmmaGemm<'_> {
         *self.c_map.borrow_mut() = Some(map);
         Ok(addr)
     }
+}
+
+/// The k split the tensor engine applies ([`WgmmaGemm::auto_split_k`]) to a product of `tiles`
+/// cluster tiles (256 x 256) with `k_tiles` k tiles (of 64) on `clusters` resident clusters:
+/// [`choose_split_k`](kiln_gpu::kernels::gemm_wgmma::choose_split_k)'s split (1 unless the tiles
+/// leave at least half the clusters idle), lowered until every part has at least 4 k tiles
+/// (shorter parts spend more on their partials than they gain); 1 where that leaves no split.
+pub const fn engine_split_k(tiles: u32, k_tiles: u32, clusters: u32) -> u32 {
+    let mut s = kiln_gpu::kernels::gemm_wgmma::choose_split_k(tiles, k_tiles, clusters);
+    while s > 1 && (k_tiles < 4 * s || !kiln_gpu::kernels::gemm_wgmma::split_k_fits(k_tiles, s)) {
+        s -= 1;
+    }
+    s
 }
 
 /// The tensor map of an operand read MN-major by the fused kernel: the k x `mn` bf16 matrix
@@ -753,6 +818,48 @@ mod tests {
         // a tile wholly below A loads only B
         assert_eq!(fused_stage_bytes(128, 0, s(100, 256), layout::ATB), 2 * WP_B_SHARE_BYTES);
         assert_eq!(MN_BOX_BYTES * 2, WG_TILE_BYTES);
+    }
+
+    #[test]
+    fn engine_split_k_splits_few_tiles_of_long_k_only() {
+        use kiln_gpu::kernels::gemm_wgmma::{choose_split_k, split_k_fits, split_k_range};
+        let tiles = |m: u32, n: u32| m.div_ceil(256) * n.div_ceil(256);
+        // the GPT char-mini weight gradients (k = 16384 rows: 256 k tiles) on an H100/H200's 66 clusters
+        assert_eq!(engine_split_k(tiles(384, 384), 256, 66), 16);
+        for (m, n) in [(384, 384), (1536, 384), (384, 1536), (1152, 384)] {
+            let s = engine_split_k(tiles(m, n), 256, 66);
+            assert!(s > 1 && tiles(m, n) * s <= 66, "{m} x {n}: {s}");
+        }
+        // many tiles: no split (tiles x 2 above the clusters)
+        assert_eq!(engine_split_k(tiles(16384, 384), 6, 66), 1);
+        assert_eq!(engine_split_k(34, 256, 66), 1);
+        // short k: no split, or one with parts of at least 4 k tiles
+        assert_eq!(engine_split_k(4, 4, 66), 1);
+        assert_eq!(engine_split_k(4, 7, 66), 1);
+        assert_eq!(engine_split_k(4, 8, 66), 1); // choose_split_k: a split costs more than it saves
+        assert_eq!(choose_split_k(4, 48, 66), 16);
+        assert_eq!(engine_split_k(4, 48, 66), 12); // lowered to parts of 4 k tiles
+        assert_eq!(engine_split_k(4, 64, 66), 16);
+        for tiles in 1..40u32 {
+            for k_tiles in 1..300u32 {
+                let s = engine_split_k(tiles, k_tiles, 66);
+                assert!(s >= 1 && s <= choose_split_k(tiles, k_tiles, 66).max(1));
+                assert!(split_k_fits(k_tiles, s), "{tiles} tiles, {k_tiles}: {s}");
+                if s > 1 {
+                    assert!(k_tiles >= 4 * s && tiles * 2 <= 66);
+                    // the parts cover the k tiles in order, each non-empty
+                    let mut next = 0;
+                    for p in 0..s {
+                        let (first, count) = split_k_range(k_tiles, s, p);
+                        assert!(first == next && count > 0);
+                        next += count;
+                    }
+                    assert_eq!(next, k_tiles);
+                }
+            }
+        }
+        // no resident clusters reported: no split
+        assert_eq!(engine_split_k(4, 256, 0), 1);
     }
 
     #[test]
