@@ -13,21 +13,30 @@ use crate::cuda::attention::{self as fa, AttentionShape, FlashKernel};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// The forward kernel the attention op runs for `dtype` at `shape`, or `None` where the op takes
-/// its naive path: bf16 and f16 on [`FlashKernel::MmaSync`] at the flash head dims, and only where
-/// a backward kernel exists for the dtype when `need_grad` (f32 runs the naive path: its products
-/// are the verified f32 GEMMs). Cases the launcher's checks refuse (grid limits) are naive too.
-pub(crate) fn flash_op_kernel(dtype: DType, shape: AttentionShape, scale: f32, need_grad: bool) -> Option<FlashKernel> {
-    let kernel = match dtype {
-        DType::BF16 | DType::F16 => FlashKernel::MmaSync,
-        _ => return None,
-    };
+/// The forward kernel the attention op runs for `dtype` at `shape` on a device whose module is
+/// `arch`, or `None` where the op takes its naive path: bf16 and f16 at the flash head dims on the
+/// best verified forward ([`fa::flash_forward_kernel`]: the TMA + `wgmma` rung on sm_90a,
+/// [`FlashKernel::MmaSync`] elsewhere), and only where a backward kernel exists for the dtype when
+/// `need_grad` (f32 runs the naive path: its products are the verified f32 GEMMs). Cases the
+/// launcher's checks refuse (grid limits) are naive too.
+pub(crate) fn flash_op_kernel(
+    dtype: DType,
+    shape: AttentionShape,
+    scale: f32,
+    need_grad: bool,
+    arch: kiln_gpu::Arch,
+) -> Option<FlashKernel> {
+    if !matches!(dtype, DType::BF16 | DType::F16) {
+        return None;
+    }
+    let kernel = fa::flash_forward_kernel(dtype, shape.head_dim, arch)?;
     if need_grad && fa::flash_backward_kernel(dtype, shape.head_dim).is_none() {
         return None;
     }
     let lens = [shape.q_elems(), shape.kv_elems(), shape.kv_elems(), shape.q_elems(), shape.lse_elems()];
     // the tensors' buffers are fresh allocations (aligned); the sizes are the shape's own
     fa::check_forward(kernel, dtype, shape, scale, lens, [0; 5]).ok()?;
+    fa::check_arch(kernel, arch).ok()?;
     Some(kernel)
 }
 
@@ -44,7 +53,9 @@ impl CudaStorage {
         scale: f32,
         need_grad: bool,
     ) -> Result<Option<(CudaStorage, CudaStorage)>> {
-        let Some(kernel) = flash_op_kernel(self.dtype(), shape, scale, need_grad) else { return Ok(None) };
+        let Some(kernel) = flash_op_kernel(self.dtype(), shape, scale, need_grad, self.dev.arch()) else {
+            return Ok(None);
+        };
         if shape.q_elems() == 0 || shape.kv_elems() == 0 {
             return Ok(None);
         }
@@ -138,17 +149,19 @@ mod tests {
 
     #[test]
     fn the_op_runs_flash_for_16_bit_types_at_the_flash_head_dims_and_naive_elsewhere() {
+        const A: kiln_gpu::Arch = kiln_gpu::Arch::Sm80;
         let s = AttentionShape { batch: 2, heads: 4, q_len: 17, kv_len: 129, head_dim: 64 };
-        assert_eq!(flash_op_kernel(DType::BF16, s, 0.125, true), Some(FlashKernel::MmaSync));
-        assert_eq!(flash_op_kernel(DType::F16, s, 0.125, false), Some(FlashKernel::MmaSync));
+        assert_eq!(flash_op_kernel(DType::BF16, s, 0.125, true, A), Some(FlashKernel::MmaSync));
+        assert_eq!(flash_op_kernel(DType::BF16, s, 0.125, true, kiln_gpu::Arch::Sm90a), Some(FlashKernel::Wgmma));
+        assert_eq!(flash_op_kernel(DType::F16, s, 0.125, false, A), Some(FlashKernel::MmaSync));
         // f16 with a gradient runs flash only once a backward kernel takes f16
         assert_eq!(
-            flash_op_kernel(DType::F16, s, 0.125, true).is_some(),
+            flash_op_kernel(DType::F16, s, 0.125, true, A).is_some(),
             fa::flash_backward_kernel(DType::F16, 64).is_some()
         );
-        assert_eq!(flash_op_kernel(DType::F32, s, 0.125, false), None);
-        assert_eq!(flash_op_kernel(DType::BF16, AttentionShape { head_dim: 96, ..s }, 0.1, false), None);
-        assert_eq!(flash_op_kernel(DType::BF16, s, -1.0, false), None);
-        assert_eq!(flash_op_kernel(DType::BF16, AttentionShape { batch: 300, heads: 300, ..s }, 0.1, false), None);
+        assert_eq!(flash_op_kernel(DType::F32, s, 0.125, false, A), None);
+        assert_eq!(flash_op_kernel(DType::BF16, AttentionShape { head_dim: 96, ..s }, 0.1, false, A), None);
+        assert_eq!(flash_op_kernel(DType::BF16, s, -1.0, false, A), None);
+        assert_eq!(flash_op_kernel(DType::BF16, AttentionShape { batch: 300, heads: 300, ..s }, 0.1, false, A), None);
     }
 }
