@@ -372,6 +372,35 @@ enum Command {
         #[arg(long, default_value_t = 1, value_parser = parse::seed, allow_negative_numbers = true)]
         seed: u64,
     },
+    /// Time an NCCL all-reduce (f32 sum, in place) over GPUs 0..N and print its algorithm and bus
+    /// bandwidth (busbw = algbw x 2 (N-1)/N, as nccl-tests reports it).
+    Allreduce {
+        /// Bytes per all-reduce, a positive multiple of 4.
+        #[arg(long, default_value_t = 1 << 30, allow_negative_numbers = true)]
+        bytes: usize,
+        /// GPUs (ranks), at most the number present.
+        #[arg(long, default_value_t = 2, allow_negative_numbers = true)]
+        gpus: usize,
+        /// Timed all-reduces (their mean is reported).
+        #[arg(long, default_value_t = 20, value_parser = parse::count, allow_negative_numbers = true)]
+        reps: usize,
+        /// Untimed all-reduces first.
+        #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
+        warmup: usize,
+    },
+}
+
+fn allreduce(bytes: usize, gpus: usize, reps: usize, warmup: usize) -> kiln::Result<bool> {
+    let b = kiln::dist::bench_all_reduce(gpus, bytes, reps, warmup)?;
+    println!(
+        "kiln all_reduce f32 sum: {} bytes on {} GPUs: {:.3} ms  algbw {:.1} GB/s  busbw {:.1} GB/s",
+        b.bytes,
+        b.gpus,
+        b.seconds * 1e3,
+        b.algbw_gbs,
+        b.busbw_gbs
+    );
+    Ok(true)
 }
 
 fn parse_attention_shape(s: &str) -> Result<kiln::cuda::attention::AttentionShape, String> {
@@ -913,6 +942,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Attention { kernel, shape, kv_len, causal, backward, reps, seed }) => {
             attention(kernel, shape, kv_len, causal, backward, reps, seed)
         }
+        Some(Command::Allreduce { bytes, gpus, reps, warmup }) => allreduce(bytes, gpus, reps, warmup),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

@@ -246,6 +246,55 @@ pub fn run<T: Send>(gpus: usize, f: impl Fn(&Rank) -> Result<T> + Sync) -> Resul
     })
 }
 
+/// What [`bench_all_reduce`] measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AllReduceBench {
+    /// Bytes reduced per call (f32 elements x 4).
+    pub bytes: usize,
+    /// Ranks (GPUs).
+    pub gpus: usize,
+    /// Mean seconds per all-reduce over the timed calls.
+    pub seconds: f64,
+    /// Algorithm bandwidth, bytes / seconds, in GB/s (10^9).
+    pub algbw_gbs: f64,
+    /// Bus bandwidth, algbw x 2 (n-1)/n, in GB/s.
+    pub busbw_gbs: f64,
+}
+
+/// Times an in-place f32 sum all-reduce of `bytes` (a multiple of 4) over `gpus` GPUs the way
+/// nccl-tests does: `warmup` untimed calls, then `reps` calls back to back on each rank's stream,
+/// timed on rank 0 from a common start (a barrier after synchronizing) to the end of its stream.
+pub fn bench_all_reduce(gpus: usize, bytes: usize, reps: usize, warmup: usize) -> Result<AllReduceBench> {
+    if bytes == 0 || bytes % 4 != 0 {
+        return Err(Error::InvalidSetting {
+            setting: "--bytes",
+            value: bytes.to_string(),
+            allowed: "a positive multiple of 4 (f32 elements)".into(),
+        });
+    }
+    if reps == 0 {
+        return Err(Error::InvalidSetting { setting: "--reps", value: "0".into(), allowed: "1 or more".into() });
+    }
+    let barrier = std::sync::Barrier::new(gpus.max(1));
+    let times = run(gpus, |r| {
+        let mut buf = r.device.zeros::<f32>(bytes / 4)?;
+        for _ in 0..warmup {
+            r.comm.all_reduce_f32(&r.device, &mut buf, ReduceOp::Sum)?;
+        }
+        r.device.synchronize()?;
+        barrier.wait();
+        let t0 = std::time::Instant::now();
+        for _ in 0..reps {
+            r.comm.all_reduce_f32(&r.device, &mut buf, ReduceOp::Sum)?;
+        }
+        r.device.synchronize()?;
+        Ok(t0.elapsed().as_secs_f64() / reps as f64)
+    })?;
+    let seconds = times[0];
+    let algbw_gbs = bytes as f64 / seconds / 1e9;
+    Ok(AllReduceBench { bytes, gpus, seconds, algbw_gbs, busbw_gbs: bus_bandwidth(algbw_gbs, gpus) })
+}
+
 /// Bus bandwidth of an all-reduce over `ranks` ranks from its algorithm bandwidth (bytes/time):
 /// a ring all-reduce moves `2 (n-1)/n` of the buffer over each link.
 pub fn bus_bandwidth(algbw: f64, ranks: usize) -> f64 {
