@@ -291,6 +291,10 @@ struct TrainArgs {
     /// or bf16 (operands rounded to bf16, tensor cores with f32 accumulation; much faster).
     #[arg(long, value_enum, default_value = "f32")]
     matmul_precision: Precision,
+    /// GPUs to train on (data-parallel over NCCL, the MLP in f32): each rank takes a share of
+    /// every --batch rows and the gradients are averaged by all-reduce. 1: one GPU, no NCCL.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    gpus: usize,
 }
 
 #[derive(Subcommand)]
@@ -680,6 +684,15 @@ fn info(load_time: bool) -> kiln::Result<()> {
 }
 
 fn train(a: TrainArgs) -> kiln::Result<bool> {
+    if a.gpus == 0 {
+        return Err(kiln::Error::InvalidSetting { setting: "--gpus", value: "0".into(), allowed: "1 or more".into() });
+    }
+    if a.gpus > 1 && matches!(a.model, ModelKind::Gpt) {
+        return Err(kiln::Error::Unsupported {
+            op: "train",
+            what: "--gpus with --model gpt (data-parallel training covers the MLP for now)".into(),
+        });
+    }
     if let ModelKind::Gpt = a.model {
         return train_gpt(a);
     }
@@ -751,8 +764,12 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
             Precision::Bf16 => kiln::cuda::MatmulPrecision::Bf16,
         },
     };
-    let report = kiln::train::train(&cfg, |line| say!("{line}"))?;
-    let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
+    let epochs = if a.gpus > 1 {
+        kiln::train::data_parallel::train_data_parallel(&cfg, a.gpus, |line| say!("{line}"))?.epochs
+    } else {
+        kiln::train::train(&cfg, |line| say!("{line}"))?.epochs
+    };
+    let acc = epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
     let target = a.target_accuracy.unwrap_or(match a.dataset {
         Data::Spirals => 0.95,
         Data::Mnist => 0.9,

@@ -18,6 +18,7 @@ pub mod nccl;
 
 use crate::cuda::{Device, DeviceBuffer};
 use crate::error::{Error, Result};
+use crate::tensor::{DType, Storage, Tensor};
 use cudarc::nccl::sys::{ncclComm_t, ncclUniqueId};
 use nccl::Nccl;
 use std::ffi::c_void;
@@ -166,6 +167,79 @@ impl Comm {
     pub fn broadcast_bf16(&self, device: &Device, buf: &mut DeviceBuffer<half::bf16>, root: usize) -> Result<()> {
         // SAFETY: as in `all_reduce_f32`.
         unsafe { self.broadcast_raw(device, buf.addr(), buf.len(), NCCL_BFLOAT16, root) }
+    }
+
+    /// In-place all-reduce of CUDA tensors (f32 or bf16; dense leaves such as gradients), grouped
+    /// into buckets of about `bucket_bytes` in reverse order ([`bucket::buckets`]): each bucket's
+    /// all-reduces are issued inside one NCCL group (one fused launch), buckets in order.
+    pub fn all_reduce_tensors(
+        &self,
+        device: &Device,
+        tensors: &[Tensor],
+        op: ReduceOp,
+        bucket_bytes: usize,
+    ) -> Result<()> {
+        let sizes: Vec<usize> = tensors.iter().map(|t| t.elem_count() * t.dtype().size()).collect();
+        for group in bucket::buckets(&sizes, bucket_bytes) {
+            let guards: Vec<_> = group.iter().map(|&i| tensors[i].storage_mut()).collect();
+            let mut calls = Vec::with_capacity(group.len());
+            for (g, &i) in guards.iter().zip(&group) {
+                let Storage::Cuda(c) = &**g else {
+                    return Err(Error::Unsupported { op: "all_reduce_tensors", what: "a tensor on the CPU".into() });
+                };
+                let dtype = match c.dtype() {
+                    DType::F32 => NCCL_FLOAT32,
+                    DType::BF16 => NCCL_BFLOAT16,
+                    d => return Err(Error::DType { op: "all_reduce_tensors", got: d, expected: DType::F32 }),
+                };
+                calls.push((c.addr(), tensors[i].elem_count(), dtype));
+            }
+            // SAFETY: group start/end bracket the calls below; each address holds its tensor's
+            // elements on `device`, write-locked (`guards`) until the calls are enqueued.
+            unsafe {
+                self.nccl.check((self.nccl.group_start)(), || "starting an NCCL group".into())?;
+                let mut first_err = Ok(());
+                for (addr, len, dtype) in calls {
+                    if let Err(e) = self.all_reduce_raw(device, addr, len, dtype, op) {
+                        first_err = first_err.and(Err(e));
+                    }
+                }
+                let end = self.nccl.check((self.nccl.group_end)(), || "ending an NCCL group".into());
+                first_err?;
+                end?;
+            }
+            drop(guards);
+        }
+        Ok(())
+    }
+
+    /// In-place broadcast of CUDA tensors (f32 or bf16) from `root`, one NCCL group.
+    pub fn broadcast_tensors(&self, device: &Device, tensors: &[Tensor], root: usize) -> Result<()> {
+        let guards: Vec<_> = tensors.iter().map(|t| t.storage_mut()).collect();
+        // SAFETY: as in `all_reduce_tensors`.
+        unsafe {
+            self.nccl.check((self.nccl.group_start)(), || "starting an NCCL group".into())?;
+            let mut first_err = Ok(());
+            for (g, t) in guards.iter().zip(tensors) {
+                let r = match &**g {
+                    Storage::Cuda(c) if c.dtype() == DType::F32 => {
+                        self.broadcast_raw(device, c.addr(), t.elem_count(), NCCL_FLOAT32, root)
+                    }
+                    Storage::Cuda(c) if c.dtype() == DType::BF16 => {
+                        self.broadcast_raw(device, c.addr(), t.elem_count(), NCCL_BFLOAT16, root)
+                    }
+                    _ => Err(Error::Unsupported {
+                        op: "broadcast_tensors",
+                        what: "a tensor that is not an f32 or bf16 CUDA tensor".into(),
+                    }),
+                };
+                first_err = first_err.and(r);
+            }
+            let end = self.nccl.check((self.nccl.group_end)(), || "ending an NCCL group".into());
+            first_err?;
+            end?;
+        }
+        Ok(())
     }
 
     /// Ends the communicator at once, failing its pending collectives (for a rank that cannot go on).

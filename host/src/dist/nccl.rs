@@ -36,6 +36,8 @@ pub struct Nccl {
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, ncclComm_t, *mut c_void) -> Res,
     pub(crate) broadcast:
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, ncclComm_t, *mut c_void) -> Res,
+    pub(crate) group_start: unsafe extern "C" fn() -> Res,
+    pub(crate) group_end: unsafe extern "C" fn() -> Res,
     get_error_string: unsafe extern "C" fn(Res) -> *const c_char,
 }
 
@@ -163,6 +165,8 @@ fn resolve(lib: libloading::Library, source: String) -> std::result::Result<Nccl
             comm_abort: sym!("ncclCommAbort"),
             all_reduce: sym!("ncclAllReduce"),
             broadcast: sym!("ncclBroadcast"),
+            group_start: sym!("ncclGroupStart"),
+            group_end: sym!("ncclGroupEnd"),
             get_error_string: sym!("ncclGetErrorString"),
             source,
             _lib: lib,
