@@ -6,6 +6,12 @@
 //! bf16), and the mean scales by a power of two, so the result is the CPU's f64 sum rounded once:
 //! f32 within `1e-7 |want|` (one rounding), bf16 within `2^-8 |want|` (one bf16 rounding). Every rank
 //! must hold the same bits.
+//!
+//! Training: the MLP ([`dp_config`]: spirals, 960 training rows, batch 50) for about 100 steps on two GPUs against one GPU with the same global batch and seed.
+//! The only difference is the order of sums (each rank's gradient is a sum over its half of the
+//! batch, then the halves are added), a few f32 ulps per step that SGD carries forward: per-step
+//! losses within `1e-3 (1 + |loss|)`, and the largest difference is printed. Two 2-GPU runs give
+//! the same bits (losses and parameters), and rank 0 writes the checkpoint.
 
 use crate::common::{Outcome, bits, err};
 use crate::{GpuTest, any};
@@ -22,6 +28,16 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::dist::all_reduce_bf16_on_two_gpus", available: two_gpus, run: all_reduce_bf16 },
         GpuTest { name: "gpu::dist::broadcast_on_two_gpus", available: two_gpus, run: broadcast },
         GpuTest { name: "gpu::dist::more_gpus_than_present_is_refused", available: any, run: too_many },
+        GpuTest {
+            name: "gpu::dist::two_gpu_training_matches_one_gpu",
+            available: two_gpus,
+            run: two_gpu_training_matches_one_gpu,
+        },
+        GpuTest {
+            name: "gpu::dist::two_gpu_training_repeats_bit_for_bit",
+            available: two_gpus,
+            run: two_gpu_training_repeats,
+        },
     ]
 }
 
@@ -120,4 +136,77 @@ fn too_many(_: &Device) -> Outcome {
         Err(kiln::Error::TooFewGpus { asked, present: p }) if asked == present + 1 && p == present => Ok(()),
         other => Err(format!("--gpus {} on {present} GPU(s): expected TooFewGpus, got {other:?}", present + 1)),
     }
+}
+
+/// Spirals (3 classes x 400 points, 960 training rows), batch 50 (an odd last batch of 10 rows,
+/// 5 per rank), 5 epochs = 100 steps, SGD with momentum, f32.
+fn dp_config(checkpoint: Option<std::path::PathBuf>) -> kiln::train::TrainConfig {
+    kiln::train::TrainConfig {
+        data: kiln::train::DataSource::Spirals { per_class: 400, classes: 3, noise: 0.2 },
+        width: 64,
+        depth: 3,
+        batch: 50,
+        epochs: 5,
+        optimizer: kiln::train::OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
+        lr: 0.05,
+        warmup: 0,
+        seed: 7,
+        checkpoint,
+        progress: false,
+        ..Default::default()
+    }
+}
+
+fn dp(
+    gpus: usize,
+    checkpoint: Option<std::path::PathBuf>,
+) -> Result<kiln::train::data_parallel::DataParallelReport, String> {
+    kiln::train::data_parallel::train_data_parallel(&dp_config(checkpoint), gpus, |_| {}).map_err(err)
+}
+
+fn two_gpu_training_matches_one_gpu(_: &Device) -> Outcome {
+    let one = dp(1, None)?;
+    let ckpt = std::env::temp_dir().join(format!("kiln-dist-{}.safetensors", std::process::id()));
+    let two = dp(2, Some(ckpt.clone()))?;
+    let steps = one.step_losses.len();
+    if steps < 90 || two.step_losses.len() != steps {
+        return Err(format!("expected about 100 steps on both, got {steps} and {}", two.step_losses.len()));
+    }
+    let mut max = 0.0f64;
+    for (s, (a, b)) in one.step_losses.iter().zip(&two.step_losses).enumerate() {
+        let d = (a - b).abs();
+        max = max.max(d);
+        if !(d <= 1e-3 * (1.0 + a.abs())) {
+            return Err(format!("step {s}: 1-GPU loss {a}, 2-GPU loss {b} (difference {d:e})"));
+        }
+    }
+    eprintln!(
+        "two_gpu_training_matches_one_gpu: largest per-step loss difference {max:e} over {steps} steps (first {:.4}, last {:.4})",
+        one.step_losses[0],
+        one.step_losses[steps - 1]
+    );
+    if !(one.step_losses[steps - 1] < one.step_losses[0]) {
+        return Err(format!("the loss did not fall: {} -> {}", one.step_losses[0], one.step_losses[steps - 1]));
+    }
+    let (tensors, _) = kiln::checkpoint::load(&ckpt).map_err(err)?;
+    let _ = std::fs::remove_file(&ckpt);
+    if tensors.is_empty() {
+        return Err("rank 0's checkpoint holds no tensors".into());
+    }
+    Ok(())
+}
+
+fn two_gpu_training_repeats(_: &Device) -> Outcome {
+    let a = dp(2, None)?;
+    let b = dp(2, None)?;
+    let lb = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    if lb(&a.step_losses) != lb(&b.step_losses) {
+        return Err("two 2-GPU runs' losses differ in bits".into());
+    }
+    for ((n, x), (_, y)) in a.params.iter().zip(&b.params) {
+        if bits(x) != bits(y) {
+            return Err(format!("two 2-GPU runs' parameter {n} differs in bits"));
+        }
+    }
+    Ok(())
 }
