@@ -125,6 +125,7 @@ impl Comm {
     /// # Safety
     /// `ptr` must address `len` elements of `dtype` on `device`, live until the stream passes the call.
     unsafe fn all_reduce_raw(&self, device: &Device, ptr: u64, len: usize, dtype: i32, op: ReduceOp) -> Result<()> {
+        device.context().bind_to_thread().map_err(Error::driver("binding the context for NCCL"))?;
         let p = ptr as *mut c_void;
         // SAFETY: in-place all-reduce of `len` elements at `p` (the caller's contract).
         let code = unsafe { (self.nccl.all_reduce)(p, p, len, dtype, op.raw(), self.raw, Self::stream(device)) };
@@ -137,6 +138,7 @@ impl Comm {
         if root >= self.world {
             return Err(Error::Index { op: "broadcast", msg: format!("root {root} is not a rank of {}", self.world) });
         }
+        device.context().bind_to_thread().map_err(Error::driver("binding the context for NCCL"))?;
         let p = ptr as *mut c_void;
         // SAFETY: in-place broadcast of `len` elements at `p`.
         let code = unsafe { (self.nccl.broadcast)(p, p, len, dtype, root as i32, self.raw, Self::stream(device)) };
