@@ -341,7 +341,7 @@ pub struct AllReduceBench {
 /// nccl-tests does: `warmup` untimed calls, then `reps` calls back to back on each rank's stream,
 /// timed on rank 0 from a common start (a barrier after synchronizing) to the end of its stream.
 pub fn bench_all_reduce(gpus: usize, bytes: usize, reps: usize, warmup: usize) -> Result<AllReduceBench> {
-    if bytes == 0 || bytes % 4 != 0 {
+    if bytes == 0 || !bytes.is_multiple_of(4) {
         return Err(Error::InvalidSetting {
             setting: "--bytes",
             value: bytes.to_string(),
