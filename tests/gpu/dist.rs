@@ -41,6 +41,13 @@ pub(crate) fn tests() -> Vec<GpuTest> {
     ]
 }
 
+/// One multi-GPU test at a time in this process: two jobs' NCCL kernels interleaved on the same
+/// GPUs could wait on each other.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// At least two GPUs are present.
 fn two_gpus(_: &Device) -> bool {
     Device::count().is_ok_and(|n| n >= 2)
@@ -65,6 +72,7 @@ fn same_bits(what: &str, ranks: &[Vec<f32>]) -> Outcome {
 }
 
 fn all_reduce_f32(_: &Device) -> Outcome {
+    let _one_at_a_time = serial();
     for len in LENS {
         for op in [ReduceOp::Sum, ReduceOp::Avg] {
             let got = dist::run(2, |r| {
@@ -85,6 +93,7 @@ fn all_reduce_f32(_: &Device) -> Outcome {
 }
 
 fn all_reduce_bf16(_: &Device) -> Outcome {
+    let _one_at_a_time = serial();
     for len in LENS {
         for op in [ReduceOp::Sum, ReduceOp::Avg] {
             let to_bf = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
@@ -106,6 +115,7 @@ fn all_reduce_bf16(_: &Device) -> Outcome {
 }
 
 fn broadcast(_: &Device) -> Outcome {
+    let _one_at_a_time = serial();
     for root in 0..2 {
         let len = 4099;
         let got = dist::run(2, |r| {
@@ -165,6 +175,7 @@ fn dp(
 }
 
 fn two_gpu_training_matches_one_gpu(_: &Device) -> Outcome {
+    let _one_at_a_time = serial();
     let one = dp(1, None)?;
     let ckpt = std::env::temp_dir().join(format!("kiln-dist-{}.safetensors", std::process::id()));
     let two = dp(2, Some(ckpt.clone()))?;
@@ -197,6 +208,7 @@ fn two_gpu_training_matches_one_gpu(_: &Device) -> Outcome {
 }
 
 fn two_gpu_training_repeats(_: &Device) -> Outcome {
+    let _one_at_a_time = serial();
     let a = dp(2, None)?;
     let b = dp(2, None)?;
     let lb = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
