@@ -42,6 +42,18 @@ pub enum Error {
         /// The places tried.
         searched: String,
     },
+    /// Ranks of a multi-process run could not meet (the torchrun-style TCP rendezvous).
+    #[error("rendezvous at {addr} (rank {rank} of {world}): {msg}")]
+    Rendezvous {
+        /// The master's address and port.
+        addr: String,
+        /// This rank.
+        rank: usize,
+        /// The world size this rank was given.
+        world: usize,
+        /// What went wrong, and what to change.
+        msg: String,
+    },
     /// An NCCL call failed.
     #[error("NCCL error while {context}: {msg} (ncclResult_t {code})")]
     Nccl {

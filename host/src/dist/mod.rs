@@ -15,6 +15,7 @@
 
 pub mod bucket;
 pub mod nccl;
+pub mod rendezvous;
 
 use crate::cuda::{Device, DeviceBuffer};
 use crate::error::{Error, Result};
