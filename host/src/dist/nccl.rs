@@ -6,7 +6,8 @@
 //! path where it finds one, and resolves the few entry points it calls. Order of search:
 //! 1. `KILN_NCCL_LIB` (a file, or a directory holding `libnccl.so.2`); if set, nothing else is tried;
 //! 2. `libnccl.so.2` and `libnccl.so` by name (`LD_LIBRARY_PATH`, the linker cache);
-//! 3. Python's site-packages (`nvidia/nccl/lib/libnccl.so.2`), asked of `python3` and globbed under the
+//! 3. Python's site-packages (`nvidia/nccl/lib/libnccl.so.2`, or `nvidia/*/lib/libnccl.so.2` as the
+//!    CUDA 13 wheels lay it out), asked of `python3` and globbed under the
 //!    usual prefixes, then CUDA's and the system's library directories.
 
 use crate::error::{Error, Result};
@@ -86,6 +87,12 @@ pub fn candidates(env: Option<&str>, site_dirs: &[PathBuf]) -> Vec<String> {
     let mut out = vec![NCCL_SONAME.to_string(), "libnccl.so".to_string()];
     for d in site_dirs {
         out.push(d.join("nvidia/nccl/lib").join(NCCL_SONAME).display().to_string());
+        // CUDA 13 wheels install under one directory per CUDA major (nvidia/cu13/lib)
+        if let Ok(rd) = std::fs::read_dir(d.join("nvidia")) {
+            let mut subs: Vec<PathBuf> = rd.flatten().map(|e| e.path().join("lib").join(NCCL_SONAME)).collect();
+            subs.sort();
+            out.extend(subs.into_iter().filter(|p| p.exists()).map(|p| p.display().to_string()));
+        }
     }
     for d in ["/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"] {
         out.push(format!("{d}/{NCCL_SONAME}"));
@@ -191,6 +198,17 @@ mod tests {
         assert_eq!(&c[..3], ["libnccl.so.2", "libnccl.so", "/py/site-packages/nvidia/nccl/lib/libnccl.so.2"]);
         assert!(c.contains(&"/usr/local/cuda/lib64/libnccl.so.2".to_string()));
         assert_eq!(c.iter().filter(|x| x.contains("/py/")).count(), 1, "duplicates removed");
+    }
+
+    #[test]
+    fn cuda_13_wheel_layout_is_found() {
+        let site = std::env::temp_dir().join(format!("kiln-nccl-site-{}", std::process::id()));
+        let lib = site.join("nvidia/cu13/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join(NCCL_SONAME), b"").unwrap();
+        let c = candidates(None, std::slice::from_ref(&site));
+        let _ = std::fs::remove_dir_all(&site);
+        assert!(c.contains(&lib.join(NCCL_SONAME).display().to_string()), "{c:?}");
     }
 
     #[test]
