@@ -267,10 +267,11 @@ pub struct Rank {
     pub rank: usize,
     /// Number of ranks.
     pub world: usize,
+    /// This rank's communicator (declared before `device`: it is destroyed while the device's
+    /// context is still alive).
+    pub comm: Comm,
     /// This rank's GPU.
     pub device: Arc<Device>,
-    /// This rank's communicator.
-    pub comm: Comm,
 }
 
 /// Checks that `gpus` GPUs are present: [`Error::TooFewGpus`] otherwise (`gpus` = 0 is refused too).
@@ -305,8 +306,16 @@ pub fn run<T: Send>(gpus: usize, f: impl Fn(&Rank) -> Result<T> + Sync) -> Resul
                 s.spawn(move || -> Result<T> {
                     let device = Arc::new(Device::new(rank)?);
                     let comm = Comm::init(&device, id, rank, gpus)?;
-                    let r = Rank { rank, world: gpus, device, comm };
-                    let out = f(&r)?;
+                    let r = Rank { rank, world: gpus, comm, device };
+                    let out = match f(&r) {
+                        Ok(o) => o,
+                        Err(e) => {
+                            // abort, not destroy: destroy would wait for collectives that the
+                            // other ranks may never finish
+                            r.comm.abort();
+                            return Err(e);
+                        }
+                    };
                     r.device.synchronize()?;
                     Ok(out)
                 })
