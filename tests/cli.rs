@@ -553,3 +553,20 @@ fn gpt_refuses_bad_data_and_checkpoints() {
     assert!(!dir.join("kiln-gpt.safetensors").exists(), "a refused run saved a checkpoint");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn gpus_flag_mistakes_are_refused_before_any_work() {
+    if !binary_here("gpus_flag_mistakes_are_refused_before_any_work") {
+        return;
+    }
+    let d = tmpdir("gpus");
+    assert_refused(&kiln_in(&d, &["train", "--gpus", "0"]), &["--gpus", "1 or more"]);
+    assert_refused(&kiln_in(&d, &["train", "--gpus", "2", "--dtype", "bf16"]), &["--gpus", "bf16"]);
+    assert_refused(&kiln_in(&d, &["train", "--gpus", "2", "--model", "gpt"]), &["--gpus", "--model gpt"]);
+    // more GPUs than present: the count in the message, or no driver at all on a machine without one
+    let r = kiln_in(&d, &["train", "--gpus", "64", "--epochs", "1"]);
+    assert_refused(&r, &[]);
+    assert!(r.err.contains("--gpus 64") || r.err.contains("no CUDA driver"), "{r:?}");
+    assert_refused(&kiln_in(&d, &["allreduce", "--bytes", "3"]), &["--bytes", "multiple of 4"]);
+    let _ = std::fs::remove_dir_all(&d);
+}

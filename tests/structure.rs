@@ -63,7 +63,7 @@ const LAYERS: &[&[&str]] = &[
     &["ptx"],
     &["cuda"],
     &["tensor"],
-    &["nn", "optim", "checkpoint", "data", "corpus"],
+    &["nn", "optim", "checkpoint", "data", "corpus", "dist"],
     &["megakernel", "tools"],
     &["train"],
 ];

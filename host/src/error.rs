@@ -20,6 +20,50 @@ pub enum Error {
         /// Devices present.
         count: usize,
     },
+    /// Fewer GPUs are present than a multi-GPU run asked for.
+    #[error(
+        "--gpus {asked}: the driver reports {present} GPU(s); ask for at most {present}, or run where more are present"
+    )]
+    TooFewGpus {
+        /// GPUs asked for.
+        asked: usize,
+        /// GPUs present.
+        present: usize,
+    },
+    /// The NCCL library could not be found or loaded.
+    #[error(
+        "NCCL (libnccl.so.2) could not be loaded: {detail}. Point KILN_NCCL_LIB at the library file or its directory \
+         (PyTorch's wheel carries it: pip install nvidia-nccl-cu12, then .../site-packages/nvidia/nccl/lib), or add that \
+         directory to LD_LIBRARY_PATH. Searched: {searched}"
+    )]
+    NoNccl {
+        /// Why the last candidate failed.
+        detail: String,
+        /// The places tried.
+        searched: String,
+    },
+    /// Ranks of a multi-process run could not meet (the torchrun-style TCP rendezvous).
+    #[error("rendezvous at {addr} (rank {rank} of {world}): {msg}")]
+    Rendezvous {
+        /// The master's address and port.
+        addr: String,
+        /// This rank.
+        rank: usize,
+        /// The world size this rank was given.
+        world: usize,
+        /// What went wrong, and what to change.
+        msg: String,
+    },
+    /// An NCCL call failed.
+    #[error("NCCL error while {context}: {msg} (ncclResult_t {code})")]
+    Nccl {
+        /// What kiln was doing.
+        context: String,
+        /// The ncclResult_t code.
+        code: u32,
+        /// NCCL's description.
+        msg: String,
+    },
     /// The device is too old for kiln's kernels.
     #[error(
         "{name} has compute capability {major}.{minor}; kiln's kernels need 8.0 or newer \

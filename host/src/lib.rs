@@ -43,6 +43,7 @@ pub mod corpus;
 pub mod cuda;
 pub mod data;
 pub mod deterministic;
+pub mod dist;
 mod dtype;
 mod error;
 pub mod megakernel;

@@ -291,6 +291,10 @@ struct TrainArgs {
     /// or bf16 (operands rounded to bf16, tensor cores with f32 accumulation; much faster).
     #[arg(long, value_enum, default_value = "f32")]
     matmul_precision: Precision,
+    /// GPUs to train on (data-parallel over NCCL, the MLP in f32): each rank takes a share of
+    /// every --batch rows and the gradients are averaged by all-reduce. 1: one GPU, no NCCL.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    gpus: usize,
 }
 
 #[derive(Subcommand)]
@@ -372,6 +376,35 @@ enum Command {
         #[arg(long, default_value_t = 1, value_parser = parse::seed, allow_negative_numbers = true)]
         seed: u64,
     },
+    /// Time an NCCL all-reduce (f32 sum, in place) over GPUs 0..N and print its algorithm and bus
+    /// bandwidth (busbw = algbw x 2 (N-1)/N, as nccl-tests reports it).
+    Allreduce {
+        /// Bytes per all-reduce, a positive multiple of 4.
+        #[arg(long, default_value_t = 1 << 30, allow_negative_numbers = true)]
+        bytes: usize,
+        /// GPUs (ranks), at most the number present.
+        #[arg(long, default_value_t = 2, allow_negative_numbers = true)]
+        gpus: usize,
+        /// Timed all-reduces (their mean is reported).
+        #[arg(long, default_value_t = 20, value_parser = parse::count, allow_negative_numbers = true)]
+        reps: usize,
+        /// Untimed all-reduces first.
+        #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
+        warmup: usize,
+    },
+}
+
+fn allreduce(bytes: usize, gpus: usize, reps: usize, warmup: usize) -> kiln::Result<bool> {
+    let b = kiln::dist::bench_all_reduce(gpus, bytes, reps, warmup)?;
+    println!(
+        "kiln all_reduce f32 sum: {} bytes on {} GPUs: {:.3} ms  algbw {:.1} GB/s  busbw {:.1} GB/s",
+        b.bytes,
+        b.gpus,
+        b.seconds * 1e3,
+        b.algbw_gbs,
+        b.busbw_gbs
+    );
+    Ok(true)
 }
 
 fn parse_attention_shape(s: &str) -> Result<kiln::cuda::attention::AttentionShape, String> {
@@ -651,6 +684,15 @@ fn info(load_time: bool) -> kiln::Result<()> {
 }
 
 fn train(a: TrainArgs) -> kiln::Result<bool> {
+    if a.gpus == 0 {
+        return Err(kiln::Error::InvalidSetting { setting: "--gpus", value: "0".into(), allowed: "1 or more".into() });
+    }
+    if a.gpus > 1 && matches!(a.model, ModelKind::Gpt) {
+        return Err(kiln::Error::Unsupported {
+            op: "train",
+            what: "--gpus with --model gpt (data-parallel training covers the MLP for now)".into(),
+        });
+    }
     if let ModelKind::Gpt = a.model {
         return train_gpt(a);
     }
@@ -722,8 +764,12 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
             Precision::Bf16 => kiln::cuda::MatmulPrecision::Bf16,
         },
     };
-    let report = kiln::train::train(&cfg, |line| say!("{line}"))?;
-    let acc = report.epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
+    let epochs = if a.gpus > 1 {
+        kiln::train::data_parallel::train_data_parallel(&cfg, a.gpus, |line| say!("{line}"))?.epochs
+    } else {
+        kiln::train::train(&cfg, |line| say!("{line}"))?.epochs
+    };
+    let acc = epochs.last().map(|r| r.test_accuracy).unwrap_or(0.0);
     let target = a.target_accuracy.unwrap_or(match a.dataset {
         Data::Spirals => 0.95,
         Data::Mnist => 0.9,
@@ -913,6 +959,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Attention { kernel, shape, kv_len, causal, backward, reps, seed }) => {
             attention(kernel, shape, kv_len, causal, backward, reps, seed)
         }
+        Some(Command::Allreduce { bytes, gpus, reps, warmup }) => allreduce(bytes, gpus, reps, warmup),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

@@ -26,6 +26,7 @@
 //! optim           the fused multi-tensor optimizer and clipping against the CPU reference
 //! mixed           mixed-precision training (bf16 compute copies) and the fused Linear layer
 //! gpt             the GPT against the CPU model, AdamW's groups, training and sampling on CUDA
+//! dist            NCCL all-reduce and broadcast on two GPUs (ignored with fewer)
 //! common          helpers the families share (error text, bits, the A B^T check)
 //! ```
 
@@ -33,6 +34,7 @@ mod attention;
 mod attention_op;
 mod common;
 mod determinism;
+mod dist;
 mod dtypes;
 mod first_kernels;
 mod fused;
@@ -90,6 +92,7 @@ fn tests() -> Vec<GpuTest> {
         optim::tests(),
         mixed::tests(),
         gpt::tests(),
+        dist::tests(),
     ]
     .into_iter()
     .flatten()
@@ -125,8 +128,9 @@ fn main() {
             }
             Ok(dev) => {
                 skipped.push(format!(
-                    "{} (needs a newer GPU than {} {}.{})",
+                    "{} (needs a newer GPU, or more GPUs, than {} x {} {}.{})",
                     t.name,
+                    Device::count().unwrap_or(1),
                     dev.name(),
                     dev.compute_capability().0,
                     dev.compute_capability().1

@@ -1,6 +1,7 @@
 //! The main job: check the configuration and the memory it needs, train a classifier MLP, report
 //! loss and accuracy per epoch, save a checkpoint; and rebuild a saved model for `eval`.
 
+pub mod data_parallel;
 pub mod gpt;
 
 use crate::checkpoint::{self, TrainingState};
