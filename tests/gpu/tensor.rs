@@ -292,7 +292,9 @@ fn long_column_sums(_: &Device) -> Outcome {
         let x = Tensor::randn([rows, cols], DType::F32, &mut rng);
         let host = x.to_vec_f64();
         let g = x.to_device(&cuda).map_err(err)?;
-        for (what, t) in [("rows", g.sum_dim(0, false).map_err(err)?), ("rows again", g.sum_dim(0, false).map_err(err)?)] {
+        for (what, t) in
+            [("rows", g.sum_dim(0, false).map_err(err)?), ("rows again", g.sum_dim(0, false).map_err(err)?)]
+        {
             let got = t.to_vec_f32();
             let want: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| host[r * cols + c]).sum()).collect();
             let tol = testing::Tol { abs: 1e-6 * (rows as f64).sqrt(), rel: 1e-6 };
@@ -306,8 +308,13 @@ fn long_column_sums(_: &Device) -> Outcome {
         // a transposed view: the sum runs over the view's leading dimension (strided reads)
         let tv = g.transpose(0, 1).map_err(err)?.sum_dim(1, false).map_err(err)?.to_vec_f32();
         let want: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| host[r * cols + c]).sum()).collect();
-        testing::compare(&format!("view sum {rows}x{cols}"), &tv, &want, testing::Tol { abs: 1e-6 * (rows as f64).sqrt(), rel: 1e-6 })
-            .map_err(|e| e.to_string())?;
+        testing::compare(
+            &format!("view sum {rows}x{cols}"),
+            &tv,
+            &want,
+            testing::Tol { abs: 1e-6 * (rows as f64).sqrt(), rel: 1e-6 },
+        )
+        .map_err(|e| e.to_string())?;
     }
     Ok(())
 }
