@@ -570,3 +570,44 @@ fn gpus_flag_mistakes_are_refused_before_any_work() {
     assert_refused(&kiln_in(&d, &["allreduce", "--bytes", "3"]), &["--bytes", "multiple of 4"]);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `--no-graph` is accepted and documented; on the CPU (which never captures) a run with it and
+/// one without train alike, and the library reports no step replayed as a graph.
+#[test]
+fn no_graph_is_accepted_and_the_cpu_never_captures() {
+    use kiln::train::{DataSource, DeviceChoice, OptimizerKind, TrainConfig};
+    let run = |graph: bool| {
+        let cfg = TrainConfig {
+            data: DataSource::Spirals { per_class: 40, classes: 3, noise: 0.2 },
+            width: 8,
+            depth: 2,
+            batch: 17,
+            epochs: 2,
+            optimizer: OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
+            device: DeviceChoice::Cpu,
+            checkpoint: None,
+            progress: false,
+            graph,
+            ..TrainConfig::default()
+        };
+        let mut lines = Vec::new();
+        let r = kiln::train::train(&cfg, |l| lines.push(l.to_string())).unwrap();
+        (r, lines)
+    };
+    let ((a, la), (b, lb)) = (run(true), run(false));
+    assert_eq!(a.graph_steps, 0);
+    assert_eq!(b.graph_steps, 0);
+    assert!(!la.iter().chain(&lb).any(|l| l.contains("graph")), "{la:?} {lb:?}");
+    for (x, y) in a.epochs.iter().zip(&b.epochs) {
+        assert_eq!(x.loss.to_bits(), y.loss.to_bits());
+    }
+    if !binary_here("no_graph_is_accepted_and_the_cpu_never_captures") {
+        return;
+    }
+    let dir = tmpdir("no-graph");
+    let r = train(&dir, &["--no-graph", "--target-accuracy", "0"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let h = kiln_in(&dir, &["train", "--help"]);
+    assert!(h.out.contains("--no-graph") && h.out.contains("f16"), "{h:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

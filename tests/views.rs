@@ -284,3 +284,40 @@ fn attention_head_split_and_merge() {
     let first = heads.narrow(0, 0, 1).unwrap().narrow(1, 1, 1).unwrap().narrow(2, 2, 1).unwrap().to_vec_f64();
     assert_eq!(first, [20.0, 21.0, 22.0, 23.0]);
 }
+
+/// The in-place writers a captured step relies on: `copy_from_host` and `copy_from` write into the
+/// tensor's own storage (its views see the values), check the count, shape and dtype, and refuse
+/// views; `Targets::overwrite` replaces the indices and refuses while a clone shares them.
+#[test]
+fn in_place_copies_write_the_same_storage_and_check_their_source() {
+    let base = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]).unwrap();
+    let t = base.transpose(0, 1).unwrap();
+    base.copy_from_host(&[5.0, 6.0, 7.0, 8.0]).unwrap();
+    assert_eq!(t.to_vec_f32(), [5.0, 7.0, 6.0, 8.0]);
+    let e = base.copy_from_host(&[1.0; 3]).unwrap_err();
+    assert!(e.to_string().contains("3 values"), "{e}");
+    let e = t.copy_from_host(&[0.0; 4]).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { op: "copy_from_host", .. }), "{e}");
+    let f64t = Tensor::from_f64(&[1.0, 2.0], [2], DType::F64).unwrap();
+    assert!(matches!(f64t.copy_from_host(&[0.0; 2]).unwrap_err(), Error::DType { .. }));
+
+    base.copy_from(&Tensor::from_vec(vec![9.0f32, 8.0, 7.0, 6.0], [2, 2]).unwrap()).unwrap();
+    assert_eq!(t.to_vec_f32(), [9.0, 7.0, 8.0, 6.0]);
+    // a view as the source copies the elements it reads
+    base.copy_from(&t.contiguous().unwrap().transpose(0, 1).unwrap()).unwrap();
+    assert_eq!(base.to_vec_f32(), [9.0, 8.0, 7.0, 6.0]);
+    base.copy_from(&base).unwrap();
+    assert!(base.copy_from(&Tensor::from_vec(vec![0.0f32; 4], [4]).unwrap()).is_err());
+    assert!(base.copy_from(&Tensor::from_f64(&[0.0; 4], [2, 2], DType::F64).unwrap()).is_err());
+    assert!(matches!(t.copy_from(&base).unwrap_err(), Error::Unsupported { op: "copy_from", .. }));
+
+    let mut y = kiln::tensor::Targets::new(vec![0, 2, 1]);
+    assert!(!y.overwrite(&[1, 1, 3]).unwrap(), "no device copy to write on the CPU");
+    assert_eq!(y.as_slice(), [1, 1, 3]);
+    assert_eq!(y.max(), Some(3));
+    let clone = y.clone();
+    assert!(matches!(y.overwrite(&[0, 0, 0]).unwrap_err(), Error::Unsupported { .. }));
+    drop(clone);
+    y.overwrite(&[2]).unwrap();
+    assert_eq!(y.as_slice(), [2]);
+}

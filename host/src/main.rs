@@ -282,6 +282,13 @@ struct TrainArgs {
     /// gelu, --dtype f64, --weight-decay, --clip-grad-norm and --matmul-precision.
     #[arg(long)]
     megakernel: bool,
+    /// Run every training step eagerly instead of capturing the step in one CUDA graph. By
+    /// default a CUDA f32 or bf16 run with sgd at a constant learning rate (no --warmup) captures
+    /// its step after two eager full-batch steps and replays it (the last partial batch of an
+    /// epoch runs eagerly); f16 (its loss scaler reads the gradient norm on the host each step),
+    /// adam/adamw and the CPU always run eagerly.
+    #[arg(long)]
+    no_graph: bool,
     /// The megakernel's data path: tf32x3 (tensor cores, about f32 accuracy), tf32 (tensor cores,
     /// tf32 inputs), bf16 (tensor cores, bf16 inputs, f32 weights and sums; the fastest on large
     /// models) or cuda-cores (FMA chains, any GPU). Default: tf32x3 where the GPU has TMA.
@@ -753,6 +760,7 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         checkpoint: Some(a.checkpoint.unwrap_or_else(|| PathBuf::from("kiln-mlp.safetensors"))),
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         megakernel: a.megakernel,
+        graph: !a.no_graph,
         mega_path: a.mega_path.map(|p| match p {
             MegaPath::CudaCores => kiln::megakernel::DataPath::CudaCores,
             MegaPath::Tf32 => kiln::megakernel::DataPath::Tf32,

@@ -36,6 +36,8 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         },
         GpuTest { name: "gpu::mixed::train_main_job_f16_loss_scaled", available: any, run: train_main_job_f16 },
         GpuTest { name: "gpu::mixed::loss_scaled_step_on_cuda", available: any, run: loss_scaled_step },
+        GpuTest { name: "gpu::mixed::train_graph_matches_no_graph_f32", available: any, run: train_graph_f32 },
+        GpuTest { name: "gpu::mixed::train_graph_matches_no_graph_bf16", available: any, run: train_graph_bf16 },
     ]
 }
 
@@ -533,6 +535,75 @@ fn loss_scaled_step(_: &Device) -> Outcome {
     }
     if scaler.scale() != before / 2.0 || scaler.skipped() != 1 {
         return Err(what(&format!("after the overflow: scale {} skipped {}", scaler.scale(), scaler.skipped())));
+    }
+    Ok(())
+}
+
+/// `kiln train` (the library function) on CUDA with its step captured in a CUDA graph gives the
+/// same bits as with `--no-graph`: each epoch's loss and accuracies and every final parameter,
+/// f32. SGD with momentum at a constant learning rate (the captured configuration), a batch that
+/// leaves a partial last batch each epoch (run eagerly), three epochs.
+fn train_graph_f32(_: &Device) -> Outcome {
+    train_graph_case(DType::F32)
+}
+
+/// As [`train_graph_f32`] for mixed bf16 (f32 masters, optimizer-written bf16 copies).
+fn train_graph_bf16(_: &Device) -> Outcome {
+    train_graph_case(DType::BF16)
+}
+
+fn train_graph_case(dtype: DType) -> Outcome {
+    use kiln::nn::Module;
+    use kiln::train::{DataSource, DeviceChoice, OptimizerKind, TrainConfig};
+    let run = |graph: bool| {
+        let cfg = TrainConfig {
+            data: DataSource::Spirals { per_class: 101, classes: 3, noise: 0.2 },
+            width: 24,
+            depth: 3,
+            batch: 37,
+            epochs: 3,
+            optimizer: OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
+            lr: 0.05,
+            warmup: 0,
+            dtype,
+            device: DeviceChoice::Cuda,
+            checkpoint: None,
+            progress: false,
+            graph,
+            ..TrainConfig::default()
+        };
+        let mut lines = Vec::new();
+        let report = kiln::train::train(&cfg, |l| lines.push(l.to_string())).map_err(err)?;
+        Ok::<_, String>((report, lines))
+    };
+    let (eager, _) = run(false)?;
+    let (captured, lines) = run(true)?;
+    if eager.graph_steps != 0 {
+        return Err(format!("--no-graph replayed {} steps", eager.graph_steps));
+    }
+    if captured.graph_steps == 0 {
+        return Err(format!("no step ran as a graph: {lines:?}"));
+    }
+    if !lines.iter().any(|l| l.starts_with("step graph:")) {
+        return Err(format!("no graph line in the summary: {lines:?}"));
+    }
+    for (a, b) in eager.epochs.iter().zip(&captured.epochs) {
+        let same = a.loss.to_bits() == b.loss.to_bits()
+            && a.train_accuracy.to_bits() == b.train_accuracy.to_bits()
+            && a.test_accuracy.to_bits() == b.test_accuracy.to_bits();
+        if !same {
+            return Err(format!(
+                "{dtype:?} epoch {}: eager loss {} acc {}/{}, graph loss {} acc {}/{}",
+                a.epoch, a.loss, a.train_accuracy, a.test_accuracy, b.loss, b.train_accuracy, b.test_accuracy
+            ));
+        }
+    }
+    let (pa, pb) = (eager.model.named_parameters(), captured.model.named_parameters());
+    for ((name, a), (_, b)) in pa.iter().zip(&pb) {
+        let (va, vb) = (a.to_vec_f32(), b.to_vec_f32());
+        if let Some(i) = (0..va.len()).find(|&i| va[i].to_bits() != vb[i].to_bits()) {
+            return Err(format!("{dtype:?} parameter {name}[{i}]: eager {} graph {}", va[i], vb[i]));
+        }
     }
     Ok(())
 }

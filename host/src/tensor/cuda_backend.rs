@@ -220,6 +220,29 @@ impl DeviceIndices {
     }
 }
 
+impl DeviceIndices {
+    /// Replaces the indices of the device copy in place with `idx` (the same buffer, so a captured
+    /// graph that reads it sees them). Returns false, leaving nothing on the device, where the copy
+    /// could not be reused (its length differs or another handle holds it): the next use uploads.
+    pub(crate) fn overwrite(&mut self, op: &'static str, idx: &[usize]) -> Result<bool> {
+        let slot = self.0.get_mut().unwrap_or_else(|p| p.into_inner());
+        let written = match slot {
+            Some((dev, buf)) => match Arc::get_mut(buf) {
+                Some(b) if b.len() == idx.len() && !idx.is_empty() => {
+                    dev.write(b, &u32s(op, idx)?)?;
+                    true
+                }
+                _ => false,
+            },
+            None => false,
+        };
+        if !written {
+            *slot = None;
+        }
+        Ok(written)
+    }
+}
+
 impl CudaStorage {
     /// `n` elements of `data` on `dev`.
     fn wrap(dev: &Arc<CudaDevice>, data: CudaData, n: usize) -> CudaStorage {
@@ -269,6 +292,15 @@ impl CudaStorage {
     pub fn f32_buf(&self, op: &'static str) -> Result<&DeviceBuffer<f32>> {
         match &self.data {
             CudaData::F32(b) => Ok(b),
+            _ => Err(Error::DType { op, got: self.dtype(), expected: DType::F32 }),
+        }
+    }
+    /// Overwrites the f32 elements with host values in place (`v` holds [`CudaStorage::len`]
+    /// of them); other dtypes are a typed error naming `op`.
+    pub(crate) fn write_f32(&mut self, op: &'static str, v: &[f32]) -> Result<()> {
+        let CudaStorage { data, dev, .. } = self;
+        match data {
+            CudaData::F32(b) => dev.write_prefix(b, v),
             _ => Err(Error::DType { op, got: self.dtype(), expected: DType::F32 }),
         }
     }

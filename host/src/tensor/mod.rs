@@ -488,6 +488,56 @@ impl Tensor {
         Ok(())
     }
 
+    /// Copies `src`'s elements into this tensor's own buffer in place (same shape, dtype and
+    /// device; one copy on the device, which a graph capture records): unlike
+    /// [`Tensor::set_data`], the buffer stays the one a captured graph reads or writes. A view
+    /// refuses (see [`Tensor::is_view`]).
+    pub fn copy_from(&self, src: &Tensor) -> Result<()> {
+        self.refuse_view("copy_from")?;
+        if src.device() != self.device() {
+            return Err(Error::Device { op: "copy_from", a: self.device().name(), b: src.device().name() });
+        }
+        if src.shape() != self.shape() || src.dtype() != self.dtype() {
+            return Err(Error::shape(
+                "copy_from",
+                format!("source {} {:?} does not match {} {:?}", src.shape(), src.dtype(), self.shape(), self.dtype()),
+            ));
+        }
+        if src.id() == self.id() {
+            return Ok(());
+        }
+        let dst = Layout::contiguous(self.shape().clone());
+        let s = src.data_owned()?;
+        let src_layout = Layout::contiguous(src.shape().clone());
+        self.storage_mut().write_strided(&dst, &s, &src_layout)?;
+        self.invalidate_compute_copy();
+        Ok(())
+    }
+
+    /// Overwrites an f32 tensor's elements with host values in place (one host-to-device copy on
+    /// a GPU into the same buffer, so a captured graph that reads the tensor sees them on its next
+    /// replay). `values` must have [`Tensor::elem_count`] elements; a view refuses.
+    pub fn copy_from_host(&self, values: &[f32]) -> Result<()> {
+        self.refuse_view("copy_from_host")?;
+        if self.dtype() != DType::F32 {
+            return Err(Error::DType { op: "copy_from_host", got: self.dtype(), expected: DType::F32 });
+        }
+        if values.len() != self.elem_count() {
+            return Err(Error::shape(
+                "copy_from_host",
+                format!(
+                    "{} values for a tensor of shape {} ({} elements)",
+                    values.len(),
+                    self.shape(),
+                    self.elem_count()
+                ),
+            ));
+        }
+        self.storage_mut().write_host_f32("copy_from_host", values)?;
+        self.invalidate_compute_copy();
+        Ok(())
+    }
+
     /// Runs `f` on the data as a mutable slice of `T` (optimizer kernels). A view refuses (see
     /// [`Tensor::is_view`]).
     pub fn with_data_mut<T: Float, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {

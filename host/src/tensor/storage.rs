@@ -227,6 +227,17 @@ impl Storage {
         }
     }
 
+    /// Overwrites f32 data with host values in place (the same buffer; `v` holds every element).
+    pub(crate) fn write_host_f32(&mut self, op: &'static str, v: &[f32]) -> Result<()> {
+        match self {
+            Storage::Cpu(_) => {
+                self.host_slice_mut::<f32>(op)?.copy_from_slice(v);
+                Ok(())
+            }
+            Storage::Cuda(c) => c.write_f32(op, v),
+        }
+    }
+
     /// `n` elements of this data's dtype on its device, for an op that writes every one (zeros on
     /// the host; not cleared on a GPU, where `KILN_POISON=1` poisons them).
     pub(crate) fn scratch(&self, n: usize) -> Result<Storage> {

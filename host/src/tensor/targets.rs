@@ -54,6 +54,25 @@ impl Targets {
         self.0.max
     }
 
+    /// Replaces the indices with `idx`, writing them into the device copy already made when it has
+    /// `idx.len()` entries (the same buffer, so a captured graph that read the old targets reads
+    /// the new ones on its next replay). Returns whether the device copy was written in place
+    /// (false: none existed or its length differed; the next use uploads). Refused while a clone
+    /// of these targets is alive (a clone would see the change): drop the clones first.
+    pub fn overwrite(&mut self, idx: &[usize]) -> crate::error::Result<bool> {
+        let Some(inner) = Arc::get_mut(&mut self.0) else {
+            return Err(crate::error::Error::Unsupported {
+                op: "Targets::overwrite",
+                what: "targets that another handle shares (a clone, or a loss still holding them): drop it first"
+                    .into(),
+            });
+        };
+        inner.idx.clear();
+        inner.idx.extend_from_slice(idx);
+        inner.max = idx.iter().copied().max();
+        inner.on_device.overwrite("Targets::overwrite", idx)
+    }
+
     /// Their device copy, which the CUDA backend fills on first use and reuses.
     pub(crate) fn device_copy(&self) -> &DeviceIndices {
         &self.0.on_device

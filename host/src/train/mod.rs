@@ -9,7 +9,7 @@ use crate::data::{self, Dataset};
 use crate::error::{Error, Result};
 use crate::nn::{Activation, Module, Sequential, autocast, mlp};
 use crate::optim::{Adam, LrSchedule, Optimizer, Sgd, attach_compute_copies};
-use crate::tensor::{DType, Device, Tensor, no_grad};
+use crate::tensor::{DType, Device, Targets, Tensor, no_grad};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -105,6 +105,12 @@ pub struct TrainConfig {
     /// cross-entropy) instead of the layer-by-layer path. Without a GPU its schedule runs on the
     /// CPU interpreter.
     pub megakernel: bool,
+    /// Capture the training step in one CUDA graph once full batches repeat (after two eager
+    /// warm-up steps) and replay it: CUDA f32 and bf16 with SGD at a constant learning rate; f16
+    /// (the loss scaler reads the gradient norm on the host each step), Adam/AdamW (bias
+    /// corrections computed on the host per step), `--warmup` (the learning rate changes per step)
+    /// and the CPU run eagerly. The last partial batch of an epoch runs eagerly.
+    pub graph: bool,
     /// The megakernel's data path on the GPU (None: the tensor-core path with 3xTF32 products
     /// where the GPU has TMA, sm_90 and newer; the CUDA-core path elsewhere).
     pub mega_path: Option<crate::megakernel::DataPath>,
@@ -133,6 +139,7 @@ impl Default for TrainConfig {
             checkpoint: Some(PathBuf::from("kiln-mlp.safetensors")),
             progress: true,
             megakernel: false,
+            graph: true,
             mega_path: None,
             matmul_precision: crate::cuda::MatmulPrecision::F32,
         }
@@ -428,6 +435,8 @@ pub struct TrainReport {
     pub checkpoint: Option<PathBuf>,
     /// The device trained on, in words.
     pub device: String,
+    /// Training steps that ran as a replay of the captured CUDA graph (0: every step eager).
+    pub graph_steps: usize,
 }
 
 fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset)> {
@@ -536,6 +545,56 @@ fn metadata(cfg: &TrainConfig, data: &Dataset) -> HashMap<String, String> {
     m
 }
 
+/// Why `kiln train` runs its step eagerly (None: it captures the step in a CUDA graph).
+fn graph_refusal(cfg: &TrainConfig, device: &Device) -> Option<&'static str> {
+    if !cfg.graph {
+        return Some("--no-graph");
+    }
+    if !matches!(device, Device::Cuda(_)) {
+        return Some("the CPU runs every step eagerly");
+    }
+    if cfg.dtype == DType::F16 {
+        return Some("f16's loss scaler reads the gradient norm on the host each step");
+    }
+    if !matches!(cfg.optimizer, OptimizerKind::Sgd { .. }) {
+        return Some("Adam's bias corrections are computed on the host each step; sgd is captured");
+    }
+    if cfg.warmup > 0 {
+        return Some("--warmup changes the learning rate each step, which a graph would freeze");
+    }
+    None
+}
+
+/// One training step on `x` and `y`: forward, cross-entropy, backward (scaled by `scaler`),
+/// optional clipping, the optimizer's update, gradients cleared. Returns the loss and the logits;
+/// nothing is read on the host, so the step can be captured.
+fn train_step(
+    model: &Sequential,
+    opt: &mut dyn Optimizer,
+    scaler: Option<&mut crate::optim::LossScaler>,
+    clip: Option<f64>,
+    x: &Tensor,
+    y: &Targets,
+) -> Result<(Tensor, Tensor)> {
+    let logits = model.forward(x)?;
+    let loss = logits.cross_entropy(y)?;
+    match scaler {
+        Some(s) => {
+            loss.mul_scalar(s.scale())?.backward()?;
+            s.step(opt, clip)?;
+        }
+        None => {
+            loss.backward()?;
+            if let Some(max_norm) = clip {
+                opt.clip_grad_norm(max_norm)?;
+            }
+            opt.step()?;
+        }
+    }
+    opt.zero_grad();
+    Ok((loss, logits))
+}
+
 /// Trains per `cfg`, printing one line per epoch to `log`. Every setting is checked
 /// ([`TrainConfig::validate`]), and the model's size against the memory there is
 /// ([`TrainConfig::check_memory`]), before anything is built.
@@ -630,6 +689,19 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         ));
     }
     let schedule = lr_schedule(cfg, total);
+    let no_graph = graph_refusal(cfg, &device);
+    match no_graph {
+        None => log("step: captured in one CUDA graph after two eager full-batch steps, then replayed"),
+        Some(why) if cfg.graph && matches!(device, Device::Cuda(_)) => log(&format!("step: eager ({why})")),
+        Some(_) => {}
+    }
+    // the graph's persistent buffers: the batch's input and targets written in place before each
+    // replay, its loss and logits read after it (declared before the graph, dropped after it)
+    let mut x_in: Option<Tensor> = None;
+    let mut y_in: Option<Targets> = None;
+    let mut outs: Option<(Tensor, Tensor)> = None;
+    let mut graph: Option<crate::cuda::CapturedGraph> = None;
+    let (mut warm, mut graph_steps) = (0usize, 0usize);
     let mut reports = Vec::new();
     let mut step = 0usize;
     let mut order: Vec<usize> = (0..train_set.len()).collect();
@@ -654,30 +726,74 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         for chunk in order.chunks(cfg.batch) {
             opt.set_lr(schedule.lr(cfg.lr, step));
             let (x, y) = train_set.gather(chunk);
-            let x =
-                Tensor::from_vec(x, [chunk.len(), train_set.features])?.to_dtype(param_dtype)?.to_device(&device)?;
-            let logits = model.forward(&x)?;
-            let loss = logits.cross_entropy(&y)?;
-            let lv = loss.item()?;
+            let capturable = no_graph.is_none() && chunk.len() == cfg.batch;
+            let (lv, pred) = if let (true, Some(g), Some(xi), Some(yi), Some((lo, lg))) =
+                (capturable, &graph, &x_in, y_in.as_mut(), &outs)
+            {
+                xi.copy_from_host(&x)?;
+                if !yi.overwrite(&y)? {
+                    return Err(Error::Unsupported {
+                        op: "kiln train",
+                        what: "the captured step's targets could not be rewritten in place: run with --no-graph".into(),
+                    });
+                }
+                // SAFETY: the model, the optimizer's state and copies, and the input, target, loss and
+                // logits buffers the graph reads and writes live until the end of this function,
+                // after the graph is dropped; nothing else runs on the device's stream meanwhile.
+                unsafe { g.launch()? };
+                graph_steps += 1;
+                (lo.item()?, lg.argmax_last()?)
+            } else if capturable {
+                // eager warm-up on the persistent buffers, then the capture
+                let xi = match &x_in {
+                    Some(t) => {
+                        t.copy_from_host(&x)?;
+                        t.clone()
+                    }
+                    None => Tensor::from_vec(x, [chunk.len(), train_set.features])?.to_device(&device)?,
+                };
+                match y_in.as_mut() {
+                    Some(t) => {
+                        t.overwrite(&y)?;
+                    }
+                    None => y_in = Some(Targets::new(y.clone())),
+                }
+                x_in = Some(xi);
+                let (xi, yi) = (x_in.as_ref().expect("set above"), y_in.as_ref().expect("set above"));
+                let (loss, logits) = train_step(&model, opt.as_mut(), None, cfg.clip_grad_norm, xi, yi)?;
+                let out = (loss.item()?, logits.argmax_last()?);
+                warm += 1;
+                if warm == 2 {
+                    let (lo, lg) = (loss.detach(), logits.detach());
+                    drop((loss, logits));
+                    let Device::Cuda(dev) = &device else { unreachable!("graph_refusal refuses the CPU") };
+                    let captured = dev
+                        .capture(|| {
+                            let (loss, logits) = train_step(&model, opt.as_mut(), None, cfg.clip_grad_norm, xi, yi)?;
+                            lo.copy_from(&loss)?;
+                            lg.copy_from(&logits)
+                        })
+                        .map_err(|e| Error::Unsupported {
+                            op: "kiln train",
+                            what: format!("capturing the training step failed ({e}): run with --no-graph"),
+                        })?;
+                    graph = Some(captured);
+                    outs = Some((lo, lg));
+                }
+                out
+            } else {
+                let x = Tensor::from_vec(x, [chunk.len(), train_set.features])?
+                    .to_dtype(param_dtype)?
+                    .to_device(&device)?;
+                let yt = Targets::new(y.clone());
+                let (loss, logits) = train_step(&model, opt.as_mut(), scaler.as_mut(), cfg.clip_grad_norm, &x, &yt)?;
+                (loss.item()?, logits.argmax_last()?)
+            };
             if !lv.is_finite() {
                 return Err(Error::NonFinite { what: "the training loss".into(), value: lv, step });
             }
-            match scaler.as_mut() {
-                Some(s) => {
-                    loss.mul_scalar(s.scale())?.backward()?;
-                    s.step(opt.as_mut(), cfg.clip_grad_norm)?;
-                }
-                None => {
-                    loss.backward()?;
-                    if let Some(max_norm) = cfg.clip_grad_norm {
-                        opt.clip_grad_norm(max_norm)?;
-                    }
-                    opt.step()?;
-                }
-            }
-            opt.zero_grad();
             loss_sum += lv * chunk.len() as f64;
-            correct += logits.argmax_last()?.iter().zip(&y).filter(|(p, t)| p == t).count();
+            correct += pred.iter().zip(&y).filter(|(p, t)| p == t).count();
             step += 1;
             bar.set_message(format!("{lv:.4}"));
             bar.inc(1);
@@ -703,12 +819,16 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         ));
         reports.push(r);
     }
+    drop(graph);
+    if no_graph.is_none() {
+        log(&format!("step graph: {graph_steps} of {step} steps replayed one captured CUDA graph"));
+    }
     if let Some(path) = &cfg.checkpoint {
         let state = TrainingState { step: step as u64, epoch: cfg.epochs as u64, config: metadata(cfg, &train_set) };
         checkpoint::save_training(path, &model, opt.as_ref(), &state)?;
         log(&format!("saved checkpoint {}", path.display()));
     }
-    Ok(TrainReport { epochs: reports, model, checkpoint: cfg.checkpoint.clone(), device: device_name })
+    Ok(TrainReport { epochs: reports, model, checkpoint: cfg.checkpoint.clone(), device: device_name, graph_steps })
 }
 
 /// Rebuilds the model a checkpoint describes and loads its parameters (the checksums checked; a
@@ -917,7 +1037,7 @@ fn train_megakernel(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<Trai
         checkpoint::save(file, &model.named_parameters(), meta)?;
         log(&format!("saved checkpoint {}", file.display()));
     }
-    Ok(TrainReport { epochs: reports, model, checkpoint: cfg.checkpoint.clone(), device: device_name })
+    Ok(TrainReport { epochs: reports, model, checkpoint: cfg.checkpoint.clone(), device: device_name, graph_steps: 0 })
 }
 
 /// The megakernel's bias-free model (its first layer reading `features` inputs and the constant 1
