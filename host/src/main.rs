@@ -498,7 +498,7 @@ fn attention_naive(
         return Err(kiln::Error::Unsupported {
             op: "attention",
             what: format!(
-                "--backward with {name}: the naive rung's gradients come from autograd (tests/attention_op.rs); use flash_fwd_simt_bf16 for a timed backward"
+                "--backward with {name}: the naive rung's gradients come from autograd (tests/attention_op.rs); use flash_fwd_wgmma_bf16 or flash_fwd_mma_bf16 for a timed backward"
             ),
         });
     }
