@@ -345,6 +345,9 @@ unsafe fn dkdv_body<const F16: bool, const D: u32, const KS: usize, const NO: us
         j += 1;
     }
     cp_async::wait_all();
+    // every thread's copies have landed before a warp reuses its rows of the owned tile (a tile
+    // that sees no keys skips the loop and its barriers)
+    sync::sync_threads();
     // the K and V tiles' rows wrow.. were read by this warp alone
     unsafe {
         store_rows::<F16, D, NO>(&dk_acc, p.scale, k_tile, wrow, dk.add(kb), k0, kv_len, lane);
@@ -450,6 +453,9 @@ unsafe fn dq_body<const F16: bool, const D: u32, const KS: usize, const NO: usiz
         j += 1;
     }
     cp_async::wait_all();
+    // every thread's copies have landed before a warp reuses its rows of the owned tile (a tile
+    // that sees no keys skips the loop and its barriers)
+    sync::sync_threads();
     // the Q tile's rows wrow.. were read by this warp alone
     unsafe { store_rows::<F16, D, NO>(&dq_acc, p.scale, q_tile, wrow, dq.add(qb), q0, q_len, lane) };
 }

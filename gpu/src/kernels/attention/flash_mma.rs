@@ -266,6 +266,9 @@ unsafe fn flash_mma<const F16: bool, const D: u32, const KS: usize, const NO: us
         j += 1;
     }
     cp_async::wait_all();
+    // every thread's copies have landed before a warp reuses its rows of the owned tile (a tile
+    // that sees no keys skips the loop and its barriers)
+    sync::sync_threads();
 
     // epilogue: O = o / l into the warp's own rows of the Q tile (which only this warp read, for
     // its fragments), then 16-byte stores
