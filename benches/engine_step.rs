@@ -15,7 +15,8 @@
 //! engine-report` joins it with PyTorch's into `benches/results/engine_step.{json,md}`.
 //!
 //! Run: `cargo bench --bench engine_step`, or `benches/engine_step` from a GPU bundle. Without a
-//! GPU it prints why and exits 0. `KILN_BENCH_MODELS=4096x1024x8,...` picks a subset.
+//! GPU it prints why and exits 0. `KILN_BENCH_MODELS=4096x1024x8,...` picks a subset
+//! (`KILN_BENCH_DTYPES=bf16`, `KILN_BENCH_MODES=eager` likewise: a profiler run takes one case).
 
 use kiln::cuda::{Device, MatmulPrecision, matmul_precision_scope};
 use kiln::nn::{Linear, Module, ReLU, Sequential, autocast};
@@ -117,7 +118,13 @@ fn main() {
     let mut rows = vec![];
     for &(b, w, l) in MODELS.iter().filter(|(b, w, l)| timing::wanted("KILN_BENCH_MODELS", &format!("{b}x{w}x{l}"))) {
         for (dtype, path) in [("f32", Path::F32), ("bf16", Path::Mixed)] {
+            if !timing::wanted("KILN_BENCH_DTYPES", dtype) {
+                continue;
+            }
             for (mode, graph) in [("eager", false), ("graph", true)] {
+                if !timing::wanted("KILN_BENCH_MODES", mode) {
+                    continue;
+                }
                 let (ms, peak, why) = case(&dev, (b, w, l), path, graph);
                 let note = why.as_deref().unwrap_or("");
                 println!(

@@ -235,41 +235,46 @@ mod dev {
     use elem::{load, load2, store, store2};
 
     impl FusedEpilogue {
+        /// Whether the epilogue is at most a bias and ReLU: the case inlined at every accumulator
+        /// pair. The rest (another activation, a residual, a table) runs out of line
+        /// ([`epilogue_one`], [`epilogue_pair`]): the epilogue is unrolled over the 128
+        /// accumulators of a thread, and inlining every case there made the kernel's code several
+        /// times the instruction cache, so that each tile's epilogue ran on instruction fetches.
+        #[inline(always)]
+        fn is_inline(self) -> bool {
+            use crate::kernels::tensor_ops::unary;
+            self.has_residual == 0 && self.period == 0 && (self.act == ACT_NONE || self.act == unary::RELU)
+        }
+
         /// The epilogue of output `(row, col)` of accumulator value `v`, in f32 (before rounding).
         #[inline(always)]
         fn apply(self, v: f32, row: u32, col: u32, n: u32) -> f32 {
-            let base = Epilogue { bias: self.bias, has_bias: self.has_bias, act: self.act };
-            let mut x = if self.has_bias != 0 { v + unsafe { self.bias.read(col as usize) } } else { v };
-            x = base.activate(x);
-            if self.has_residual != 0 {
-                x += load(self.format, self.residual.addr(), (row * n + col) as usize);
+            if self.is_inline() {
+                let x = if self.has_bias != 0 { v + unsafe { self.bias.read(col as usize) } } else { v };
+                if self.act == ACT_NONE { x } else { x.max(0.0) }
+            } else {
+                epilogue_one(&self, v, row, col, n)
             }
-            if self.period != 0 {
-                x += load(self.format, self.table.addr(), ((row % self.period) * n + col) as usize);
-            }
-            x
         }
 
-        /// [`Self::apply`] on two adjacent columns `col, col + 1` (both in bounds, `col` even, n
-        /// even, every buffer pair-aligned): pair loads of the bias, residual and table.
+        /// [`Self::apply`] on two adjacent columns `col, col + 1` (both in bounds), with pair loads
+        /// of the bias, residual and table where `pairs` ([`Self::pairs`]; then `col` is even).
         #[inline(always)]
-        fn apply2(self, v: [f32; 2], row: u32, col: u32, n: u32) -> [f32; 2] {
-            let base = Epilogue { bias: self.bias, has_bias: self.has_bias, act: self.act };
-            let mut x = v;
-            if self.has_bias != 0 {
-                let b = unsafe { self.bias.read2(col as usize) };
-                x = [x[0] + b[0], x[1] + b[1]];
+        fn apply2(self, v: [f32; 2], row: u32, col: u32, n: u32, pairs: bool) -> [f32; 2] {
+            if self.is_inline() {
+                let mut x = v;
+                if self.has_bias != 0 {
+                    let b = if pairs {
+                        unsafe { self.bias.read2(col as usize) }
+                    } else {
+                        unsafe { [self.bias.read(col as usize), self.bias.read(col as usize + 1)] }
+                    };
+                    x = [x[0] + b[0], x[1] + b[1]];
+                }
+                if self.act == ACT_NONE { x } else { [x[0].max(0.0), x[1].max(0.0)] }
+            } else {
+                epilogue_pair(&self, v, row, col, n, pairs)
             }
-            x = [base.activate(x[0]), base.activate(x[1])];
-            if self.has_residual != 0 {
-                let r = load2(self.format, self.residual.addr(), (row * n + col) as usize);
-                x = [x[0] + r[0], x[1] + r[1]];
-            }
-            if self.period != 0 {
-                let t = load2(self.format, self.table.addr(), ((row % self.period) * n + col) as usize);
-                x = [x[0] + t[0], x[1] + t[1]];
-            }
-            x
         }
 
         /// Whether every buffer the epilogue touches takes pair accesses: an even n and bases
@@ -285,6 +290,46 @@ mod dev {
         }
     }
 
+    /// The whole epilogue of output `(row, col)`, out of line ([`FusedEpilogue::is_inline`]).
+    #[inline(never)]
+    fn epilogue_one(e: &FusedEpilogue, v: f32, row: u32, col: u32, n: u32) -> f32 {
+        let base = Epilogue { bias: e.bias, has_bias: e.has_bias, act: e.act };
+        let mut x = if e.has_bias != 0 { v + unsafe { e.bias.read(col as usize) } } else { v };
+        x = base.activate(x);
+        if e.has_residual != 0 {
+            x += load(e.format, e.residual.addr(), (row * n + col) as usize);
+        }
+        if e.period != 0 {
+            x += load(e.format, e.table.addr(), ((row % e.period) * n + col) as usize);
+        }
+        x
+    }
+
+    /// The whole epilogue of outputs `(row, col)` and `(row, col + 1)`, out of line, with pair
+    /// loads where `pairs` (as [`FusedEpilogue::apply2`]).
+    #[inline(never)]
+    fn epilogue_pair(e: &FusedEpilogue, v: [f32; 2], row: u32, col: u32, n: u32, pairs: bool) -> [f32; 2] {
+        if !pairs {
+            return [epilogue_one(e, v[0], row, col, n), epilogue_one(e, v[1], row, col + 1, n)];
+        }
+        let base = Epilogue { bias: e.bias, has_bias: e.has_bias, act: e.act };
+        let mut x = v;
+        if e.has_bias != 0 {
+            let b = unsafe { e.bias.read2(col as usize) };
+            x = [x[0] + b[0], x[1] + b[1]];
+        }
+        x = [base.activate(x[0]), base.activate(x[1])];
+        if e.has_residual != 0 {
+            let r = load2(e.format, e.residual.addr(), (row * n + col) as usize);
+            x = [x[0] + r[0], x[1] + r[1]];
+        }
+        if e.period != 0 {
+            let t = load2(e.format, e.table.addr(), ((row % e.period) * n + col) as usize);
+            x = [x[0] + t[0], x[1] + t[1]];
+        }
+        x
+    }
+
     /// Stores a consumer warpgroup's `m64n256` accumulators (thread `ct`) into the 64 x 256 block of
     /// C at (`row0`, `n0`) through the epilogue, masked at the edges.
     #[inline(always)]
@@ -296,15 +341,16 @@ mod dev {
             let (row, col) = (row0 + r, n0 + col);
             if row < s.m {
                 let at = (row * s.n + col) as usize;
-                if pairs && col + 1 < s.n {
-                    store2(e.format, c, at, e.apply2(v, row, col, s.n));
-                } else {
-                    if col < s.n {
-                        store(e.format, c, at, e.apply(v[0], row, col, s.n));
+                if col + 1 < s.n {
+                    let x = e.apply2(v, row, col, s.n, pairs);
+                    if pairs {
+                        store2(e.format, c, at, x);
+                    } else {
+                        store(e.format, c, at, x[0]);
+                        store(e.format, c, at + 1, x[1]);
                     }
-                    if col + 1 < s.n {
-                        store(e.format, c, at + 1, e.apply(v[1], row, col + 1, s.n));
-                    }
+                } else if col < s.n {
+                    store(e.format, c, at, e.apply(v[0], row, col, s.n));
                 }
             }
         }
@@ -345,19 +391,72 @@ mod dev {
     }
 
     impl Staged {
-        /// Stores the warpgroup's `m64n256` accumulators through the staging boxes: subtile `j`
-        /// holds accumulator elements `W j .. W j + W` (`W` = 16 for f32 C, 32 for 16-bit C: 128
-        /// bytes of columns either way), listed pair by pair with constant indices so that the
-        /// accumulators stay in registers.
+        /// Stores the warpgroup's `m64n256` accumulators through the staging boxes. A block wholly
+        /// inside C whose epilogue is at most a bias and ReLU (with pair accesses) takes a lean
+        /// path made for its C format, bias and activation ([`Self::store_with`] with `LEAN`: no
+        /// bounds checks, no runtime choices per element); the rest the general one. The epilogue
+        /// is unrolled over the accumulators, so its length per element is what each tile pays
+        /// in instruction fetches.
         #[inline(always)]
         pub(super) fn store(self, acc: &[f32; 128]) {
+            use crate::kernels::tensor_ops::unary::RELU;
+            let e = self.epi;
+            if self.row0 >= self.s.m || self.n0 >= self.s.n {
+                // no output of this block is inside C: nothing to store
+                return;
+            }
+            let lean = self.pairs && e.has_residual == 0 && e.period == 0 && (e.act == ACT_NONE || e.act == RELU);
+            let inside = self.row0 + 64 <= self.s.m && self.n0 + WW_BN <= self.s.n;
+            macro_rules! lean {
+                ($fmt:expr, $check:literal) => {
+                    match (e.has_bias != 0, e.act == RELU) {
+                        (false, false) => self.store_with::<{ $fmt }, false, false, true, $check>(acc),
+                        (true, false) => self.store_with::<{ $fmt }, true, false, true, $check>(acc),
+                        (false, true) => self.store_with::<{ $fmt }, false, true, true, $check>(acc),
+                        (true, true) => self.store_with::<{ $fmt }, true, true, true, $check>(acc),
+                    }
+                };
+            }
+            if lean {
+                match (e.format, inside) {
+                    (format::BF16, true) => lean!(format::BF16, false),
+                    (format::BF16, false) => lean!(format::BF16, true),
+                    (format::F16, true) => lean!(format::F16, false),
+                    (format::F16, false) => lean!(format::F16, true),
+                    (_, true) => lean!(format::F32, false),
+                    (_, false) => lean!(format::F32, true),
+                }
+            } else if e.format == format::F32 {
+                self.store_with::<{ format::F32 }, false, false, false, true>(acc)
+            } else {
+                // the general path packs by the runtime format
+                self.store_with::<{ format::BF16 }, false, false, false, true>(acc)
+            }
+        }
+
+        /// The accumulators through the staging boxes: subtile `j` holds accumulator elements
+        /// `W j .. W j + W` (`W` = 16 for f32 C, 32 for 16-bit C: 128 bytes of columns either way),
+        /// listed pair by pair with constant indices so that the accumulators stay in registers.
+        /// `LEAN`: [`Self::put_lean`] with C in format `FMT`, the bias if `BIAS`, ReLU if `RELU`,
+        /// bounds checked if `CHECK`; otherwise [`Self::put`] (only `FMT`'s width is used).
+        #[inline(always)]
+        fn store_with<const FMT: u32, const BIAS: bool, const RELU: bool, const LEAN: bool, const CHECK: bool>(
+            self,
+            acc: &[f32; 128],
+        ) {
             macro_rules! sub {
                 ($half:literal, $j:literal; $($i:literal),*) => {{
-                    $( self.put::<$half>($j, $i, [acc[$i], acc[$i + 1]]); )*
+                    $(
+                        if LEAN {
+                            self.put_lean::<FMT, BIAS, RELU, CHECK>($j, $i, [acc[$i], acc[$i + 1]]);
+                        } else {
+                            self.put::<$half>($j, $i, [acc[$i], acc[$i + 1]]);
+                        }
+                    )*
                     self.flush::<$half>($j);
                 }};
             }
-            if self.epi.format == format::F32 {
+            if FMT == format::F32 {
                 sub!(false, 0; 0, 2, 4, 6, 8, 10, 12, 14);
                 sub!(false, 1; 16, 18, 20, 22, 24, 26, 28, 30);
                 sub!(false, 2; 32, 34, 36, 38, 40, 42, 44, 46);
@@ -374,6 +473,47 @@ mod dev {
             }
         }
 
+        /// [`Self::put`] with pair accesses and at most a bias and ReLU: the bias (pair load) and
+        /// ReLU as `BIAS` and `RELU` say, C in format `FMT`, outputs outside C zero (and their
+        /// bias unread) where `CHECK` (a block wholly inside C needs no check). The same
+        /// operations in the same order as the general path, so the same bits.
+        #[inline(always)]
+        fn put_lean<const FMT: u32, const BIAS: bool, const RELU: bool, const CHECK: bool>(
+            self,
+            j: u32,
+            i: u32,
+            v: [f32; 2],
+        ) {
+            use crate::kernels::gemm_wgmma::{WG_SWIZZLE, WP_EPI_BOX_BYTES, WP_EPI_BUFFERS};
+            use crate::swizzle::tile_offset;
+            let (cols, elem) = if FMT == format::F32 { (32, 4) } else { (64, 2) };
+            let buf = self.staging + (j % WP_EPI_BUFFERS) * WP_EPI_BOX_BYTES;
+            let (r, col) = wgmma::acc_m64(self.ct, i);
+            // n is a multiple of 4 (f32) or 8 (16-bit) here, so col + 1 < n when col < n
+            let inside = !CHECK || (self.row0 + r < self.s.m && self.n0 + col < self.s.n);
+            let mut x = v;
+            if BIAS && inside {
+                let b = unsafe { self.epi.bias.read2((self.n0 + col) as usize) };
+                x = [x[0] + b[0], x[1] + b[1]];
+            }
+            if RELU {
+                x = [x[0].max(0.0), x[1].max(0.0)];
+            }
+            if !inside {
+                x = [0.0, 0.0];
+            }
+            let at = buf + tile_offset(WG_SWIZZLE, r, col - cols * j, 128, elem);
+            unsafe {
+                if FMT == format::F32 {
+                    shared::st_shared_v2(at, [x[0].to_bits(), x[1].to_bits()]);
+                } else if FMT == format::BF16 {
+                    shared::st_shared_b32(at, crate::convert::pack_bf16x2(x[0], x[1]));
+                } else {
+                    shared::st_shared_b32(at, crate::convert::pack_f16x2(x[0], x[1]));
+                }
+            }
+        }
+
         /// Accumulator elements `i, i + 1` (one row, two adjacent columns) of subtile `j` through
         /// the epilogue into the subtile's staging box.
         #[inline(always)]
@@ -386,13 +526,7 @@ mod dev {
             let (r, col) = wgmma::acc_m64(self.ct, i);
             let (row, gcol) = (self.row0 + r, self.n0 + col);
             // n is a multiple of 4 (f32) or 8 (16-bit) here, so col + 1 < n when col < n
-            let x = if row >= s.m || gcol >= s.n {
-                [0.0, 0.0]
-            } else if self.pairs {
-                e.apply2(v, row, gcol, s.n)
-            } else {
-                [e.apply(v[0], row, gcol, s.n), e.apply(v[1], row, gcol + 1, s.n)]
-            };
+            let x = if row >= s.m || gcol >= s.n { [0.0, 0.0] } else { e.apply2(v, row, gcol, s.n, self.pairs) };
             let at = buf + tile_offset(WG_SWIZZLE, r, col - cols * j, 128, elem);
             unsafe {
                 if !HALF {
