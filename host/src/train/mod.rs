@@ -2,6 +2,7 @@
 //! loss and accuracy per epoch, save a checkpoint; and rebuild a saved model for `eval`.
 
 pub mod data_parallel;
+pub mod dist_bench;
 pub mod gpt;
 
 use crate::checkpoint::{self, TrainingState};
