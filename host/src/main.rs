@@ -805,7 +805,13 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
     if a.gpus == 0 {
         return Err(kiln::Error::InvalidSetting { setting: "--gpus", value: "0".into(), allowed: "1 or more".into() });
     }
-    if a.gpus > 1 && matches!(a.model, ModelKind::Gpt) {
+    let data_parallel_flags = a.gpus > 1
+        || a.world_size.is_some_and(|w| w > 1)
+        || a.zero1
+        || a.no_overlap
+        || a.bucket_mb.is_some()
+        || a.rank.is_some();
+    if data_parallel_flags && matches!(a.model, ModelKind::Gpt) {
         return Err(kiln::Error::Unsupported {
             op: "train",
             what: "--gpus with --model gpt (data-parallel training covers the MLP for now)".into(),
@@ -885,7 +891,13 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         },
     };
     let epochs = if let Some(dp) = dp {
-        kiln::train::data_parallel::train_data_parallel_with(&cfg, &dp, |line| say!("{line}"))?.epochs
+        let epochs = kiln::train::data_parallel::train_data_parallel_with(&cfg, &dp, |line| say!("{line}"))?.epochs;
+        if let Some(r) = dp.rendezvous.as_ref().filter(|r| r.rank != 0) {
+            // rank 0 evaluates, logs and judges the accuracy; the others only train
+            say!("rank {} of {}: done", r.rank, r.world);
+            return Ok(true);
+        }
+        epochs
     } else {
         kiln::train::train(&cfg, |line| say!("{line}"))?.epochs
     };
