@@ -428,6 +428,10 @@ enum Command {
         /// Untimed all-reduces first.
         #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
         warmup: usize,
+        /// Also write {"bytes", "gpus", "ms", "algbw_gbs", "busbw_gbs"} as JSON to PATH (what
+        /// benches/multi_gpu_report.py reads).
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
     },
     /// Time the data-parallel training step of the large MLP (per GPU --batch rows, --layers
     /// bias-free Linear layers of --width, ReLU between, f32, SGD; the model of
@@ -503,16 +507,16 @@ fn dist_bench(a: DistBenchArgs) -> kiln::Result<bool> {
         println!("    {:>9.3}  {:<7}  {}", e.ms, e.stream, e.label);
     }
     if let Some(path) = &a.json {
-        std::fs::write(path, r.to_json() + "\n").map_err(|e| kiln::Error::Unsupported {
-            op: "dist-bench --json",
-            what: format!("writing {}: {e}", path.display()),
+        std::fs::write(path, r.to_json() + "\n").map_err(|e| kiln::Error::File {
+            path: path.to_path_buf(),
+            msg: format!("writing the JSON report: {e}"),
         })?;
         println!("  wrote {}", path.display());
     }
     Ok(true)
 }
 
-fn allreduce(bytes: usize, gpus: usize, reps: usize, warmup: usize) -> kiln::Result<bool> {
+fn allreduce(bytes: usize, gpus: usize, reps: usize, warmup: usize, json: Option<PathBuf>) -> kiln::Result<bool> {
     let b = kiln::dist::bench_all_reduce(gpus, bytes, reps, warmup)?;
     println!(
         "kiln all_reduce f32 sum: {} bytes on {} GPUs: {:.3} ms  algbw {:.1} GB/s  busbw {:.1} GB/s",
@@ -522,6 +526,20 @@ fn allreduce(bytes: usize, gpus: usize, reps: usize, warmup: usize) -> kiln::Res
         b.algbw_gbs,
         b.busbw_gbs
     );
+    if let Some(path) = json {
+        let text = format!(
+            "{{\"bytes\":{},\"gpus\":{},\"ms\":{:.4},\"algbw_gbs\":{:.2},\"busbw_gbs\":{:.2}}}\n",
+            b.bytes,
+            b.gpus,
+            b.seconds * 1e3,
+            b.algbw_gbs,
+            b.busbw_gbs
+        );
+        std::fs::write(&path, text).map_err(|e| kiln::Error::File {
+            path: path.to_path_buf(),
+            msg: format!("writing the JSON report: {e}"),
+        })?;
+    }
     Ok(true)
 }
 
@@ -1187,7 +1205,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Attention { kernel, shape, kv_len, causal, backward, reps, seed }) => {
             attention(kernel, shape, kv_len, causal, backward, reps, seed)
         }
-        Some(Command::Allreduce { bytes, gpus, reps, warmup }) => allreduce(bytes, gpus, reps, warmup),
+        Some(Command::Allreduce { bytes, gpus, reps, warmup, json }) => allreduce(bytes, gpus, reps, warmup, json),
         Some(Command::DistBench { gpus, batch, width, layers, steps, warmup, bucket_mb, no_overlap, zero1, json }) => {
             dist_bench(DistBenchArgs {
                 cfg: kiln::train::dist_bench::DistBenchConfig {
