@@ -289,7 +289,8 @@ fn overlap_matches_after_backward(_: &Device) -> Outcome {
     same_run_bits("8 KiB buckets vs one bucket", &over, &one)
 }
 
-/// Per-step losses within `1e-5 (1 + |a|)` and parameters within `1e-5` relative; prints the largest.
+/// Per-step losses within `1e-5 (1 + |a|)` and parameters within `1e-5 + 1e-4 |want|`; prints
+/// the largest loss difference.
 fn close_runs(
     what: &str,
     a: &kiln::train::data_parallel::DataParallelReport,
@@ -308,7 +309,7 @@ fn close_runs(
     }
     for ((n, x), (_, y)) in a.params.iter().zip(&b.params) {
         let want: Vec<f64> = x.iter().map(|v| *v as f64).collect();
-        compare(&format!("{what}: parameter {n}"), y, &want, Tol { abs: 1e-6, rel: 1e-5 })?;
+        compare(&format!("{what}: parameter {n}"), y, &want, Tol { abs: 1e-5, rel: 1e-4 })?;
     }
     eprintln!("{what}: largest per-step loss difference {max:e} over {} steps", a.step_losses.len());
     Ok(())
@@ -360,7 +361,7 @@ fn planted_failure_in_threads(_: &Device) -> Outcome {
             return Err(format!("the run took {secs:.0} s to end after rank {fail_rank} failed (a hang?)"));
         }
         let (tensors, meta) = kiln::checkpoint::load(&ckpt).map_err(err)?;
-        if tensors.is_empty() || !meta.values().any(|v| v == "20") {
+        if tensors.is_empty() || meta.get("kiln.step").map(String::as_str) != Some("20") {
             return Err(format!("epoch 1's checkpoint is not intact: {} tensors, metadata {meta:?}", tensors.len()));
         }
     }
@@ -494,7 +495,7 @@ fn two_processes_match_in_process(_: &Device) -> Outcome {
             worst = worst.max((g - w).abs() as f64);
         }
         let want: Vec<f64> = want.iter().map(|v| *v as f64).collect();
-        compare(&format!("2 processes vs 2 threads: {name}"), &got, &want, Tol { abs: 1e-6, rel: 1e-5 })?;
+        compare(&format!("2 processes vs 2 threads: {name}"), &got, &want, Tol { abs: 1e-5, rel: 1e-4 })?;
     }
     eprintln!("two processes vs two threads: largest parameter difference {worst:e}");
     Ok(())
@@ -505,7 +506,8 @@ fn planted_failure_in_processes(_: &Device) -> Outcome {
     let ckpt = std::env::temp_dir().join(format!("kiln-dist-procfail-{}.safetensors", std::process::id()));
     let _ = std::fs::remove_file(&ckpt);
     // rank 1 fails at the first step of epoch 2 (KILN_FAIL_STEP's default), after epoch 1's checkpoint
-    let env = [("KILN_FAIL_RANK", "1"), ("KILN_DIST_TIMEOUT", "15")];
+    // the timeout bounds rank 0's wait for the dead rank 1 (and must cover a first kernel's JIT)
+    let env = [("KILN_FAIL_RANK", "1"), ("KILN_DIST_TIMEOUT", "60")];
     let t0 = std::time::Instant::now();
     let outs = two_processes(&[], &env, &ckpt, std::time::Duration::from_secs(240))?;
     eprintln!("planted failure in one process: both ended after {:.1} s", t0.elapsed().as_secs_f64());

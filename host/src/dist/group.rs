@@ -364,7 +364,8 @@ pub fn run_with<T: Send>(cfg: &RunConfig, f: impl Fn(&Rank) -> Result<T> + Sync)
         None => UniqueId::new()?,
     };
     let shared = Arc::new(Shared { failed: Mutex::new(None), any_failed: AtomicBool::new(false) });
-    let (f, shared_ref) = (&f, &shared);
+    let opened = std::sync::Barrier::new(cfg.gpus);
+    let (f, shared_ref, opened) = (&f, &shared, &opened);
     let results: Vec<Result<T>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..cfg.gpus)
             .map(|i| {
@@ -372,7 +373,17 @@ pub fn run_with<T: Send>(cfg: &RunConfig, f: impl Fn(&Rank) -> Result<T> + Sync)
                 let ordinal = cfg.first_device + i;
                 let timeout = cfg.timeout;
                 s.spawn(move || -> Result<T> {
-                    let device = Arc::new(Device::new(ordinal).inspect_err(|e| shared_ref.fail(rank, e.to_string()))?);
+                    // every local GPU opens before any rank joins the communicator: a rank that
+                    // cannot open its GPU must not leave the others waiting in NCCL's init
+                    let device = Device::new(ordinal).map(Arc::new);
+                    if let Err(e) = &device {
+                        shared_ref.fail(rank, e.to_string());
+                    }
+                    opened.wait();
+                    let device = device?;
+                    if let Some((failed, msg)) = shared_ref.failure() {
+                        return Err(Error::RankFailed { rank: failed, this: rank, msg });
+                    }
                     let comm =
                         Comm::init(&device, id, rank, world).inspect_err(|e| shared_ref.fail(rank, e.to_string()))?;
                     let comm_stream = match device.context().new_stream() {
