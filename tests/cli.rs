@@ -562,7 +562,11 @@ fn gpus_flag_mistakes_are_refused_before_any_work() {
     let d = tmpdir("gpus");
     assert_refused(&kiln_in(&d, &["train", "--gpus", "0"]), &["--gpus", "1 or more"]);
     assert_refused(&kiln_in(&d, &["train", "--gpus", "2", "--dtype", "bf16"]), &["--gpus", "bf16"]);
-    assert_refused(&kiln_in(&d, &["train", "--gpus", "2", "--model", "gpt"]), &["--gpus", "--model gpt"]);
+    // the GPT trains on several GPUs, but not with ZeRO-1 (refused before the data is read)
+    assert_refused(
+        &kiln_in(&d, &["train", "--gpus", "2", "--model", "gpt", "--zero1", "--data", "absent.txt"]),
+        &["--zero1", "--model gpt"],
+    );
     // more GPUs than present: the count in the message, or no driver at all on a machine without one
     let r = kiln_in(&d, &["train", "--gpus", "64", "--epochs", "1"]);
     assert_refused(&r, &[]);

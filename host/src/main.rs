@@ -299,9 +299,10 @@ struct TrainArgs {
     /// or bf16 (operands rounded to bf16, tensor cores with f32 accumulation; much faster).
     #[arg(long, value_enum, default_value = "f32")]
     matmul_precision: Precision,
-    /// GPUs to train on (data-parallel over NCCL, the MLP in f32): each rank takes a share of
-    /// every --batch rows and the gradients are summed by all-reduce in buckets, overlapped with
-    /// the backward pass. 1: one GPU, no NCCL (unless --world-size is more than 1).
+    /// GPUs to train on (data-parallel over NCCL: the MLP in f32, the GPT in f32 or bf16): each
+    /// rank takes a share of every --batch rows (windows) and the gradients are summed by
+    /// all-reduce in buckets, overlapped with the backward pass. 1: one GPU, no NCCL (unless
+    /// --world-size is more than 1).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     gpus: usize,
     /// ZeRO-1: each rank keeps and updates only its shard of the optimizer state (gradients
@@ -823,18 +824,6 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
     if a.gpus == 0 {
         return Err(kiln::Error::InvalidSetting { setting: "--gpus", value: "0".into(), allowed: "1 or more".into() });
     }
-    let data_parallel_flags = a.gpus > 1
-        || a.world_size.is_some_and(|w| w > 1)
-        || a.zero1
-        || a.no_overlap
-        || a.bucket_mb.is_some()
-        || a.rank.is_some();
-    if data_parallel_flags && matches!(a.model, ModelKind::Gpt) {
-        return Err(kiln::Error::Unsupported {
-            op: "train",
-            what: "--gpus with --model gpt (data-parallel training covers the MLP for now)".into(),
-        });
-    }
     if let ModelKind::Gpt = a.model {
         return train_gpt(a);
     }
@@ -1060,6 +1049,7 @@ fn train_gpt(a: TrainArgs) -> kiln::Result<bool> {
             what: "--megakernel, --data-dir and --optimizer are MLP settings: a GPT trains with AdamW".into(),
         });
     }
+    let dp = data_parallel(&a)?;
     let d = GptTrainConfig::default();
     let cfg = GptTrainConfig {
         data,
@@ -1105,7 +1095,17 @@ fn train_gpt(a: TrainArgs) -> kiln::Result<bool> {
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         bench_steps: a.bench_steps,
     };
-    let report = kiln::train::gpt::train_gpt(&cfg, |line| say!("{line}"))?;
+    let report = match &dp {
+        Some(dp) => {
+            let report = kiln::train::gpt_parallel::train_gpt_data_parallel(&cfg, dp, |line| say!("{line}"))?;
+            if let Some(r) = dp.rendezvous.as_ref().filter(|r| r.rank != 0) {
+                say!("rank {} of {}: done", r.rank, r.world);
+                return Ok(true);
+            }
+            report
+        }
+        None => kiln::train::gpt::train_gpt(&cfg, |line| say!("{line}"))?,
+    };
     if cfg.bench_steps.is_some() {
         say!(
             "{{\"kiln_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"peak_bytes\": {}}}",

@@ -60,6 +60,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
             run: planted_failure_in_processes,
         },
         GpuTest { name: "gpu::dist::busy_master_port_is_refused", available: any, run: busy_port },
+        GpuTest { name: "gpu::dist::gpt_two_gpus_match_one_gpu", available: two_gpus, run: gpt_two_gpus_match_one_gpu },
     ]
 }
 
@@ -539,6 +540,59 @@ fn busy_port(_: &Device) -> Outcome {
     let e = String::from_utf8_lossy(&out.stderr);
     if out.status.success() || !(e.contains("busy") && e.contains("--master-port")) {
         return Err(format!("a busy --master-port: expected a clear refusal, got status {} and {e}", out.status));
+    }
+    Ok(())
+}
+
+fn gpt_two_gpus_match_one_gpu(_: &Device) -> Outcome {
+    use kiln::train::DeviceChoice;
+    use kiln::train::data_parallel::DataParallel;
+    use kiln::train::gpt::{GptSpec, GptTrainConfig, train_gpt};
+    use kiln::train::gpt_parallel::train_gpt_data_parallel;
+    let _one_at_a_time = serial();
+    let data = crate::gpt::text_file("dist")?;
+    let base = GptTrainConfig {
+        data: data.clone(),
+        tokens: kiln::corpus::TokenKind::Chars,
+        spec: GptSpec { block: Some(24), width: Some(48), heads: Some(3), ..GptSpec::default() },
+        steps: 30,
+        batch: 9,
+        lr: 3e-3,
+        warmup: 5,
+        eval_every: 0,
+        device: DeviceChoice::Cuda,
+        checkpoint: None,
+        ..GptTrainConfig::default()
+    };
+    let one = train_gpt(&base, |_| {}).map_err(err)?;
+    let small = DataParallel { bucket_bytes: 16 << 10, ..DataParallel::local(1) };
+    let one_rank = train_gpt_data_parallel(&base, &small, |_| {}).map_err(err)?;
+    let two = train_gpt_data_parallel(&base, &DataParallel { gpus: 2, ..small.clone() }, |_| {}).map_err(err)?;
+    for (what, other, tol) in [("1 rank through NCCL", &one_rank, 1e-5), ("2 GPUs", &two, 1e-3)] {
+        if other.train_losses.len() != one.train_losses.len() {
+            return Err(format!("{what}: {} steps, one GPU {}", other.train_losses.len(), one.train_losses.len()));
+        }
+        let mut max = 0.0f64;
+        for ((s, a), (_, b)) in one.train_losses.iter().zip(&other.train_losses) {
+            let d = (a - b).abs();
+            max = max.max(d);
+            if d.is_nan() || d > tol * (1.0 + a.abs()) {
+                return Err(format!("GPT, {what}: step {s}: one GPU's loss {a}, {b} (difference {d:e})"));
+            }
+        }
+        eprintln!("gpt_two_gpus_match_one_gpu: {what}: largest per-step loss difference {max:e}");
+    }
+    let bf = train_gpt_data_parallel(
+        &GptTrainConfig { dtype: kiln::tensor::DType::BF16, steps: 40, ..base.clone() },
+        &DataParallel::local(2),
+        |_| {},
+    )
+    .map_err(err)?;
+    let first = bf.train_losses[0].1;
+    let last = bf.train_losses.last().ok_or("no steps")?.1;
+    let _ = std::fs::remove_dir_all(data.parent().ok_or("a folder")?);
+    if last.is_nan() || last >= first * 2.0 / 3.0 {
+        return Err(format!("bf16 GPT on two GPUs: loss {first} at step 1, {last} at step 40"));
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 pub mod data_parallel;
 pub mod dist_bench;
 pub mod gpt;
+pub mod gpt_parallel;
 
 use crate::checkpoint::{self, TrainingState};
 use crate::data::{self, Dataset};
