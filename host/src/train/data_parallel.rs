@@ -162,6 +162,10 @@ pub fn train_data_parallel_with(
         timeout: dist::timeout_from_env()?,
     };
     run_cfg.validate()?;
+    if run_cfg.rendezvous.is_none() {
+        // before the data is read: too few GPUs is the first thing to hear
+        dist::check_gpus(run_cfg.gpus)?;
+    }
     let world = dp.world();
     if cfg.batch < world {
         return Err(Error::InvalidSetting {

@@ -78,6 +78,10 @@ pub fn train_gpt_data_parallel(
         timeout: dist::timeout_from_env()?,
     };
     run_cfg.validate()?;
+    if run_cfg.rendezvous.is_none() {
+        // before the data is read: too few GPUs is the first thing to hear
+        dist::check_gpus(run_cfg.gpus)?;
+    }
     let world = dp.world();
     if let Some(path) = &cfg.checkpoint
         && run_cfg.first_rank() == 0
