@@ -1,5 +1,8 @@
-//! Collectives over NCCL across the GPUs of one process: one thread per GPU, each with its own
-//! kiln [`Device`] (context and stream) and NCCL communicator.
+//! Collectives over NCCL: one thread per GPU of this process, each with its own kiln [`Device`]
+//! (context and compute stream), a communication stream and an NCCL communicator ([`run`],
+//! [`Rank`]); the processes of a multi-process run meet through [`rendezvous`] ([`run_with`]).
+//! [`ddp`] synchronizes gradients during the backward pass (replicated or ZeRO-1, laid out by
+//! [`plan`]); a rank that fails ends every rank with an error (see [`Rank::settle`]).
 //!
 //! ```no_run
 //! # fn main() -> kiln::Result<()> {
