@@ -479,7 +479,7 @@ fn two_processes(
 fn two_processes_match_in_process(_: &Device) -> Outcome {
     let _one_at_a_time = serial();
     let ckpt = std::env::temp_dir().join(format!("kiln-dist-procs-{}.safetensors", std::process::id()));
-    let outs = two_processes(&[], &[], &ckpt, std::time::Duration::from_secs(300))?;
+    let outs = two_processes(&[], &[], &ckpt, std::time::Duration::from_secs(120))?;
     for (rank, (ok, e)) in outs.iter().enumerate() {
         if !ok {
             return Err(format!("process of rank {rank} failed: {e}"));
@@ -507,10 +507,11 @@ fn planted_failure_in_processes(_: &Device) -> Outcome {
     let ckpt = std::env::temp_dir().join(format!("kiln-dist-procfail-{}.safetensors", std::process::id()));
     let _ = std::fs::remove_file(&ckpt);
     // rank 1 fails at the first step of epoch 2 (KILN_FAIL_STEP's default), after epoch 1's checkpoint
-    // the timeout bounds rank 0's wait for the dead rank 1 (and must cover a first kernel's JIT)
-    let env = [("KILN_FAIL_RANK", "1"), ("KILN_DIST_TIMEOUT", "60")];
+    // the timeout bounds rank 0's wait for the dead rank 1: 20 s keeps the test within the GPU
+    // bundle's 60 s a test (startup, one epoch, the wait)
+    let env = [("KILN_FAIL_RANK", "1"), ("KILN_DIST_TIMEOUT", "20")];
     let t0 = std::time::Instant::now();
-    let outs = two_processes(&[], &env, &ckpt, std::time::Duration::from_secs(240))?;
+    let outs = two_processes(&[], &env, &ckpt, std::time::Duration::from_secs(120))?;
     eprintln!("planted failure in one process: both ended after {:.1} s", t0.elapsed().as_secs_f64());
     if outs.iter().any(|(ok, _)| *ok) {
         return Err(format!("a process succeeded although rank 1 failed: {outs:?}"));
