@@ -39,6 +39,41 @@ pub enum Sharding {
     Zero1,
 }
 
+/// Which buckets may launch as gradients become final: buckets launch in plan order (NCCL needs
+/// the same order on every rank), each once all of its parameters' gradients are final.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchOrder {
+    /// Final gradients seen per bucket.
+    ready: Vec<usize>,
+    /// The next bucket to launch.
+    next: usize,
+}
+
+impl LaunchOrder {
+    /// A pass over `plan` with no gradient final yet.
+    pub fn new(plan: &BucketPlan) -> LaunchOrder {
+        LaunchOrder { ready: vec![0; plan.buckets.len()], next: 0 }
+    }
+
+    /// Parameter `param`'s gradient is final: the buckets that may launch now, in order.
+    pub fn on_final(&mut self, plan: &BucketPlan, param: usize) -> std::ops::Range<usize> {
+        self.ready[plan.bucket_of[param]] += 1;
+        let from = self.next;
+        while self.next < plan.buckets.len() && self.ready[self.next] == plan.buckets[self.next].params.len() {
+            self.next += 1;
+        }
+        from..self.next
+    }
+
+    /// The pass is over: the buckets not launched yet, in order (their missing gradients count as
+    /// zeros).
+    pub fn rest(&mut self, plan: &BucketPlan) -> std::ops::Range<usize> {
+        let from = self.next;
+        self.next = plan.buckets.len();
+        from..self.next
+    }
+}
+
 /// The gradient synchronization of one rank's model.
 pub struct GradSync {
     plan: BucketPlan,
@@ -46,10 +81,8 @@ pub struct GradSync {
     index: HashMap<TensorId, usize>,
     sharding: Sharding,
     overlap: bool,
-    /// Final gradients seen per bucket in the current pass.
-    ready: Vec<usize>,
-    /// The next bucket to launch (buckets launch in plan order).
-    next: usize,
+    /// Which buckets have launched in the current pass.
+    order: LaunchOrder,
     /// Buffers the collectives in flight read or write (kept alive until the compute stream waits).
     in_flight: Vec<Tensor>,
     pending: Vec<Pending>,
@@ -116,14 +149,14 @@ impl GradSync {
         let plan = BucketPlan::new(&sizes, 4, bucket_bytes, rank.world);
         let index = params.iter().enumerate().map(|(i, p)| (p.id(), i)).collect();
         let n = plan.buckets.len();
+        let order = LaunchOrder::new(&plan);
         let mut gs = GradSync {
             plan,
             params: params.to_vec(),
             index,
             sharding,
             overlap,
-            ready: vec![0; n],
-            next: 0,
+            order,
             in_flight: Vec::new(),
             pending: Vec::new(),
             parts: (0..n).map(|_| None).collect(),
@@ -187,8 +220,10 @@ impl GradSync {
             let this = &mut *self;
             loss.backward_with(&mut |leaf| match this.index.get(&leaf.id()) {
                 Some(&i) if this.overlap => {
-                    this.ready[this.plan.bucket_of[i]] += 1;
-                    this.launch_ready(rank)
+                    for b in this.order.on_final(&this.plan, i) {
+                        this.launch(rank, b)?;
+                    }
+                    Ok(())
                 }
                 _ => Ok(()),
             })?;
@@ -208,18 +243,7 @@ impl GradSync {
     }
 
     fn start(&mut self) {
-        self.ready.iter_mut().for_each(|r| *r = 0);
-        self.next = 0;
-    }
-
-    /// Launches the complete buckets at the head of the plan's order.
-    fn launch_ready(&mut self, rank: &Rank) -> Result<()> {
-        while self.next < self.plan.buckets.len() && self.ready[self.next] == self.plan.buckets[self.next].params.len()
-        {
-            self.launch(rank, self.next)?;
-            self.next += 1;
-        }
-        Ok(())
+        self.order = LaunchOrder::new(&self.plan);
     }
 
     fn launch(&mut self, rank: &Rank, b: usize) -> Result<()> {
@@ -281,9 +305,8 @@ impl GradSync {
     /// Launches what is left, makes the compute stream wait for every collective, and (ZeRO-1)
     /// sets the summed parts as the shard's gradient.
     fn finish(&mut self, rank: &Rank) -> Result<()> {
-        while self.next < self.plan.buckets.len() {
-            self.launch(rank, self.next)?;
-            self.next += 1;
+        for b in self.order.rest(&self.plan) {
+            self.launch(rank, b)?;
         }
         // the communication stream runs the buckets in order, so only the last wait can hold
         // the compute stream up
@@ -336,5 +359,34 @@ impl GradSync {
         }
         rank.mark(|| "parameters gathered".into(), false)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_launch_in_plan_order_once_complete() {
+        // six parameters, 8-byte cap on f32: buckets [5, 4], [3, 2], [1, 0]
+        let plan = BucketPlan::new(&[1, 1, 1, 1, 1, 1], 4, 8, 2);
+        assert_eq!(plan.buckets.len(), 3);
+        // backward's order (reverse): each bucket launches with its last gradient
+        let mut o = LaunchOrder::new(&plan);
+        let got: Vec<Vec<usize>> = (0..6).rev().map(|p| o.on_final(&plan, p).collect()).collect();
+        assert_eq!(got, [vec![], vec![0], vec![], vec![1], vec![], vec![2]]);
+        assert!(o.rest(&plan).is_empty());
+        // bucket 1 complete before bucket 0: it waits, then both launch in order
+        let mut o = LaunchOrder::new(&plan);
+        assert!(o.on_final(&plan, 3).is_empty());
+        assert!(o.on_final(&plan, 2).is_empty());
+        assert!(o.on_final(&plan, 5).is_empty());
+        assert_eq!(o.on_final(&plan, 4), 0..2);
+        // a parameter the loss never reaches: the rest launches after the pass
+        assert!(o.on_final(&plan, 1).is_empty());
+        assert_eq!(o.rest(&plan), 2..3);
+        // no overlap: everything after the pass
+        let mut o = LaunchOrder::new(&plan);
+        assert_eq!(o.rest(&plan), 0..3);
     }
 }
