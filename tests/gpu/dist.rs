@@ -61,6 +61,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         },
         GpuTest { name: "gpu::dist::busy_master_port_is_refused", available: any, run: busy_port },
         GpuTest { name: "gpu::dist::gpt_two_gpus_match_one_gpu", available: two_gpus, run: gpt_two_gpus_match_one_gpu },
+        GpuTest { name: "gpu::dist::dist_bench_small_step_and_timeline", available: two_gpus, run: dist_bench_small },
     ]
 }
 
@@ -594,6 +595,66 @@ fn gpt_two_gpus_match_one_gpu(_: &Device) -> Outcome {
     let _ = std::fs::remove_dir_all(data.parent().ok_or("a folder")?);
     if last.is_nan() || last >= first * 2.0 / 3.0 {
         return Err(format!("bf16 GPT on two GPUs: loss {first} at step 1, {last} at step 40"));
+    }
+    Ok(())
+}
+
+/// `kiln dist-bench`'s measurement on a small MLP (batch 96, width 256, 3 layers, 1 MiB buckets:
+/// one bucket per weight), replicated and ZeRO-1: positive times, and a timeline holding the
+/// forward, the backward, every bucket's collective (start before end) and the step's end, in
+/// time order.
+fn dist_bench_small(_: &Device) -> Outcome {
+    use kiln::train::dist_bench::{DistBenchConfig, dist_bench};
+    let _one_at_a_time = serial();
+    let base = DistBenchConfig {
+        gpus: 2,
+        batch: 96,
+        width: 256,
+        layers: 3,
+        steps: 3,
+        warmup: 1,
+        bucket_bytes: 1 << 18,
+        overlap: true,
+        zero1: false,
+    };
+    for cfg in
+        [base.clone(), DistBenchConfig { zero1: true, ..base.clone() }, DistBenchConfig { overlap: false, ..base }]
+    {
+        let r = dist_bench(&cfg).map_err(err)?;
+        let what = format!("dist-bench (zero1 {}, overlap {})", cfg.zero1, cfg.overlap);
+        if !(r.ms_one > 0.0 && r.ms_many > 0.0 && r.scaling().is_finite()) {
+            return Err(format!("{what}: times {} and {} ms", r.ms_one, r.ms_many));
+        }
+        if r.buckets != 3 {
+            return Err(format!("{what}: {} buckets, expected 3 (one per 256 x 256 weight)", r.buckets));
+        }
+        let has = |label: &str, stream: &str| r.timeline.iter().any(|e| e.label == label && e.stream == stream);
+        for label in ["forward start", "backward start", "backward end", "step end"] {
+            if !has(label, "compute") {
+                return Err(format!("{what}: the timeline lacks `{label}`: {:?}", r.timeline));
+            }
+        }
+        let comm = r.timeline.iter().filter(|e| e.stream == "comm").count();
+        // 3 buckets x (start, end), and ZeRO-1's all-gather
+        let want = if cfg.zero1 { 8 } else { 6 };
+        if comm != want || r.timeline.windows(2).any(|w| w[0].ms > w[1].ms) {
+            return Err(format!(
+                "{what}: {comm} communication events (expected {want}) or out of order: {:?}",
+                r.timeline
+            ));
+        }
+        let (bwd, c, hidden) = r.overlap_ms();
+        if !(bwd > 0.0 && c > 0.0 && hidden >= 0.0 && hidden <= c + 1e-9) {
+            return Err(format!("{what}: backward {bwd} ms, collectives {c} ms, hidden {hidden} ms"));
+        }
+        eprintln!(
+            "{what}: 1 GPU {:.3} ms, 2 GPUs {:.3} ms, backward {bwd:.3} ms, collectives {c:.3} ms ({hidden:.3} hidden)",
+            r.ms_one, r.ms_many
+        );
+        let j = r.to_json();
+        if !(j.contains("\"timeline\":[{") && j.contains("\"scaling\":")) {
+            return Err(format!("{what}: JSON {j}"));
+        }
     }
     Ok(())
 }
