@@ -1,13 +1,15 @@
 """torch.distributed all_reduce (NCCL, float32 sum, in place) timed like `kiln allreduce`.
 
-    python3 benches/torch_allreduce.py --bytes 1073741824 --gpus 2 [--reps 20 --warmup 5]
+    python3 benches/torch_allreduce.py --bytes 1073741824 --gpus 2 [--reps 20 --warmup 5] [--json PATH]
 
 One process per GPU (mp.spawn); rank 0 prints the mean time per call, algbw = bytes / time and
 busbw = algbw * 2 (n-1) / n in GB/s (10^9), the figures nccl-tests reports. NVLink multicast stays
-off (NCCL_NVLS_ENABLE=0 unless set).
+off (NCCL_NVLS_ENABLE=0 unless set). `--json PATH`: rank 0 also writes {"bytes", "gpus", "ms",
+"algbw_gbs", "busbw_gbs"} there (what benches/multi_gpu_report.py reads).
 """
 
 import argparse
+import json
 import os
 import time
 
@@ -40,6 +42,12 @@ def worker(rank, args):
             f"torch all_reduce f32 sum: {args.bytes} bytes on {args.gpus} GPUs: {sec * 1e3:.3f} ms  "
             f"algbw {algbw:.1f} GB/s  busbw {busbw:.1f} GB/s"
         )
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(
+                    {"bytes": args.bytes, "gpus": args.gpus, "ms": sec * 1e3, "algbw_gbs": algbw, "busbw_gbs": busbw},
+                    f,
+                )
     dist.destroy_process_group()
 
 
@@ -50,6 +58,7 @@ def main():
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--port", type=int, default=29511)
+    p.add_argument("--json", default=None, help="also write the result as JSON here (rank 0)")
     args = p.parse_args()
     assert args.bytes > 0 and args.bytes % 4 == 0, "--bytes: a positive multiple of 4"
     assert args.gpus <= torch.cuda.device_count(), f"--gpus {args.gpus}: {torch.cuda.device_count()} present"

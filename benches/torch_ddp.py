@@ -1,14 +1,17 @@
 """PyTorch DDP on the large MLP of benches/mlp_step.rs: per GPU a batch of 4096 rows, 8 bias-free
 Linear layers of width 1024 (ReLU between), 1024 classes, cross-entropy, f32, SGD lr 0.01.
 
-    python3 benches/torch_ddp.py --gpus 2 [--batch 4096 --width 1024 --layers 8 --steps 50]
+    python3 benches/torch_ddp.py --gpus 2 [--batch 4096 --width 1024 --layers 8 --steps 50] [--json PATH]
 
 One process per GPU (mp.spawn, NCCL, DDP's default 25 MB buckets overlapping the backward pass);
 rank 0 prints the mean ms per step after warm-up and the throughput in rows/s summed over ranks.
 `--gpus 1` runs the same model without DDP for the scaling ratio. NCCL_NVLS_ENABLE=0 unless set.
+`--json PATH`: rank 0 also writes {"gpus", "batch", "width", "layers", "steps", "ms", "rows_per_s",
+"device"} there (what benches/multi_gpu_report.py reads). The model is the one `kiln dist-bench` runs.
 """
 
 import argparse
+import json
 import os
 import time
 
@@ -68,6 +71,20 @@ def worker(rank, args):
             f"torch {'DDP' if distributed else 'single GPU'} MLP {args.batch}x{args.width}x{args.layers} per GPU "
             f"on {args.gpus} GPU(s): {ms:.3f} ms/step, {rows:.0f} rows/s"
         )
+        if args.json:
+            out = {
+                "gpus": args.gpus,
+                "batch": args.batch,
+                "width": args.width,
+                "layers": args.layers,
+                "steps": args.steps,
+                "ms": ms,
+                "rows_per_s": rows,
+                "device": torch.cuda.get_device_name(rank),
+                "ddp": distributed,
+            }
+            with open(args.json, "w") as f:
+                json.dump(out, f)
     if distributed:
         dist.destroy_process_group()
 
@@ -81,6 +98,7 @@ def main():
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--port", type=int, default=29512)
+    p.add_argument("--json", default=None, help="also write the result as JSON here (rank 0)")
     args = p.parse_args()
     assert args.gpus <= torch.cuda.device_count(), f"--gpus {args.gpus}: {torch.cuda.device_count()} present"
     if args.gpus == 1:

@@ -562,12 +562,51 @@ fn gpus_flag_mistakes_are_refused_before_any_work() {
     let d = tmpdir("gpus");
     assert_refused(&kiln_in(&d, &["train", "--gpus", "0"]), &["--gpus", "1 or more"]);
     assert_refused(&kiln_in(&d, &["train", "--gpus", "2", "--dtype", "bf16"]), &["--gpus", "bf16"]);
-    assert_refused(&kiln_in(&d, &["train", "--gpus", "2", "--model", "gpt"]), &["--gpus", "--model gpt"]);
+    // the GPT trains on several GPUs, but not with ZeRO-1 (refused before the data is read)
+    assert_refused(
+        &kiln_in(&d, &["train", "--gpus", "2", "--model", "gpt", "--zero1", "--data", "absent.txt"]),
+        &["--zero1", "--model gpt"],
+    );
     // more GPUs than present: the count in the message, or no driver at all on a machine without one
     let r = kiln_in(&d, &["train", "--gpus", "64", "--epochs", "1"]);
     assert_refused(&r, &[]);
     assert!(r.err.contains("--gpus 64") || r.err.contains("no CUDA driver"), "{r:?}");
     assert_refused(&kiln_in(&d, &["allreduce", "--bytes", "3"]), &["--bytes", "multiple of 4"]);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The data-parallel and multi-process flags: each mistake is refused before any GPU or network
+/// work, with the flag to change.
+#[test]
+fn data_parallel_and_multi_process_flag_mistakes_are_refused() {
+    if !binary_here("data_parallel_and_multi_process_flag_mistakes_are_refused") {
+        return;
+    }
+    let d = tmpdir("dist-flags");
+    // data-parallel settings on one GPU
+    for flag in ["--zero1", "--no-overlap"] {
+        assert_refused(&kiln_in(&d, &["train", flag]), &[flag, "--gpus 2"]);
+    }
+    assert_refused(&kiln_in(&d, &["train", "--bucket-mb", "4"]), &["--bucket-mb", "--gpus 2"]);
+    assert_refused(&kiln_in(&d, &["train", "--bucket-mb", "0"]), &["--bucket-mb"]);
+    // multi-process flags without a world size
+    for (flag, v) in
+        [("--rank", "1"), ("--local-rank", "0"), ("--master-addr", "127.0.0.1"), ("--master-port", "29500")]
+    {
+        assert_refused(&kiln_in(&d, &["train", flag, v]), &[flag, "--world-size"]);
+    }
+    // a rank outside the world, a missing rank, several GPUs per process, a bad environment
+    assert_refused(&kiln_in(&d, &["train", "--world-size", "2", "--rank", "2"]), &["--rank", "0 to 1"]);
+    assert_refused(&kiln_in(&d, &["train", "--world-size", "2"]), &["--rank", "RANK"]);
+    assert_refused(&kiln_in(&d, &["train", "--world-size", "0"]), &["--world-size", "1 or more"]);
+    assert_refused(
+        &kiln_in(&d, &["train", "--gpus", "2", "--world-size", "2", "--rank", "0"]),
+        &["--gpus", "--world-size"],
+    );
+    assert_refused(&kiln_with_env(&d, &["train"], &[("WORLD_SIZE", "2"), ("RANK", "5")]), &["--rank", "0 to 1"]);
+    assert_refused(&kiln_with_env(&d, &["train"], &[("WORLD_SIZE", "two")]), &["WORLD_SIZE", "whole number"]);
+    // ZeRO-1 cannot clip by the global norm
+    assert_refused(&kiln_in(&d, &["train", "--gpus", "2", "--zero1", "--clip-grad-norm", "1"]), &["--clip-grad-norm"]);
     let _ = std::fs::remove_dir_all(&d);
 }
 

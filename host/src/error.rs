@@ -54,6 +54,41 @@ pub enum Error {
         /// What went wrong, and what to change.
         msg: String,
     },
+    /// Another rank of a data-parallel run failed: this rank stopped (its NCCL communicator
+    /// aborted) instead of waiting for it forever.
+    #[error("rank {rank} failed, so rank {this} stopped (its NCCL communicator aborted): {msg}")]
+    RankFailed {
+        /// The rank that failed first.
+        rank: usize,
+        /// The rank reporting.
+        this: usize,
+        /// The failed rank's error.
+        msg: String,
+    },
+    /// A collective did not complete in time (a peer rank gone or stuck): the communicator was
+    /// aborted.
+    #[error(
+        "rank {rank}: {what} did not complete within {seconds} s, so its NCCL communicator was aborted: a peer \
+         rank has likely failed or stopped (see its error). Raise the limit with KILN_DIST_TIMEOUT (seconds) \
+         if the peers are only slow"
+    )]
+    CommTimeout {
+        /// This rank.
+        rank: usize,
+        /// The collective.
+        what: String,
+        /// The limit in seconds.
+        seconds: u64,
+    },
+    /// A failure planted for testing (`KILN_FAIL_RANK`): the rank stops before its gradients are
+    /// reduced.
+    #[error("rank {rank} failed at step {step}, as planted by KILN_FAIL_RANK (a test of failure handling; unset it)")]
+    PlantedFailure {
+        /// The rank.
+        rank: usize,
+        /// The step.
+        step: usize,
+    },
     /// An NCCL call failed.
     #[error("NCCL error while {context}: {msg} (ncclResult_t {code})")]
     Nccl {

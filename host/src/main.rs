@@ -299,10 +299,40 @@ struct TrainArgs {
     /// or bf16 (operands rounded to bf16, tensor cores with f32 accumulation; much faster).
     #[arg(long, value_enum, default_value = "f32")]
     matmul_precision: Precision,
-    /// GPUs to train on (data-parallel over NCCL, the MLP in f32): each rank takes a share of
-    /// every --batch rows and the gradients are averaged by all-reduce. 1: one GPU, no NCCL.
+    /// GPUs to train on (data-parallel over NCCL: the MLP in f32, the GPT in f32 or bf16): each
+    /// rank takes a share of every --batch rows (windows) and the gradients are summed by
+    /// all-reduce in buckets, overlapped with the backward pass. 1: one GPU, no NCCL (unless
+    /// --world-size is more than 1).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     gpus: usize,
+    /// ZeRO-1: each rank keeps and updates only its shard of the optimizer state (gradients
+    /// reduce-scattered, parameters all-gathered after the step). Not with --clip-grad-norm.
+    #[arg(long)]
+    zero1: bool,
+    /// Reduce the gradients after the whole backward pass instead of bucket by bucket during it
+    /// (the same sums; for comparison).
+    #[arg(long)]
+    no_overlap: bool,
+    /// Megabytes of gradient per bucket (1 or more) [default: 25, PyTorch DDP's].
+    #[arg(long, value_parser = parse::parts, allow_negative_numbers = true)]
+    bucket_mb: Option<u32>,
+    /// Processes in a multi-process run, one GPU each (torchrun's WORLD_SIZE, read when this is
+    /// not given). More than 1: this process is rank --rank and meets the others at
+    /// --master-addr:--master-port.
+    #[arg(long, allow_negative_numbers = true)]
+    world_size: Option<usize>,
+    /// This process's rank, 0 to --world-size - 1 (torchrun's RANK); rank 0 listens.
+    #[arg(long, allow_negative_numbers = true)]
+    rank: Option<usize>,
+    /// The GPU this process trains on (torchrun's LOCAL_RANK) [default: --rank].
+    #[arg(long, allow_negative_numbers = true)]
+    local_rank: Option<usize>,
+    /// Rank 0's address (torchrun's MASTER_ADDR) [default: 127.0.0.1].
+    #[arg(long)]
+    master_addr: Option<String>,
+    /// Rank 0's TCP port (torchrun's MASTER_PORT) [default: 29500].
+    #[arg(long, allow_negative_numbers = true)]
+    master_port: Option<u16>,
 }
 
 #[derive(Subcommand)]
@@ -399,10 +429,95 @@ enum Command {
         /// Untimed all-reduces first.
         #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
         warmup: usize,
+        /// Also write {"bytes", "gpus", "ms", "algbw_gbs", "busbw_gbs"} as JSON to PATH (what
+        /// benches/multi_gpu_report.py reads).
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
+    /// Time the data-parallel training step of the large MLP (per GPU --batch rows, --layers
+    /// bias-free Linear layers of --width, ReLU between, f32, SGD; the model of
+    /// benches/torch_ddp.py) on one GPU and on --gpus, and print the scaling and a timeline of
+    /// one step (compute and communication streams, from CUDA events).
+    DistBench {
+        /// GPUs of the data-parallel run (2 or more; one GPU is the baseline).
+        #[arg(long, default_value_t = 2, allow_negative_numbers = true)]
+        gpus: usize,
+        /// Rows per GPU.
+        #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
+        batch: usize,
+        /// Layer width (and classes).
+        #[arg(long, default_value_t = 1024, allow_negative_numbers = true)]
+        width: usize,
+        /// Linear layers.
+        #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
+        layers: usize,
+        /// Timed steps.
+        #[arg(long, default_value_t = 30, allow_negative_numbers = true)]
+        steps: usize,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
+        warmup: usize,
+        /// Megabytes of gradient per bucket (1 or more).
+        #[arg(long, default_value_t = 25, value_parser = parse::parts, allow_negative_numbers = true)]
+        bucket_mb: u32,
+        /// Reduce after the backward pass instead of overlapping.
+        #[arg(long)]
+        no_overlap: bool,
+        /// ZeRO-1 (reduce-scatter, sharded SGD, all-gather).
+        #[arg(long)]
+        zero1: bool,
+        /// Also write the report as JSON to PATH (what benches/multi_gpu_report.py reads).
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
     },
 }
 
-fn allreduce(bytes: usize, gpus: usize, reps: usize, warmup: usize) -> kiln::Result<bool> {
+/// `kiln dist-bench`'s flags.
+struct DistBenchArgs {
+    cfg: kiln::train::dist_bench::DistBenchConfig,
+    json: Option<PathBuf>,
+}
+
+fn dist_bench(a: DistBenchArgs) -> kiln::Result<bool> {
+    let r = kiln::train::dist_bench::dist_bench(&a.cfg)?;
+    let c = &r.config;
+    println!(
+        "kiln dist-bench: MLP {}x{}x{} per GPU, f32, SGD, on {} ({} bucket(s) of up to {} MiB, {}{})",
+        c.batch,
+        c.width,
+        c.layers,
+        r.device,
+        r.buckets,
+        c.bucket_bytes >> 20,
+        if c.overlap { "overlapped with the backward pass" } else { "after the backward pass" },
+        if c.zero1 { ", ZeRO-1" } else { "" }
+    );
+    println!("  1 GPU: {:.3} ms/step, {:.0} rows/s", r.ms_one, c.batch as f64 / r.ms_one * 1e3);
+    println!(
+        "  {} GPUs: {:.3} ms/step, {:.0} rows/s, {:.2}x the rows/s of one GPU",
+        c.gpus,
+        r.ms_many,
+        (c.batch * c.gpus) as f64 / r.ms_many * 1e3,
+        r.scaling()
+    );
+    let (bwd, comm, hidden) = r.overlap_ms();
+    println!(
+        "  one step on rank 0 (ms from the forward's start; backward {bwd:.3} ms, collectives {comm:.3} ms, {hidden:.3} ms of them during the backward):"
+    );
+    for e in &r.timeline {
+        println!("    {:>9.3}  {:<7}  {}", e.ms, e.stream, e.label);
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, r.to_json() + "\n").map_err(|e| kiln::Error::File {
+            path: path.to_path_buf(),
+            msg: format!("writing the JSON report: {e}"),
+        })?;
+        println!("  wrote {}", path.display());
+    }
+    Ok(true)
+}
+
+fn allreduce(bytes: usize, gpus: usize, reps: usize, warmup: usize, json: Option<PathBuf>) -> kiln::Result<bool> {
     let b = kiln::dist::bench_all_reduce(gpus, bytes, reps, warmup)?;
     println!(
         "kiln all_reduce f32 sum: {} bytes on {} GPUs: {:.3} ms  algbw {:.1} GB/s  busbw {:.1} GB/s",
@@ -412,6 +527,20 @@ fn allreduce(bytes: usize, gpus: usize, reps: usize, warmup: usize) -> kiln::Res
         b.algbw_gbs,
         b.busbw_gbs
     );
+    if let Some(path) = json {
+        let text = format!(
+            "{{\"bytes\":{},\"gpus\":{},\"ms\":{:.4},\"algbw_gbs\":{:.2},\"busbw_gbs\":{:.2}}}\n",
+            b.bytes,
+            b.gpus,
+            b.seconds * 1e3,
+            b.algbw_gbs,
+            b.busbw_gbs
+        );
+        std::fs::write(&path, text).map_err(|e| kiln::Error::File {
+            path: path.to_path_buf(),
+            msg: format!("writing the JSON report: {e}"),
+        })?;
+    }
     Ok(true)
 }
 
@@ -695,12 +824,6 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
     if a.gpus == 0 {
         return Err(kiln::Error::InvalidSetting { setting: "--gpus", value: "0".into(), allowed: "1 or more".into() });
     }
-    if a.gpus > 1 && matches!(a.model, ModelKind::Gpt) {
-        return Err(kiln::Error::Unsupported {
-            op: "train",
-            what: "--gpus with --model gpt (data-parallel training covers the MLP for now)".into(),
-        });
-    }
     if let ModelKind::Gpt = a.model {
         return train_gpt(a);
     }
@@ -710,6 +833,7 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
             what: format!("{flag} with the MLP: it is a GPT setting; add --model gpt"),
         });
     }
+    let dp = data_parallel(&a)?;
     let data = match a.dataset {
         Data::Spirals if a.data_dir.is_some() => {
             return Err(kiln::Error::Unsupported {
@@ -773,8 +897,14 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
             Precision::Bf16 => kiln::cuda::MatmulPrecision::Bf16,
         },
     };
-    let epochs = if a.gpus > 1 {
-        kiln::train::data_parallel::train_data_parallel(&cfg, a.gpus, |line| say!("{line}"))?.epochs
+    let epochs = if let Some(dp) = dp {
+        let epochs = kiln::train::data_parallel::train_data_parallel_with(&cfg, &dp, |line| say!("{line}"))?.epochs;
+        if let Some(r) = dp.rendezvous.as_ref().filter(|r| r.rank != 0) {
+            // rank 0 evaluates, logs and judges the accuracy; the others only train
+            say!("rank {} of {}: done", r.rank, r.world);
+            return Ok(true);
+        }
+        epochs
     } else {
         kiln::train::train(&cfg, |line| say!("{line}"))?.epochs
     };
@@ -790,6 +920,102 @@ fn train(a: TrainArgs) -> kiln::Result<bool> {
         say!("test accuracy {:.2}% is below the target {:.0}%", 100.0 * acc, 100.0 * target);
         Ok(false)
     }
+}
+
+/// A torchrun environment variable, parsed (`None` when unset).
+fn env_number<T: std::str::FromStr>(name: &'static str) -> kiln::Result<Option<T>> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => v.trim().parse().map(Some).map_err(|_| kiln::Error::InvalidSetting {
+            setting: name,
+            value: v.clone(),
+            allowed: "a whole number (torchrun sets it)".into(),
+        }),
+    }
+}
+
+/// The data-parallel setup the flags (and torchrun's environment) ask for; `None` for one GPU.
+fn data_parallel(a: &TrainArgs) -> kiln::Result<Option<kiln::train::data_parallel::DataParallel>> {
+    use kiln::dist::rendezvous::Rendezvous;
+    let world = match a.world_size {
+        Some(w) => Some(w),
+        None => env_number::<usize>("WORLD_SIZE")?,
+    };
+    if world == Some(0) {
+        return Err(kiln::Error::InvalidSetting {
+            setting: "--world-size",
+            value: "0".into(),
+            allowed: "1 or more".into(),
+        });
+    }
+    let multi = world.is_some_and(|w| w > 1);
+    let rendezvous = if multi {
+        let world = world.unwrap_or(1);
+        let rank = match a.rank {
+            Some(r) => r,
+            None => env_number::<usize>("RANK")?.ok_or_else(|| kiln::Error::InvalidSetting {
+                setting: "--rank",
+                value: "(none)".into(),
+                allowed: format!("this process's rank, 0 to {} (or RANK in the environment)", world - 1),
+            })?,
+        };
+        if rank >= world {
+            return Err(kiln::Error::InvalidSetting {
+                setting: "--rank",
+                value: rank.to_string(),
+                allowed: format!("0 to {} (--world-size {world})", world - 1),
+            });
+        }
+        let addr = a.master_addr.clone().or_else(|| std::env::var("MASTER_ADDR").ok()).unwrap_or("127.0.0.1".into());
+        let port = match a.master_port {
+            Some(p) => p,
+            None => env_number::<u16>("MASTER_PORT")?.unwrap_or(29500),
+        };
+        Some(Rendezvous { addr, port, rank, world })
+    } else {
+        for (given, flag) in [
+            (a.rank.is_some(), "--rank"),
+            (a.local_rank.is_some(), "--local-rank"),
+            (a.master_addr.is_some(), "--master-addr"),
+            (a.master_port.is_some(), "--master-port"),
+        ] {
+            if given {
+                return Err(kiln::Error::Unsupported {
+                    op: "train",
+                    what: format!("{flag} without --world-size above 1 (a multi-process run names its size)"),
+                });
+            }
+        }
+        None
+    };
+    if a.gpus == 1 && rendezvous.is_none() {
+        for (given, flag) in
+            [(a.zero1, "--zero1"), (a.no_overlap, "--no-overlap"), (a.bucket_mb.is_some(), "--bucket-mb")]
+        {
+            if given {
+                return Err(kiln::Error::Unsupported {
+                    op: "train",
+                    what: format!("{flag} on one GPU (it is a data-parallel setting): add --gpus 2 or more"),
+                });
+            }
+        }
+        return Ok(None);
+    }
+    let local_rank = match (a.local_rank, &rendezvous) {
+        (Some(l), _) => l,
+        (None, Some(r)) => env_number::<usize>("LOCAL_RANK")?.unwrap_or(r.rank),
+        (None, None) => 0,
+    };
+    Ok(Some(kiln::train::data_parallel::DataParallel {
+        gpus: a.gpus,
+        zero1: a.zero1,
+        overlap: !a.no_overlap,
+        bucket_bytes: a.bucket_mb.map_or(kiln::dist::bucket::DEFAULT_BUCKET_BYTES, |m| (m as usize) << 20),
+        rendezvous,
+        local_rank,
+        timeline: false,
+        fail: None,
+    }))
 }
 
 impl TrainArgs {
@@ -823,6 +1049,7 @@ fn train_gpt(a: TrainArgs) -> kiln::Result<bool> {
             what: "--megakernel, --data-dir and --optimizer are MLP settings: a GPT trains with AdamW".into(),
         });
     }
+    let dp = data_parallel(&a)?;
     let d = GptTrainConfig::default();
     let cfg = GptTrainConfig {
         data,
@@ -868,7 +1095,17 @@ fn train_gpt(a: TrainArgs) -> kiln::Result<bool> {
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         bench_steps: a.bench_steps,
     };
-    let report = kiln::train::gpt::train_gpt(&cfg, |line| say!("{line}"))?;
+    let report = match &dp {
+        Some(dp) => {
+            let report = kiln::train::gpt_parallel::train_gpt_data_parallel(&cfg, dp, |line| say!("{line}"))?;
+            if let Some(r) = dp.rendezvous.as_ref().filter(|r| r.rank != 0) {
+                say!("rank {} of {}: done", r.rank, r.world);
+                return Ok(true);
+            }
+            report
+        }
+        None => kiln::train::gpt::train_gpt(&cfg, |line| say!("{line}"))?,
+    };
     if cfg.bench_steps.is_some() {
         say!(
             "{{\"kiln_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"peak_bytes\": {}}}",
@@ -968,7 +1205,23 @@ fn main() -> std::process::ExitCode {
         Some(Command::Attention { kernel, shape, kv_len, causal, backward, reps, seed }) => {
             attention(kernel, shape, kv_len, causal, backward, reps, seed)
         }
-        Some(Command::Allreduce { bytes, gpus, reps, warmup }) => allreduce(bytes, gpus, reps, warmup),
+        Some(Command::Allreduce { bytes, gpus, reps, warmup, json }) => allreduce(bytes, gpus, reps, warmup, json),
+        Some(Command::DistBench { gpus, batch, width, layers, steps, warmup, bucket_mb, no_overlap, zero1, json }) => {
+            dist_bench(DistBenchArgs {
+                cfg: kiln::train::dist_bench::DistBenchConfig {
+                    gpus,
+                    batch,
+                    width,
+                    layers,
+                    steps,
+                    warmup,
+                    bucket_bytes: (bucket_mb as usize) << 20,
+                    overlap: !no_overlap,
+                    zero1,
+                },
+                json,
+            })
+        }
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

@@ -132,7 +132,7 @@ fn adamw_groups(_: &Device) -> Outcome {
 }
 
 /// A text of the CLI tests' kind, in a fresh temporary file.
-fn text_file(name: &str) -> Result<std::path::PathBuf, String> {
+pub(crate) fn text_file(name: &str) -> Result<std::path::PathBuf, String> {
     let d = std::env::temp_dir().join(format!("kiln-gpu-gpt-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
     let p = d.join("text.txt");

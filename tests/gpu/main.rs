@@ -26,7 +26,7 @@
 //! optim           the fused multi-tensor optimizer and clipping against the CPU reference
 //! mixed           mixed-precision training (bf16 compute copies) and the fused Linear layer
 //! gpt             the GPT against the CPU model, AdamW's groups, training and sampling on CUDA
-//! dist            NCCL all-reduce and broadcast on two GPUs (ignored with fewer)
+//! dist            NCCL collectives and data-parallel training on two GPUs (ignored with fewer)
 //! common          helpers the families share (error text, bits, the A B^T check)
 //! ```
 

@@ -1,5 +1,8 @@
-//! Collectives over NCCL across the GPUs of one process: one thread per GPU, each with its own
-//! kiln [`Device`] (context and stream) and NCCL communicator.
+//! Collectives over NCCL: one thread per GPU of this process, each with its own kiln [`Device`]
+//! (context and compute stream), a communication stream and an NCCL communicator ([`run`],
+//! [`Rank`]); the processes of a multi-process run meet through [`rendezvous`] ([`run_with`]).
+//! [`ddp`] synchronizes gradients during the backward pass (replicated or ZeRO-1, laid out by
+//! [`plan`]); a rank that fails ends every rank with an error (see [`Rank::settle`]).
 //!
 //! ```no_run
 //! # fn main() -> kiln::Result<()> {
@@ -14,8 +17,15 @@
 //! ```
 
 pub mod bucket;
+pub mod ddp;
+mod group;
 pub mod nccl;
+pub mod plan;
 pub mod rendezvous;
+
+pub use group::{
+    DEFAULT_TIMEOUT, Pending, Rank, RunConfig, TIMEOUT_ENV, TimelineEvent, run, run_with, timeout_from_env,
+};
 
 use crate::cuda::{Device, DeviceBuffer};
 use crate::error::{Error, Result};
@@ -23,7 +33,6 @@ use crate::tensor::{DType, Storage, Tensor};
 use cudarc::nccl::sys::{ncclComm_t, ncclUniqueId};
 use nccl::Nccl;
 use std::ffi::c_void;
-use std::sync::Arc;
 
 /// A reduction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +53,7 @@ impl ReduceOp {
 }
 
 const NCCL_FLOAT32: i32 = 7;
+const NCCL_FLOAT64: i32 = 8;
 const NCCL_BFLOAT16: i32 = 9;
 
 /// The unique id ranks share to form one communicator (128 opaque bytes made by rank 0).
@@ -83,6 +93,7 @@ pub struct Comm {
     nccl: &'static Nccl,
     rank: usize,
     world: usize,
+    aborted: std::cell::Cell<bool>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
@@ -106,7 +117,7 @@ impl Comm {
         // SAFETY: `raw` receives the new communicator; the id is 128 bytes made by ncclGetUniqueId.
         let code = unsafe { (nccl.comm_init_rank)(&mut raw, world as i32, id.0, rank as i32) };
         nccl.check(code, || format!("rank {rank} of {world} joining the communicator"))?;
-        Ok(Comm { raw, nccl, rank, world })
+        Ok(Comm { raw, nccl, rank, world, aborted: std::cell::Cell::new(false) })
     }
 
     /// This rank.
@@ -126,11 +137,122 @@ impl Comm {
     /// # Safety
     /// `ptr` must address `len` elements of `dtype` on `device`, live until the stream passes the call.
     unsafe fn all_reduce_raw(&self, device: &Device, ptr: u64, len: usize, dtype: i32, op: ReduceOp) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.all_reduce_on(device, Self::stream(device), ptr, len, dtype, op) }
+    }
+
+    /// In-place all-reduce of `len` elements of `dtype` at `ptr`, enqueued on `stream` (a stream of
+    /// `device`'s context).
+    ///
+    /// # Safety
+    /// `ptr` must address `len` elements of `dtype` on `device`, live until `stream` passes the call.
+    pub(crate) unsafe fn all_reduce_on(
+        &self,
+        device: &Device,
+        stream: *mut c_void,
+        ptr: u64,
+        len: usize,
+        dtype: i32,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_live("an all-reduce")?;
         device.context().bind_to_thread().map_err(Error::driver("binding the context for NCCL"))?;
         let p = ptr as *mut c_void;
         // SAFETY: in-place all-reduce of `len` elements at `p` (the caller's contract).
-        let code = unsafe { (self.nccl.all_reduce)(p, p, len, dtype, op.raw(), self.raw, Self::stream(device)) };
+        let code = unsafe { (self.nccl.all_reduce)(p, p, len, dtype, op.raw(), self.raw, stream) };
         self.nccl.check(code, || format!("all-reduce of {len} elements on rank {}", self.rank))
+    }
+
+    /// Reduce-scatter: `recv` (`count` elements) gets part `rank` of the reduction of every rank's
+    /// `send` (`count x world` elements), enqueued on `stream`.
+    ///
+    /// # Safety
+    /// `send` and `recv` must address that many elements of `dtype` on `device`, live until
+    /// `stream` passes the call.
+    pub(crate) unsafe fn reduce_scatter_on(
+        &self,
+        device: &Device,
+        stream: *mut c_void,
+        (send, recv): (u64, u64),
+        count: usize,
+        dtype: i32,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_live("a reduce-scatter")?;
+        device.context().bind_to_thread().map_err(Error::driver("binding the context for NCCL"))?;
+        // SAFETY: the caller's contract.
+        let code = unsafe {
+            (self.nccl.reduce_scatter)(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dtype,
+                op.raw(),
+                self.raw,
+                stream,
+            )
+        };
+        self.nccl.check(code, || format!("reduce-scatter of {count} elements per rank on rank {}", self.rank))
+    }
+
+    /// All-gather: `recv` (`count x world` elements) gets every rank's `send` (`count` elements)
+    /// in rank order, enqueued on `stream`. `send` may be `recv`'s own part (in place).
+    ///
+    /// # Safety
+    /// As [`Comm::reduce_scatter_on`].
+    pub(crate) unsafe fn all_gather_on(
+        &self,
+        device: &Device,
+        stream: *mut c_void,
+        (send, recv): (u64, u64),
+        count: usize,
+        dtype: i32,
+    ) -> Result<()> {
+        self.check_live("an all-gather")?;
+        device.context().bind_to_thread().map_err(Error::driver("binding the context for NCCL"))?;
+        // SAFETY: the caller's contract.
+        let code = unsafe {
+            (self.nccl.all_gather)(send as *const c_void, recv as *mut c_void, count, dtype, self.raw, stream)
+        };
+        self.nccl.check(code, || format!("all-gather of {count} elements per rank on rank {}", self.rank))
+    }
+
+    /// Starts an NCCL group (the collectives until [`Comm::group_end`] become one launch).
+    pub(crate) fn group_start(&self) -> Result<()> {
+        // SAFETY: no arguments; paired with group_end by the caller.
+        self.nccl.check(unsafe { (self.nccl.group_start)() }, || "starting an NCCL group".into())
+    }
+
+    /// Ends an NCCL group.
+    pub(crate) fn group_end(&self) -> Result<()> {
+        // SAFETY: no arguments; ends the group group_start opened.
+        self.nccl.check(unsafe { (self.nccl.group_end)() }, || "ending an NCCL group".into())
+    }
+
+    /// NCCL's asynchronous error of this communicator (a peer lost, a network failure), if any.
+    pub fn async_error(&self) -> Result<()> {
+        if self.aborted.get() {
+            return Ok(());
+        }
+        let mut res: i32 = 0;
+        // SAFETY: the communicator is valid (not aborted); `res` receives an ncclResult_t.
+        let code = unsafe { (self.nccl.comm_get_async_error)(self.raw, &mut res) };
+        self.nccl.check(code, || format!("asking rank {}'s communicator for errors", self.rank))?;
+        // ncclInProgress (7) is not an error
+        if res == 7 {
+            return Ok(());
+        }
+        self.nccl.check(res, || format!("a collective on rank {} (reported asynchronously)", self.rank))
+    }
+
+    fn check_live(&self, what: &str) -> Result<()> {
+        if self.aborted.get() {
+            return Err(Error::Unsupported {
+                op: "NCCL",
+                what: format!("{what} on rank {}'s communicator, which was aborted", self.rank),
+            });
+        }
+        Ok(())
     }
 
     /// # Safety
@@ -139,6 +261,7 @@ impl Comm {
         if root >= self.world {
             return Err(Error::Index { op: "broadcast", msg: format!("root {root} is not a rank of {}", self.world) });
         }
+        self.check_live("a broadcast")?;
         device.context().bind_to_thread().map_err(Error::driver("binding the context for NCCL"))?;
         let p = ptr as *mut c_void;
         // SAFETY: in-place broadcast of `len` elements at `p`.
@@ -245,33 +368,28 @@ impl Comm {
         Ok(())
     }
 
-    /// Ends the communicator at once, failing its pending collectives (for a rank that cannot go on).
-    pub fn abort(self) {
-        // SAFETY: the communicator is valid and not used after this.
-        unsafe { (self.nccl.comm_abort)(self.raw) };
-        std::mem::forget(self);
+    /// Ends the communicator at once, failing its pending collectives (for a rank that cannot go
+    /// on, or one whose peer failed). Later calls on it are refused; aborting twice does nothing.
+    pub fn abort(&self) {
+        if !self.aborted.replace(true) {
+            // SAFETY: the communicator is valid and, flagged as aborted, not used after this.
+            unsafe { (self.nccl.comm_abort)(self.raw) };
+        }
+    }
+
+    /// Whether [`Comm::abort`] ended this communicator.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.get()
     }
 }
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        // SAFETY: the communicator is valid and no longer used.
-        unsafe { (self.nccl.comm_destroy)(self.raw) };
+        if !self.aborted.get() {
+            // SAFETY: the communicator is valid and no longer used.
+            unsafe { (self.nccl.comm_destroy)(self.raw) };
+        }
     }
-}
-
-/// What each rank's thread gets from [`run`].
-#[derive(Debug)]
-pub struct Rank {
-    /// This rank (also the GPU ordinal).
-    pub rank: usize,
-    /// Number of ranks.
-    pub world: usize,
-    /// This rank's communicator (declared before `device`: it is destroyed while the device's
-    /// context is still alive).
-    pub comm: Comm,
-    /// This rank's GPU.
-    pub device: Arc<Device>,
 }
 
 /// Checks that `gpus` GPUs are present: [`Error::TooFewGpus`] otherwise (`gpus` = 0 is refused too).
@@ -289,47 +407,6 @@ pub fn check_gpu_count(gpus: usize, present: usize) -> Result<()> {
         return Err(Error::TooFewGpus { asked: gpus, present });
     }
     Ok(())
-}
-
-/// Runs `f` on `gpus` threads, one per GPU (ordinals 0..gpus), each with its device and its
-/// communicator joined into one group. Returns the ranks' results in rank order, or the first
-/// rank's error. A rank that fails before a collective the others wait in leaves them waiting:
-/// failing ranks do not abort the others yet.
-pub fn run<T: Send>(gpus: usize, f: impl Fn(&Rank) -> Result<T> + Sync) -> Result<Vec<T>> {
-    check_gpus(gpus)?;
-    Nccl::get()?;
-    let id = UniqueId::new()?;
-    let f = &f;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..gpus)
-            .map(|rank| {
-                s.spawn(move || -> Result<T> {
-                    let device = Arc::new(Device::new(rank)?);
-                    let comm = Comm::init(&device, id, rank, gpus)?;
-                    let r = Rank { rank, world: gpus, comm, device };
-                    let out = match f(&r) {
-                        Ok(o) => o,
-                        Err(e) => {
-                            // abort, not destroy: destroy would wait for collectives that the
-                            // other ranks may never finish
-                            r.comm.abort();
-                            return Err(e);
-                        }
-                    };
-                    r.device.synchronize()?;
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::Unsupported { op: "dist::run", what: "a rank that panicked".into() })
-                })
-            })
-            .collect()
-    })
 }
 
 /// What [`bench_all_reduce`] measured.

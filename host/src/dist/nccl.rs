@@ -37,6 +37,11 @@ pub struct Nccl {
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, ncclComm_t, *mut c_void) -> Res,
     pub(crate) broadcast:
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, ncclComm_t, *mut c_void) -> Res,
+    pub(crate) reduce_scatter:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, ncclComm_t, *mut c_void) -> Res,
+    pub(crate) all_gather:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, ncclComm_t, *mut c_void) -> Res,
+    pub(crate) comm_get_async_error: unsafe extern "C" fn(ncclComm_t, *mut Res) -> Res,
     pub(crate) group_start: unsafe extern "C" fn() -> Res,
     pub(crate) group_end: unsafe extern "C" fn() -> Res,
     get_error_string: unsafe extern "C" fn(Res) -> *const c_char,
@@ -172,6 +177,9 @@ fn resolve(lib: libloading::Library, source: String) -> std::result::Result<Nccl
             comm_abort: sym!("ncclCommAbort"),
             all_reduce: sym!("ncclAllReduce"),
             broadcast: sym!("ncclBroadcast"),
+            reduce_scatter: sym!("ncclReduceScatter"),
+            all_gather: sym!("ncclAllGather"),
+            comm_get_async_error: sym!("ncclCommGetAsyncError"),
             group_start: sym!("ncclGroupStart"),
             group_end: sym!("ncclGroupEnd"),
             get_error_string: sym!("ncclGetErrorString"),

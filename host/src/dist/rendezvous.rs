@@ -12,6 +12,19 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+/// Where a process of a multi-process run meets the others, and who it is there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rendezvous {
+    /// Rank 0's address (`--master-addr`, `MASTER_ADDR`).
+    pub addr: String,
+    /// Rank 0's port (`--master-port`, `MASTER_PORT`).
+    pub port: u16,
+    /// This process's rank (`--rank`, `RANK`).
+    pub rank: usize,
+    /// Processes in the run (`--world-size`, `WORLD_SIZE`).
+    pub world: usize,
+}
+
 /// Shares the id that rank 0 makes with `make` among `world` ranks; every rank returns the same
 /// bytes. `timeout` bounds the whole exchange for every rank.
 pub fn share_id(

@@ -60,6 +60,16 @@ impl Tensor {
     /// Computes d(self)/d(leaf) for every leaf that requires gradients, adding it to the leaf's
     /// `grad()`. `self` must hold one element (a loss).
     pub fn backward(&self) -> Result<()> {
+        self.backward_with(&mut |_| Ok(()))
+    }
+
+    /// [`Tensor::backward`], calling `on_final` with each leaf as soon as its gradient of this pass
+    /// is final (added to its `grad()`), while the rest of the graph is still being
+    /// differentiated: the hook of data-parallel training, which starts reducing a bucket of
+    /// gradients across GPUs while the earlier layers' gradients are computed. Leaves come in
+    /// reverse topological order (an MLP's last layer first). An error from `on_final` ends the
+    /// pass with that error.
+    pub fn backward_with(&self, on_final: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
         if self.elem_count() != 1 {
             return Err(Error::Autograd(format!("backward needs a scalar, this tensor has shape {}", self.shape())));
         }
@@ -73,7 +83,9 @@ impl Tensor {
         for node in order.iter().rev() {
             let Some(g) = grads.remove(&node.id()) else { continue };
             if node.is_requires_grad() {
+                // every consumer of `node` came before it in this reverse order: `g` is complete
                 node.accumulate_grad(g.clone())?;
+                on_final(node)?;
             }
             if let Some(op) = node.op() {
                 for (input, gi) in op.backward(node, &g)? {

@@ -466,6 +466,20 @@ impl Tensor {
         Ok(())
     }
 
+    /// Replaces the accumulated gradient with `g` (a tensor of this one's shape with a storage of
+    /// its own: the optimizers read gradients by address). Data-parallel training under ZeRO-1
+    /// sets its shard's gradient, reduced across the GPUs, this way.
+    pub(crate) fn set_grad(&self, g: Tensor) -> Result<()> {
+        if g.shape() != self.shape() || g.is_view() || g.layout().offset() != 0 {
+            return Err(Error::shape(
+                "set_grad",
+                format!("a gradient of shape {} (own storage) for a tensor of shape {}", g.shape(), self.shape()),
+            ));
+        }
+        *self.0.grad.lock().unwrap_or_else(|p| p.into_inner()) = Some(g);
+        Ok(())
+    }
+
     /// Overwrites the data in place (optimizers, checkpoint loads; the shape and dtype must match).
     /// The tensor's views see the new data; a view itself refuses (see [`Tensor::is_view`]).
     pub fn set_data(&self, src: &Tensor) -> Result<()> {

@@ -155,7 +155,7 @@ impl Default for GptTrainConfig {
     }
 }
 
-fn invalid(setting: &'static str, value: impl std::fmt::Display, allowed: impl Into<String>) -> Error {
+pub(super) fn invalid(setting: &'static str, value: impl std::fmt::Display, allowed: impl Into<String>) -> Error {
     Error::InvalidSetting { setting, value: value.to_string(), allowed: allowed.into() }
 }
 
@@ -179,7 +179,7 @@ pub fn schedule(warmup: usize, total: usize) -> LrSchedule {
     LrSchedule::CosineWarmup { warmup: warmup.min(total), total, min_ratio: 0.1 }
 }
 
-fn history(list: &[(usize, f64)]) -> String {
+pub(super) fn history(list: &[(usize, f64)]) -> String {
     list.iter().map(|(s, l)| format!("{s}:{l}")).collect::<Vec<_>>().join(",")
 }
 
@@ -196,7 +196,7 @@ fn parse_history(s: Option<&String>) -> Vec<(usize, f64)> {
 }
 
 /// Settings a resumed run must share with its checkpoint (beside the model and the vocabulary).
-fn run_metadata(cfg: &GptTrainConfig) -> Vec<(&'static str, String)> {
+pub(super) fn run_metadata(cfg: &GptTrainConfig) -> Vec<(&'static str, String)> {
     vec![
         ("gpt.batch", cfg.batch.to_string()),
         ("gpt.grad_accum", cfg.grad_accum.to_string()),
@@ -445,7 +445,7 @@ pub fn train_gpt(cfg: &GptTrainConfig, mut log: impl FnMut(&str)) -> Result<GptR
 
 /// The mean loss of `eval_batches` fixed windows of the validation part (the same windows every
 /// time), in evaluation mode (no dropout) and without recording gradients.
-fn validation_loss(model: &mut Gpt, corpus: &Corpus, cfg: &GptTrainConfig) -> Result<f64> {
+pub(super) fn validation_loss(model: &mut Gpt, corpus: &Corpus, cfg: &GptTrainConfig) -> Result<f64> {
     model.set_training(false);
     let _g = no_grad();
     let mut rng = WindowRng::new(cfg.seed ^ 0x5eed_f00d);

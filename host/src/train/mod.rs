@@ -2,7 +2,9 @@
 //! loss and accuracy per epoch, save a checkpoint; and rebuild a saved model for `eval`.
 
 pub mod data_parallel;
+pub mod dist_bench;
 pub mod gpt;
+pub mod gpt_parallel;
 
 use crate::checkpoint::{self, TrainingState};
 use crate::data::{self, Dataset};
