@@ -615,7 +615,8 @@ impl CudaStorage {
         self.matmul_layout(b, m, k, n, Layout::TN)
     }
 
-    /// Batched product (see `Tensor::matmul`).
+    /// Batched product (see `Tensor::matmul`). bf16 batches with a batched B on sm_90a run on the
+    /// strided-batch `wgmma` kernel ([`CudaStorage::matmul_batched_abt`], B transposed once).
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
@@ -628,6 +629,11 @@ impl CudaStorage {
     ) -> Result<CudaStorage> {
         let (x, y) = match (&self.data, &b.data) {
             (CudaData::F32(x), CudaData::F32(y)) => (x, y),
+            (CudaData::BF16(_), CudaData::BF16(_)) if b_batched && self.batched_on_wgmma(batch, m, kk, n) => {
+                // B transposed once to n x k per product, for the strided-batch wgmma kernel
+                let bt = b.view_copy(&[batch, n, kk], &[kk * n, 1, n], 0)?;
+                return self.matmul_batched_abt(&bt, batch, m, kk, n);
+            }
             (CudaData::BF16(x), CudaData::BF16(y)) => return self.matmul_b16(x, y, batch, m, kk, n, b_batched),
             (CudaData::F16(x), CudaData::F16(y)) => return self.matmul_b16(x, y, batch, m, kk, n, b_batched),
             _ => return Err(Error::DType { op: "matmul", got: b.dtype(), expected: self.dtype() }),
