@@ -121,6 +121,17 @@ pub fn launch_blocks(chunks: usize) -> u32 {
     chunks.min(MAX_OPTIM_BLOCKS as usize) as u32
 }
 
+/// Whether a launch must patch every gradient address of its table rather than those that moved
+/// since the host last wrote them: while capturing (the graph must carry them all), when the host's
+/// mirror of the device's table is not known (after a capture or a failed launch), and for good once
+/// a launch over the table was captured (`in_graph`): each replay of that graph writes the graph's
+/// gradient addresses into the device's table, so a later eager launch whose gradients sit where
+/// the previous eager step's did (the pool hands the same addresses back) would otherwise read the
+/// graph's stale gradients.
+pub fn patch_every_gradient(capturing: bool, grads_known: bool, in_graph: bool) -> bool {
+    capturing || !grads_known || in_graph
+}
+
 /// The patches that bring a table holding gradient addresses `held` to `now` (all of them when
 /// `all`, else those that differ), [`GRAD_PATCH`] per patch, in parameter order. Empty when
 /// nothing moved.
@@ -155,6 +166,10 @@ pub struct MultiTensorTable {
     /// Whether `entries`' gradients are what the device's table holds (not after a capture,
     /// whose launches run only when the graph is replayed, or after a failed launch).
     grads_known: bool,
+    /// Whether a launch over this table was captured into a CUDA graph: every replay writes the
+    /// graph's gradient addresses into the device's table behind the host's back, so from then on
+    /// each launch patches every gradient ([`patch_every_gradient`]).
+    in_graph: bool,
     partials: DeviceBuffer<f32>,
     /// One [`ClipState`] as four u32 words.
     clip: DeviceBuffer<u32>,
@@ -180,6 +195,7 @@ impl MultiTensorTable {
             chunks: dev.zeros::<u64>(1)?,
             n_chunks: 0,
             grads_known: false,
+            in_graph: false,
             partials: dev.zeros::<f32>(MAX_OPTIM_BLOCKS as usize)?,
             clip: dev.upload(&[init.norm.to_bits(), init.scale.to_bits(), init.ticket, init.pad])?,
             norm_launched: false,
@@ -249,8 +265,10 @@ impl MultiTensorTable {
             ));
         }
         let capturing = self.dev.is_capturing();
+        self.in_graph |= capturing;
         let held: Vec<u64> = self.entries.iter().map(|e| e.grad).collect();
-        let mut patches = plan_patches(&held, grads, capturing || !self.grads_known);
+        let all = patch_every_gradient(capturing, self.grads_known, self.in_graph);
+        let mut patches = plan_patches(&held, grads, all);
         let last = patches.pop().unwrap_or_default();
         // whatever happens below, trust the mirror again only after the launches went out
         self.grads_known = false;
@@ -371,6 +389,20 @@ impl MultiTensorTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_gradient_is_patched_once_a_graph_replays_the_table() {
+        assert!(!patch_every_gradient(false, true, false), "eager, mirror known: only what moved");
+        assert!(patch_every_gradient(true, true, false), "capturing");
+        assert!(patch_every_gradient(false, false, false), "mirror unknown");
+        assert!(patch_every_gradient(false, true, true), "after a capture: replays rewrite the table");
+        // with every gradient patched, an eager step at the previous eager step's addresses still
+        // writes them (a replay in between left the graph's there)
+        let eager = [0x1000u64, 0x2000];
+        assert!(plan_patches(&eager, &eager, false).is_empty());
+        let p = plan_patches(&eager, &eager, patch_every_gradient(false, true, true));
+        assert_eq!((p.len(), p[0].n, p[0].grad[0], p[0].grad[1]), (1, 2, 0x1000, 0x2000));
+    }
 
     #[test]
     fn layouts_match_the_uploaded_words() {

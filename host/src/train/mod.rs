@@ -562,12 +562,6 @@ fn graph_refusal(cfg: &TrainConfig, device: &Device) -> Option<&'static str> {
     if cfg.warmup > 0 {
         return Some("--warmup changes the learning rate each step, which a graph would freeze");
     }
-    if cfg.dtype == DType::F32 {
-        // On an H200 (run 222) an f32 run with the graph ended its last epoch with a test
-        // accuracy different from the eager run's (same losses): not yet explained, so f32 stays
-        // eager until it is.
-        return Some("f32's captured step has not yet matched the eager step bit for bit; bf16 is captured");
-    }
     None
 }
 
