@@ -16,7 +16,7 @@
 use crate::cuda::optim::{ComputeCopy, CopyFormat, MultiTensorTable, TensorSlot};
 use crate::error::{Error, Result};
 use crate::tensor::{CudaStorage, DType, Device, Storage, Tensor};
-use kiln_gpu::kernels::optim::{CLIP_EPS, MultiAdam, MultiSgd};
+use kiln_gpu::kernels::optim::{CLIP_EPS, MultiAdam, MultiSgd, StepScalars};
 use std::sync::Arc;
 
 /// An optimizer over a fixed list of named parameters.
@@ -72,6 +72,13 @@ pub trait Optimizer {
     /// allocated, and are written by nothing else during a step, for as long as the copy is
     /// registered (until it is removed or replaced, or the optimizer is dropped).
     unsafe fn set_compute_copy(&mut self, index: usize, copy: Option<ComputeCopy>) -> Result<()>;
+    /// Writes the host-side settings a replay of a captured step reads from the device (the
+    /// learning rate [`Optimizer::set_lr`] set) before the replay: on CUDA one 4-byte copy to the
+    /// device, skipped when it holds the rate already; nothing on the CPU. An eager step writes
+    /// them itself; a graph cannot, so call this before each replay of a captured step.
+    fn prepare_replay(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Refuses a parameter list that names one CUDA tensor twice (tied weights passed as two handles):
@@ -175,6 +182,17 @@ fn load_vec(
 }
 
 /// The device address of a CUDA tensor's elements.
+/// A step count as the device's counter (at most `i32::MAX`: the host's `powi` exponent).
+fn step_count(t: u64) -> Result<u32> {
+    match i32::try_from(t) {
+        Ok(v) => Ok(v as u32),
+        Err(_) => Err(Error::Unsupported {
+            op: "optimizer step",
+            what: format!("{t} steps: the device's step counter stops at {}", i32::MAX),
+        }),
+    }
+}
+
 fn cuda_addr(s: &CudaStorage) -> u64 {
     s.addr()
 }
@@ -222,6 +240,9 @@ struct Fused {
     dirty: bool,
     clip: PendingClip,
     last_norm: LastNorm,
+    /// Steps taken before the coming one (Adam's host count): a newly built table starts its
+    /// device step count here.
+    host_steps: u64,
 }
 
 /// What a launch over the table needs: each member's gradient address (0: none), and the gradient
@@ -244,6 +265,7 @@ impl Fused {
             dirty: false,
             clip: PendingClip::None,
             last_norm: LastNorm::None,
+            host_steps: 0,
         }
     }
 
@@ -342,7 +364,13 @@ impl Fused {
                 .collect();
             match &mut self.table {
                 Some(t) if same_device => t.set_tensors(&slots)?,
-                _ => self.table = Some(MultiTensorTable::new(&dev, &slots)?),
+                _ => {
+                    let mut t = MultiTensorTable::new(&dev, &slots)?;
+                    if self.host_steps > 0 {
+                        t.set_step_scalars(StepScalars { t: step_count(self.host_steps)?, ..StepScalars::default() })?;
+                    }
+                    self.table = Some(t);
+                }
             }
             self.members = members;
             self.dirty = false;
@@ -517,6 +545,22 @@ impl Fused {
         Ok(())
     }
 
+    /// Writes the learning rate into the table's step scalars (none without a table).
+    fn write_lr(&mut self, lr: f64) -> Result<()> {
+        match &mut self.table {
+            Some(t) => t.write_lr(lr as f32),
+            None => Ok(()),
+        }
+    }
+
+    /// The device's step count, where a table holds one (one download).
+    fn device_steps(&self) -> Result<Option<u64>> {
+        match &self.table {
+            Some(t) => Ok(Some(t.step_scalars()?.t as u64)),
+            None => Ok(None),
+        }
+    }
+
     /// Replaces parameter `i`'s device state with `arrays` uploaded to `dev`.
     fn load(&mut self, i: usize, dev: &Arc<crate::cuda::Device>, arrays: &[&[f64]]) -> Result<()> {
         self.state[i] = arrays
@@ -585,9 +629,15 @@ impl Optimizer for Sgd {
             weight_decay: self.weight_decay as f32,
             nesterov: self.nesterov as u32,
         };
+        let lr = self.lr;
         // SAFETY: the table's parameters and velocities are alive (held by this optimizer), the
         // copies by set_compute_copy's contract, and the gradients until the launch is enqueued.
-        let on_cuda = self.fused.step(&self.params, clip, |t, grads, clip| unsafe { t.sgd(grads, h, clip) })?;
+        let on_cuda = self.fused.step(&self.params, clip, |t, grads, clip| {
+            if !t.device().is_capturing() {
+                t.write_lr(lr as f32)?;
+            }
+            unsafe { t.sgd_scalars(grads, h, clip) }
+        })?;
         let scale = if let PendingClip::Host(s) = clip { s } else { 1.0 };
         for (i, (_, p)) in self.params.iter().enumerate() {
             if on_cuda[i] {
@@ -676,6 +726,9 @@ impl Optimizer for Sgd {
     unsafe fn set_compute_copy(&mut self, index: usize, copy: Option<ComputeCopy>) -> Result<()> {
         self.fused.set_compute_copy(&self.params, index, copy)
     }
+    fn prepare_replay(&mut self) -> Result<()> {
+        self.fused.write_lr(self.lr)
+    }
 }
 
 /// Adam (and AdamW, with decoupled weight decay), with bias correction.
@@ -714,9 +767,10 @@ impl Adam {
         let fused = Fused::new(params.len(), 2);
         Adam { params, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, decoupled, t: 0, m, v, fused }
     }
-    /// Steps taken.
-    pub fn steps(&self) -> u64 {
-        self.t
+    /// Steps taken. With parameters on CUDA, the device's count (one download), which the
+    /// replays of a captured step advance too; else the host's.
+    pub fn steps(&self) -> Result<u64> {
+        Ok(self.fused.device_steps()?.unwrap_or(self.t))
     }
     /// Parameter groups: parameter `i` takes weight decay only where `decay[i]` is true (AdamW
     /// training of a transformer leaves biases, norms and embeddings undecayed). All parameters
@@ -736,6 +790,7 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
+        self.fused.host_steps = self.t;
         self.t += 1;
         let (b1, b2) = (self.beta1, self.beta2);
         let c1 = 1.0 - b1.powi(self.t as i32);
@@ -752,8 +807,16 @@ impl Optimizer for Adam {
             c2: c2 as f32,
             decoupled: self.decoupled as u32,
         };
-        // SAFETY: as Sgd::step, with both moments held by this optimizer.
-        let on_cuda = self.fused.step(&self.params, clip, |t, grads, clip| unsafe { t.adam(grads, h, clip) })?;
+        let lr = self.lr;
+        // SAFETY: as Sgd::step, with both moments held by this optimizer. On CUDA the step count
+        // and the bias corrections live on the device (a captured step replays them), with the
+        // learning rate written there before (here, or by `prepare_replay` before a replay).
+        let on_cuda = self.fused.step(&self.params, clip, |t, grads, clip| {
+            if !t.device().is_capturing() {
+                t.write_lr(lr as f32)?;
+            }
+            unsafe { t.adam_scalars(grads, h, (b1, b2), clip) }
+        })?;
         let scale = if let PendingClip::Host(s) = clip { s } else { 1.0 };
         for (i, (_, p)) in self.params.iter().enumerate() {
             if on_cuda[i] {
@@ -797,7 +860,7 @@ impl Optimizer for Adam {
         &self.params
     }
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = vec![("adam.t".to_string(), Tensor::from_f64(&[self.t as f64], [1], DType::F64)?)];
+        let mut out = vec![("adam.t".to_string(), Tensor::from_f64(&[self.steps()? as f64], [1], DType::F64)?)];
         for (i, (name, p)) in self.params.iter().enumerate() {
             let (m, v) = match (self.fused.saved(i, 0)?, self.fused.saved(i, 1)?) {
                 (Some(m), Some(v)) => (m, v),
@@ -811,6 +874,9 @@ impl Optimizer for Adam {
     fn load_state(&mut self, state: &std::collections::HashMap<String, Tensor>) -> Result<()> {
         let t = state.get("adam.t").ok_or_else(|| Error::shape("load_state", "checkpoint has no `adam.t`"))?;
         self.t = t.item()? as u64;
+        if let Some(table) = &mut self.fused.table {
+            table.set_step_scalars(StepScalars { lr: self.lr as f32, t: step_count(self.t)?, c1: 0.0, c2: 0.0 })?;
+        }
         for (i, (name, p)) in self.params.iter().enumerate() {
             self.m[i] = load_vec(state, "adam.m", name, p)?;
             self.v[i] = load_vec(state, "adam.v", name, p)?;
@@ -831,6 +897,9 @@ impl Optimizer for Adam {
     }
     unsafe fn set_compute_copy(&mut self, index: usize, copy: Option<ComputeCopy>) -> Result<()> {
         self.fused.set_compute_copy(&self.params, index, copy)
+    }
+    fn prepare_replay(&mut self) -> Result<()> {
+        self.fused.write_lr(self.lr)
     }
 }
 

@@ -38,6 +38,16 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::mixed::loss_scaled_step_on_cuda", available: any, run: loss_scaled_step },
         GpuTest { name: "gpu::mixed::train_graph_matches_no_graph_f32", available: any, run: train_graph_f32 },
         GpuTest { name: "gpu::mixed::train_graph_matches_no_graph_bf16", available: any, run: train_graph_bf16 },
+        GpuTest {
+            name: "gpu::mixed::train_graph_matches_no_graph_bf16_adamw_warmup",
+            available: any,
+            run: train_graph_bf16_adamw,
+        },
+        GpuTest {
+            name: "gpu::mixed::train_graph_matches_no_graph_f32_adam_warmup",
+            available: any,
+            run: train_graph_f32_adam,
+        },
     ]
 }
 
@@ -545,7 +555,22 @@ fn loss_scaled_step(_: &Device) -> Outcome {
 /// where the previous eager step's had, so the optimizer's table, rewritten by each replay, was not
 /// patched and the update read the graph's last gradients.
 fn train_graph_f32(_: &Device) -> Outcome {
-    train_graph_case(DType::F32)
+    train_graph_case(DType::F32, SGD_MOMENTUM, 0)
+}
+
+/// SGD with momentum 0.9, the captured configuration of the first graph tests.
+const SGD_MOMENTUM: kiln::train::OptimizerKind = kiln::train::OptimizerKind::Sgd { momentum: 0.9, nesterov: false };
+
+/// [`train_graph_bf16`] with AdamW (weight decay 0.01) on a 5-step warmup and cosine schedule:
+/// the learning rate written to the device before each replay, Adam's step count and bias
+/// corrections advanced on the device.
+fn train_graph_bf16_adamw(_: &Device) -> Outcome {
+    train_graph_case(DType::BF16, kiln::train::OptimizerKind::AdamW, 5)
+}
+
+/// As [`train_graph_bf16_adamw`] in f32 with Adam.
+fn train_graph_f32_adam(_: &Device) -> Outcome {
+    train_graph_case(DType::F32, kiln::train::OptimizerKind::Adam, 5)
 }
 
 /// `kiln train` (the library function) on CUDA with its step captured in a CUDA graph gives the
@@ -554,10 +579,10 @@ fn train_graph_f32(_: &Device) -> Outcome {
 /// rate (the captured configuration), a batch that leaves a partial last batch each epoch (run
 /// eagerly), three epochs.
 fn train_graph_bf16(_: &Device) -> Outcome {
-    train_graph_case(DType::BF16)
+    train_graph_case(DType::BF16, SGD_MOMENTUM, 0)
 }
 
-fn train_graph_case(dtype: DType) -> Outcome {
+fn train_graph_case(dtype: DType, optimizer: kiln::train::OptimizerKind, warmup: usize) -> Outcome {
     use kiln::nn::Module;
     use kiln::train::{DataSource, DeviceChoice, OptimizerKind, TrainConfig};
     let run = |graph: bool| {
@@ -567,9 +592,10 @@ fn train_graph_case(dtype: DType) -> Outcome {
             depth: 3,
             batch: 37,
             epochs: 3,
-            optimizer: OptimizerKind::Sgd { momentum: 0.9, nesterov: false },
-            lr: 0.05,
-            warmup: 0,
+            optimizer,
+            lr: if matches!(optimizer, OptimizerKind::Sgd { .. }) { 0.05 } else { 0.01 },
+            weight_decay: if optimizer == OptimizerKind::AdamW { 0.01 } else { 0.0 },
+            warmup,
             dtype,
             device: DeviceChoice::Cuda,
             checkpoint: None,

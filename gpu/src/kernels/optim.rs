@@ -420,15 +420,23 @@ pub unsafe fn multi_sgd_f32(
     let states = if h.momentum != 0.0 { 1 } else { 0 };
     unsafe {
         update_chunks(tensors, chunks, h.chunks, clip, &patch, states, |w, g, vel, _, decay| {
-            let mut gi = g + decay * h.weight_decay * w;
-            let mut v = vel;
-            if h.momentum != 0.0 {
-                v = h.momentum * vel + gi;
-                gi = if h.nesterov != 0 { gi + h.momentum * v } else { v };
-            }
-            (w - h.lr * gi, v, 0.0)
+            sgd_element(&h, h.lr, w, g, vel, decay)
         })
     }
+}
+
+/// One element of SGD ([`multi_sgd_f32`]'s expressions, in their order) at learning rate `lr`:
+/// returns the new weight and velocity (and 0 for the unused second state).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn sgd_element(h: &MultiSgd, lr: f32, w: f32, g: f32, vel: f32, decay: f32) -> (f32, f32, f32) {
+    let mut gi = g + decay * h.weight_decay * w;
+    let mut v = vel;
+    if h.momentum != 0.0 {
+        v = h.momentum * vel + gi;
+        gi = if h.nesterov != 0 { gi + h.momentum * v } else { v };
+    }
+    (w - lr * gi, v, 0.0)
 }
 
 /// One Adam or AdamW step (bias-corrected) of every parameter in the table.
@@ -449,21 +457,40 @@ pub unsafe fn multi_adam_f32(
 ) {
     unsafe {
         update_chunks(tensors, chunks, h.chunks, clip, &patch, 2, |w, g, m, v, decay| {
-            let mut w = w;
-            let mut gi = g;
-            let wd = decay * h.weight_decay;
-            if h.decoupled == 0 {
-                gi += wd * w;
-            }
-            let mi = h.beta1 * m + (1.0 - h.beta1) * gi;
-            let vi = h.beta2 * v + (1.0 - h.beta2) * gi * gi;
-            if h.decoupled != 0 {
-                w -= h.lr * wd * w;
-            }
-            w -= h.lr * (mi / h.c1) / (math::sqrt(vi / h.c2) + h.eps);
-            (w, mi, vi)
+            adam_element(&h, h.lr, h.c1, h.c2, w, g, m, v, decay)
         })
     }
+}
+
+/// One element of Adam / AdamW ([`multi_adam_f32`]'s expressions, in their order) at learning
+/// rate `lr` with bias corrections `c1`, `c2`: returns the new weight, first and second moment.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn adam_element(
+    h: &MultiAdam,
+    lr: f32,
+    c1: f32,
+    c2: f32,
+    w: f32,
+    g: f32,
+    m: f32,
+    v: f32,
+    decay: f32,
+) -> (f32, f32, f32) {
+    let mut w = w;
+    let mut gi = g;
+    let wd = decay * h.weight_decay;
+    if h.decoupled == 0 {
+        gi += wd * w;
+    }
+    let mi = h.beta1 * m + (1.0 - h.beta1) * gi;
+    let vi = h.beta2 * v + (1.0 - h.beta2) * gi * gi;
+    if h.decoupled != 0 {
+        w -= lr * wd * w;
+    }
+    w -= lr * (mi / c1) / (math::sqrt(vi / c2) + h.eps);
+    (w, mi, vi)
 }
 
 /// The global L2 norm of every gradient in the table, and the clip scale, in one launch without
@@ -560,4 +587,117 @@ pub unsafe fn multi_grad_norm_f32(
 #[kernel]
 pub unsafe fn multi_patch_grads(tensors: DevicePtrMut<OptimTensor>, patch: GradPatch) {
     unsafe { write_patch(tensors, &patch) };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Steps whose per-step scalars live on the device (capturable in a CUDA graph).
+
+/// An optimizer's per-step scalars on the device, so that its update can be replayed in a CUDA
+/// graph: the step count (incremented on the device by [`optim_adam_tick`]), the learning rate
+/// (written by the host before each step or replay) and Adam's bias corrections for step `t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepScalars {
+    /// Learning rate of the step (first: the host rewrites this word alone).
+    pub lr: f32,
+    /// Steps taken (Adam: the tick makes it the current step's 1-based count).
+    pub t: u32,
+    /// Adam's `1 - beta1^t` (unused by SGD).
+    pub c1: f32,
+    /// Adam's `1 - beta2^t` (unused by SGD).
+    pub c2: f32,
+}
+// SAFETY: repr(C), 4-byte fields only.
+unsafe impl KernelParam for StepScalars {}
+
+impl StepScalars {
+    /// The four 32-bit words the device holds.
+    pub fn to_words(self) -> [u32; 4] {
+        [self.lr.to_bits(), self.t, self.c1.to_bits(), self.c2.to_bits()]
+    }
+    /// The scalars from the device's four words.
+    pub fn from_words(w: [u32; 4]) -> StepScalars {
+        StepScalars { lr: f32::from_bits(w[0]), t: w[1], c1: f32::from_bits(w[2]), c2: f32::from_bits(w[3]) }
+    }
+}
+
+/// `a^b` by binary powering, in the order of compiler-rt's `__powidf2` (what `f64::powi` calls on
+/// the host): the same bits on the device as the host's `powi`, for any `b`.
+#[inline(always)]
+pub fn powi_f64(a: f64, b: u32) -> f64 {
+    let (mut a, mut b, mut r) = (a, b, 1.0f64);
+    loop {
+        if b & 1 != 0 {
+            r *= a;
+        }
+        b >>= 1;
+        if b == 0 {
+            break;
+        }
+        a *= a;
+    }
+    r
+}
+
+/// Adam's bias correction `1 - beta^t`, computed in f64 and rounded once to f32: the host's
+/// `(1.0 - beta.powi(t)) as f32`.
+#[inline(always)]
+pub fn bias_correction(beta: f64, t: u32) -> f32 {
+    (1.0 - powi_f64(beta, t)) as f32
+}
+
+/// Adam's step on the device: `t += 1`, then `c1 = 1 - beta1^t` and `c2 = 1 - beta2^t`
+/// ([`bias_correction`]) into `s`. Launch: one thread (others return).
+#[kernel]
+pub unsafe fn optim_adam_tick(s: DevicePtrMut<StepScalars>, beta1: f64, beta2: f64) {
+    if thread::global_idx_x() != 0 {
+        return;
+    }
+    let mut v = unsafe { s.as_const().read(0) };
+    v.t += 1;
+    v.c1 = bias_correction(beta1, v.t);
+    v.c2 = bias_correction(beta2, v.t);
+    unsafe { s.write(0, v) };
+}
+
+/// [`multi_sgd_f32`] with the learning rate read from the device's [`StepScalars`] (`h.lr` is
+/// ignored): the update a CUDA graph replays with the rate the host wrote before the replay.
+/// Parameters, per-element arithmetic and launch as [`multi_sgd_f32`], plus `scalars`.
+#[kernel]
+pub unsafe fn multi_sgd_scalars_f32(
+    tensors: DevicePtrMut<OptimTensor>,
+    chunks: DevicePtr<OptimChunk>,
+    clip: DevicePtr<ClipState>,
+    h: MultiSgd,
+    patch: GradPatch,
+    scalars: DevicePtr<StepScalars>,
+) {
+    let states = if h.momentum != 0.0 { 1 } else { 0 };
+    let lr = unsafe { scalars.read(0) }.lr;
+    unsafe {
+        update_chunks(tensors, chunks, h.chunks, clip, &patch, states, |w, g, vel, _, decay| {
+            sgd_element(&h, lr, w, g, vel, decay)
+        })
+    }
+}
+
+/// [`multi_adam_f32`] with the learning rate and the bias corrections read from the device's
+/// [`StepScalars`] (`h.lr`, `h.c1` and `h.c2` are ignored), which [`optim_adam_tick`] advanced
+/// just before: the update a CUDA graph replays. Parameters, per-element arithmetic and launch
+/// as [`multi_adam_f32`], plus `scalars`.
+#[kernel]
+pub unsafe fn multi_adam_scalars_f32(
+    tensors: DevicePtrMut<OptimTensor>,
+    chunks: DevicePtr<OptimChunk>,
+    clip: DevicePtr<ClipState>,
+    h: MultiAdam,
+    patch: GradPatch,
+    scalars: DevicePtr<StepScalars>,
+) {
+    let sc = unsafe { scalars.read(0) };
+    unsafe {
+        update_chunks(tensors, chunks, h.chunks, clip, &patch, 2, |w, g, m, v, decay| {
+            adam_element(&h, sc.lr, sc.c1, sc.c2, w, g, m, v, decay)
+        })
+    }
 }

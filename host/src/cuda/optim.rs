@@ -1,6 +1,8 @@
 //! The multi-tensor optimizer on the runtime level: a table of parameters by device address
 //! ([`MultiTensorTable`]), uploaded once per set of parameters, and one launch per SGD or Adam
-//! step over all of them (`multi_sgd_f32`, `multi_adam_f32`), plus one launch for the global
+//! step over all of them (`multi_sgd_f32`, `multi_adam_f32`; the `*_scalars` twins read the
+//! learning rate, and Adam's step count and bias corrections, from the device, so that a CUDA
+//! graph can replay them: [`MultiTensorTable::adam_scalars`]), plus one launch for the global
 //! gradient norm that clipping scales by (`multi_grad_norm_f32`), with no host round trip
 //! between them. The kernels and their table are documented in
 //! [`kiln_gpu::kernels::optim`].
@@ -12,8 +14,9 @@
 use super::{Device, DeviceBuffer, LaunchConfig};
 use crate::error::{Error, Result};
 use kiln_gpu::kernels::optim::{
-    ClipState, GRAD_PATCH, GradNorm, GradPatch, MAX_OPTIM_BLOCKS, MultiAdam, MultiAdamF32, MultiGradNormF32,
-    MultiPatchGrads, MultiSgd, MultiSgdF32, OPTIM_CHUNK, OPTIM_THREADS, OptimChunk, OptimTensor,
+    ClipState, GRAD_PATCH, GradNorm, GradPatch, MAX_OPTIM_BLOCKS, MultiAdam, MultiAdamF32, MultiAdamScalarsF32,
+    MultiGradNormF32, MultiPatchGrads, MultiSgd, MultiSgdF32, MultiSgdScalarsF32, OPTIM_CHUNK, OPTIM_THREADS,
+    OptimAdamTick, OptimChunk, OptimTensor, StepScalars,
 };
 use kiln_gpu::{DevicePtr, DevicePtrMut};
 use std::sync::Arc;
@@ -176,6 +179,12 @@ pub struct MultiTensorTable {
     /// Whether the last [`MultiTensorTable::grad_norm`] measured anything (a table without chunks
     /// launches nothing: its norm is 0 and its scale 1).
     norm_launched: bool,
+    /// One [`StepScalars`] as four u32 words: the learning rate, the step count and Adam's bias
+    /// corrections that the `*_scalars` launches read ([`MultiTensorTable::sgd_scalars`],
+    /// [`MultiTensorTable::adam_scalars`]).
+    scalars: DeviceBuffer<u32>,
+    /// The learning rate last written into `scalars` (None: not written yet).
+    written_lr: Option<f32>,
 }
 
 impl std::fmt::Debug for MultiTensorTable {
@@ -199,6 +208,8 @@ impl MultiTensorTable {
             partials: dev.zeros::<f32>(MAX_OPTIM_BLOCKS as usize)?,
             clip: dev.upload(&[init.norm.to_bits(), init.scale.to_bits(), init.ticket, init.pad])?,
             norm_launched: false,
+            scalars: dev.zeros::<u32>(4)?,
+            written_lr: None,
         };
         t.set_tensors(slots)?;
         Ok(t)
@@ -328,6 +339,93 @@ impl MultiTensorTable {
         Ok(())
     }
 
+    /// Writes the learning rate the next `*_scalars` launches (and the replays of a graph that
+    /// captured them) read: one 4-byte host-to-device copy on the stream, skipped when the device
+    /// already holds `lr`. Refused while capturing (a graph cannot copy from the host): write it
+    /// before the capture and before each replay.
+    pub fn write_lr(&mut self, lr: f32) -> Result<()> {
+        if self.written_lr.is_some_and(|w| w.to_bits() == lr.to_bits()) {
+            return Ok(());
+        }
+        if self.dev.is_capturing() {
+            return Err(Error::Unsupported {
+                op: "multi-tensor optimizer",
+                what: "writing the learning rate during a capture: write it before the capture and before each replay"
+                    .into(),
+            });
+        }
+        self.dev.write_prefix(&mut self.scalars, &[lr.to_bits()])?;
+        self.written_lr = Some(lr);
+        Ok(())
+    }
+
+    /// Overwrites the device's step scalars (a checkpoint's step count, Adam's corrections for it).
+    pub fn set_step_scalars(&mut self, s: StepScalars) -> Result<()> {
+        self.dev.write(&mut self.scalars, &s.to_words())?;
+        self.written_lr = Some(s.lr);
+        Ok(())
+    }
+
+    /// The device's step scalars (one download: synchronizes).
+    pub fn step_scalars(&self) -> Result<StepScalars> {
+        let w = self.dev.download(&self.scalars)?;
+        Ok(StepScalars::from_words([w[0], w[1], w[2], w[3]]))
+    }
+
+    /// [`MultiTensorTable::sgd`] with the learning rate read from the device's step scalars
+    /// (`h.lr` ignored; [`MultiTensorTable::write_lr`] sets it): the launch a CUDA graph replays
+    /// at the rate written before each replay (`multi_sgd_scalars_f32`).
+    ///
+    /// # Safety
+    /// As [`MultiTensorTable::sgd`].
+    pub unsafe fn sgd_scalars(&mut self, grads: &[u64], mut h: MultiSgd, clip: bool) -> Result<()> {
+        let patch = self.sync_grads(grads)?;
+        if self.n_chunks == 0 {
+            self.grads_known = true;
+            return Ok(());
+        }
+        h.chunks = self.n_chunks;
+        let scalars = DevicePtr::<StepScalars>::from_addr(self.scalars.addr());
+        let args = (self.table_ptr(), DevicePtr::from_addr(self.chunks.addr()), self.clip_ptr(clip), h, patch, scalars);
+        // SAFETY: as `sgd`; `scalars` holds one StepScalars.
+        unsafe { self.dev.launch(MultiSgdScalarsF32, self.launch_cfg(), args)? };
+        self.grads_known = !self.dev.is_capturing();
+        Ok(())
+    }
+
+    /// One Adam / AdamW step with its step count on the device: `optim_adam_tick` advances the
+    /// count and writes the bias corrections `1 - beta^t` (f64, rounded once: the host's
+    /// `(1.0 - beta.powi(t)) as f32`), then `multi_adam_scalars_f32` updates every parameter that
+    /// has a gradient with them and the device's learning rate (`h.lr`, `h.c1`, `h.c2` ignored).
+    /// Two launches and no host data: a CUDA graph replays them, each replay one more step.
+    ///
+    /// # Safety
+    /// As [`MultiTensorTable::adam`].
+    pub unsafe fn adam_scalars(
+        &mut self,
+        grads: &[u64],
+        mut h: MultiAdam,
+        (beta1, beta2): (f64, f64),
+        clip: bool,
+    ) -> Result<()> {
+        let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        let tick = DevicePtrMut::<StepScalars>::from_addr(self.scalars.addr());
+        // SAFETY: `scalars` holds one StepScalars; one thread reads and writes it.
+        unsafe { self.dev.launch(OptimAdamTick, one, (tick, beta1, beta2))? };
+        let patch = self.sync_grads(grads)?;
+        if self.n_chunks == 0 {
+            self.grads_known = true;
+            return Ok(());
+        }
+        h.chunks = self.n_chunks;
+        let scalars = DevicePtr::<StepScalars>::from_addr(self.scalars.addr());
+        let args = (self.table_ptr(), DevicePtr::from_addr(self.chunks.addr()), self.clip_ptr(clip), h, patch, scalars);
+        // SAFETY: as `adam`; `scalars` holds one StepScalars, written by the tick before (stream order).
+        unsafe { self.dev.launch(MultiAdamScalarsF32, self.launch_cfg(), args)? };
+        self.grads_known = !self.dev.is_capturing();
+        Ok(())
+    }
+
     /// Measures the global L2 norm of the gradients `grads` (as [`MultiTensorTable::sgd`]) in one
     /// launch and leaves it, and the clip scale `min(1, max_norm / (norm + 1e-6))`, on the device
     /// for the next step ([`MultiTensorTable::clip_state`] reads them). Deterministic: the same
@@ -389,6 +487,30 @@ impl MultiTensorTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_bias_corrections_match_the_hosts_powi() {
+        use kiln_gpu::kernels::optim::{bias_correction, powi_f64};
+        for beta in [0.9f64, 0.999, 0.95, 0.98, 0.5] {
+            for t in (1u32..3000).chain([65535, 1 << 20, i32::MAX as u32]) {
+                assert_eq!(powi_f64(beta, t).to_bits(), beta.powi(t as i32).to_bits(), "{beta}^{t}");
+                let host = (1.0 - beta.powi(t as i32)) as f32;
+                assert_eq!(bias_correction(beta, t).to_bits(), host.to_bits(), "1 - {beta}^{t}");
+            }
+        }
+        assert_eq!(powi_f64(0.9, 0), 1.0);
+    }
+
+    #[test]
+    fn step_scalars_round_trip_their_words_learning_rate_first() {
+        let s = StepScalars { lr: 3e-4, t: 17, c1: 0.5, c2: 0.25 };
+        assert_eq!(std::mem::size_of::<StepScalars>(), 16);
+        // SAFETY: repr(C), four 4-byte fields (size checked above).
+        let words: [u32; 4] = unsafe { std::mem::transmute(s) };
+        assert_eq!(words, s.to_words());
+        assert_eq!(words[0], 3e-4f32.to_bits(), "the learning rate is the word the host rewrites alone");
+        assert_eq!(StepScalars::from_words(words), s);
+    }
 
     #[test]
     fn every_gradient_is_patched_once_a_graph_replays_the_table() {
