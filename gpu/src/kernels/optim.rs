@@ -593,19 +593,20 @@ pub unsafe fn multi_patch_grads(tensors: DevicePtrMut<OptimTensor>, patch: GradP
 // Steps whose per-step scalars live on the device (capturable in a CUDA graph).
 
 /// An optimizer's per-step scalars on the device, so that its update can be replayed in a CUDA
-/// graph: the step count (incremented on the device by [`optim_adam_tick`]), the learning rate
-/// (written by the host before each step or replay) and Adam's bias corrections for step `t`.
+/// graph: the learning rate (written by the host before each step or replay) and the step count
+/// (Adam: advanced on the device by the update launch itself, [`multi_adam_scalars_f32`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepScalars {
     /// Learning rate of the step (first: the host rewrites this word alone).
     pub lr: f32,
-    /// Steps taken (Adam: the tick makes it the current step's 1-based count).
+    /// Steps taken.
     pub t: u32,
-    /// Adam's `1 - beta1^t` (unused by SGD).
-    pub c1: f32,
-    /// Adam's `1 - beta2^t` (unused by SGD).
-    pub c2: f32,
+    /// Blocks of the running Adam launch that finished (0 between launches: the last block
+    /// resets it).
+    pub ticket: u32,
+    /// Unused (16-byte size).
+    pub pad: u32,
 }
 // SAFETY: repr(C), 4-byte fields only.
 unsafe impl KernelParam for StepScalars {}
@@ -613,11 +614,11 @@ unsafe impl KernelParam for StepScalars {}
 impl StepScalars {
     /// The four 32-bit words the device holds.
     pub fn to_words(self) -> [u32; 4] {
-        [self.lr.to_bits(), self.t, self.c1.to_bits(), self.c2.to_bits()]
+        [self.lr.to_bits(), self.t, self.ticket, self.pad]
     }
     /// The scalars from the device's four words.
     pub fn from_words(w: [u32; 4]) -> StepScalars {
-        StepScalars { lr: f32::from_bits(w[0]), t: w[1], c1: f32::from_bits(w[2]), c2: f32::from_bits(w[3]) }
+        StepScalars { lr: f32::from_bits(w[0]), t: w[1], ticket: w[2], pad: w[3] }
     }
 }
 
@@ -646,18 +647,14 @@ pub fn bias_correction(beta: f64, t: u32) -> f32 {
     (1.0 - powi_f64(beta, t)) as f32
 }
 
-/// Adam's step on the device: `t += 1`, then `c1 = 1 - beta1^t` and `c2 = 1 - beta2^t`
-/// ([`bias_correction`]) into `s`. Launch: one thread (others return).
+/// Adam's step count alone: `t += 1` in `s` (for a table without elements, whose update launches
+/// nothing). Launch: one thread (others return).
 #[kernel]
-pub unsafe fn optim_adam_tick(s: DevicePtrMut<StepScalars>, beta1: f64, beta2: f64) {
+pub unsafe fn optim_adam_tick(s: DevicePtrMut<StepScalars>) {
     if thread::global_idx_x() != 0 {
         return;
     }
-    let mut v = unsafe { s.as_const().read(0) };
-    v.t += 1;
-    v.c1 = bias_correction(beta1, v.t);
-    v.c2 = bias_correction(beta2, v.t);
-    unsafe { s.write(0, v) };
+    unsafe { (*s.as_mut_ptr()).t += 1 };
 }
 
 /// [`multi_sgd_f32`] with the learning rate read from the device's [`StepScalars`] (`h.lr` is
@@ -673,7 +670,7 @@ pub unsafe fn multi_sgd_scalars_f32(
     scalars: DevicePtr<StepScalars>,
 ) {
     let states = if h.momentum != 0.0 { 1 } else { 0 };
-    let lr = unsafe { scalars.read(0) }.lr;
+    let lr = unsafe { (*scalars.as_ptr()).lr };
     unsafe {
         update_chunks(tensors, chunks, h.chunks, clip, &patch, states, |w, g, vel, _, decay| {
             sgd_element(&h, lr, w, g, vel, decay)
@@ -681,10 +678,21 @@ pub unsafe fn multi_sgd_scalars_f32(
     }
 }
 
-/// [`multi_adam_f32`] with the learning rate and the bias corrections read from the device's
-/// [`StepScalars`] (`h.lr`, `h.c1` and `h.c2` are ignored), which [`optim_adam_tick`] advanced
-/// just before: the update a CUDA graph replays. Parameters, per-element arithmetic and launch
-/// as [`multi_adam_f32`], plus `scalars`.
+/// [`multi_adam_f32`] with its step count on the device: the step is `t + 1` for the `t` and the
+/// learning rate read from `scalars` (`h.lr`, `h.c1` and `h.c2` are ignored), with the bias
+/// corrections `c1 = 1 - beta1^(t+1)`, `c2 = 1 - beta2^(t+1)` ([`bias_correction`]: f64, rounded
+/// once; every thread computes them); the launch leaves `t + 1` behind. No host data: a CUDA
+/// graph replays it, each replay one more step.
+///
+/// - Parameters: as [`multi_adam_f32`], plus `scalars` (its `ticket` 0 on entry, as the last
+///   launch left it) and Adam's betas in f64 (`h.beta1`, `h.beta2` are their f32 roundings).
+/// - Per element: [`multi_adam_f32`]'s arithmetic.
+/// - The count: every thread reads `t` first; after its updates each block takes a ticket (an
+///   integer `atom.add` after a GPU-scope fence, once every thread of the block is past its
+///   read); the block that draws the last one writes `t + 1` and resets the ticket, so no block
+///   can read the new count.
+/// - Launch: `min(chunks, MAX_OPTIM_BLOCKS)` blocks of [`OPTIM_THREADS`] (at least one chunk:
+///   an empty table takes [`optim_adam_tick`]).
 #[kernel]
 pub unsafe fn multi_adam_scalars_f32(
     tensors: DevicePtrMut<OptimTensor>,
@@ -692,12 +700,29 @@ pub unsafe fn multi_adam_scalars_f32(
     clip: DevicePtr<ClipState>,
     h: MultiAdam,
     patch: GradPatch,
-    scalars: DevicePtr<StepScalars>,
+    scalars: DevicePtrMut<StepScalars>,
+    beta1: f64,
+    beta2: f64,
 ) {
-    let sc = unsafe { scalars.read(0) };
+    let sp = scalars.as_mut_ptr();
+    let (lr, t) = unsafe { ((*sp).lr, (*sp).t + 1) };
+    let (c1, c2) = (bias_correction(beta1, t), bias_correction(beta2, t));
     unsafe {
         update_chunks(tensors, chunks, h.chunks, clip, &patch, 2, |w, g, m, v, decay| {
-            adam_element(&h, sc.lr, sc.c1, sc.c2, w, g, m, v, decay)
+            adam_element(&h, lr, c1, c2, w, g, m, v, decay)
         })
+    }
+    // every thread of this block has read the count (at its start)
+    sync::sync_threads();
+    if thread::thread_idx_x() == 0 {
+        fence::fence_gpu();
+        let ticket = unsafe { atomic::atomic_add_u32(&raw mut (*sp).ticket, 1) };
+        if ticket + 1 == thread::grid_dim_x() {
+            // the last block: every block has read the count
+            unsafe {
+                (*sp).t = t;
+                (*sp).ticket = 0;
+            }
+        }
     }
 }

@@ -393,11 +393,12 @@ impl MultiTensorTable {
         Ok(())
     }
 
-    /// One Adam / AdamW step with its step count on the device: `optim_adam_tick` advances the
-    /// count and writes the bias corrections `1 - beta^t` (f64, rounded once: the host's
-    /// `(1.0 - beta.powi(t)) as f32`), then `multi_adam_scalars_f32` updates every parameter that
-    /// has a gradient with them and the device's learning rate (`h.lr`, `h.c1`, `h.c2` ignored).
-    /// Two launches and no host data: a CUDA graph replays them, each replay one more step.
+    /// One Adam / AdamW step with its step count on the device (`multi_adam_scalars_f32`): the
+    /// launch reads the count `t` and the learning rate from the device's step scalars, takes the
+    /// bias corrections of step `t + 1` (`1 - beta^(t+1)` in f64, rounded once: the host's
+    /// `(1.0 - beta.powi(t + 1)) as f32`) and leaves `t + 1` behind (`h.lr`, `h.c1`, `h.c2`
+    /// ignored). One launch and no host data: a CUDA graph replays it, each replay one more step
+    /// (a table without elements launches `optim_adam_tick`, which only counts).
     ///
     /// # Safety
     /// As [`MultiTensorTable::adam`].
@@ -408,19 +409,19 @@ impl MultiTensorTable {
         (beta1, beta2): (f64, f64),
         clip: bool,
     ) -> Result<()> {
-        let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
-        let tick = DevicePtrMut::<StepScalars>::from_addr(self.scalars.addr());
-        // SAFETY: `scalars` holds one StepScalars; one thread reads and writes it.
-        unsafe { self.dev.launch(OptimAdamTick, one, (tick, beta1, beta2))? };
         let patch = self.sync_grads(grads)?;
+        let scalars = DevicePtrMut::<StepScalars>::from_addr(self.scalars.addr());
         if self.n_chunks == 0 {
+            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: `scalars` holds one StepScalars; one thread writes it.
+            unsafe { self.dev.launch(OptimAdamTick, one, (scalars,))? };
             self.grads_known = true;
             return Ok(());
         }
         h.chunks = self.n_chunks;
-        let scalars = DevicePtr::<StepScalars>::from_addr(self.scalars.addr());
-        let args = (self.table_ptr(), DevicePtr::from_addr(self.chunks.addr()), self.clip_ptr(clip), h, patch, scalars);
-        // SAFETY: as `adam`; `scalars` holds one StepScalars, written by the tick before (stream order).
+        let table = (self.table_ptr(), DevicePtr::from_addr(self.chunks.addr()), self.clip_ptr(clip));
+        let args = (table.0, table.1, table.2, h, patch, scalars, beta1, beta2);
+        // SAFETY: as `adam`; `scalars` holds one StepScalars whose ticket the last launch reset.
         unsafe { self.dev.launch(MultiAdamScalarsF32, self.launch_cfg(), args)? };
         self.grads_known = !self.dev.is_capturing();
         Ok(())
@@ -503,7 +504,7 @@ mod tests {
 
     #[test]
     fn step_scalars_round_trip_their_words_learning_rate_first() {
-        let s = StepScalars { lr: 3e-4, t: 17, c1: 0.5, c2: 0.25 };
+        let s = StepScalars { lr: 3e-4, t: 17, ticket: 0, pad: 0 };
         assert_eq!(std::mem::size_of::<StepScalars>(), 16);
         // SAFETY: repr(C), four 4-byte fields (size checked above).
         let words: [u32; 4] = unsafe { std::mem::transmute(s) };

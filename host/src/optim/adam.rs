@@ -152,7 +152,7 @@ impl Optimizer for Adam {
         let t = state.get("adam.t").ok_or_else(|| Error::shape("load_state", "checkpoint has no `adam.t`"))?;
         self.t = t.item()? as u64;
         if let Some(table) = &mut self.fused.table {
-            table.set_step_scalars(StepScalars { lr: self.lr as f32, t: step_count(self.t)?, c1: 0.0, c2: 0.0 })?;
+            table.set_step_scalars(StepScalars { lr: self.lr as f32, t: step_count(self.t)?, ticket: 0, pad: 0 })?;
         }
         for (i, (name, p)) in self.params.iter().enumerate() {
             self.m[i] = load_vec(state, "adam.m", name, p)?;
