@@ -241,6 +241,34 @@ fn bf16_broadcast_batches() {
     assert_eq!(joined.narrow(2, 8, 8).unwrap().to_vec_f64(), t.to_vec_f64());
 }
 
+/// A batched right operand that is the transpose of contiguous data (`k.transpose(-1, -2)`) is
+/// read in place by the batched `a b^T` product: the same values as the naive product of the
+/// copied transpose, in f64 and in bf16 (the f32 product of the same values, rounded once), with
+/// 4-D leading dimensions.
+#[test]
+fn batched_transposed_right_operand_in_place() {
+    let (b, m, k, n) = (3, 4, 5, 6);
+    let (a, bt) = (rnd(&[b, m, k], 80), rnd(&[b, n, k], 81));
+    let view = bt.transpose(-1, -2).unwrap();
+    let copied = view.contiguous().unwrap();
+    let want = naive_bmm(&a.to_vec_f64(), &copied.to_vec_f64(), b, m, k, n);
+    let got = a.matmul(&view).unwrap();
+    assert_eq!(got.dims(), [b, m, n]);
+    assert!(got.to_vec_f64().iter().zip(&want).all(|(x, y)| (x - y).abs() < 1e-12));
+    let (a4, bt4) = (rnd(&[2, 3, m, k], 82), rnd(&[2, 3, n, k], 83));
+    let got4 = a4.matmul(&bt4.transpose(-1, -2).unwrap()).unwrap();
+    let want4 =
+        naive_bmm(&a4.to_vec_f64(), &bt4.transpose(-1, -2).unwrap().contiguous().unwrap().to_vec_f64(), 6, m, k, n);
+    assert_eq!(got4.dims(), [2, 3, m, n]);
+    assert!(got4.to_vec_f64().iter().zip(&want4).all(|(x, y)| (x - y).abs() < 1e-12));
+    let (a16, bt16) = (a.to_dtype(DType::BF16).unwrap(), bt.to_dtype(DType::BF16).unwrap());
+    let got16 = a16.matmul(&bt16.transpose(-1, -2).unwrap()).unwrap();
+    let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let want16 = f32s(&a16).matmul(&f32s(&bt16).transpose(-1, -2).unwrap().contiguous().unwrap()).unwrap();
+    assert_eq!(got16.dtype(), DType::BF16);
+    assert_eq!(got16.to_vec_f64(), want16.to_dtype(DType::BF16).unwrap().to_vec_f64());
+}
+
 #[test]
 fn gradcheck_batched_matmul() {
     check("bmm", &[rnd(&[3, 2, 4], 30), rnd(&[3, 4, 5], 31)], |t| t[0].matmul(&t[1]));
@@ -258,6 +286,8 @@ fn gradcheck_batched_matmul() {
     check("batched transposed views", &[rnd(&[2, 4, 3], 50), rnd(&[2, 5, 4], 51)], |t| {
         t[0].transpose(1, 2)?.matmul(&t[1].transpose(-1, -2)?)
     });
+    check("q k^T", &[rnd(&[2, 3, 4], 52), rnd(&[2, 5, 4], 53)], |t| t[0].matmul(&t[1].transpose(-1, -2)?));
+    check("4-D q k^T", &[rnd(&[2, 2, 3, 4], 54), rnd(&[2, 2, 5, 4], 55)], |t| t[0].matmul(&t[1].transpose(-1, -2)?));
 }
 
 /// Attention's head split and merge: `[B, T, H*D] -> [B, H, T, D]` by reshape + permute (views),

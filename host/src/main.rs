@@ -283,11 +283,10 @@ struct TrainArgs {
     #[arg(long)]
     megakernel: bool,
     /// Run every training step eagerly instead of capturing the step in one CUDA graph. By
-    /// default a CUDA bf16 run with sgd at a constant learning rate (no --warmup) captures its
-    /// step after two eager full-batch steps and replays it (the last partial batch of an epoch
-    /// runs eagerly); f32 (its captured step has not yet matched the eager one bit for bit), f16
-    /// (its loss scaler reads the gradient norm on the host each step), adam/adamw and the CPU
-    /// always run eagerly.
+    /// default a CUDA f32 or bf16 run (any --optimizer and --warmup: the learning rate and Adam's
+    /// step count live on the device) captures its step after two eager full-batch steps and
+    /// replays it (the last partial batch of an epoch runs eagerly); f16 (its loss scaler reads
+    /// the gradient norm on the host each step) and the CPU always run eagerly.
     #[arg(long)]
     no_graph: bool,
     /// The megakernel's data path: tf32x3 (tensor cores, about f32 accuracy), tf32 (tensor cores,

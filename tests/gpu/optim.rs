@@ -26,6 +26,7 @@ use std::sync::Arc;
 pub(crate) fn tests() -> Vec<GpuTest> {
     vec![
         GpuTest { name: "gpu::optim::fused_sgd_matches_cpu", available: any, run: fused_sgd_matches_cpu },
+        GpuTest { name: "gpu::optim::adamw_captured_matches_eager", available: any, run: adamw_captured_matches_eager },
         GpuTest { name: "gpu::optim::a_parameter_listed_twice_is_refused", available: any, run: listed_twice },
         GpuTest { name: "gpu::optim::fused_adam_matches_cpu", available: any, run: fused_adam_matches_cpu },
         GpuTest {
@@ -479,4 +480,88 @@ fn listed_twice(_dev: &Device) -> Outcome {
         Err(e @ kiln::Error::Unsupported { .. }) if e.to_string().contains("same tensor") => Ok(()),
         other => Err(format!("attach_compute_copies on a twice-listed parameter: got {other:?}")),
     }
+}
+
+/// AdamW steps replayed from a CUDA graph give the bits of eager steps: an MLP on CUDA with AdamW
+/// (weight decay 0.01, biases undecayed), gradient clipping inside the step, the learning rate on
+/// a warmup + cosine schedule (written to the device before each replay), and an eager step after
+/// the replays. One eager step, a capture, five replays and one more eager step against seven
+/// eager steps: every parameter, both moments and the step count equal. The capture itself runs
+/// nothing (the parameters are unchanged after it).
+fn adamw_captured_matches_eager(dev: &Device) -> Outcome {
+    use kiln::nn::{Module, Sequential, mlp};
+    use kiln::optim::LrSchedule;
+    use kiln::tensor::{DType, Targets};
+    let td = TDev::Cuda(Device::shared().map_err(err)?);
+    let (batch, features, width, classes) = (24, 13, 40, 7);
+    let x = Tensor::randn([batch, features], DType::F32, &mut Tensor::rng(21)).to_device(&td).map_err(err)?;
+    let targets = Targets::new((0..batch).map(|i| (i * 3) % classes).collect());
+    let schedule = LrSchedule::CosineWarmup { warmup: 3, total: 7, min_ratio: 0.1 };
+    let build = || -> Result<(Sequential, Adam), String> {
+        let model = mlp(features, width, 3, classes, kiln::nn::Activation::Relu, DType::F32, &mut Tensor::rng(8))
+            .map_err(err)?;
+        for p in model.parameters() {
+            p.move_to(&td).map_err(err)?;
+        }
+        let named = model.named_parameters();
+        let decay: Vec<bool> = named.iter().map(|(n, _)| !n.ends_with("bias")).collect();
+        let mut opt = Adam::adamw(named, 0.01, 0.01);
+        opt.set_decay(&decay).map_err(err)?;
+        Ok((model, opt))
+    };
+    let step = |model: &Sequential, opt: &mut Adam| -> kiln::Result<()> {
+        let loss = model.forward(&x)?.cross_entropy(&targets)?;
+        loss.backward()?;
+        opt.clip_grad_norm(0.5)?;
+        opt.step()?;
+        opt.zero_grad();
+        Ok(())
+    };
+    let state = |model: &Sequential, opt: &Adam| -> Result<Vec<u64>, String> {
+        let mut v: Vec<u64> =
+            model.parameters().iter().flat_map(|p| p.to_vec_f32()).map(|x| x.to_bits() as u64).collect();
+        for (_, t) in opt.state().map_err(err)? {
+            v.extend(t.to_vec_f64().iter().map(|x| x.to_bits()));
+        }
+        Ok(v)
+    };
+    let (eager, mut eager_opt) = build()?;
+    for t in 0..7 {
+        eager_opt.set_lr(schedule.lr(0.01, t));
+        step(&eager, &mut eager_opt).map_err(err)?;
+    }
+    let (replayed, mut opt) = build()?;
+    opt.set_lr(schedule.lr(0.01, 0));
+    step(&replayed, &mut opt).map_err(err)?; // the warm-up: state allocated, caches filled
+    let before = state(&replayed, &opt)?;
+    opt.set_lr(schedule.lr(0.01, 1));
+    opt.prepare_replay().map_err(err)?;
+    let graph = dev.capture(|| step(&replayed, &mut opt)).map_err(|e| format!("capturing the AdamW step: {e}"))?;
+    if state(&replayed, &opt)? != before {
+        return Err("capturing the step ran it".into());
+    }
+    for t in 1..6 {
+        opt.set_lr(schedule.lr(0.01, t));
+        opt.prepare_replay().map_err(err)?;
+        // SAFETY: the model, the optimizer's state, x and the targets outlive the replays.
+        unsafe { graph.launch() }.map_err(err)?;
+    }
+    opt.set_lr(schedule.lr(0.01, 6));
+    step(&replayed, &mut opt).map_err(err)?; // eager after the replays
+    dev.synchronize().map_err(err)?;
+    let (a, b) = (eager_opt.steps().map_err(err)?, opt.steps().map_err(err)?);
+    if (a, b) != (7, 7) {
+        return Err(format!("step counts: eager {a}, replayed {b}; expected 7"));
+    }
+    let (want, got) = (state(&eager, &eager_opt)?, state(&replayed, &opt)?);
+    if let Some(i) = (0..want.len().min(got.len())).find(|&i| want[i] != got[i]) {
+        return Err(format!(
+            "word {i} of the parameters and moments differs: eager {:#x}, replayed {:#x}",
+            want[i], got[i]
+        ));
+    }
+    if want.len() != got.len() {
+        return Err(format!("{} state words eager, {} replayed", want.len(), got.len()));
+    }
+    Ok(())
 }

@@ -20,6 +20,7 @@ pub(crate) fn tests() -> Vec<GpuTest> {
         GpuTest { name: "gpu::views::cat_narrow_and_contiguous", available: any, run: cat_narrow_contiguous },
         GpuTest { name: "gpu::views::transposed_views_to_the_gemm_in_place", available: any, run: transposed_gemm },
         GpuTest { name: "gpu::views::batched_matmul_broadcast_batches", available: any, run: batched_matmul },
+        GpuTest { name: "gpu::views::batched_b16_products_both_sides_batched", available: any, run: batched_b16 },
         GpuTest { name: "gpu::views::attention_head_split_and_merge", available: any, run: attention_heads },
         GpuTest { name: "gpu::views::refusals_are_typed", available: any, run: refusals },
     ]
@@ -186,6 +187,84 @@ fn batched_matmul(_: &Device) -> Outcome {
         }),
     ];
     graphs_match("batched matmul", &cases, PRODUCTS)
+}
+
+/// bf16 and f16 products with both sides batched (bf16 on sm_90a: the strided-batch `wgmma`
+/// kernel; f16 and other devices: the widened f32 path), forward and both gradients, against the
+/// CPU in f64 on the same 16-bit inputs: odd shapes (k not a multiple of 8: the padded rows),
+/// aligned shapes, 4-D and broadcast leading dimensions, transposed views on either side (a right
+/// operand `k.transpose(-1, -2)` read in place), a shared 2-D right operand. Each output, and each
+/// gradient element, is rounded once or twice to the dtype after an f32 sum: bf16 within 1.6e-2
+/// relative (+2e-3), f16 within 2e-3 relative (+2e-4).
+fn batched_b16(_: &Device) -> Outcome {
+    let cases: Vec<(&str, Vec<Vec<usize>>, Graph)> = vec![
+        ("bmm odd", vec![vec![5, 7, 13], vec![5, 13, 9]], |x| x[0].matmul(&x[1])),
+        ("bmm aligned", vec![vec![3, 64, 48], vec![3, 48, 40]], |x| x[0].matmul(&x[1])),
+        ("bmm tall", vec![vec![2, 300, 24], vec![2, 24, 136]], |x| x[0].matmul(&x[1])),
+        ("4-D", vec![vec![2, 3, 9, 16], vec![2, 3, 16, 11]], |x| x[0].matmul(&x[1])),
+        ("broadcast batches", vec![vec![2, 1, 7, 11], vec![3, 11, 5]], |x| x[0].matmul(&x[1])),
+        ("q k^T (in place)", vec![vec![4, 17, 24], vec![4, 19, 24]], |x| x[0].matmul(&x[1].transpose(-1, -2)?)),
+        ("q k^T odd k", vec![vec![3, 10, 7], vec![3, 12, 7]], |x| x[0].matmul(&x[1].transpose(-1, -2)?)),
+        ("a^T b^T", vec![vec![3, 9, 6], vec![3, 5, 9]], |x| x[0].transpose(1, 2)?.matmul(&x[1].transpose(-1, -2)?)),
+        ("a^T b", vec![vec![2, 3, 16, 8], vec![2, 3, 16, 8]], |x| x[0].transpose(-1, -2)?.matmul(&x[1])),
+        ("shared b", vec![vec![3, 7, 13], vec![13, 9]], |x| x[0].matmul(&x[1])),
+    ];
+    let bf16 = Tol { abs: 2e-3, rel: 1.6e-2 };
+    let f16 = Tol { abs: 2e-4, rel: 2e-3 };
+    for (dt, tol) in [(DType::BF16, bf16), (DType::F16, f16)] {
+        graphs_match_16(&format!("batched {dt:?}"), &cases, dt, tol)?;
+    }
+    Ok(())
+}
+
+/// [`graphs_match`] for 16-bit CUDA tensors: inputs and the loss weights rounded to `dt` first
+/// (so the CPU's f64 reference sees the same values), outputs and gradients checked to stay `dt`.
+fn graphs_match_16(family: &str, cases: &[(&str, Vec<Vec<usize>>, Graph)], dt: DType, tol: Tol) -> Outcome {
+    let dev = cuda()?;
+    let (mut rng, seed) = testing::rng();
+    eprintln!("{family}: seed {seed}");
+    let rounded = |v: Vec<f64>, s: &[usize]| -> Result<Vec<f64>, String> {
+        Ok(Tensor::from_f64(&v, s.to_vec(), dt).map_err(err)?.to_vec_f64())
+    };
+    for (name, shapes, f) in cases {
+        let what = |part: &str| format!("{family}/{name}: {part} (seed {seed})");
+        let (mut cpu, mut gpu) = (vec![], vec![]);
+        for s in shapes {
+            let v: Vec<f64> = testing::uniform(&mut rng, s.iter().product()).into_iter().map(f64::from).collect();
+            let v = rounded(v, s)?;
+            cpu.push(Tensor::from_f64(&v, s.clone(), DType::F64).map_err(err)?.requires_grad());
+            let g = Tensor::from_f64(&v, s.clone(), dt).map_err(err)?.to_device(&dev).map_err(err)?;
+            gpu.push(g.detach().requires_grad());
+        }
+        let oc = f(&cpu).map_err(|e| what(&e.to_string()))?;
+        let og = f(&gpu).map_err(|e| what(&e.to_string()))?;
+        if og.device() != dev || og.dtype() != dt || og.dims() != oc.dims() {
+            return Err(what(&format!(
+                "{} {:?} on {:?}, expected {} {dt:?} on CUDA",
+                og.shape(),
+                og.dtype(),
+                og.device(),
+                oc.shape()
+            )));
+        }
+        testing::compare(&what("forward"), &og.to_vec_f32(), &oc.to_vec_f64(), tol)?;
+        let w: Vec<f64> =
+            testing::uniform(&mut rng, oc.elem_count()).into_iter().map(|x| 1.0 + 0.5 * f64::from(x)).collect();
+        let w = rounded(w, oc.dims())?;
+        let wc = Tensor::from_f64(&w, oc.shape().clone(), DType::F64).map_err(err)?;
+        let wg = Tensor::from_f64(&w, oc.shape().clone(), dt).map_err(err)?.to_device(&dev).map_err(err)?;
+        oc.mul(&wc).and_then(|t| t.sum_all()).and_then(|t| t.backward()).map_err(|e| what(&e.to_string()))?;
+        og.mul(&wg).and_then(|t| t.sum_all()).and_then(|t| t.backward()).map_err(|e| what(&e.to_string()))?;
+        for (j, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+            let gc = c.grad().map(|t| t.to_vec_f64()).ok_or_else(|| what(&format!("no CPU gradient {j}")))?;
+            let gg = g.grad().ok_or_else(|| what(&format!("no CUDA gradient {j}")))?;
+            if gg.device() != dev || gg.dtype() != dt {
+                return Err(what(&format!("gradient {j} is {:?} on {:?}", gg.dtype(), gg.device())));
+            }
+            testing::compare(&what(&format!("gradient of input {j}")), &gg.to_vec_f32(), &gc, tol)?;
+        }
+    }
+    Ok(())
 }
 
 /// `[B, T, H*D] -> [B, H, T, D]` by reshape + permute (views), `softmax(q k^T / sqrt(D)) v` as

@@ -420,15 +420,23 @@ pub unsafe fn multi_sgd_f32(
     let states = if h.momentum != 0.0 { 1 } else { 0 };
     unsafe {
         update_chunks(tensors, chunks, h.chunks, clip, &patch, states, |w, g, vel, _, decay| {
-            let mut gi = g + decay * h.weight_decay * w;
-            let mut v = vel;
-            if h.momentum != 0.0 {
-                v = h.momentum * vel + gi;
-                gi = if h.nesterov != 0 { gi + h.momentum * v } else { v };
-            }
-            (w - h.lr * gi, v, 0.0)
+            sgd_element(&h, h.lr, w, g, vel, decay)
         })
     }
+}
+
+/// One element of SGD ([`multi_sgd_f32`]'s expressions, in their order) at learning rate `lr`:
+/// returns the new weight and velocity (and 0 for the unused second state).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn sgd_element(h: &MultiSgd, lr: f32, w: f32, g: f32, vel: f32, decay: f32) -> (f32, f32, f32) {
+    let mut gi = g + decay * h.weight_decay * w;
+    let mut v = vel;
+    if h.momentum != 0.0 {
+        v = h.momentum * vel + gi;
+        gi = if h.nesterov != 0 { gi + h.momentum * v } else { v };
+    }
+    (w - lr * gi, v, 0.0)
 }
 
 /// One Adam or AdamW step (bias-corrected) of every parameter in the table.
@@ -449,21 +457,40 @@ pub unsafe fn multi_adam_f32(
 ) {
     unsafe {
         update_chunks(tensors, chunks, h.chunks, clip, &patch, 2, |w, g, m, v, decay| {
-            let mut w = w;
-            let mut gi = g;
-            let wd = decay * h.weight_decay;
-            if h.decoupled == 0 {
-                gi += wd * w;
-            }
-            let mi = h.beta1 * m + (1.0 - h.beta1) * gi;
-            let vi = h.beta2 * v + (1.0 - h.beta2) * gi * gi;
-            if h.decoupled != 0 {
-                w -= h.lr * wd * w;
-            }
-            w -= h.lr * (mi / h.c1) / (math::sqrt(vi / h.c2) + h.eps);
-            (w, mi, vi)
+            adam_element(&h, h.lr, h.c1, h.c2, w, g, m, v, decay)
         })
     }
+}
+
+/// One element of Adam / AdamW ([`multi_adam_f32`]'s expressions, in their order) at learning
+/// rate `lr` with bias corrections `c1`, `c2`: returns the new weight, first and second moment.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn adam_element(
+    h: &MultiAdam,
+    lr: f32,
+    c1: f32,
+    c2: f32,
+    w: f32,
+    g: f32,
+    m: f32,
+    v: f32,
+    decay: f32,
+) -> (f32, f32, f32) {
+    let mut w = w;
+    let mut gi = g;
+    let wd = decay * h.weight_decay;
+    if h.decoupled == 0 {
+        gi += wd * w;
+    }
+    let mi = h.beta1 * m + (1.0 - h.beta1) * gi;
+    let vi = h.beta2 * v + (1.0 - h.beta2) * gi * gi;
+    if h.decoupled != 0 {
+        w -= lr * wd * w;
+    }
+    w -= lr * (mi / c1) / (math::sqrt(vi / c2) + h.eps);
+    (w, mi, vi)
 }
 
 /// The global L2 norm of every gradient in the table, and the clip scale, in one launch without
@@ -560,4 +587,142 @@ pub unsafe fn multi_grad_norm_f32(
 #[kernel]
 pub unsafe fn multi_patch_grads(tensors: DevicePtrMut<OptimTensor>, patch: GradPatch) {
     unsafe { write_patch(tensors, &patch) };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Steps whose per-step scalars live on the device (capturable in a CUDA graph).
+
+/// An optimizer's per-step scalars on the device, so that its update can be replayed in a CUDA
+/// graph: the learning rate (written by the host before each step or replay) and the step count
+/// (Adam: advanced on the device by the update launch itself, [`multi_adam_scalars_f32`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepScalars {
+    /// Learning rate of the step (first: the host rewrites this word alone).
+    pub lr: f32,
+    /// Steps taken.
+    pub t: u32,
+    /// Blocks of the running Adam launch that finished (0 between launches: the last block
+    /// resets it).
+    pub ticket: u32,
+    /// Unused (16-byte size).
+    pub pad: u32,
+}
+// SAFETY: repr(C), 4-byte fields only.
+unsafe impl KernelParam for StepScalars {}
+
+impl StepScalars {
+    /// The four 32-bit words the device holds.
+    pub fn to_words(self) -> [u32; 4] {
+        [self.lr.to_bits(), self.t, self.ticket, self.pad]
+    }
+    /// The scalars from the device's four words.
+    pub fn from_words(w: [u32; 4]) -> StepScalars {
+        StepScalars { lr: f32::from_bits(w[0]), t: w[1], ticket: w[2], pad: w[3] }
+    }
+}
+
+/// `a^b` by binary powering, in the order of compiler-rt's `__powidf2` (what `f64::powi` calls on
+/// the host): the same bits on the device as the host's `powi`, for any `b`.
+#[inline(always)]
+pub fn powi_f64(a: f64, b: u32) -> f64 {
+    let (mut a, mut b, mut r) = (a, b, 1.0f64);
+    loop {
+        if b & 1 != 0 {
+            r *= a;
+        }
+        b >>= 1;
+        if b == 0 {
+            break;
+        }
+        a *= a;
+    }
+    r
+}
+
+/// Adam's bias correction `1 - beta^t`, computed in f64 and rounded once to f32: the host's
+/// `(1.0 - beta.powi(t)) as f32`.
+#[inline(always)]
+pub fn bias_correction(beta: f64, t: u32) -> f32 {
+    (1.0 - powi_f64(beta, t)) as f32
+}
+
+/// Adam's step count alone: `t += 1` in `s` (for a table without elements, whose update launches
+/// nothing). Launch: one thread (others return).
+#[kernel]
+pub unsafe fn optim_adam_tick(s: DevicePtrMut<StepScalars>) {
+    if thread::global_idx_x() != 0 {
+        return;
+    }
+    unsafe { (*s.as_mut_ptr()).t += 1 };
+}
+
+/// [`multi_sgd_f32`] with the learning rate read from the device's [`StepScalars`] (`h.lr` is
+/// ignored): the update a CUDA graph replays with the rate the host wrote before the replay.
+/// Parameters, per-element arithmetic and launch as [`multi_sgd_f32`], plus `scalars`.
+#[kernel]
+pub unsafe fn multi_sgd_scalars_f32(
+    tensors: DevicePtrMut<OptimTensor>,
+    chunks: DevicePtr<OptimChunk>,
+    clip: DevicePtr<ClipState>,
+    h: MultiSgd,
+    patch: GradPatch,
+    scalars: DevicePtr<StepScalars>,
+) {
+    let states = if h.momentum != 0.0 { 1 } else { 0 };
+    let lr = unsafe { (*scalars.as_ptr()).lr };
+    unsafe {
+        update_chunks(tensors, chunks, h.chunks, clip, &patch, states, |w, g, vel, _, decay| {
+            sgd_element(&h, lr, w, g, vel, decay)
+        })
+    }
+}
+
+/// [`multi_adam_f32`] with its step count on the device: the step is `t + 1` for the `t` and the
+/// learning rate read from `scalars` (`h.lr`, `h.c1` and `h.c2` are ignored), with the bias
+/// corrections `c1 = 1 - beta1^(t+1)`, `c2 = 1 - beta2^(t+1)` ([`bias_correction`]: f64, rounded
+/// once; every thread computes them); the launch leaves `t + 1` behind. No host data: a CUDA
+/// graph replays it, each replay one more step.
+///
+/// - Parameters: as [`multi_adam_f32`], plus `scalars` (its `ticket` 0 on entry, as the last
+///   launch left it) and Adam's betas in f64 (`h.beta1`, `h.beta2` are their f32 roundings).
+/// - Per element: [`multi_adam_f32`]'s arithmetic.
+/// - The count: every thread reads `t` first; after its updates each block takes a ticket (an
+///   integer `atom.add` after a GPU-scope fence, once every thread of the block is past its
+///   read); the block that draws the last one writes `t + 1` and resets the ticket, so no block
+///   can read the new count.
+/// - Launch: `min(chunks, MAX_OPTIM_BLOCKS)` blocks of [`OPTIM_THREADS`] (at least one chunk:
+///   an empty table takes [`optim_adam_tick`]).
+#[kernel]
+pub unsafe fn multi_adam_scalars_f32(
+    tensors: DevicePtrMut<OptimTensor>,
+    chunks: DevicePtr<OptimChunk>,
+    clip: DevicePtr<ClipState>,
+    h: MultiAdam,
+    patch: GradPatch,
+    scalars: DevicePtrMut<StepScalars>,
+    beta1: f64,
+    beta2: f64,
+) {
+    let sp = scalars.as_mut_ptr();
+    let (lr, t) = unsafe { ((*sp).lr, (*sp).t + 1) };
+    let (c1, c2) = (bias_correction(beta1, t), bias_correction(beta2, t));
+    unsafe {
+        update_chunks(tensors, chunks, h.chunks, clip, &patch, 2, |w, g, m, v, decay| {
+            adam_element(&h, lr, c1, c2, w, g, m, v, decay)
+        })
+    }
+    // every thread of this block has read the count (at its start)
+    sync::sync_threads();
+    if thread::thread_idx_x() == 0 {
+        fence::fence_gpu();
+        let ticket = unsafe { atomic::atomic_add_u32(&raw mut (*sp).ticket, 1) };
+        if ticket + 1 == thread::grid_dim_x() {
+            // the last block: every block has read the count
+            unsafe {
+                (*sp).t = t;
+                (*sp).ticket = 0;
+            }
+        }
+    }
 }

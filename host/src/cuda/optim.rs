@@ -1,6 +1,8 @@
 //! The multi-tensor optimizer on the runtime level: a table of parameters by device address
 //! ([`MultiTensorTable`]), uploaded once per set of parameters, and one launch per SGD or Adam
-//! step over all of them (`multi_sgd_f32`, `multi_adam_f32`), plus one launch for the global
+//! step over all of them (`multi_sgd_f32`, `multi_adam_f32`; the `*_scalars` twins read the
+//! learning rate, and Adam's step count and bias corrections, from the device, so that a CUDA
+//! graph can replay them: [`MultiTensorTable::adam_scalars`]), plus one launch for the global
 //! gradient norm that clipping scales by (`multi_grad_norm_f32`), with no host round trip
 //! between them. The kernels and their table are documented in
 //! [`kiln_gpu::kernels::optim`].
@@ -12,8 +14,9 @@
 use super::{Device, DeviceBuffer, LaunchConfig};
 use crate::error::{Error, Result};
 use kiln_gpu::kernels::optim::{
-    ClipState, GRAD_PATCH, GradNorm, GradPatch, MAX_OPTIM_BLOCKS, MultiAdam, MultiAdamF32, MultiGradNormF32,
-    MultiPatchGrads, MultiSgd, MultiSgdF32, OPTIM_CHUNK, OPTIM_THREADS, OptimChunk, OptimTensor,
+    ClipState, GRAD_PATCH, GradNorm, GradPatch, MAX_OPTIM_BLOCKS, MultiAdam, MultiAdamF32, MultiAdamScalarsF32,
+    MultiGradNormF32, MultiPatchGrads, MultiSgd, MultiSgdF32, MultiSgdScalarsF32, OPTIM_CHUNK, OPTIM_THREADS,
+    OptimAdamTick, OptimChunk, OptimTensor, StepScalars,
 };
 use kiln_gpu::{DevicePtr, DevicePtrMut};
 use std::sync::Arc;
@@ -121,6 +124,17 @@ pub fn launch_blocks(chunks: usize) -> u32 {
     chunks.min(MAX_OPTIM_BLOCKS as usize) as u32
 }
 
+/// Whether a launch must patch every gradient address of its table rather than those that moved
+/// since the host last wrote them: while capturing (the graph must carry them all), when the host's
+/// mirror of the device's table is not known (after a capture or a failed launch), and for good once
+/// a launch over the table was captured (`in_graph`): each replay of that graph writes the graph's
+/// gradient addresses into the device's table, so a later eager launch whose gradients sit where
+/// the previous eager step's did (the pool hands the same addresses back) would otherwise read the
+/// graph's stale gradients.
+pub fn patch_every_gradient(capturing: bool, grads_known: bool, in_graph: bool) -> bool {
+    capturing || !grads_known || in_graph
+}
+
 /// The patches that bring a table holding gradient addresses `held` to `now` (all of them when
 /// `all`, else those that differ), [`GRAD_PATCH`] per patch, in parameter order. Empty when
 /// nothing moved.
@@ -155,12 +169,22 @@ pub struct MultiTensorTable {
     /// Whether `entries`' gradients are what the device's table holds (not after a capture,
     /// whose launches run only when the graph is replayed, or after a failed launch).
     grads_known: bool,
+    /// Whether a launch over this table was captured into a CUDA graph: every replay writes the
+    /// graph's gradient addresses into the device's table behind the host's back, so from then on
+    /// each launch patches every gradient ([`patch_every_gradient`]).
+    in_graph: bool,
     partials: DeviceBuffer<f32>,
     /// One [`ClipState`] as four u32 words.
     clip: DeviceBuffer<u32>,
     /// Whether the last [`MultiTensorTable::grad_norm`] measured anything (a table without chunks
     /// launches nothing: its norm is 0 and its scale 1).
     norm_launched: bool,
+    /// One [`StepScalars`] as four u32 words: the learning rate, the step count and Adam's bias
+    /// corrections that the `*_scalars` launches read ([`MultiTensorTable::sgd_scalars`],
+    /// [`MultiTensorTable::adam_scalars`]).
+    scalars: DeviceBuffer<u32>,
+    /// The learning rate last written into `scalars` (None: not written yet).
+    written_lr: Option<f32>,
 }
 
 impl std::fmt::Debug for MultiTensorTable {
@@ -180,9 +204,12 @@ impl MultiTensorTable {
             chunks: dev.zeros::<u64>(1)?,
             n_chunks: 0,
             grads_known: false,
+            in_graph: false,
             partials: dev.zeros::<f32>(MAX_OPTIM_BLOCKS as usize)?,
             clip: dev.upload(&[init.norm.to_bits(), init.scale.to_bits(), init.ticket, init.pad])?,
             norm_launched: false,
+            scalars: dev.zeros::<u32>(4)?,
+            written_lr: None,
         };
         t.set_tensors(slots)?;
         Ok(t)
@@ -249,8 +276,10 @@ impl MultiTensorTable {
             ));
         }
         let capturing = self.dev.is_capturing();
+        self.in_graph |= capturing;
         let held: Vec<u64> = self.entries.iter().map(|e| e.grad).collect();
-        let mut patches = plan_patches(&held, grads, capturing || !self.grads_known);
+        let all = patch_every_gradient(capturing, self.grads_known, self.in_graph);
+        let mut patches = plan_patches(&held, grads, all);
         let last = patches.pop().unwrap_or_default();
         // whatever happens below, trust the mirror again only after the launches went out
         self.grads_known = false;
@@ -306,6 +335,94 @@ impl MultiTensorTable {
         let args = (self.table_ptr(), DevicePtr::from_addr(self.chunks.addr()), self.clip_ptr(clip), h, patch);
         // SAFETY: as `sgd`.
         unsafe { self.dev.launch(MultiAdamF32, self.launch_cfg(), args)? };
+        self.grads_known = !self.dev.is_capturing();
+        Ok(())
+    }
+
+    /// Writes the learning rate the next `*_scalars` launches (and the replays of a graph that
+    /// captured them) read: one 4-byte host-to-device copy on the stream, skipped when the device
+    /// already holds `lr`. Refused while capturing (a graph cannot copy from the host): write it
+    /// before the capture and before each replay.
+    pub fn write_lr(&mut self, lr: f32) -> Result<()> {
+        if self.written_lr.is_some_and(|w| w.to_bits() == lr.to_bits()) {
+            return Ok(());
+        }
+        if self.dev.is_capturing() {
+            return Err(Error::Unsupported {
+                op: "multi-tensor optimizer",
+                what: "writing the learning rate during a capture: write it before the capture and before each replay"
+                    .into(),
+            });
+        }
+        self.dev.write_prefix(&mut self.scalars, &[lr.to_bits()])?;
+        self.written_lr = Some(lr);
+        Ok(())
+    }
+
+    /// Overwrites the device's step scalars (a checkpoint's step count, Adam's corrections for it).
+    pub fn set_step_scalars(&mut self, s: StepScalars) -> Result<()> {
+        self.dev.write(&mut self.scalars, &s.to_words())?;
+        self.written_lr = Some(s.lr);
+        Ok(())
+    }
+
+    /// The device's step scalars (one download: synchronizes).
+    pub fn step_scalars(&self) -> Result<StepScalars> {
+        let w = self.dev.download(&self.scalars)?;
+        Ok(StepScalars::from_words([w[0], w[1], w[2], w[3]]))
+    }
+
+    /// [`MultiTensorTable::sgd`] with the learning rate read from the device's step scalars
+    /// (`h.lr` ignored; [`MultiTensorTable::write_lr`] sets it): the launch a CUDA graph replays
+    /// at the rate written before each replay (`multi_sgd_scalars_f32`).
+    ///
+    /// # Safety
+    /// As [`MultiTensorTable::sgd`].
+    pub unsafe fn sgd_scalars(&mut self, grads: &[u64], mut h: MultiSgd, clip: bool) -> Result<()> {
+        let patch = self.sync_grads(grads)?;
+        if self.n_chunks == 0 {
+            self.grads_known = true;
+            return Ok(());
+        }
+        h.chunks = self.n_chunks;
+        let scalars = DevicePtr::<StepScalars>::from_addr(self.scalars.addr());
+        let args = (self.table_ptr(), DevicePtr::from_addr(self.chunks.addr()), self.clip_ptr(clip), h, patch, scalars);
+        // SAFETY: as `sgd`; `scalars` holds one StepScalars.
+        unsafe { self.dev.launch(MultiSgdScalarsF32, self.launch_cfg(), args)? };
+        self.grads_known = !self.dev.is_capturing();
+        Ok(())
+    }
+
+    /// One Adam / AdamW step with its step count on the device (`multi_adam_scalars_f32`): the
+    /// launch reads the count `t` and the learning rate from the device's step scalars, takes the
+    /// bias corrections of step `t + 1` (`1 - beta^(t+1)` in f64, rounded once: the host's
+    /// `(1.0 - beta.powi(t + 1)) as f32`) and leaves `t + 1` behind (`h.lr`, `h.c1`, `h.c2`
+    /// ignored). One launch and no host data: a CUDA graph replays it, each replay one more step
+    /// (a table without elements launches `optim_adam_tick`, which only counts).
+    ///
+    /// # Safety
+    /// As [`MultiTensorTable::adam`].
+    pub unsafe fn adam_scalars(
+        &mut self,
+        grads: &[u64],
+        mut h: MultiAdam,
+        (beta1, beta2): (f64, f64),
+        clip: bool,
+    ) -> Result<()> {
+        let patch = self.sync_grads(grads)?;
+        let scalars = DevicePtrMut::<StepScalars>::from_addr(self.scalars.addr());
+        if self.n_chunks == 0 {
+            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: `scalars` holds one StepScalars; one thread writes it.
+            unsafe { self.dev.launch(OptimAdamTick, one, (scalars,))? };
+            self.grads_known = true;
+            return Ok(());
+        }
+        h.chunks = self.n_chunks;
+        let table = (self.table_ptr(), DevicePtr::from_addr(self.chunks.addr()), self.clip_ptr(clip));
+        let args = (table.0, table.1, table.2, h, patch, scalars, beta1, beta2);
+        // SAFETY: as `adam`; `scalars` holds one StepScalars whose ticket the last launch reset.
+        unsafe { self.dev.launch(MultiAdamScalarsF32, self.launch_cfg(), args)? };
         self.grads_known = !self.dev.is_capturing();
         Ok(())
     }
@@ -371,6 +488,44 @@ impl MultiTensorTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_bias_corrections_match_the_hosts_powi() {
+        use kiln_gpu::kernels::optim::{bias_correction, powi_f64};
+        for beta in [0.9f64, 0.999, 0.95, 0.98, 0.5] {
+            for t in (1u32..3000).chain([65535, 1 << 20, i32::MAX as u32]) {
+                assert_eq!(powi_f64(beta, t).to_bits(), beta.powi(t as i32).to_bits(), "{beta}^{t}");
+                let host = (1.0 - beta.powi(t as i32)) as f32;
+                assert_eq!(bias_correction(beta, t).to_bits(), host.to_bits(), "1 - {beta}^{t}");
+            }
+        }
+        assert_eq!(powi_f64(0.9, 0), 1.0);
+    }
+
+    #[test]
+    fn step_scalars_round_trip_their_words_learning_rate_first() {
+        let s = StepScalars { lr: 3e-4, t: 17, ticket: 0, pad: 0 };
+        assert_eq!(std::mem::size_of::<StepScalars>(), 16);
+        // SAFETY: repr(C), four 4-byte fields (size checked above).
+        let words: [u32; 4] = unsafe { std::mem::transmute(s) };
+        assert_eq!(words, s.to_words());
+        assert_eq!(words[0], 3e-4f32.to_bits(), "the learning rate is the word the host rewrites alone");
+        assert_eq!(StepScalars::from_words(words), s);
+    }
+
+    #[test]
+    fn every_gradient_is_patched_once_a_graph_replays_the_table() {
+        assert!(!patch_every_gradient(false, true, false), "eager, mirror known: only what moved");
+        assert!(patch_every_gradient(true, true, false), "capturing");
+        assert!(patch_every_gradient(false, false, false), "mirror unknown");
+        assert!(patch_every_gradient(false, true, true), "after a capture: replays rewrite the table");
+        // with every gradient patched, an eager step at the previous eager step's addresses still
+        // writes them (a replay in between left the graph's there)
+        let eager = [0x1000u64, 0x2000];
+        assert!(plan_patches(&eager, &eager, false).is_empty());
+        let p = plan_patches(&eager, &eager, patch_every_gradient(false, true, true));
+        assert_eq!((p.len(), p[0].n, p[0].grad[0], p[0].grad[1]), (1, 2, 0x1000, 0x2000));
+    }
 
     #[test]
     fn layouts_match_the_uploaded_words() {

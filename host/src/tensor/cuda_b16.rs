@@ -15,8 +15,9 @@
 //!   (they feed the backward's tensor ops, which take one dtype);
 //! - products: the tensor cores on the 16-bit operands (bf16: the persistent `wgmma` kernel on
 //!   sm_90a, `mma.sync` elsewhere; f16: `mma.sync`), f32 accumulation, an f32 product narrowed to
-//!   the dtype by one more pass for now (the GEMMs write f32); batched products with a batched B
-//!   are widened to f32, multiplied by the batched f32 kernel and narrowed.
+//!   the dtype by one more pass for now (the GEMMs write f32); batched products with a batched B:
+//!   bf16 on sm_90a the strided-batch `wgmma` kernel (`cuda_batched.rs`), elsewhere widened to
+//!   f32, multiplied by the batched f32 kernel and narrowed.
 
 use super::{CudaData, CudaStorage, DeviceIndices, binary_code, check_len, grid, pad, pad_walk, u32s, unary_code};
 use crate::cuda::gemm::{Layout, WgmmaLayout};
@@ -34,6 +35,9 @@ use kiln_gpu::kernels::tensor_b16 as t;
 use kiln_gpu::kernels::tensor_ops::{MAX_DIMS, ReduceDims, Strided2};
 use kiln_gpu::{DevicePtr, DevicePtrMut, Kernel};
 use std::sync::Arc;
+
+#[path = "cuda_batched.rs"]
+mod batched;
 
 /// A 16-bit device operand (bit patterns).
 type P = DevicePtr<u16>;
@@ -538,7 +542,8 @@ impl CudaStorage {
 
     /// Batched product (see `Tensor::matmul`): one product (a batch against a shared B is one
     /// (batch m) x k product) on the tensor cores; batches of distinct Bs widened to f32, multiplied
-    /// by the batched f32 kernel and narrowed (the strided-batch tensor-core path is to come).
+    /// by the batched f32 kernel and narrowed (bf16 batches on sm_90a leave before this, for the
+    /// strided-batch `wgmma` kernel: [`CudaStorage::matmul`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul_b16<T: B16>(
         &self,

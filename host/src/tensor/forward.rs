@@ -91,8 +91,12 @@ impl Tensor {
     /// A right operand without batch dimensions (or only 1s) is one product for all of the left
     /// operand's rows. Broadcast batch dimensions are expanded (copied) first, and their gradients
     /// summed back. A 2-D operand that is a transposed view of a contiguous matrix is read in
-    /// place where the backend can (CUDA f32: the GEMM's NT and TN layouts); other views are
-    /// copied to contiguous storage first.
+    /// place where the backend can (CUDA f32: the GEMM's NT and TN layouts); so is a batched right
+    /// operand that is the last-two-dimensions transpose of a contiguous tensor (`k.transpose(-1,
+    /// -2)`); other views are copied to contiguous storage first. On CUDA, bf16 products with
+    /// both sides batched run on the tensor cores (sm_90a: the strided-batch `wgmma` kernel, f32
+    /// accumulation; a batched B that is not such a view is transposed once); f16 batches and
+    /// other devices widen to f32.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         let (ra, rb) = (self.shape().rank(), other.shape().rank());
         let bad = || Error::shape("matmul", format!("cannot multiply {} by {}", self.shape(), other.shape()));
@@ -151,6 +155,14 @@ impl Tensor {
             return Ok(Tensor::from_storage(data, out_shape, op));
         }
         let b_batched = other.shape().rank() > 2;
+        if b_batched && batch > 1 {
+            // b a transposed view of contiguous (..., n, k) data: the batched a b^T, read in place
+            let b = other.storage();
+            if other.layout().is_batched_transpose_in(b.len()) {
+                let data = self.data()?.matmul_batched_abt(&b, batch, m, k, n)?;
+                return Ok(Tensor::from_storage(data, out_shape, op));
+            }
+        }
         let data = self.data()?.matmul(&*other.data()?, batch, m, k, n, b_batched)?;
         Ok(Tensor::from_storage(data, out_shape, op))
     }

@@ -174,6 +174,22 @@ impl Layout {
         let d = self.shape.dims();
         d.len() == 2 && d[0] > 1 && d[1] > 1 && self.offset == 0 && d[0] * d[1] == len && self.strides == [1, d[0]]
     }
+
+    /// Whether this is the last-two-dimensions transpose of a contiguous tensor (rank 3 or more,
+    /// offset 0) that fills storage of `len` elements: `[..., r, c]` read from `[..., c, r]`
+    /// row-major data. Such a view is read in place by the batched `a b^T` product. Strides of
+    /// size-1 dimensions are free.
+    pub fn is_batched_transpose_in(&self, len: usize) -> bool {
+        let d = self.shape.dims();
+        let r = d.len();
+        if r < 3 || self.offset != 0 || self.shape.elem_count() != len || len == 0 {
+            return false;
+        }
+        let mut stored = d.to_vec();
+        stored.swap(r - 2, r - 1);
+        let want = Layout::contiguous(Shape(stored)).transpose(r - 2, r - 1);
+        d.iter().zip(self.strides.iter().zip(want.strides())).all(|(&n, (s, w))| n == 1 || s == w)
+    }
 }
 
 /// A walk over `dims` (row-major) read through each of `strides` at once, with fewer dimensions:
@@ -235,6 +251,16 @@ mod tests {
         assert_eq!(t.offsets(), [0, 3, 1, 4, 2, 5]);
         assert!(t.is_transposed_matrix_in(6));
         assert!(!a.is_transposed_matrix_in(6));
+        // the batched transpose of contiguous data, and what is not one
+        let bt = l(&[2, 3, 4]).transpose(1, 2);
+        assert!(bt.is_batched_transpose_in(24));
+        assert!(!bt.is_batched_transpose_in(48), "a view of part of its storage");
+        assert!(!l(&[2, 3, 4]).is_batched_transpose_in(24), "contiguous");
+        assert!(!l(&[2, 3, 4]).transpose(0, 2).is_batched_transpose_in(24), "another transpose");
+        assert!(l(&[2, 5, 3, 4]).transpose(2, 3).is_batched_transpose_in(120));
+        assert!(l(&[1, 3, 4]).transpose(1, 2).is_batched_transpose_in(12));
+        assert!(!t.is_batched_transpose_in(6), "rank 2: the 2-D test");
+        assert!(!l(&[4, 3, 4]).narrow(0, 1, 2).unwrap().transpose(1, 2).is_batched_transpose_in(48), "offset");
         let p = l(&[2, 3, 4]).permute(&[2, 0, 1]).unwrap();
         assert_eq!(p.shape().dims(), [4, 2, 3]);
         assert_eq!(p.strides(), [1, 12, 4]);

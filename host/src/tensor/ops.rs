@@ -261,7 +261,7 @@ impl Op {
                 // transposed view, which `matmul` reads in place where the backend can (CUDA f32:
                 // the GEMM ladder's NT and TN rungs, the same bits as multiplying a transposed
                 // copy) and copies elsewhere. Against a batched b, batched products of transposed
-                // views (copied).
+                // views: `g b^T` reads b in place (the batched a b^T product); `a^T g` copies a^T.
                 let (k, n) = (a.dims()[a.shape().rank() - 1], g.dims()[g.shape().rank() - 1]);
                 let rows: usize = a.dims()[..a.shape().rank() - 1].iter().product();
                 if b.shape().rank() == 2 {

@@ -294,6 +294,31 @@ impl Storage {
         })
     }
 
+    /// `batch` products `a_i b_i^T`: `self` holds the `a_i` (`[batch, m, k]`, dense), `bt` the
+    /// `b_i` transposed (`[batch, n, k]`, dense: a batched transposed view's storage, read in
+    /// place). CUDA bf16 on sm_90a: the strided-batch `wgmma` kernel; elsewhere `bt` is transposed
+    /// back by a strided copy and multiplied as [`Storage::matmul`] does.
+    pub(crate) fn matmul_batched_abt(
+        &self,
+        bt: &Storage,
+        batch: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<Storage> {
+        Ok(match (self, bt) {
+            (Storage::Cpu(x), Storage::Cpu(_)) => {
+                let back = Layout::contiguous(Shape(vec![batch, n, k])).transpose(1, 2);
+                match bt.strided_copy(&back)? {
+                    Storage::Cpu(y) => Storage::Cpu(x.matmul(&y, batch, m, k, n, true)),
+                    Storage::Cuda(_) => unreachable!("a CPU copy stays on the CPU"),
+                }
+            }
+            (Storage::Cuda(x), Storage::Cuda(y)) => Storage::Cuda(x.matmul_batched_abt(y, batch, m, k, n)?),
+            (x, y) => return Err(devices("matmul", x, y)),
+        })
+    }
+
     /// `self^T b` (m x n; `self` stored k x m, `b` k x n) with `self` read in place, where the
     /// backend can (see [`Storage::matmul_abt`]).
     pub(crate) fn matmul_atb(&self, b: &Storage, m: usize, k: usize, n: usize) -> Result<Option<Storage>> {

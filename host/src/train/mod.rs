@@ -108,10 +108,10 @@ pub struct TrainConfig {
     /// CPU interpreter.
     pub megakernel: bool,
     /// Capture the training step in one CUDA graph once full batches repeat (after two eager
-    /// warm-up steps) and replay it: CUDA f32 and bf16 with SGD at a constant learning rate; f16
-    /// (the loss scaler reads the gradient norm on the host each step), Adam/AdamW (bias
-    /// corrections computed on the host per step), `--warmup` (the learning rate changes per step)
-    /// and the CPU run eagerly. The last partial batch of an epoch runs eagerly.
+    /// warm-up steps) and replay it: CUDA f32 and bf16 with any optimizer and schedule (the
+    /// learning rate is written to the device before each replay; Adam's step count and bias
+    /// corrections advance on the device); f16 (the loss scaler reads the gradient norm on the
+    /// host each step) and the CPU run eagerly. The last partial batch of an epoch runs eagerly.
     pub graph: bool,
     /// The megakernel's data path on the GPU (None: the tensor-core path with 3xTF32 products
     /// where the GPU has TMA, sm_90 and newer; the CUDA-core path elsewhere).
@@ -558,18 +558,6 @@ fn graph_refusal(cfg: &TrainConfig, device: &Device) -> Option<&'static str> {
     if cfg.dtype == DType::F16 {
         return Some("f16's loss scaler reads the gradient norm on the host each step");
     }
-    if !matches!(cfg.optimizer, OptimizerKind::Sgd { .. }) {
-        return Some("Adam's bias corrections are computed on the host each step; sgd is captured");
-    }
-    if cfg.warmup > 0 {
-        return Some("--warmup changes the learning rate each step, which a graph would freeze");
-    }
-    if cfg.dtype == DType::F32 {
-        // On an H200 (run 222) an f32 run with the graph ended its last epoch with a test
-        // accuracy different from the eager run's (same losses): not yet explained, so f32 stays
-        // eager until it is.
-        return Some("f32's captured step has not yet matched the eager step bit for bit; bf16 is captured");
-    }
     None
 }
 
@@ -745,6 +733,8 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
                         what: "the captured step's targets could not be rewritten in place: run with --no-graph".into(),
                     });
                 }
+                // the step's learning rate, which the graph reads from the device
+                opt.prepare_replay()?;
                 // SAFETY: the model, the optimizer's state and copies, and the input, target, loss and
                 // logits buffers the graph reads and writes live until the end of this function,
                 // after the graph is dropped; nothing else runs on the device's stream meanwhile.
