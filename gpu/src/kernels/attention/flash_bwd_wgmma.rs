@@ -249,6 +249,7 @@ mod device {
             ks += 1;
         }
         wgmma::commit_group();
+        wgmma::fence();
         let mut ks = 0;
         while ks < D / 16 {
             unsafe { wgmma::mma_m64n64k16_ss::<F16>(y, kmajor(a1, ks), kmajor(b1, ks), ks > 0) };
@@ -404,8 +405,9 @@ mod device {
             let mut dp = [0.0f32; 32];
             unsafe { two_scores::<F16, D>(k_tile, q_t, v_tile, do_t, &mut s, &mut dp) };
 
-            // P^T and dS^T (0 where masked: queries past q_len, keys a query does not see); element
-            // 4 nt + 2 h + e is key row g + 8 h, query column 8 nt + 2 tq + e
+            // P^T (0 where masked: queries past q_len, keys a query does not see); element
+            // 4 nt + 2 h + e is key row g + 8 h, query column 8 nt + 2 tq + e. Then dV += P^T dO,
+            // in flight while dS^T is computed.
             let masked = p.tile_needs_mask(q0, k0, BKV) || q0 + BQ > q_len;
             let mut nt = 0;
             while nt < 8 {
@@ -413,24 +415,17 @@ mod device {
                 while e < 2 {
                     let query = q0 + 8 * nt as u32 + 2 * tq + e as u32;
                     let inside = query < q_len;
-                    let (l2, dl) = if inside {
-                        let at = lb + query as usize;
-                        unsafe { (*lse.add(at) * core::f32::consts::LOG2_E, *delta.add(at)) }
-                    } else {
-                        (0.0, 0.0)
-                    };
+                    let l = if inside { unsafe { *lse.add(lb + query as usize) } } else { 0.0 };
+                    let l2 = l * core::f32::consts::LOG2_E;
                     let vis = if inside { p.visible_keys(query) } else { 0 };
                     let mut h = 0;
                     while h < 2 {
                         let i = 4 * nt + 2 * h + e;
-                        let (pv, ds) = if !masked || keys[h] < vis {
-                            let pv = math::exp2_fast(math::fma(s[i], scale_log2, -l2));
-                            (pv, pv * (dp[i] - dl))
+                        s[i] = if !masked || keys[h] < vis {
+                            math::exp2_fast(math::fma(s[i], scale_log2, -l2))
                         } else {
-                            (0.0, 0.0)
+                            0.0
                         };
-                        s[i] = pv;
-                        dp[i] = ds;
                         h += 1;
                     }
                     e += 1;
@@ -438,12 +433,29 @@ mod device {
                 nt += 1;
             }
             let pa = fragments::<F16>(&s);
-            let da = fragments::<F16>(&dp);
+            wgmma::fence();
+            unsafe { weights_times_tile::<F16, D, NO>(&mut dv_acc, &pa, do_t) };
 
-            // dV += P^T dO, dK += dS^T Q
+            // dS^T = P^T (dP^T - delta) (0 where P is), then dK += dS^T Q
+            let mut nt = 0;
+            while nt < 8 {
+                let mut e = 0;
+                while e < 2 {
+                    let query = q0 + 8 * nt as u32 + 2 * tq + e as u32;
+                    let dl = if query < q_len { unsafe { *delta.add(lb + query as usize) } } else { 0.0 };
+                    let mut h = 0;
+                    while h < 2 {
+                        let i = 4 * nt + 2 * h + e;
+                        dp[i] = s[i] * (dp[i] - dl);
+                        h += 1;
+                    }
+                    e += 1;
+                }
+                nt += 1;
+            }
+            let da = fragments::<F16>(&dp);
             wgmma::fence();
             unsafe {
-                weights_times_tile::<F16, D, NO>(&mut dv_acc, &pa, do_t);
                 weights_times_tile::<F16, D, NO>(&mut dk_acc, &da, q_t);
                 wait_acc::<D, NO, 1>(&mut dv_acc);
                 wait_acc::<D, NO, 0>(&mut dk_acc);
