@@ -69,8 +69,18 @@
 //! - **Stores.** dK (times `scale`), dV and dQ (times `scale`) are rounded from the accumulators
 //!   and stored two elements (4 bytes) per store, rows below the length only.
 //!
+//! - **Two consumers** (`flash_bwd_*_wgmma2_*`): [`FLASH_BWD_WGMMA2_THREADS`] threads, warpgroups 0
+//!   and 1 consume (each with its own two owned tiles: 64 keys, or 64 query rows, per warpgroup, so a
+//!   block owns 128), warpgroup 2 produces (thread 256 issues the copies). Both consumers read every
+//!   streamed stage (`empty[s]` counts 256 arrivals), so each Q / dO (K / V) tile loaded serves
+//!   twice the keys (rows). An owned tile that starts past the tensor's last row is not loaded (its
+//!   rows are never stored; only they see its garbage). `setmaxnreg`: the producer warpgroup drops
+//!   to [`FLASH_BWD_WGMMA2_PRODUCER_REGS`] registers, the consumers rise to
+//!   [`FLASH_BWD_WGMMA2_CONSUMER_REGS`].
+//!
 //! Shared memory: [`flash_bwd_wgmma_smem_bytes`] (6 tiles and 5 barriers: 48 KiB + 40 bytes at
-//! D = 64, 96 KiB + 40 bytes at D = 128).
+//! D = 64, 96 KiB + 40 bytes at D = 128), [`flash_bwd_wgmma2_smem_bytes`] (8 tiles: 64 KiB + 40,
+//! 128 KiB + 40).
 
 use super::attention::AttentionParams;
 use super::flash_bwd_mma::flash_bwd_query_blocks;
@@ -95,7 +105,30 @@ pub const fn flash_bwd_wgmma_tile_bytes(d: u32) -> u32 {
 /// Dynamic shared memory of the dK / dV and dQ kernels at head dim `d`: two owned tiles, two
 /// stages of two streamed tiles, and the barriers (`own_full`, `full[2]`, `empty[2]`).
 pub const fn flash_bwd_wgmma_smem_bytes(d: u32) -> u32 {
-    (2 + 2 * FLASH_BWD_WGMMA_STAGES) * flash_bwd_wgmma_tile_bytes(d) + (1 + 2 * FLASH_BWD_WGMMA_STAGES) * 8
+    flash_bwd_wgmma_smem_bytes_for(d, 1)
+}
+
+/// Threads per block of the two-consumer kernels (`flash_bwd_*_wgmma2_*`): two consumer
+/// warpgroups and a producer warpgroup (which gives its registers to the consumers).
+pub const FLASH_BWD_WGMMA2_THREADS: u32 = 384;
+/// Keys per dK / dV block and query rows per dQ block of the two-consumer kernels (64 per
+/// consumer warpgroup).
+pub const FLASH_BWD_WGMMA2_ROWS: u32 = 128;
+/// Registers per thread the two-consumer kernels' producer warpgroup keeps (`setmaxnreg.dec`).
+pub const FLASH_BWD_WGMMA2_PRODUCER_REGS: u32 = 24;
+/// Registers per thread their consumer warpgroups take (`setmaxnreg.inc`): with the producer's,
+/// `128 (24 + 2 x 240) = 64512` of the SM's 65536.
+pub const FLASH_BWD_WGMMA2_CONSUMER_REGS: u32 = 240;
+
+/// Dynamic shared memory of the two-consumer kernels at head dim `d`: two owned tiles per
+/// consumer warpgroup, two stages of two streamed tiles (shared by both), and the barriers.
+pub const fn flash_bwd_wgmma2_smem_bytes(d: u32) -> u32 {
+    flash_bwd_wgmma_smem_bytes_for(d, 2)
+}
+
+/// Shared memory with `cons` consumer warpgroups.
+const fn flash_bwd_wgmma_smem_bytes_for(d: u32, cons: u32) -> u32 {
+    (2 * cons + 2 * FLASH_BWD_WGMMA_STAGES) * flash_bwd_wgmma_tile_bytes(d) + (1 + 2 * FLASH_BWD_WGMMA_STAGES) * 8
 }
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
@@ -111,14 +144,14 @@ mod device {
     const ST: u32 = FLASH_BWD_WGMMA_STAGES;
     /// Bytes of one TMA box: 64 rows of 64 16-bit elements.
     const BOX_BYTES: u32 = 64 * 64 * 2;
-    /// Consumer threads (one warpgroup); the producer is the next warp.
-    const CONSUMERS: u32 = 128;
 
-    /// The block's shared memory: owned tiles 0 and 1, the stages' streamed tiles, the barriers.
+    /// The block's shared memory: the owned tiles (two per consumer warpgroup: `own(2 c)`,
+    /// `own(2 c + 1)` of warpgroup `c`), the stages' streamed tiles, the barriers.
     #[derive(Clone, Copy)]
     struct Ring {
         base: u32,
         tile: u32,
+        cons: u32,
     }
 
     impl Ring {
@@ -126,10 +159,10 @@ mod device {
             self.base + i * self.tile
         }
         fn streamed(self, st: u32, i: u32) -> u32 {
-            self.base + (2 + 2 * st + i) * self.tile
+            self.base + (2 * self.cons + 2 * st + i) * self.tile
         }
         fn own_full(self) -> u32 {
-            self.base + (2 + 2 * ST) * self.tile
+            self.base + (2 * self.cons + 2 * ST) * self.tile
         }
         fn full(self, st: u32) -> u32 {
             self.own_full() + 8 * (1 + st)
@@ -178,7 +211,7 @@ mod device {
                 let mut st = 0;
                 while st < ST {
                     mbarrier::init(ring.full(st), 1);
-                    mbarrier::init(ring.empty(st), CONSUMERS);
+                    mbarrier::init(ring.empty(st), 128 * ring.cons);
                     st += 1;
                 }
             }
@@ -187,30 +220,40 @@ mod device {
         sync::sync_threads();
     }
 
-    /// The producer (one thread): the owned tiles of `own` at global row `own_row`, then `n`
-    /// streamed tile pairs of `streamed` at rows `row0 + 64 j`, each into stage `j % 2` once the
-    /// consumers have released it.
+    /// The producer (one thread): the owned tiles of `own` at global rows `own_row + 64 c` for
+    /// each consumer warpgroup `c` whose rows start before `own_rows` (the tensor's end: a tile
+    /// wholly past it is not loaded, and its rows are never stored), then `n` streamed tile pairs
+    /// of `streamed` at rows `row0 + 64 j`, each into stage `j % 2` once the consumers have
+    /// released it.
     ///
     /// # Safety
     /// The maps must be valid tensor maps over 16-bit `[rows, D]` matrices (box 64 x 64, 128-byte
-    /// swizzle), every row named inside them; the ring initialized by [`init`].
+    /// swizzle), every streamed row inside them; the ring initialized by [`init`].
     #[inline(always)]
     unsafe fn produce<const D: u32>(
         ring: Ring,
         own: [*const TensorMap; 2],
-        own_row: u32,
+        (own_row, own_rows): (u32, u32),
         streamed: [*const TensorMap; 2],
         row0: u32,
         n: u32,
     ) {
+        let mut loads = 0;
+        while loads < ring.cons && own_row + 64 * loads < own_rows {
+            loads += 1;
+        }
         unsafe {
             tma::prefetch(own[0]);
             tma::prefetch(own[1]);
             tma::prefetch(streamed[0]);
             tma::prefetch(streamed[1]);
-            mbarrier::arrive_expect_tx(ring.own_full(), 2 * ring.tile);
-            load_tile::<D>(ring.own(0), own[0], own_row, ring.own_full());
-            load_tile::<D>(ring.own(1), own[1], own_row, ring.own_full());
+            mbarrier::arrive_expect_tx(ring.own_full(), 2 * loads * ring.tile);
+            let mut c = 0;
+            while c < loads {
+                load_tile::<D>(ring.own(2 * c), own[0], own_row + 64 * c, ring.own_full());
+                load_tile::<D>(ring.own(2 * c + 1), own[1], own_row + 64 * c, ring.own_full());
+                c += 1;
+            }
         }
         let mut j = 0;
         while j < n {
@@ -356,8 +399,31 @@ mod device {
     /// The tensor maps of Q, K, V and dO, in that order.
     pub(super) type Maps = [*const TensorMap; 4];
 
+    /// Splits the block into its roles: threads `128 CONS ..` produce (thread `128 CONS` issues
+    /// the copies; with two consumers the producer warpgroup first gives registers away), the
+    /// consumer warpgroups run `consume` (with two, after taking those registers).
+    ///
+    /// # Safety
+    /// All threads call it, converged; `produce` and `consume` as their callers require.
     #[inline(always)]
-    pub(super) unsafe fn dkdv<const F16: bool, const D: u32, const NO: usize>(
+    unsafe fn roles<const CONS: u32>(produce: impl FnOnce(), consume: impl FnOnce()) {
+        if thread::thread_idx_x() >= 128 * CONS {
+            if CONS == 2 {
+                unsafe { wgmma::setmaxnreg_dec::<FLASH_BWD_WGMMA2_PRODUCER_REGS>() };
+            }
+            if thread::thread_idx_x() == 128 * CONS {
+                produce();
+            }
+        } else {
+            if CONS == 2 {
+                unsafe { wgmma::setmaxnreg_inc::<FLASH_BWD_WGMMA2_CONSUMER_REGS>() };
+            }
+            consume();
+        }
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn dkdv<const F16: bool, const D: u32, const NO: usize, const CONS: u32>(
         [q_map, k_map, v_map, do_map]: Maps,
         lse: *const f32,
         delta: *const f32,
@@ -365,30 +431,63 @@ mod device {
         dv: *mut u16,
         p: AttentionParams,
     ) {
-        const { assert!(NO as u32 == D / 2 && (D == 64 || D == 128)) };
-        let tid = thread::thread_idx_x();
+        const { assert!(NO as u32 == D / 2 && (D == 64 || D == 128) && (CONS == 1 || CONS == 2)) };
         let bh = thread::block_idx_y();
-        let k0 = thread::block_idx_x() * BKV;
+        // the block's first key (consumer warpgroup c owns keys k0 + 64 c ..)
+        let k0 = thread::block_idx_x() * BKV * CONS;
         let (q_len, kv_len) = (p.q_len, p.kv_len);
-        let ring = Ring { base: shared::dynamic_smem_addr(), tile: flash_bwd_wgmma_tile_bytes(D) };
+        let ring = Ring { base: shared::dynamic_smem_addr(), tile: flash_bwd_wgmma_tile_bytes(D), cons: CONS };
+        // the query blocks that see the block's first key see all its keys
         let (i0, n_blocks) = flash_bwd_query_blocks(p, k0);
         init(ring);
+        let produce = || {
+            let own = (bh * kv_len + k0, p.heads_total() * kv_len);
+            let row0 = bh * q_len + i0 * BQ;
+            unsafe { produce::<D>(ring, [k_map, v_map], own, [q_map, do_map], row0, n_blocks) };
+        };
+        let consume = || unsafe {
+            dkdv_consumer::<F16, D, NO>(
+                ring,
+                k0 + BKV * (thread::thread_idx_x() / 128),
+                (i0, n_blocks),
+                lse,
+                delta,
+                dk,
+                dv,
+                p,
+            )
+        };
+        unsafe { roles::<CONS>(produce, consume) };
+    }
 
-        if tid >= CONSUMERS {
-            if tid == CONSUMERS {
-                let (own_row, row0) = (bh * kv_len + k0, bh * q_len + i0 * BQ);
-                unsafe { produce::<D>(ring, [k_map, v_map], own_row, [q_map, do_map], row0, n_blocks) };
-            }
-            return;
-        }
-
-        // the consumer warpgroup: keys k0 + 16 w + g and k0 + 16 w + g + 8
-        let (lane, w) = (tid % 32, tid / 32);
+    /// One consumer warpgroup of the dK / dV kernel: keys `k0 .. k0 + 64` (its tiles `own(2 c)`,
+    /// `own(2 c + 1)` for warpgroup `c`), query blocks `i0 .. i0 + n_blocks`.
+    ///
+    /// # Safety
+    /// The warpgroup calls it, converged, with the ring's producer running.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dkdv_consumer<const F16: bool, const D: u32, const NO: usize>(
+        ring: Ring,
+        k0: u32,
+        (i0, n_blocks): (u32, u32),
+        lse: *const f32,
+        delta: *const f32,
+        dk: *mut u16,
+        dv: *mut u16,
+        p: AttentionParams,
+    ) {
+        let tid = thread::thread_idx_x();
+        let bh = thread::block_idx_y();
+        let (q_len, kv_len) = (p.q_len, p.kv_len);
+        let cw = tid / 128;
+        // keys k0 + 16 w + g and k0 + 16 w + g + 8
+        let (lane, w) = (tid % 32, (tid % 128) / 32);
         let (g, tq) = (lane / 4, lane % 4);
         let keys = [k0 + 16 * w + g, k0 + 16 * w + g + 8];
         let scale_log2 = p.scale * core::f32::consts::LOG2_E;
         let lb = bh as usize * q_len as usize;
-        let (k_tile, v_tile) = (ring.own(0), ring.own(1));
+        let (k_tile, v_tile) = (ring.own(2 * cw), ring.own(2 * cw + 1));
         let mut dk_acc = [0.0f32; NO];
         let mut dv_acc = [0.0f32; NO];
         unsafe { wait(ring.own_full(), 0) };
@@ -473,32 +572,54 @@ mod device {
     }
 
     #[inline(always)]
-    pub(super) unsafe fn dq<const F16: bool, const D: u32, const NO: usize>(
+    pub(super) unsafe fn dq<const F16: bool, const D: u32, const NO: usize, const CONS: u32>(
         [q_map, k_map, v_map, do_map]: Maps,
         lse: *const f32,
         delta: *const f32,
         dq: *mut u16,
         p: AttentionParams,
     ) {
-        const { assert!(NO as u32 == D / 2 && (D == 64 || D == 128)) };
+        const { assert!(NO as u32 == D / 2 && (D == 64 || D == 128) && (CONS == 1 || CONS == 2)) };
+        let bh = thread::block_idx_y();
+        // the block's first query row (consumer warpgroup c owns rows q0 + 64 c ..)
+        let q0 = (thread::grid_dim_x() - 1 - thread::block_idx_x()) * BQ * CONS;
+        let (q_len, kv_len) = (p.q_len, p.kv_len);
+        let ring = Ring { base: shared::dynamic_smem_addr(), tile: flash_bwd_wgmma_tile_bytes(D), cons: CONS };
+        // the keys the block's last row sees: every row's
+        let n_tiles = p.keys_for_rows(q0, BQ * CONS).div_ceil(BKV);
+        init(ring);
+        let produce = || {
+            let own = (bh * q_len + q0, p.heads_total() * q_len);
+            unsafe { produce::<D>(ring, [q_map, do_map], own, [k_map, v_map], bh * kv_len, n_tiles) };
+        };
+        let consume = || unsafe {
+            dq_consumer::<F16, D, NO>(ring, q0 + BQ * (thread::thread_idx_x() / 128), n_tiles, lse, delta, dq, p)
+        };
+        unsafe { roles::<CONS>(produce, consume) };
+    }
+
+    /// One consumer warpgroup of the dQ kernel: query rows `q0 .. q0 + 64` (its tiles `own(2 c)`,
+    /// `own(2 c + 1)` for warpgroup `c`), key tiles `0 .. n_tiles`.
+    ///
+    /// # Safety
+    /// The warpgroup calls it, converged, with the ring's producer running.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dq_consumer<const F16: bool, const D: u32, const NO: usize>(
+        ring: Ring,
+        q0: u32,
+        n_tiles: u32,
+        lse: *const f32,
+        delta: *const f32,
+        dq: *mut u16,
+        p: AttentionParams,
+    ) {
         let tid = thread::thread_idx_x();
         let bh = thread::block_idx_y();
-        let q0 = (thread::grid_dim_x() - 1 - thread::block_idx_x()) * BQ;
-        let (q_len, kv_len) = (p.q_len, p.kv_len);
-        let ring = Ring { base: shared::dynamic_smem_addr(), tile: flash_bwd_wgmma_tile_bytes(D) };
-        let n_tiles = p.keys_for_rows(q0, BQ).div_ceil(BKV);
-        init(ring);
-
-        if tid >= CONSUMERS {
-            if tid == CONSUMERS {
-                let (own_row, row0) = (bh * q_len + q0, bh * kv_len);
-                unsafe { produce::<D>(ring, [q_map, do_map], own_row, [k_map, v_map], row0, n_tiles) };
-            }
-            return;
-        }
-
-        // the consumer warpgroup: query rows q0 + 16 w + g and q0 + 16 w + g + 8
-        let (lane, w) = (tid % 32, tid / 32);
+        let q_len = p.q_len;
+        let cw = tid / 128;
+        // query rows q0 + 16 w + g and q0 + 16 w + g + 8
+        let (lane, w) = (tid % 32, (tid % 128) / 32);
         let (g, tq) = (lane / 4, lane % 4);
         let rows = [q0 + 16 * w + g, q0 + 16 * w + g + 8];
         let scale_log2 = p.scale * core::f32::consts::LOG2_E;
@@ -518,7 +639,7 @@ mod device {
             }
             h += 1;
         }
-        let (q_tile, do_tile) = (ring.own(0), ring.own(1));
+        let (q_tile, do_tile) = (ring.own(2 * cw), ring.own(2 * cw + 1));
         let mut dq_acc = [0.0f32; NO];
         unsafe { wait(ring.own_full(), 0) };
 
@@ -566,7 +687,7 @@ mod device {
 }
 
 macro_rules! flash_bwd_wgmma_kernels {
-    ($($(#[$doc:meta])+ $dkdv:ident, $dq:ident: $ty:ty, $f16:literal, $d:literal;)*) => {$(
+    ($($(#[$doc:meta])+ $dkdv:ident, $dq:ident: $ty:ty, $f16:literal, $d:literal, $cons:literal, $threads:literal;)*) => {$(
         $(#[$doc])+
         /// The dK / dV pass.
         ///
@@ -574,10 +695,13 @@ macro_rules! flash_bwd_wgmma_kernels {
         /// dO as `[batch * heads * q_len, head_dim]`, K and V as `[batch * heads * kv_len,
         /// head_dim]`, box 64 x 64, 128-byte swizzle), `lse` (the forward's), `delta` (the delta
         /// pass's), `dk`, `dv` (written, the shape of K, 4-byte aligned), `p`. Grid
-        /// `(ceil(kv_len / FLASH_BWD_WGMMA_BKV), batch * heads)`; block
-        /// [`FLASH_BWD_WGMMA_THREADS`] (warps 0-3 consume, warp 4 produces); dynamic shared memory
-        /// `flash_bwd_wgmma_smem_bytes(head_dim)`. Tiling and thread mapping: the module docs.
-        #[kernel(arch = "sm_90a", max_threads = 160)]
+        /// `(ceil(kv_len / (64 C)), batch * heads)` for `C` consumer warpgroups; block
+        /// [`FLASH_BWD_WGMMA_THREADS`] (C = 1: warps 0-3 consume, warp 4 produces) or
+        /// [`FLASH_BWD_WGMMA2_THREADS`] (C = 2: warpgroups 0 and 1 consume, 2 produces); dynamic
+        /// shared memory `flash_bwd_wgmma_smem_bytes(head_dim)` (C = 1) or
+        /// `flash_bwd_wgmma2_smem_bytes(head_dim)` (C = 2). Tiling and thread mapping: the module
+        /// docs.
+        #[kernel(arch = "sm_90a", max_threads = $threads)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $dkdv(
             q_map: DevicePtr<TensorMap>,
@@ -592,7 +716,7 @@ macro_rules! flash_bwd_wgmma_kernels {
         ) {
             let maps = [q_map.as_ptr(), k_map.as_ptr(), v_map.as_ptr(), do_map.as_ptr()];
             unsafe {
-                device::dkdv::<$f16, $d, { $d / 2 }>(
+                device::dkdv::<$f16, $d, { $d / 2 }, $cons>(
                     maps,
                     lse.as_ptr(),
                     delta.as_ptr(),
@@ -608,10 +732,9 @@ macro_rules! flash_bwd_wgmma_kernels {
         ///
         /// Parameters: `q_map`, `k_map`, `v_map`, `do_map` (as the dK / dV pass's), `lse`,
         /// `delta`, `dq` (written, the shape of Q, 4-byte aligned), `p`. Grid
-        /// `(ceil(q_len / FLASH_BWD_WGMMA_BQ), batch * heads)`; block [`FLASH_BWD_WGMMA_THREADS`];
-        /// dynamic shared memory `flash_bwd_wgmma_smem_bytes(head_dim)`. Tiling and thread
-        /// mapping: the module docs.
-        #[kernel(arch = "sm_90a", max_threads = 160)]
+        /// `(ceil(q_len / (64 C)), batch * heads)`; block and shared memory as the dK / dV pass's.
+        /// Tiling and thread mapping: the module docs.
+        #[kernel(arch = "sm_90a", max_threads = $threads)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $dq(
             q_map: DevicePtr<TensorMap>,
@@ -625,7 +748,7 @@ macro_rules! flash_bwd_wgmma_kernels {
         ) {
             let maps = [q_map.as_ptr(), k_map.as_ptr(), v_map.as_ptr(), do_map.as_ptr()];
             unsafe {
-                device::dq::<$f16, $d, { $d / 2 }>(maps, lse.as_ptr(), delta.as_ptr(), dq.as_mut_ptr() as *mut u16, p)
+                device::dq::<$f16, $d, { $d / 2 }, $cons>(maps, lse.as_ptr(), delta.as_ptr(), dq.as_mut_ptr() as *mut u16, p)
             }
         }
     )*};
@@ -634,14 +757,23 @@ macro_rules! flash_bwd_wgmma_kernels {
 flash_bwd_wgmma_kernels! {
     /// FlashAttention backward on TMA + `wgmma` (sm_90a), bf16 in and out (f32 accumulation), head
     /// dim 64.
-    flash_bwd_dkdv_wgmma_bf16_d64, flash_bwd_dq_wgmma_bf16_d64: bf16, false, 64;
+    flash_bwd_dkdv_wgmma_bf16_d64, flash_bwd_dq_wgmma_bf16_d64: bf16, false, 64, 1, 160;
     /// FlashAttention backward on TMA + `wgmma` (sm_90a), bf16 in and out (f32 accumulation), head
     /// dim 128.
-    flash_bwd_dkdv_wgmma_bf16_d128, flash_bwd_dq_wgmma_bf16_d128: bf16, false, 128;
+    flash_bwd_dkdv_wgmma_bf16_d128, flash_bwd_dq_wgmma_bf16_d128: bf16, false, 128, 1, 160;
     /// FlashAttention backward on TMA + `wgmma` (sm_90a), f16 in and out (f32 accumulation), head
     /// dim 64.
-    flash_bwd_dkdv_wgmma_f16_d64, flash_bwd_dq_wgmma_f16_d64: f16, true, 64;
+    flash_bwd_dkdv_wgmma_f16_d64, flash_bwd_dq_wgmma_f16_d64: f16, true, 64, 1, 160;
     /// FlashAttention backward on TMA + `wgmma` (sm_90a), f16 in and out (f32 accumulation), head
     /// dim 128.
-    flash_bwd_dkdv_wgmma_f16_d128, flash_bwd_dq_wgmma_f16_d128: f16, true, 128;
+    flash_bwd_dkdv_wgmma_f16_d128, flash_bwd_dq_wgmma_f16_d128: f16, true, 128, 1, 160;
+    /// The two-consumer form (128 keys per dK / dV block, 128 query rows per dQ block, each
+    /// streamed tile shared by both warpgroups; `setmaxnreg`), bf16, head dim 64.
+    flash_bwd_dkdv_wgmma2_bf16_d64, flash_bwd_dq_wgmma2_bf16_d64: bf16, false, 64, 2, 384;
+    /// The two-consumer form, bf16, head dim 128.
+    flash_bwd_dkdv_wgmma2_bf16_d128, flash_bwd_dq_wgmma2_bf16_d128: bf16, false, 128, 2, 384;
+    /// The two-consumer form, f16, head dim 64.
+    flash_bwd_dkdv_wgmma2_f16_d64, flash_bwd_dq_wgmma2_f16_d64: f16, true, 64, 2, 384;
+    /// The two-consumer form, f16, head dim 128.
+    flash_bwd_dkdv_wgmma2_f16_d128, flash_bwd_dq_wgmma2_f16_d128: f16, true, 128, 2, 384;
 }

@@ -12,7 +12,8 @@ use kiln_gpu::kernels::flash_bwd_mma::{
 };
 use kiln_gpu::kernels::flash_bwd_simt::{self as bwd, FLASH_BWD_ROWS, FLASH_BWD_THREADS, flash_bwd_smem_bytes};
 use kiln_gpu::kernels::flash_bwd_wgmma::{
-    self as bwd_wg, FLASH_BWD_WGMMA_BKV, FLASH_BWD_WGMMA_BQ, FLASH_BWD_WGMMA_THREADS, flash_bwd_wgmma_smem_bytes,
+    self as bwd_wg, FLASH_BWD_WGMMA_BKV, FLASH_BWD_WGMMA_BQ, FLASH_BWD_WGMMA_THREADS, FLASH_BWD_WGMMA2_ROWS,
+    FLASH_BWD_WGMMA2_THREADS, flash_bwd_wgmma_smem_bytes, flash_bwd_wgmma2_smem_bytes,
 };
 use kiln_gpu::tma::TensorMap;
 use kiln_gpu::{DevicePtr, DevicePtrMut, Kernel};
@@ -51,6 +52,9 @@ pub enum FlashBwdKernel {
     /// Rung 3: TMA + `wgmma` with a producer warp (`flash_bwd_wgmma`: `mma.sync`'s delta, then dK /
     /// dV and dQ on `wgmma`; sm_90a only), bf16 or f16.
     Wgmma,
+    /// Rung 3 with two consumer warpgroups per block sharing each streamed tile, and `setmaxnreg`
+    /// (`flash_bwd_*_wgmma2_*`, sm_90a only), bf16 or f16.
+    Wgmma2,
 }
 
 /// Whether [`flash_backward_kernel`] picks [`FlashBwdKernel::Wgmma`] on sm_90a, and
@@ -65,26 +69,29 @@ impl FlashBwdKernel {
             FlashBwdKernel::Simt => FlashKernel::Simt,
             FlashBwdKernel::MmaSync => FlashKernel::MmaSync,
             FlashBwdKernel::Wgmma => FlashKernel::Wgmma,
+            FlashBwdKernel::Wgmma2 => FlashKernel::Wgmma2,
         }
     }
     /// The backward kernel of the forward rung `k` (what `kiln attention --kernel NAME --backward`
-    /// runs): the Hopper forwards' is `Wgmma` while [`FLASH_BWD_WGMMA_DISPATCH`] is on, `MmaSync`
-    /// otherwise (it takes any forward's O and log-sum-exp).
+    /// runs): while [`FLASH_BWD_WGMMA_DISPATCH`] is on `Wgmma2` for the two-consumer forward
+    /// (`Wgmma2`) and `Wgmma` for the other Hopper forwards; `MmaSync` otherwise (it takes any
+    /// forward's O and log-sum-exp).
     pub fn of_forward(k: FlashKernel) -> Self {
         match k {
             FlashKernel::Simt => FlashBwdKernel::Simt,
+            FlashKernel::Wgmma2 if FLASH_BWD_WGMMA_DISPATCH => FlashBwdKernel::Wgmma2,
             k if k.is_hopper() && FLASH_BWD_WGMMA_DISPATCH => FlashBwdKernel::Wgmma,
             _ => FlashBwdKernel::MmaSync,
         }
     }
     /// Whether the kernel is a Hopper one (sm_90a module only, inputs through tensor maps).
     pub fn is_hopper(self) -> bool {
-        self == FlashBwdKernel::Wgmma
+        matches!(self, FlashBwdKernel::Wgmma | FlashBwdKernel::Wgmma2)
     }
     /// Whether the kernel copies rows in 16-byte chunks or through TMA (every 16-bit buffer
     /// 16-byte aligned).
     pub fn needs_16_byte_alignment(self) -> bool {
-        matches!(self, FlashBwdKernel::MmaSync | FlashBwdKernel::Wgmma)
+        matches!(self, FlashBwdKernel::MmaSync | FlashBwdKernel::Wgmma | FlashBwdKernel::Wgmma2)
     }
     /// Whether this kernel runs `dtype` at head dim `head_dim`.
     pub fn supports(self, dtype: DType, head_dim: u32) -> bool {
@@ -96,6 +103,7 @@ impl FlashBwdKernel {
             FlashBwdKernel::Simt => flash_bwd_smem_bytes(d),
             FlashBwdKernel::MmaSync => flash_bwd_mma_smem_bytes(d),
             FlashBwdKernel::Wgmma => flash_bwd_wgmma_smem_bytes(d),
+            FlashBwdKernel::Wgmma2 => flash_bwd_wgmma2_smem_bytes(d),
         }
     }
 }
@@ -239,8 +247,9 @@ pub fn flash_backward_with<T: FlashElement>(
     if kernel == FlashBwdKernel::MmaSync {
         return mma_backward(dev, (q, k, v, o, d_o), lse, (dq, dk, dv), shape, causal, scale);
     }
-    if kernel == FlashBwdKernel::Wgmma {
-        return wgmma_backward(dev, (q, k, v, o, d_o), lse, (dq, dk, dv), shape, causal, scale);
+    if kernel.is_hopper() {
+        let pair = kernel == FlashBwdKernel::Wgmma2;
+        return wgmma_backward(dev, pair, (q, k, v, o, d_o), lse, (dq, dk, dv), shape, causal, scale);
     }
     let mut delta = dev.zeros::<f32>(shape.lse_elems())?;
     let p = shape.params(causal, scale);
@@ -376,11 +385,13 @@ fn mma_backward<T: FlashElement>(
     }
 }
 
-/// The `Wgmma` backward's launches (checked by [`flash_backward_with`]): `MmaSync`'s delta, then
-/// dK / dV and dQ on `wgmma`, reading Q, K, V and dO through tensor maps ([`wgmma_qkv_spec`]).
+/// The `Wgmma` (`pair`: `Wgmma2`) backward's launches (checked by [`flash_backward_with`]):
+/// `MmaSync`'s delta, then dK / dV and dQ on `wgmma`, reading Q, K, V and dO through tensor maps
+/// ([`wgmma_qkv_spec`]).
 #[allow(clippy::too_many_arguments)]
 fn wgmma_backward<T: FlashElement>(
     dev: &Device,
+    pair: bool,
     (q, k, v, o, d_o): BwdInputs<'_, T>,
     lse: &DeviceBuffer<f32>,
     (dq, dk, dv): (&mut DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<T>),
@@ -429,7 +440,11 @@ fn wgmma_backward<T: FlashElement>(
     };
     let maps = [q_map.ptr(), k_map.ptr(), v_map.ptr(), do_map.ptr()];
     let mut delta = dev.zeros::<f32>(shape.lse_elems())?;
-    let smem = flash_bwd_wgmma_smem_bytes(shape.head_dim);
+    let (smem, threads, rows) = if pair {
+        (flash_bwd_wgmma2_smem_bytes(shape.head_dim), FLASH_BWD_WGMMA2_THREADS, [FLASH_BWD_WGMMA2_ROWS; 2])
+    } else {
+        (flash_bwd_wgmma_smem_bytes(shape.head_dim), FLASH_BWD_WGMMA_THREADS, [FLASH_BWD_WGMMA_BKV, FLASH_BWD_WGMMA_BQ])
+    };
     let cfgs = [
         LaunchConfig {
             grid_dim: (shape.q_len.div_ceil(FLASH_BWD_MMA_BQ), shape.batch * shape.heads, 1),
@@ -437,13 +452,13 @@ fn wgmma_backward<T: FlashElement>(
             shared_mem_bytes: 0,
         },
         LaunchConfig {
-            grid_dim: (shape.kv_len.div_ceil(FLASH_BWD_WGMMA_BKV), shape.batch * shape.heads, 1),
-            block_dim: (FLASH_BWD_WGMMA_THREADS, 1, 1),
+            grid_dim: (shape.kv_len.div_ceil(rows[0]), shape.batch * shape.heads, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         },
         LaunchConfig {
-            grid_dim: (shape.q_len.div_ceil(FLASH_BWD_WGMMA_BQ), shape.batch * shape.heads, 1),
-            block_dim: (FLASH_BWD_WGMMA_THREADS, 1, 1),
+            grid_dim: (shape.q_len.div_ceil(rows[1]), shape.batch * shape.heads, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         },
     ];
@@ -493,20 +508,33 @@ fn wgmma_backward<T: FlashElement>(
     let d128 = shape.head_dim == 128;
     // SAFETY: as above.
     unsafe {
-        match (T::DTYPE, d128) {
-            (DType::BF16, false) => {
-                three::<WgBf16D64, bf16, T>(dev, cfgs, shape, maps, (o, d_o), lse, &mut delta, outs, p)
+        let od = (o, d_o);
+        match (T::DTYPE, d128, pair) {
+            (DType::BF16, false, false) => {
+                three::<WgBf16D64, bf16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
             }
-            (DType::BF16, true) => {
-                three::<WgBf16D128, bf16, T>(dev, cfgs, shape, maps, (o, d_o), lse, &mut delta, outs, p)
+            (DType::BF16, true, false) => {
+                three::<WgBf16D128, bf16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
             }
-            (DType::F16, false) => {
-                three::<WgF16D64, f16, T>(dev, cfgs, shape, maps, (o, d_o), lse, &mut delta, outs, p)
+            (DType::F16, false, false) => {
+                three::<WgF16D64, f16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
             }
-            (DType::F16, true) => {
-                three::<WgF16D128, f16, T>(dev, cfgs, shape, maps, (o, d_o), lse, &mut delta, outs, p)
+            (DType::F16, true, false) => {
+                three::<WgF16D128, f16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
             }
-            (dtype, _) => {
+            (DType::BF16, false, true) => {
+                three::<Wg2Bf16D64, bf16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (DType::BF16, true, true) => {
+                three::<Wg2Bf16D128, bf16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (DType::F16, false, true) => {
+                three::<Wg2F16D64, f16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (DType::F16, true, true) => {
+                three::<Wg2F16D128, f16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (dtype, _, _) => {
                 Err(Error::Unsupported { op: OP, what: format!("{dtype:?} with Wgmma: not in the kernel table") })
             }
         }
@@ -560,6 +588,10 @@ wgmma_bwd_kernels! {
     WgBf16D128: FlashBwdDeltaBf16D128, FlashBwdDkdvWgmmaBf16D128, FlashBwdDqWgmmaBf16D128;
     WgF16D64: FlashBwdDeltaF16D64, FlashBwdDkdvWgmmaF16D64, FlashBwdDqWgmmaF16D64;
     WgF16D128: FlashBwdDeltaF16D128, FlashBwdDkdvWgmmaF16D128, FlashBwdDqWgmmaF16D128;
+    Wg2Bf16D64: FlashBwdDeltaBf16D64, FlashBwdDkdvWgmma2Bf16D64, FlashBwdDqWgmma2Bf16D64;
+    Wg2Bf16D128: FlashBwdDeltaBf16D128, FlashBwdDkdvWgmma2Bf16D128, FlashBwdDqWgmma2Bf16D128;
+    Wg2F16D64: FlashBwdDeltaF16D64, FlashBwdDkdvWgmma2F16D64, FlashBwdDqWgmma2F16D64;
+    Wg2F16D128: FlashBwdDeltaF16D128, FlashBwdDkdvWgmma2F16D128, FlashBwdDqWgmma2F16D128;
 }
 
 /// The `MmaSync` dK / dV kernel's arguments.

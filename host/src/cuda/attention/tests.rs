@@ -32,7 +32,8 @@ fn the_hopper_rung_is_refused_off_sm90a_and_not_dispatched_yet() {
     assert_eq!(FlashKernel::Wgmma2.smem_bytes(128), 6 * 16384 + 40);
     assert!(check_arch(FlashKernel::Wgmma2, Arch::Sm80).is_err());
     assert_eq!(FlashKernel::Wgmma2.threads(), 288);
-    assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma2), hopper_bwd);
+    let hopper_bwd2 = if FLASH_BWD_WGMMA_DISPATCH { FlashBwdKernel::Wgmma2 } else { FlashBwdKernel::MmaSync };
+    assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma2), hopper_bwd2);
     let e = check_forward(FlashKernel::Wgmma, DType::BF16, SHAPE, 0.1, lens(SHAPE), [0, 8, 0, 0, 0]).unwrap_err();
     assert!(e.to_string().contains("16-byte"), "{e}");
 }
@@ -142,16 +143,22 @@ fn the_wgmma_backward_is_picked_on_sm90a_and_refused_elsewhere() {
     assert_eq!(flash_backward_kernel(DType::BF16, 96, Arch::Sm90a), None);
     // the Hopper forward rungs pair with it; its forward rung is the Hopper one
     assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma), hopper);
-    assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma2), hopper);
+    let hopper2 = if FLASH_BWD_WGMMA_DISPATCH { FlashBwdKernel::Wgmma2 } else { FlashBwdKernel::MmaSync };
+    assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma2), hopper2);
     assert_eq!(FlashBwdKernel::Wgmma.forward(), FlashKernel::Wgmma);
+    assert_eq!(FlashBwdKernel::Wgmma2.forward(), FlashKernel::Wgmma2);
+    assert!(FlashBwdKernel::Wgmma2.is_hopper() && FlashBwdKernel::Wgmma2.needs_16_byte_alignment());
     assert!(FlashBwdKernel::Wgmma.supports(DType::BF16, 128) && FlashBwdKernel::Wgmma.supports(DType::F16, 64));
     assert!(!FlashBwdKernel::Wgmma.supports(DType::F32, 64) && !FlashBwdKernel::Wgmma.supports(DType::BF16, 96));
     // the module check
     check_backward_arch(FlashBwdKernel::Wgmma, Arch::Sm90a).unwrap();
+    check_backward_arch(FlashBwdKernel::Wgmma2, Arch::Sm90a).unwrap();
     for arch in [Arch::Sm80, Arch::Sm100a] {
-        let e = check_backward_arch(FlashBwdKernel::Wgmma, arch).unwrap_err();
-        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
-        assert!(e.to_string().contains("sm_90a") && e.to_string().contains("MmaSync"), "{e}");
+        for k in [FlashBwdKernel::Wgmma, FlashBwdKernel::Wgmma2] {
+            let e = check_backward_arch(k, arch).unwrap_err();
+            assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+            assert!(e.to_string().contains("sm_90a") && e.to_string().contains("MmaSync"), "{e}");
+        }
         check_backward_arch(FlashBwdKernel::MmaSync, arch).unwrap();
         check_backward_arch(FlashBwdKernel::Simt, arch).unwrap();
     }
@@ -177,6 +184,22 @@ fn the_wgmma_backward_fits_hopper_shared_memory() {
     assert_eq!(FlashBwdKernel::Wgmma.smem_bytes(64), 6 * 8192 + 40);
     assert_eq!(FlashBwdKernel::Wgmma.smem_bytes(128), 6 * 16384 + 40);
     assert!(FlashBwdKernel::Wgmma.smem_bytes(128) <= 227 * 1024);
+    // the two-consumer form: two owned tiles per consumer warpgroup
+    assert_eq!(FlashBwdKernel::Wgmma2.smem_bytes(64), 8 * 8192 + 40);
+    assert_eq!(FlashBwdKernel::Wgmma2.smem_bytes(128), 8 * 16384 + 40);
+    assert!(FlashBwdKernel::Wgmma2.smem_bytes(128) <= 227 * 1024);
+    {
+        use kiln_gpu::kernels::flash_bwd_wgmma::{
+            FLASH_BWD_WGMMA2_CONSUMER_REGS, FLASH_BWD_WGMMA2_PRODUCER_REGS, FLASH_BWD_WGMMA2_ROWS,
+            FLASH_BWD_WGMMA2_THREADS,
+        };
+        assert_eq!((FLASH_BWD_WGMMA2_THREADS, FLASH_BWD_WGMMA2_ROWS), (384, 128));
+        // setmaxnreg: multiples of 8 in 24..=256, within the SM's 65536 registers
+        for r in [FLASH_BWD_WGMMA2_CONSUMER_REGS, FLASH_BWD_WGMMA2_PRODUCER_REGS] {
+            assert!(r % 8 == 0 && (24..=256).contains(&r), "{r}");
+        }
+        assert!(128 * (FLASH_BWD_WGMMA2_PRODUCER_REGS + 2 * FLASH_BWD_WGMMA2_CONSUMER_REGS) <= 65536);
+    }
     // one consumer warpgroup and a producer warp; 64-row tiles (the TMA box and the delta kernel's
     // query blocks)
     assert_eq!(FLASH_BWD_WGMMA_THREADS, 160);
