@@ -13,6 +13,7 @@
 //!   FlashBwdKernel::Simt     rung 1: three passes on CUDA cores            f32, bf16   D 64, 128
 //!   FlashBwdKernel::MmaSync  rung 2: FlashAttention-2 on mma.sync          bf16, f16   D 64, 128
 //!   FlashBwdKernel::Wgmma    rung 3: TMA + wgmma, producer warp (sm_90a)    bf16, f16   D 64, 128
+//!   FlashBwdKernel::Wgmma2   rung 3, two consumer warpgroups (sm_90a)        bf16, f16   D 64, 128
 //! ```
 //!
 //! [`flash_backward`] picks the best one for the dtype, head dim and module
