@@ -198,7 +198,7 @@ fn the_wgmma_backward_fits_hopper_shared_memory() {
         for r in [FLASH_BWD_WGMMA2_CONSUMER_REGS, FLASH_BWD_WGMMA2_PRODUCER_REGS] {
             assert!(r % 8 == 0 && (24..=256).contains(&r), "{r}");
         }
-        assert!(128 * (FLASH_BWD_WGMMA2_PRODUCER_REGS + 2 * FLASH_BWD_WGMMA2_CONSUMER_REGS) <= 65536);
+        const { assert!(128 * (FLASH_BWD_WGMMA2_PRODUCER_REGS + 2 * FLASH_BWD_WGMMA2_CONSUMER_REGS) <= 65536) };
     }
     // one consumer warpgroup and a producer warp; 64-row tiles (the TMA box and the delta kernel's
     // query blocks)
