@@ -270,3 +270,32 @@ fn the_mma_backward_fits_shared_memory_and_walks_the_right_query_blocks() {
         }
     }
 }
+
+#[test]
+fn the_wgmma_backward_blocks_walk_every_visible_pair() {
+    use kiln_gpu::kernels::flash_bwd_mma::flash_bwd_query_blocks;
+    // a dK / dV block of `keys` keys from k0 walks the query blocks of 64 rows from the block of
+    // the first row that sees k0; a dQ block of `rows` rows walks the key tiles of 64 its last row
+    // sees. Every visible (query, key) pair must be in a walked tile, for one and two consumers.
+    for (q, kv) in [(1, 1), (17, 17), (129, 129), (17, 129), (129, 17), (1000, 129), (200, 1000)] {
+        for causal in [false, true] {
+            let p = AttentionShape { batch: 1, heads: 1, q_len: q, kv_len: kv, head_dim: 64 }.params(causal, 0.1);
+            for block in [64u32, 128] {
+                for k0 in (0..kv).step_by(block as usize) {
+                    let (b, n) = flash_bwd_query_blocks(p, k0);
+                    for key in k0..(k0 + block).min(kv) {
+                        for i in (0..q).filter(|&i| key < p.visible_keys(i)) {
+                            assert!(b * 64 <= i && i < (b + n) * 64, "dK/dV {q} {kv} {causal} {block}: {i} {key}");
+                        }
+                    }
+                }
+                for q0 in (0..q).step_by(block as usize) {
+                    let tiles = p.keys_for_rows(q0, block).div_ceil(64);
+                    for i in q0..(q0 + block).min(q) {
+                        assert!(p.visible_keys(i) <= tiles * 64, "dQ {q} {kv} {causal} {block}: row {i}");
+                    }
+                }
+            }
+        }
+    }
+}
