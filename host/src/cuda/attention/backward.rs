@@ -403,12 +403,12 @@ fn wgmma_backward<T: FlashElement>(
     let p = shape.params(causal, scale);
     let bh = shape.batch as u64 * shape.heads as u64;
     // the kernels' TMA row coordinates are i32
-    let rows = bh * shape.q_len.max(shape.kv_len) as u64;
-    if rows > i32::MAX as u64 {
+    let all_rows = bh * shape.q_len.max(shape.kv_len) as u64;
+    if all_rows > i32::MAX as u64 {
         return Err(Error::Unsupported {
             op: OP,
             what: format!(
-                "{rows} rows over all heads with the Wgmma backward (its TMA coordinates are i32): split the batch"
+                "{all_rows} rows over all heads with the Wgmma backward (its TMA coordinates are i32): split the batch"
             ),
         });
     }
@@ -440,6 +440,7 @@ fn wgmma_backward<T: FlashElement>(
     };
     let maps = [q_map.ptr(), k_map.ptr(), v_map.ptr(), do_map.ptr()];
     let mut delta = dev.zeros::<f32>(shape.lse_elems())?;
+    // per block: keys (dK / dV) and query rows (dQ)
     let (smem, threads, rows) = if pair {
         (flash_bwd_wgmma2_smem_bytes(shape.head_dim), FLASH_BWD_WGMMA2_THREADS, [FLASH_BWD_WGMMA2_ROWS; 2])
     } else {
