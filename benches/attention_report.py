@@ -4,7 +4,8 @@
 Inputs: KILN_TXT, the concatenated output of `kiln attention --kernel K --shape BxHxSxD [--causal]
 [--backward] --reps N` runs, each preceded by a header line `== K SHAPE [--causal]`; and
 TORCH_JSON, what benches/torch_attention.py wrote in the same call. One row per case, direction
-(forward; forward+backward where kiln ran `--backward`) and kernel; `ratio_time` is kiln ms over
+(forward; forward+backward where kiln ran `--backward`, named by the forward kernel and the backward
+kernel the run printed: `flash_fwd_wgmma_bf16 + Wgmma backward`) and kernel; `ratio_time` is kiln ms over
 PyTorch ms (<= 1.0 meets issue 35's target).
 
 Usage: python3 benches/attention_report.py KILN_TXT TORCH_JSON --date D --commit C --command CMD
@@ -30,6 +31,8 @@ def parse_kiln(path):
             cur["check"] = m.group(1).strip()
         elif m := re.search(r"backward error: (.*)", line):
             cur["bwd_check"] = m.group(1).strip()
+        elif m := re.search(r"backward kernel: (\S+)", line):
+            cur["bwd_kernel"] = m.group(1)
         elif m := re.search(r"backward time: ([\d.]+) ms \(median\), ([\d.]+) TFLOP/s", line):
             cur["bwd_ms"], cur["bwd_tflops"] = float(m.group(1)), float(m.group(2))
         elif m := re.search(r"^\s*time: ([\d.]+) ms \(median\), ([\d.]+) TFLOP/s", line):
@@ -60,15 +63,17 @@ def main():
             continue
         b, h, s, d = r["shape"]
         flops = 4 * b * h * s * s * d / (2 if r["causal"] else 1)
-        dirs = [("forward", r["fwd_ms"], flops, r.get("check", ""))]
+        dirs = [("forward", r["fwd_ms"], flops, r.get("check", ""), r["kernel"])]
         if "bwd_ms" in r:
-            dirs.append(("forward+backward", r["fwd_ms"] + r["bwd_ms"], 3.5 * flops, r.get("bwd_check", "not checked (size)")))
-        for direction, ms, fl, check in dirs:
+            # the backward kernel the run printed (Wgmma, MmaSync, Simt), beside the forward's name
+            kernel = r["kernel"] + (" + " + r["bwd_kernel"] + " backward" if "bwd_kernel" in r else "")
+            dirs.append(("forward+backward", r["fwd_ms"] + r["bwd_ms"], 3.5 * flops, r.get("bwd_check", "not checked (size)"), kernel))
+        for direction, ms, fl, check, kernel in dirs:
             case = case_name(r["shape"], r["causal"], direction)
             t = ref.get(case)
             rows.append({
                 "case": case,
-                "kernel": r["kernel"],
+                "kernel": kernel,
                 "kiln_ms": round(ms, 4),
                 "kiln_tflops": round(fl / ms / 1e9, 1),
                 "reference": "torch sdpa bf16",

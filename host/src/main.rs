@@ -403,7 +403,7 @@ enum Command {
         #[arg(long)]
         causal: bool,
         /// Also run the backward (dQ, dK, dV) of the kernel's rung (flash_fwd_simt_*: CUDA cores;
-        /// flash_fwd_mma_* and flash_fwd_wgmma_*: mma.sync), checked against the f64 reference where B H Sq Skv D is at most 2^30, and timed.
+        /// flash_fwd_mma_*: mma.sync; flash_fwd_wgmma*_*: TMA + wgmma, sm_90a), checked against the f64 reference where B H Sq Skv D is at most 2^30, and timed.
         #[arg(long)]
         backward: bool,
         /// Timed launches, 1 or more (the median is reported).

@@ -5,7 +5,9 @@
 //! bf16; `mma.sync`, bf16 and f16) against the f64 reference's gradients (dQ, dK, dV poisoned,
 //! lengths 1, 17, 129 and 1000, unequal both ways, head dims 64 and 128, causal and not), and the
 //! same bits on a repeat (for the best kernel of the dtype the repeat goes through
-//! `flash_backward`'s dispatch, so it also checks the pick). Backward tolerances:
+//! `flash_backward`'s dispatch, so it also checks the pick). The Hopper backward
+//! (`flash_bwd_*_wgmma_*`, sm_90a only) the same way, from the `mma.sync` forward's O and
+//! log-sum-exp, plus its refusals. Backward tolerances:
 //! `kiln::tools::attention::backward_tolerance`, relative to each gradient's largest element.
 //!
 //! Tolerances are `kiln::tools::attention::forward_bound`'s (the error analysis in its docs): on
@@ -88,6 +90,27 @@ pub(crate) fn tests() -> Vec<GpuTest> {
             available: any,
             run: |d| backward_case::<f16>(d, FlashKernel::MmaSync, FlashBwdKernel::MmaSync),
         },
+        GpuTest {
+            name: "gpu::flash_bwd_wgmma_bf16_matches_f64_sm90",
+            available: hopper_bwd,
+            run: |d| backward_case::<bf16>(d, FlashKernel::MmaSync, FlashBwdKernel::Wgmma),
+        },
+        GpuTest {
+            name: "gpu::flash_bwd_wgmma_f16_matches_f64_sm90",
+            available: hopper_bwd,
+            run: |d| backward_case::<f16>(d, FlashKernel::MmaSync, FlashBwdKernel::Wgmma),
+        },
+        GpuTest {
+            name: "gpu::flash_bwd_wgmma2_bf16_matches_f64_sm90",
+            available: hopper_bwd,
+            run: |d| backward_case::<bf16>(d, FlashKernel::MmaSync, FlashBwdKernel::Wgmma2),
+        },
+        GpuTest {
+            name: "gpu::flash_bwd_wgmma2_f16_matches_f64_sm90",
+            available: hopper_bwd,
+            run: |d| backward_case::<f16>(d, FlashKernel::MmaSync, FlashBwdKernel::Wgmma2),
+        },
+        GpuTest { name: "gpu::flash_bwd_wgmma_refusals", available: any, run: wgmma_bwd_refusals },
         GpuTest { name: "gpu::flash_forward_refuses_with_typed_errors", available: any, run: refusals },
         GpuTest { name: "gpu::attention_command_runs_every_kernel", available: any, run: command },
     ]
@@ -96,6 +119,69 @@ pub(crate) fn tests() -> Vec<GpuTest> {
 /// Whether the device runs the Hopper rung (`flash_fwd_wgmma_*`, sm_90a module only).
 fn hopper(d: &Device) -> bool {
     d.supports::<kiln::gpu::kernels::flash_wgmma::FlashFwdWgmmaBf16D64>()
+}
+
+/// Whether the device runs the Hopper backward (`flash_bwd_*_wgmma*_*`, sm_90a module only).
+fn hopper_bwd(d: &Device) -> bool {
+    d.supports::<kiln::gpu::kernels::flash_bwd_wgmma::FlashBwdDkdvWgmmaBf16D64>()
+}
+
+/// The Hopper backwards' (`Wgmma`, `Wgmma2`) refusals: off sm_90a a typed error that names the module and what to use;
+/// on sm_90a a dtype it does not take (f32) and a head dim it is not built for.
+fn wgmma_bwd_refusals(dev: &Device) -> Outcome {
+    for kernel in [FlashBwdKernel::Wgmma, FlashBwdKernel::Wgmma2] {
+        wgmma_bwd_refuses(dev, kernel)?;
+    }
+    Ok(())
+}
+
+fn wgmma_bwd_refuses(dev: &Device, kernel: FlashBwdKernel) -> Outcome {
+    let s = AttentionShape { batch: 1, heads: 2, q_len: 17, kv_len: 33, head_dim: 64 };
+    let zeros = |n: usize| dev.zeros::<bf16>(n).map_err(err);
+    let lse = dev.zeros::<f32>(s.lse_elems()).map_err(err)?;
+    let (q, k) = (zeros(s.q_elems())?, zeros(s.kv_elems())?);
+    let (mut dq, mut dk, mut dv) = (zeros(s.q_elems())?, zeros(s.kv_elems())?, zeros(s.kv_elems())?);
+    let r = flash_backward_with(dev, kernel, (&q, &k, &k, &q, &q), &lse, (&mut dq, &mut dk, &mut dv), s, false, 0.125);
+    if !hopper_bwd(dev) {
+        return match r {
+            Err(Error::Unsupported { what, .. }) if what.contains("sm_90a") && what.contains("MmaSync") => Ok(()),
+            other => Err(format!("the {kernel:?} backward off sm_90a gave {other:?}")),
+        };
+    }
+    r.map_err(err)?;
+    let fz = |n: usize| dev.zeros::<f32>(n).map_err(err);
+    let (qf, kf) = (fz(s.q_elems())?, fz(s.kv_elems())?);
+    let (mut dqf, mut dkf, mut dvf) = (fz(s.q_elems())?, fz(s.kv_elems())?, fz(s.kv_elems())?);
+    match flash_backward_with(
+        dev,
+        kernel,
+        (&qf, &kf, &kf, &qf, &qf),
+        &lse,
+        (&mut dqf, &mut dkf, &mut dvf),
+        s,
+        false,
+        0.125,
+    ) {
+        Err(Error::Unsupported { what, .. }) if what.contains("flash_fwd_simt_f32") => {}
+        other => return Err(format!("the {kernel:?} backward on f32 gave {other:?}")),
+    }
+    let s96 = AttentionShape { head_dim: 96, ..s };
+    let (q96, k96) = (zeros(s96.q_elems())?, zeros(s96.kv_elems())?);
+    let (mut dq96, mut dk96, mut dv96) = (zeros(s96.q_elems())?, zeros(s96.kv_elems())?, zeros(s96.kv_elems())?);
+    match flash_backward_with(
+        dev,
+        kernel,
+        (&q96, &k96, &k96, &q96, &q96),
+        &lse,
+        (&mut dq96, &mut dk96, &mut dv96),
+        s96,
+        true,
+        0.1,
+    ) {
+        Err(Error::Unsupported { what, .. }) if what.contains("head dim 96") => {}
+        other => return Err(format!("the {kernel:?} backward at head dim 96 gave {other:?}")),
+    }
+    Ok(())
 }
 
 /// Whether the device runs the table entry `e` (the Hopper rung only on sm_90a).
@@ -369,7 +455,7 @@ fn backward_case<T: Elem>(dev: &Device, fwd: FlashKernel, bwd: FlashBwdKernel) -
     let (mut rng, seed) = testing::rng();
     let lengths: &[(u32, u32)] =
         &[(1, 1), (17, 17), (129, 129), (1000, 1000), (17, 129), (129, 17), (1, 1000), (1000, 200)];
-    let best = flash_backward_kernel(T::DTYPE, 64) == Some(bwd);
+    let best = flash_backward_kernel(T::DTYPE, 64, dev.arch()) == Some(bwd);
     // the tolerances and their reasoning: `kiln::tools::attention::backward_tolerance`
     let (elem_tol, l2_tol) = kiln::tools::attention::backward_tolerance(T::DTYPE);
     for &d in &[64u32, 128] {

@@ -25,6 +25,8 @@ pub mod elementwise;
 pub mod flash_bwd_mma;
 #[path = "attention/flash_bwd_simt.rs"]
 pub mod flash_bwd_simt;
+#[path = "attention/flash_bwd_wgmma.rs"]
+pub mod flash_bwd_wgmma;
 #[path = "attention/flash_mma.rs"]
 pub mod flash_mma;
 #[path = "attention/flash_simt.rs"]

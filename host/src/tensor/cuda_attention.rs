@@ -30,7 +30,7 @@ pub(crate) fn flash_op_kernel(
         return None;
     }
     let kernel = fa::flash_forward_kernel(dtype, shape.head_dim, arch)?;
-    if need_grad && fa::flash_backward_kernel(dtype, shape.head_dim).is_none() {
+    if need_grad && fa::flash_backward_kernel(dtype, shape.head_dim, arch).is_none() {
         return None;
     }
     let lens = [shape.q_elems(), shape.kv_elems(), shape.kv_elems(), shape.q_elems(), shape.lse_elems()];
@@ -92,10 +92,11 @@ impl CudaStorage {
     ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
         const OP: &str = "attention backward";
         let dtype = self.dtype();
-        let kernel = fa::flash_backward_kernel(dtype, shape.head_dim).ok_or_else(|| Error::Unsupported {
-            op: OP,
-            what: format!("{dtype:?} at head dim {}: no flash backward kernel takes it", shape.head_dim),
-        })?;
+        let kernel =
+            fa::flash_backward_kernel(dtype, shape.head_dim, self.dev.arch()).ok_or_else(|| Error::Unsupported {
+                op: OP,
+                what: format!("{dtype:?} at head dim {}: no flash backward kernel takes it", shape.head_dim),
+            })?;
         let lse = lse.f32_buf(OP)?;
         let mut dq = CudaStorage::scratch(&self.dev, shape.q_elems(), dtype)?;
         let mut dk = CudaStorage::scratch(&self.dev, shape.kv_elems(), dtype)?;
@@ -157,7 +158,7 @@ mod tests {
         // f16 with a gradient runs flash only once a backward kernel takes f16
         assert_eq!(
             flash_op_kernel(DType::F16, s, 0.125, true, A).is_some(),
-            fa::flash_backward_kernel(DType::F16, 64).is_some()
+            fa::flash_backward_kernel(DType::F16, 64, A).is_some()
         );
         assert_eq!(flash_op_kernel(DType::F32, s, 0.125, false, A), None);
         assert_eq!(flash_op_kernel(DType::BF16, AttentionShape { head_dim: 96, ..s }, 0.1, false, A), None);

@@ -86,6 +86,9 @@ pub struct AttentionRun {
 /// The backward's outcome (`kiln attention --backward`).
 #[derive(Clone, Debug)]
 pub struct BackwardRun {
+    /// The backward kernel ([`FlashBwdKernel::of_forward`] of the forward rung: `Wgmma` for the
+    /// Hopper rungs, `MmaSync` for `mma.sync`'s, `Simt` for the CUDA cores').
+    pub kernel: FlashBwdKernel,
     /// Median milliseconds per backward (its three launches).
     pub ms: f64,
     /// `2.5` times the forward's FLOPs (five products instead of two) per second, in TFLOP/s.
@@ -163,6 +166,7 @@ impl std::fmt::Display for AttentionRun {
                 )?,
             }
             write!(f, "\n  backward time: {:.4} ms (median), {:.1} TFLOP/s", b.ms, b.tflops)?;
+            write!(f, "\n  backward kernel: {:?}", b.kernel)?;
         }
         Ok(())
     }
@@ -270,6 +274,7 @@ pub fn run(
                 [rel(&got[0], &want.dq), rel(&got[1], &want.dk), rel(&got[2], &want.dv)]
             });
             Some(BackwardRun {
+                kernel: FlashBwdKernel::of_forward(entry.kernel),
                 ms: bms,
                 tflops: 2.5 * p.forward_flops() / bms / 1e9,
                 errors,

@@ -12,6 +12,9 @@
 //!   deterministic.
 //! - [`flash_bwd_mma`]: the backward on `mma.sync` (bf16 / f16): delta, dK / dV, dQ kernels,
 //!   deterministic (no atomics).
+//! - [`flash_bwd_wgmma`]: the backward on TMA + `wgmma` (sm_90a, bf16 / f16): the delta kernel of
+//!   [`flash_bwd_mma`], then dK / dV and dQ kernels with a producer warp, deterministic (a separate
+//!   dQ pass, no atomics).
 //!
 //! Layout: Q and O are `[batch, heads, q_len, head_dim]`, K and V `[batch, heads, kv_len,
 //! head_dim]`, all row-major and dense; the log-sum-exp is `[batch, heads, q_len]` f32 (natural
@@ -24,7 +27,7 @@
 
 use crate::KernelParam;
 
-pub use super::{flash_bwd_mma, flash_bwd_simt, flash_mma, flash_simt, flash_wgmma};
+pub use super::{flash_bwd_mma, flash_bwd_simt, flash_bwd_wgmma, flash_mma, flash_simt, flash_wgmma};
 
 /// The problem an attention kernel solves, passed by value.
 #[repr(C)]

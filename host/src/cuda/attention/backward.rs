@@ -11,6 +11,11 @@ use kiln_gpu::kernels::flash_bwd_mma::{
     self as bwd_mma, FLASH_BWD_MMA_BKV, FLASH_BWD_MMA_BQ, FLASH_BWD_MMA_THREADS, flash_bwd_mma_smem_bytes,
 };
 use kiln_gpu::kernels::flash_bwd_simt::{self as bwd, FLASH_BWD_ROWS, FLASH_BWD_THREADS, flash_bwd_smem_bytes};
+use kiln_gpu::kernels::flash_bwd_wgmma::{
+    self as bwd_wg, FLASH_BWD_WGMMA_BKV, FLASH_BWD_WGMMA_BQ, FLASH_BWD_WGMMA_THREADS, FLASH_BWD_WGMMA2_ROWS,
+    FLASH_BWD_WGMMA2_THREADS, flash_bwd_wgmma_smem_bytes, flash_bwd_wgmma2_smem_bytes,
+};
+use kiln_gpu::tma::TensorMap;
 use kiln_gpu::{DevicePtr, DevicePtrMut, Kernel};
 
 /// The backward's inputs: q, k, v, the forward's output o, and its gradient d_o.
@@ -44,7 +49,18 @@ pub enum FlashBwdKernel {
     Simt,
     /// Rung 2: FlashAttention-2 on `mma.sync` (`flash_bwd_mma`: delta, dK / dV, dQ), bf16 or f16.
     MmaSync,
+    /// Rung 3: TMA + `wgmma` with a producer warp (`flash_bwd_wgmma`: `mma.sync`'s delta, then dK /
+    /// dV and dQ on `wgmma`; sm_90a only), bf16 or f16.
+    Wgmma,
+    /// Rung 3 with two consumer warpgroups per block sharing each streamed tile, and `setmaxnreg`
+    /// (`flash_bwd_*_wgmma2_*`, sm_90a only), bf16 or f16.
+    Wgmma2,
 }
+
+/// Whether [`flash_backward_kernel`] picks [`FlashBwdKernel::Wgmma`] on sm_90a, and
+/// [`FlashBwdKernel::of_forward`] pairs it with the Hopper forward rungs. On since the kernels were
+/// written; the lead turns it off if their GPU tests fail (then sm_90a runs `MmaSync` again).
+pub const FLASH_BWD_WGMMA_DISPATCH: bool = true;
 
 impl FlashBwdKernel {
     /// The forward kernel of the same rung (the one whose dtype table this kernel shares).
@@ -52,15 +68,30 @@ impl FlashBwdKernel {
         match self {
             FlashBwdKernel::Simt => FlashKernel::Simt,
             FlashBwdKernel::MmaSync => FlashKernel::MmaSync,
+            FlashBwdKernel::Wgmma => FlashKernel::Wgmma,
+            FlashBwdKernel::Wgmma2 => FlashKernel::Wgmma2,
         }
     }
-    /// The backward kernel of the forward rung `k`.
+    /// The backward kernel of the forward rung `k` (what `kiln attention --kernel NAME --backward`
+    /// runs): while [`FLASH_BWD_WGMMA_DISPATCH`] is on `Wgmma2` for the two-consumer forward
+    /// (`Wgmma2`) and `Wgmma` for the other Hopper forwards; `MmaSync` otherwise (it takes any
+    /// forward's O and log-sum-exp).
     pub fn of_forward(k: FlashKernel) -> Self {
         match k {
             FlashKernel::Simt => FlashBwdKernel::Simt,
-            // the Hopper rung has no backward of its own yet: mma.sync's takes its O and LSE
-            FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2 => FlashBwdKernel::MmaSync,
+            FlashKernel::Wgmma2 if FLASH_BWD_WGMMA_DISPATCH => FlashBwdKernel::Wgmma2,
+            k if k.is_hopper() && FLASH_BWD_WGMMA_DISPATCH => FlashBwdKernel::Wgmma,
+            _ => FlashBwdKernel::MmaSync,
         }
+    }
+    /// Whether the kernel is a Hopper one (sm_90a module only, inputs through tensor maps).
+    pub fn is_hopper(self) -> bool {
+        matches!(self, FlashBwdKernel::Wgmma | FlashBwdKernel::Wgmma2)
+    }
+    /// Whether the kernel copies rows in 16-byte chunks or through TMA (every 16-bit buffer
+    /// 16-byte aligned).
+    pub fn needs_16_byte_alignment(self) -> bool {
+        matches!(self, FlashBwdKernel::MmaSync | FlashBwdKernel::Wgmma | FlashBwdKernel::Wgmma2)
     }
     /// Whether this kernel runs `dtype` at head dim `head_dim`.
     pub fn supports(self, dtype: DType, head_dim: u32) -> bool {
@@ -71,25 +102,49 @@ impl FlashBwdKernel {
         match self {
             FlashBwdKernel::Simt => flash_bwd_smem_bytes(d),
             FlashBwdKernel::MmaSync => flash_bwd_mma_smem_bytes(d),
+            FlashBwdKernel::Wgmma => flash_bwd_wgmma_smem_bytes(d),
+            FlashBwdKernel::Wgmma2 => flash_bwd_wgmma2_smem_bytes(d),
         }
     }
 }
 
-/// The backward kernel [`flash_backward`] runs for `dtype` at `head_dim`: the best verified one
-/// (`MmaSync` for bf16 / f16, `Simt` for f32), or `None` where no kernel takes the pair.
-pub fn flash_backward_kernel(dtype: DType, head_dim: u32) -> Option<FlashBwdKernel> {
-    [FlashBwdKernel::MmaSync, FlashBwdKernel::Simt].into_iter().find(|k| k.supports(dtype, head_dim))
+/// The backward kernel [`flash_backward`] runs for `dtype` at `head_dim` on a device whose module
+/// is `arch`: the best one (`MmaSync` for bf16 / f16, `Wgmma` instead on sm_90a while
+/// [`FLASH_BWD_WGMMA_DISPATCH`] is on, `Simt` for f32), or `None` where no kernel takes the pair.
+pub fn flash_backward_kernel(dtype: DType, head_dim: u32, arch: kiln_gpu::Arch) -> Option<FlashBwdKernel> {
+    let wgmma = FLASH_BWD_WGMMA_DISPATCH && arch == kiln_gpu::Arch::Sm90a;
+    let order: &[FlashBwdKernel] = if wgmma {
+        &[FlashBwdKernel::Wgmma, FlashBwdKernel::MmaSync, FlashBwdKernel::Simt]
+    } else {
+        &[FlashBwdKernel::MmaSync, FlashBwdKernel::Simt]
+    };
+    order.iter().copied().find(|k| k.supports(dtype, head_dim))
 }
 
 /// Whether [`flash_backward`] runs `dtype` at `head_dim` (f32, bf16 and f16 at head dims 64 and
-/// 128).
+/// 128, on every module).
 pub fn flash_backward_supports(dtype: DType, head_dim: u32) -> bool {
-    flash_backward_kernel(dtype, head_dim).is_some()
+    flash_backward_kernel(dtype, head_dim, kiln_gpu::Arch::Sm80).is_some()
+}
+
+/// Refuses a backward kernel the device's module does not hold: `Wgmma` needs the sm_90a module
+/// (compute capability 9.0); the others run everywhere.
+pub fn check_backward_arch(kernel: FlashBwdKernel, arch: kiln_gpu::Arch) -> Result<()> {
+    if kernel.is_hopper() && arch != kiln_gpu::Arch::Sm90a {
+        return Err(Error::Unsupported {
+            op: "flash_backward",
+            what: format!(
+                "{kernel:?} needs an sm_90a device (Hopper, compute capability 9.0); this device loads the {arch:?} module: use MmaSync"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a backward problem for `kernel` before any launch: the forward's checks (dtype table,
 /// head dim, scale, sizes, grid) for the rung's forward kernel, the gradients' sizes and (for
-/// `MmaSync`'s 16-byte copies) the alignment of every 16-bit buffer. `lens` and `addrs` are those
+/// `MmaSync`'s 16-byte copies and `Wgmma`'s TMA) the alignment of every 16-bit buffer. The device's
+/// module is [`check_backward_arch`]'s. `lens` and `addrs` are those
 /// of (q, k, v, o, lse, d_o, dq, dk, dv).
 pub fn check_backward(
     kernel: FlashBwdKernel,
@@ -116,21 +171,22 @@ pub fn check_backward(
             ),
         ));
     }
-    if kernel == FlashBwdKernel::MmaSync
+    if kernel.needs_16_byte_alignment()
         && let Some(a) = addrs.iter().enumerate().filter(|(i, _)| *i != 4).map(|(_, a)| a).find(|a| *a % 16 != 0)
     {
         return Err(Error::Unsupported {
             op: OP,
             what: format!(
-                "a buffer at {a:#x} with {kernel:?}: its 16-byte copies need 16-byte-aligned q, k, v, o, d_o, dq, dk and dv"
+                "a buffer at {a:#x} with {kernel:?}: its 16-byte copies (TMA for Wgmma) need 16-byte-aligned q, k, v, o, d_o, dq, dk and dv"
             ),
         });
     }
     Ok(())
 }
 
-/// Attention backward with the best verified kernel for `T` and the head dim
-/// ([`flash_backward_kernel`]: `MmaSync` for bf16 / f16, `Simt` for f32): from the forward's
+/// Attention backward with the best kernel for `T`, the head dim and the device
+/// ([`flash_backward_kernel`]: `MmaSync` for bf16 / f16, `Wgmma` on sm_90a, `Simt` for f32): from
+/// the forward's
 /// inputs, its output `o` and log-sum-exp `lse`, and the output's gradient `d_o`, the gradients
 /// `dq`, `dk`, `dv` (the shapes of q, k, v). `kernel` is the forward kernel that made `o` and
 /// `lse`; any forward's are valid inputs, so it does not restrict the choice. Deterministic (no
@@ -146,15 +202,16 @@ pub fn flash_backward<T: FlashElement>(
     causal: bool,
     scale: f32,
 ) -> Result<()> {
-    let bwd = flash_backward_kernel(T::DTYPE, shape.head_dim).unwrap_or(FlashBwdKernel::of_forward(kernel));
+    let bwd = flash_backward_kernel(T::DTYPE, shape.head_dim, dev.arch()).unwrap_or(FlashBwdKernel::of_forward(kernel));
     flash_backward_with(dev, bwd, inputs, lse, grads, shape, causal, scale)
 }
 
 /// Attention backward with `kernel` (FlashAttention-2: P recomputed from `lse`): see
 /// [`flash_backward`]. `Simt` runs three passes on CUDA cores (dQ with `delta = dO . O`, then dK,
-/// then dV), `MmaSync` three kernels on the tensor cores (delta, then dK and dV together, then dQ);
-/// both own every gradient row in one block and sum it in a fixed order (no atomics). Refuses,
-/// with a typed error, what [`check_backward`] refuses and a device without the shared memory.
+/// then dV), `MmaSync` three kernels on the tensor cores (delta, then dK and dV together, then dQ),
+/// `Wgmma` the same three passes with the products on `wgmma` (sm_90a); all own every gradient row
+/// in one block and sum it in a fixed order (no atomics). Refuses, with a typed error, what
+/// [`check_backward`] and [`check_backward_arch`] refuse and a device without the shared memory.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_backward_with<T: FlashElement>(
     dev: &Device,
@@ -170,6 +227,7 @@ pub fn flash_backward_with<T: FlashElement>(
     let lens = [q.len(), k.len(), v.len(), o.len(), lse.len(), d_o.len(), dq.len(), dk.len(), dv.len()];
     let addrs = [q.addr(), k.addr(), v.addr(), o.addr(), lse.addr(), d_o.addr(), dq.addr(), dk.addr(), dv.addr()];
     check_backward(kernel, T::DTYPE, shape, scale, lens, addrs)?;
+    check_backward_arch(kernel, dev.arch())?;
     if shape.batch == 0 || shape.heads == 0 {
         return Ok(());
     }
@@ -188,6 +246,10 @@ pub fn flash_backward_with<T: FlashElement>(
     }
     if kernel == FlashBwdKernel::MmaSync {
         return mma_backward(dev, (q, k, v, o, d_o), lse, (dq, dk, dv), shape, causal, scale);
+    }
+    if kernel.is_hopper() {
+        let pair = kernel == FlashBwdKernel::Wgmma2;
+        return wgmma_backward(dev, pair, (q, k, v, o, d_o), lse, (dq, dk, dv), shape, causal, scale);
     }
     let mut delta = dev.zeros::<f32>(shape.lse_elems())?;
     let p = shape.params(causal, scale);
@@ -321,6 +383,216 @@ fn mma_backward<T: FlashElement>(
             }),
         }
     }
+}
+
+/// The `Wgmma` (`pair`: `Wgmma2`) backward's launches (checked by [`flash_backward_with`]):
+/// `MmaSync`'s delta, then dK / dV and dQ on `wgmma`, reading Q, K, V and dO through tensor maps
+/// ([`wgmma_qkv_spec`]).
+#[allow(clippy::too_many_arguments)]
+fn wgmma_backward<T: FlashElement>(
+    dev: &Device,
+    pair: bool,
+    (q, k, v, o, d_o): BwdInputs<'_, T>,
+    lse: &DeviceBuffer<f32>,
+    (dq, dk, dv): (&mut DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<T>),
+    shape: AttentionShape,
+    causal: bool,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "flash_backward";
+    let p = shape.params(causal, scale);
+    let bh = shape.batch as u64 * shape.heads as u64;
+    // the kernels' TMA row coordinates are i32
+    let all_rows = bh * shape.q_len.max(shape.kv_len) as u64;
+    if all_rows > i32::MAX as u64 {
+        return Err(Error::Unsupported {
+            op: OP,
+            what: format!(
+                "{all_rows} rows over all heads with the Wgmma backward (its TMA coordinates are i32): split the batch"
+            ),
+        });
+    }
+    let (q_rows, kv_rows) = (bh * shape.q_len as u64, bh * shape.kv_len as u64);
+    // a map of 0 rows cannot be made; with no query (no key) the kernels load no Q / dO (K / V)
+    // tile, and the other side's map stands in
+    let (q_map, do_map, k_map, v_map) = match (q_rows > 0, kv_rows > 0) {
+        (false, false) => return Ok(()),
+        (true, true) => {
+            let (qs, kvs) =
+                (wgmma_qkv_spec(T::DTYPE, q_rows, shape.head_dim), wgmma_qkv_spec(T::DTYPE, kv_rows, shape.head_dim));
+            (
+                dev.tensor_map_cached(q.addr(), &qs)?,
+                dev.tensor_map_cached(d_o.addr(), &qs)?,
+                dev.tensor_map_cached(k.addr(), &kvs)?,
+                dev.tensor_map_cached(v.addr(), &kvs)?,
+            )
+        }
+        (true, false) => {
+            let qs = wgmma_qkv_spec(T::DTYPE, q_rows, shape.head_dim);
+            let (qm, dom) = (dev.tensor_map_cached(q.addr(), &qs)?, dev.tensor_map_cached(d_o.addr(), &qs)?);
+            (qm.clone(), dom, qm.clone(), qm)
+        }
+        (false, true) => {
+            let kvs = wgmma_qkv_spec(T::DTYPE, kv_rows, shape.head_dim);
+            let (km, vm) = (dev.tensor_map_cached(k.addr(), &kvs)?, dev.tensor_map_cached(v.addr(), &kvs)?);
+            (km.clone(), km.clone(), km, vm)
+        }
+    };
+    let maps = [q_map.ptr(), k_map.ptr(), v_map.ptr(), do_map.ptr()];
+    let mut delta = dev.zeros::<f32>(shape.lse_elems())?;
+    // per block: keys (dK / dV) and query rows (dQ)
+    let (smem, threads, rows) = if pair {
+        (flash_bwd_wgmma2_smem_bytes(shape.head_dim), FLASH_BWD_WGMMA2_THREADS, [FLASH_BWD_WGMMA2_ROWS; 2])
+    } else {
+        (flash_bwd_wgmma_smem_bytes(shape.head_dim), FLASH_BWD_WGMMA_THREADS, [FLASH_BWD_WGMMA_BKV, FLASH_BWD_WGMMA_BQ])
+    };
+    let cfgs = [
+        LaunchConfig {
+            grid_dim: (shape.q_len.div_ceil(FLASH_BWD_MMA_BQ), shape.batch * shape.heads, 1),
+            block_dim: (FLASH_BWD_MMA_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        LaunchConfig {
+            grid_dim: (shape.kv_len.div_ceil(rows[0]), shape.batch * shape.heads, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        },
+        LaunchConfig {
+            grid_dim: (shape.q_len.div_ceil(rows[1]), shape.batch * shape.heads, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        },
+    ];
+    /// Launches the three kernels of `B` (element type `U`, which is `T`'s by the dtype match).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn three<B: WgmmaBwdKernels, U, T: cudarc::driver::DeviceRepr>(
+        dev: &Device,
+        cfgs: [LaunchConfig; 3],
+        shape: AttentionShape,
+        maps: [DevicePtr<TensorMap>; 4],
+        (o, d_o): (&DeviceBuffer<T>, &DeviceBuffer<T>),
+        lse: &DeviceBuffer<f32>,
+        delta: &mut DeviceBuffer<f32>,
+        (dq, dk, dv): (&mut DeviceBuffer<T>, &mut DeviceBuffer<T>, &mut DeviceBuffer<T>),
+        p: AttentionParams,
+    ) -> Result<()>
+    where
+        B::Delta: Kernel<Args = (DevicePtr<U>, DevicePtr<U>, DevicePtrMut<f32>, AttentionParams)>,
+        B::DkDv: Kernel<Args = WgmmaDkDvArgs<U>>,
+        B::Dq: Kernel<Args = WgmmaDqArgs<U>>,
+    {
+        let [qm, km, vm, dom] = maps;
+        // SAFETY: the caller checked sizes, dtype, alignment and the module; the maps describe
+        // exactly q, k, v and d_o; delta holds one f32 per query row, written by the first launch
+        // before the others read it (one stream).
+        unsafe {
+            if shape.q_len > 0 {
+                dev.launch(
+                    B::Delta::default(),
+                    cfgs[0],
+                    (o.ptr().cast::<U>(), d_o.ptr().cast::<U>(), delta.ptr_mut(), p),
+                )?;
+            }
+            if shape.kv_len > 0 {
+                let args =
+                    (qm, km, vm, dom, lse.ptr(), delta.ptr(), dk.ptr_mut().cast::<U>(), dv.ptr_mut().cast::<U>(), p);
+                dev.launch(B::DkDv::default(), cfgs[1], args)?;
+            }
+            if shape.q_len > 0 {
+                let args = (qm, km, vm, dom, lse.ptr(), delta.ptr(), dq.ptr_mut().cast::<U>(), p);
+                dev.launch(B::Dq::default(), cfgs[2], args)?;
+            }
+        }
+        Ok(())
+    }
+    let outs = (dq, dk, dv);
+    let d128 = shape.head_dim == 128;
+    // SAFETY: as above.
+    unsafe {
+        let od = (o, d_o);
+        match (T::DTYPE, d128, pair) {
+            (DType::BF16, false, false) => {
+                three::<WgBf16D64, bf16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (DType::BF16, true, false) => {
+                three::<WgBf16D128, bf16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (DType::F16, false, false) => {
+                three::<WgF16D64, f16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (DType::F16, true, false) => {
+                three::<WgF16D128, f16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (DType::BF16, false, true) => {
+                three::<Wg2Bf16D64, bf16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (DType::BF16, true, true) => {
+                three::<Wg2Bf16D128, bf16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (DType::F16, false, true) => {
+                three::<Wg2F16D64, f16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (DType::F16, true, true) => {
+                three::<Wg2F16D128, f16, T>(dev, cfgs, shape, maps, od, lse, &mut delta, outs, p)
+            }
+            (dtype, _, _) => {
+                Err(Error::Unsupported { op: OP, what: format!("{dtype:?} with Wgmma: not in the kernel table") })
+            }
+        }
+    }
+}
+
+/// The `Wgmma` dK / dV kernel's arguments: the maps of Q, K, V and dO, lse, delta, dK, dV.
+type WgmmaDkDvArgs<T> = (
+    DevicePtr<TensorMap>,
+    DevicePtr<TensorMap>,
+    DevicePtr<TensorMap>,
+    DevicePtr<TensorMap>,
+    DevicePtr<f32>,
+    DevicePtr<f32>,
+    DevicePtrMut<T>,
+    DevicePtrMut<T>,
+    AttentionParams,
+);
+/// The `Wgmma` dQ kernel's arguments: the maps of Q, K, V and dO, lse, delta, dQ.
+type WgmmaDqArgs<T> = (
+    DevicePtr<TensorMap>,
+    DevicePtr<TensorMap>,
+    DevicePtr<TensorMap>,
+    DevicePtr<TensorMap>,
+    DevicePtr<f32>,
+    DevicePtr<f32>,
+    DevicePtrMut<T>,
+    AttentionParams,
+);
+
+/// The `Wgmma` backward's three kernels for one element type and head dim.
+trait WgmmaBwdKernels {
+    type Delta: Kernel;
+    type DkDv: Kernel;
+    type Dq: Kernel;
+}
+
+macro_rules! wgmma_bwd_kernels {
+    ($($name:ident: $delta:ident, $dkdv:ident, $dq:ident;)*) => {$(
+        struct $name;
+        impl WgmmaBwdKernels for $name {
+            type Delta = bwd_mma::$delta;
+            type DkDv = bwd_wg::$dkdv;
+            type Dq = bwd_wg::$dq;
+        }
+    )*};
+}
+
+wgmma_bwd_kernels! {
+    WgBf16D64: FlashBwdDeltaBf16D64, FlashBwdDkdvWgmmaBf16D64, FlashBwdDqWgmmaBf16D64;
+    WgBf16D128: FlashBwdDeltaBf16D128, FlashBwdDkdvWgmmaBf16D128, FlashBwdDqWgmmaBf16D128;
+    WgF16D64: FlashBwdDeltaF16D64, FlashBwdDkdvWgmmaF16D64, FlashBwdDqWgmmaF16D64;
+    WgF16D128: FlashBwdDeltaF16D128, FlashBwdDkdvWgmmaF16D128, FlashBwdDqWgmmaF16D128;
+    Wg2Bf16D64: FlashBwdDeltaBf16D64, FlashBwdDkdvWgmma2Bf16D64, FlashBwdDqWgmma2Bf16D64;
+    Wg2Bf16D128: FlashBwdDeltaBf16D128, FlashBwdDkdvWgmma2Bf16D128, FlashBwdDqWgmma2Bf16D128;
+    Wg2F16D64: FlashBwdDeltaF16D64, FlashBwdDkdvWgmma2F16D64, FlashBwdDqWgmma2F16D64;
+    Wg2F16D128: FlashBwdDeltaF16D128, FlashBwdDkdvWgmma2F16D128, FlashBwdDqWgmma2F16D128;
 }
 
 /// The `MmaSync` dK / dV kernel's arguments.

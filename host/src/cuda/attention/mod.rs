@@ -12,10 +12,14 @@
 //! ```text
 //!   FlashBwdKernel::Simt     rung 1: three passes on CUDA cores            f32, bf16   D 64, 128
 //!   FlashBwdKernel::MmaSync  rung 2: FlashAttention-2 on mma.sync          bf16, f16   D 64, 128
+//!   FlashBwdKernel::Wgmma    rung 3: TMA + wgmma, producer warp (sm_90a)    bf16, f16   D 64, 128
+//!   FlashBwdKernel::Wgmma2   rung 3, two consumer warpgroups (sm_90a)        bf16, f16   D 64, 128
 //! ```
 //!
-//! [`flash_backward`] picks the best one for the dtype and head dim ([`flash_backward_kernel`]);
-//! [`flash_backward_with`] runs a chosen one. Both are deterministic (no atomics).
+//! [`flash_backward`] picks the best one for the dtype, head dim and module
+//! ([`flash_backward_kernel`]: `Wgmma` on sm_90a while [`FLASH_BWD_WGMMA_DISPATCH`] is on);
+//! [`flash_backward_with`] runs a chosen one (`Wgmma` only on sm_90a: [`check_backward_arch`]).
+//! All are deterministic (no atomics).
 //!
 //! Every kernel but `Wgmma` and `Wgmma2` runs on every module (sm_80 and newer); those two run
 //! only on the sm_90a module (compute capability 9.0) and are refused elsewhere ([`check_arch`]).

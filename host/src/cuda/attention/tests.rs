@@ -22,7 +22,8 @@ fn the_hopper_rung_is_refused_off_sm90a_and_not_dispatched_yet() {
         assert_eq!(flash_forward_kernel(DType::BF16, 96, arch), None);
         assert_eq!(flash_forward_kernel(DType::F64, 64, arch), None);
     }
-    assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma), FlashBwdKernel::MmaSync);
+    let hopper_bwd = if FLASH_BWD_WGMMA_DISPATCH { FlashBwdKernel::Wgmma } else { FlashBwdKernel::MmaSync };
+    assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma), hopper_bwd);
     assert!(FlashKernel::Wgmma.needs_16_byte_alignment());
     assert_eq!(FlashKernel::Wgmma.dtypes(), vec![DType::BF16, DType::F16]);
     // Q, two stages of K and V, five barriers; under the 227 KiB opt-in of Hopper
@@ -31,7 +32,8 @@ fn the_hopper_rung_is_refused_off_sm90a_and_not_dispatched_yet() {
     assert_eq!(FlashKernel::Wgmma2.smem_bytes(128), 6 * 16384 + 40);
     assert!(check_arch(FlashKernel::Wgmma2, Arch::Sm80).is_err());
     assert_eq!(FlashKernel::Wgmma2.threads(), 288);
-    assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma2), FlashBwdKernel::MmaSync);
+    let hopper_bwd2 = if FLASH_BWD_WGMMA_DISPATCH { FlashBwdKernel::Wgmma2 } else { FlashBwdKernel::MmaSync };
+    assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma2), hopper_bwd2);
     let e = check_forward(FlashKernel::Wgmma, DType::BF16, SHAPE, 0.1, lens(SHAPE), [0, 8, 0, 0, 0]).unwrap_err();
     assert!(e.to_string().contains("16-byte"), "{e}");
 }
@@ -111,17 +113,103 @@ fn bwd_lens(s: AttentionShape) -> [usize; 9] {
 
 #[test]
 fn the_backward_picks_mma_sync_for_16_bit_types_and_simt_for_f32() {
-    for d in [64, 128] {
-        assert_eq!(flash_backward_kernel(DType::BF16, d), Some(FlashBwdKernel::MmaSync));
-        assert_eq!(flash_backward_kernel(DType::F16, d), Some(FlashBwdKernel::MmaSync));
-        assert_eq!(flash_backward_kernel(DType::F32, d), Some(FlashBwdKernel::Simt));
-        assert!(flash_backward_supports(DType::F16, d));
+    use kiln_gpu::Arch;
+    for arch in [Arch::Sm80, Arch::Sm100a] {
+        for d in [64, 128] {
+            assert_eq!(flash_backward_kernel(DType::BF16, d, arch), Some(FlashBwdKernel::MmaSync));
+            assert_eq!(flash_backward_kernel(DType::F16, d, arch), Some(FlashBwdKernel::MmaSync));
+            assert_eq!(flash_backward_kernel(DType::F32, d, arch), Some(FlashBwdKernel::Simt));
+            assert!(flash_backward_supports(DType::F16, d));
+        }
+        assert_eq!(flash_backward_kernel(DType::F64, 64, arch), None);
     }
-    assert_eq!(flash_backward_kernel(DType::F64, 64), None);
     assert!(!flash_backward_supports(DType::BF16, 96));
     assert!(FlashBwdKernel::Simt.supports(DType::BF16, 64) && !FlashBwdKernel::Simt.supports(DType::F16, 64));
     for k in [FlashKernel::Simt, FlashKernel::MmaSync] {
         assert_eq!(FlashBwdKernel::of_forward(k).forward(), k);
+    }
+}
+
+#[test]
+fn the_wgmma_backward_is_picked_on_sm90a_and_refused_elsewhere() {
+    use kiln_gpu::Arch;
+    let hopper = if FLASH_BWD_WGMMA_DISPATCH { FlashBwdKernel::Wgmma } else { FlashBwdKernel::MmaSync };
+    for d in [64, 128] {
+        assert_eq!(flash_backward_kernel(DType::BF16, d, Arch::Sm90a), Some(hopper));
+        assert_eq!(flash_backward_kernel(DType::F16, d, Arch::Sm90a), Some(hopper));
+        // f32 has no wgmma kernel: the CUDA-core rung on every module
+        assert_eq!(flash_backward_kernel(DType::F32, d, Arch::Sm90a), Some(FlashBwdKernel::Simt));
+    }
+    assert_eq!(flash_backward_kernel(DType::BF16, 96, Arch::Sm90a), None);
+    // the Hopper forward rungs pair with it; its forward rung is the Hopper one
+    assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma), hopper);
+    let hopper2 = if FLASH_BWD_WGMMA_DISPATCH { FlashBwdKernel::Wgmma2 } else { FlashBwdKernel::MmaSync };
+    assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma2), hopper2);
+    assert_eq!(FlashBwdKernel::Wgmma.forward(), FlashKernel::Wgmma);
+    assert_eq!(FlashBwdKernel::Wgmma2.forward(), FlashKernel::Wgmma2);
+    assert!(FlashBwdKernel::Wgmma2.is_hopper() && FlashBwdKernel::Wgmma2.needs_16_byte_alignment());
+    assert!(FlashBwdKernel::Wgmma.supports(DType::BF16, 128) && FlashBwdKernel::Wgmma.supports(DType::F16, 64));
+    assert!(!FlashBwdKernel::Wgmma.supports(DType::F32, 64) && !FlashBwdKernel::Wgmma.supports(DType::BF16, 96));
+    // the module check
+    check_backward_arch(FlashBwdKernel::Wgmma, Arch::Sm90a).unwrap();
+    check_backward_arch(FlashBwdKernel::Wgmma2, Arch::Sm90a).unwrap();
+    for arch in [Arch::Sm80, Arch::Sm100a] {
+        for k in [FlashBwdKernel::Wgmma, FlashBwdKernel::Wgmma2] {
+            let e = check_backward_arch(k, arch).unwrap_err();
+            assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+            assert!(e.to_string().contains("sm_90a") && e.to_string().contains("MmaSync"), "{e}");
+        }
+        check_backward_arch(FlashBwdKernel::MmaSync, arch).unwrap();
+        check_backward_arch(FlashBwdKernel::Simt, arch).unwrap();
+    }
+    // dtypes, sizes and alignment (TMA needs 16-byte-aligned buffers)
+    let l = bwd_lens(SHAPE);
+    check_backward(FlashBwdKernel::Wgmma, DType::BF16, SHAPE, 0.1, l, [0; 9]).unwrap();
+    check_backward(FlashBwdKernel::Wgmma, DType::F16, SHAPE, 0.1, l, [0; 9]).unwrap();
+    let e = check_backward(FlashBwdKernel::Wgmma, DType::F32, SHAPE, 0.1, l, [0; 9]).unwrap_err();
+    assert!(e.to_string().contains("flash_fwd_simt_f32") && e.to_string().contains("Wgmma backward"), "{e}");
+    let mut addrs = [0u64; 9];
+    addrs[5] = 8;
+    let e = check_backward(FlashBwdKernel::Wgmma, DType::BF16, SHAPE, 0.1, l, addrs).unwrap_err();
+    assert!(e.to_string().contains("16-byte"), "{e}");
+    let mut addrs = [0u64; 9];
+    addrs[4] = 4;
+    check_backward(FlashBwdKernel::Wgmma, DType::BF16, SHAPE, 0.1, l, addrs).unwrap();
+}
+
+#[test]
+fn the_wgmma_backward_fits_hopper_shared_memory() {
+    use kiln_gpu::kernels::flash_bwd_wgmma::{FLASH_BWD_WGMMA_BKV, FLASH_BWD_WGMMA_BQ, FLASH_BWD_WGMMA_THREADS};
+    // two owned tiles, two stages of two streamed tiles, five barriers; under Hopper's 227 KiB
+    assert_eq!(FlashBwdKernel::Wgmma.smem_bytes(64), 6 * 8192 + 40);
+    assert_eq!(FlashBwdKernel::Wgmma.smem_bytes(128), 6 * 16384 + 40);
+    assert!(FlashBwdKernel::Wgmma.smem_bytes(128) <= 227 * 1024);
+    // the two-consumer form: two owned tiles per consumer warpgroup
+    assert_eq!(FlashBwdKernel::Wgmma2.smem_bytes(64), 8 * 8192 + 40);
+    assert_eq!(FlashBwdKernel::Wgmma2.smem_bytes(128), 8 * 16384 + 40);
+    assert!(FlashBwdKernel::Wgmma2.smem_bytes(128) <= 227 * 1024);
+    {
+        use kiln_gpu::kernels::flash_bwd_wgmma::{
+            FLASH_BWD_WGMMA2_CONSUMER_REGS, FLASH_BWD_WGMMA2_PRODUCER_REGS, FLASH_BWD_WGMMA2_ROWS,
+            FLASH_BWD_WGMMA2_THREADS,
+        };
+        assert_eq!((FLASH_BWD_WGMMA2_THREADS, FLASH_BWD_WGMMA2_ROWS), (384, 128));
+        // setmaxnreg: multiples of 8 in 24..=256, within the SM's 65536 registers
+        for r in [FLASH_BWD_WGMMA2_CONSUMER_REGS, FLASH_BWD_WGMMA2_PRODUCER_REGS] {
+            assert!(r % 8 == 0 && (24..=256).contains(&r), "{r}");
+        }
+        const { assert!(128 * (FLASH_BWD_WGMMA2_PRODUCER_REGS + 2 * FLASH_BWD_WGMMA2_CONSUMER_REGS) <= 65536) };
+    }
+    // one consumer warpgroup and a producer warp; 64-row tiles (the TMA box and the delta kernel's
+    // query blocks)
+    assert_eq!(FLASH_BWD_WGMMA_THREADS, 160);
+    assert_eq!((FLASH_BWD_WGMMA_BQ, FLASH_BWD_WGMMA_BKV), (64, 64));
+    assert_eq!(FLASH_BWD_WGMMA_BQ, kiln_gpu::kernels::flash_bwd_mma::FLASH_BWD_MMA_BQ);
+    // Q / dO and K / V are read through the forward's maps: 64 x 64 boxes of 128 bytes a row
+    for d in FLASH_HEAD_DIMS {
+        let spec = wgmma_qkv_spec(DType::F16, 3 * 1000, *d);
+        spec.validate(0x2000).unwrap();
+        assert_eq!(spec.box_bytes() * (*d / 64), kiln_gpu::kernels::flash_bwd_wgmma::flash_bwd_wgmma_tile_bytes(*d));
     }
 }
 
@@ -178,6 +266,35 @@ fn the_mma_backward_fits_shared_memory_and_walks_the_right_query_blocks() {
             match first {
                 Some(i) => assert!(b * 64 <= i && i < (b + 1) * 64 && b + n == q.div_ceil(64), "{q} {kv} {k0}"),
                 None => assert_eq!(n, 0, "{q} {kv} {k0}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn the_wgmma_backward_blocks_walk_every_visible_pair() {
+    use kiln_gpu::kernels::flash_bwd_mma::flash_bwd_query_blocks;
+    // a dK / dV block of `keys` keys from k0 walks the query blocks of 64 rows from the block of
+    // the first row that sees k0; a dQ block of `rows` rows walks the key tiles of 64 its last row
+    // sees. Every visible (query, key) pair must be in a walked tile, for one and two consumers.
+    for (q, kv) in [(1, 1), (17, 17), (129, 129), (17, 129), (129, 17), (1000, 129), (200, 1000)] {
+        for causal in [false, true] {
+            let p = AttentionShape { batch: 1, heads: 1, q_len: q, kv_len: kv, head_dim: 64 }.params(causal, 0.1);
+            for block in [64u32, 128] {
+                for k0 in (0..kv).step_by(block as usize) {
+                    let (b, n) = flash_bwd_query_blocks(p, k0);
+                    for key in k0..(k0 + block).min(kv) {
+                        for i in (0..q).filter(|&i| key < p.visible_keys(i)) {
+                            assert!(b * 64 <= i && i < (b + n) * 64, "dK/dV {q} {kv} {causal} {block}: {i} {key}");
+                        }
+                    }
+                }
+                for q0 in (0..q).step_by(block as usize) {
+                    let tiles = p.keys_for_rows(q0, block).div_ceil(64);
+                    for i in q0..(q0 + block).min(q) {
+                        assert!(p.visible_keys(i) <= tiles * 64, "dQ {q} {kv} {causal} {block}: row {i}");
+                    }
+                }
             }
         }
     }
