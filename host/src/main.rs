@@ -499,6 +499,7 @@ fn dist_bench(a: DistBenchArgs) -> kiln::Result<bool> {
         (c.batch * c.gpus) as f64 / r.ms_many * 1e3,
         r.scaling()
     );
+    println!("  {} GPUs, each rank its own step at once, no communication: {:.3} ms/step", c.gpus, r.ms_many_alone);
     let (bwd, comm, hidden) = r.overlap_ms();
     println!(
         "  one step on rank 0 (ms from the forward's start; backward {bwd:.3} ms, collectives {comm:.3} ms, {hidden:.3} ms of them during the backward):"

@@ -47,6 +47,10 @@ pub struct DistBenchReport {
     pub ms_one: f64,
     /// Milliseconds per step on `gpus` GPUs (rank 0's wall time over the timed steps).
     pub ms_many: f64,
+    /// Milliseconds per step with every rank's thread stepping its own replica at once and no
+    /// communication (rank 0's wall time): where this exceeds `ms_one`, the ranks slow each
+    /// other down before any collective does.
+    pub ms_many_alone: f64,
     /// Buckets per step.
     pub buckets: usize,
     /// One N-GPU step's timeline on rank 0.
@@ -76,7 +80,7 @@ impl DistBenchReport {
             .collect();
         format!(
             "{{\"device\":{:?},\"gpus\":{},\"batch\":{},\"width\":{},\"layers\":{},\"steps\":{},\"bucket_bytes\":{},\
-             \"overlap\":{},\"zero1\":{},\"buckets\":{},\"ms_one\":{:.4},\"ms_many\":{:.4},\"scaling\":{:.4},\
+             \"overlap\":{},\"zero1\":{},\"buckets\":{},\"ms_one\":{:.4},\"ms_many\":{:.4},\"ms_many_alone\":{:.4},\"scaling\":{:.4},\
              \"backward_ms\":{:.4},\"comm_ms\":{:.4},\"comm_hidden_ms\":{:.4},\"timeline\":[{}]}}",
             self.device,
             c.gpus,
@@ -90,6 +94,7 @@ impl DistBenchReport {
             self.buckets,
             self.ms_one,
             self.ms_many,
+            self.ms_many_alone,
             self.scaling(),
             bwd,
             comm,
@@ -236,7 +241,9 @@ pub fn dist_bench(cfg: &DistBenchConfig) -> Result<DistBenchReport> {
     let (ms_one, _, _) = rank_loop(cfg, None, &Device::Cuda(std::sync::Arc::new(dev)))?;
     let outs = dist::run(cfg.gpus, |r| rank_loop(cfg, Some(r), &Device::Cuda(r.device.clone())))?;
     let (ms_many, buckets, timeline) = outs.into_iter().next().unwrap_or_default();
-    Ok(DistBenchReport { device: name, config: cfg.clone(), ms_one, ms_many, buckets, timeline })
+    let alone = dist::run(cfg.gpus, |r| rank_loop(cfg, None, &Device::Cuda(r.device.clone())))?;
+    let ms_many_alone = alone.into_iter().next().map_or(f64::NAN, |(ms, _, _)| ms);
+    Ok(DistBenchReport { device: name, config: cfg.clone(), ms_one, ms_many, ms_many_alone, buckets, timeline })
 }
 
 #[cfg(test)]
