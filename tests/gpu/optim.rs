@@ -245,36 +245,48 @@ fn one_launch_per_step(_: &Device) -> Outcome {
 }
 
 /// State saved from the fused path loads into a fresh optimizer on the GPU and on the CPU, and
-/// one more step from each agrees with one more step of the original.
+/// one more step from each agrees with one more step of the original; with and without clipping
+/// before each step (the clip's norm launch is then the first launch after `load_state`: it builds
+/// the fresh optimizer's table, whose device step count must start at the loaded one).
 fn fused_checkpoint_round_trip(_: &Device) -> Outcome {
     let cuda = TDev::Cuda(Device::shared().map_err(err)?);
     let x = inputs(3, &[5, 1023, 7]);
-    let makes: [(&str, Make); 2] = [
+    let makes: [(&str, Make); 3] = [
         ("nesterov", |p| Box::new(Sgd::new(p, 0.05, 0.9, 0.01, true))),
         ("adam", |p| Box::new(Adam::adam(p, 0.01, 0.01))),
+        ("adamw", |p| Box::new(Adam::adamw(p, 0.01, 0.1))),
     ];
-    for (name, make) in makes {
-        let ps = params(&x.weights, &cuda)?;
-        let mut opt = make(ps.clone());
-        for g in &x.grads[..2] {
-            set_grads(&ps, g, &cuda)?;
-            opt.step().map_err(err)?;
-        }
-        let state: std::collections::HashMap<String, Tensor> = opt.state().map_err(err)?.into_iter().collect();
-        let now: Vec<Vec<f32>> = ps.iter().map(|(_, p)| p.to_vec_f32()).collect();
-        set_grads(&ps, &x.grads[2], &cuda)?;
-        opt.step().map_err(err)?;
-        let want: Vec<Vec<f32>> = ps.iter().map(|(_, p)| p.to_vec_f32()).collect();
-        for dev in [&cuda, &TDev::Cpu] {
-            let fresh = params(&now, dev)?;
-            let mut o = make(fresh.clone());
-            o.load_state(&state).map_err(err)?;
-            set_grads(&fresh, &x.grads[2], dev)?;
-            o.step().map_err(err)?;
-            for (i, (_, p)) in fresh.iter().enumerate() {
-                let w: Vec<f64> = want[i].iter().map(|&v| v as f64).collect();
-                let tol = if matches!(dev, TDev::Cuda(_)) { Tol::EXACT } else { TOL };
-                compare(&format!("{name} reloaded on the {}, parameter {i}", dev.name()), &p.to_vec_f32(), &w, tol)?;
+    for clip in [None, Some(0.5)] {
+        let step = |o: &mut Box<dyn Optimizer>| -> Outcome {
+            if let Some(c) = clip {
+                o.clip_grad_norm(c).map_err(err)?;
+            }
+            o.step().map_err(err)
+        };
+        for (name, make) in makes {
+            let ps = params(&x.weights, &cuda)?;
+            let mut opt = make(ps.clone());
+            for g in &x.grads[..2] {
+                set_grads(&ps, g, &cuda)?;
+                step(&mut opt)?;
+            }
+            let state: std::collections::HashMap<String, Tensor> = opt.state().map_err(err)?.into_iter().collect();
+            let now: Vec<Vec<f32>> = ps.iter().map(|(_, p)| p.to_vec_f32()).collect();
+            set_grads(&ps, &x.grads[2], &cuda)?;
+            step(&mut opt)?;
+            let want: Vec<Vec<f32>> = ps.iter().map(|(_, p)| p.to_vec_f32()).collect();
+            for dev in [&cuda, &TDev::Cpu] {
+                let fresh = params(&now, dev)?;
+                let mut o = make(fresh.clone());
+                o.load_state(&state).map_err(err)?;
+                set_grads(&fresh, &x.grads[2], dev)?;
+                step(&mut o)?;
+                for (i, (_, p)) in fresh.iter().enumerate() {
+                    let w: Vec<f64> = want[i].iter().map(|&v| v as f64).collect();
+                    let tol = if matches!(dev, TDev::Cuda(_)) { Tol::EXACT } else { TOL };
+                    let what = format!("{name} (clip {clip:?}) reloaded on the {}, parameter {i}", dev.name());
+                    compare(&what, &p.to_vec_f32(), &w, tol)?;
+                }
             }
         }
     }

@@ -67,11 +67,12 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
+        // the steps taken before this one: a table built by this step's launch starts there
         self.fused.host_steps = self.t;
-        self.t += 1;
+        let t = self.t + 1;
         let (b1, b2) = (self.beta1, self.beta2);
-        let c1 = 1.0 - b1.powi(self.t as i32);
-        let c2 = 1.0 - b2.powi(self.t as i32);
+        let c1 = 1.0 - b1.powi(t as i32);
+        let c2 = 1.0 - b2.powi(t as i32);
         let clip = std::mem::replace(&mut self.fused.clip, PendingClip::None);
         let h = MultiAdam {
             chunks: 0,
@@ -94,6 +95,8 @@ impl Optimizer for Adam {
             }
             unsafe { t.adam_scalars(grads, h, (b1, b2), clip) }
         })?;
+        self.t = t;
+        self.fused.host_steps = t;
         let scale = if let PendingClip::Host(s) = clip { s } else { 1.0 };
         for (i, (_, p)) in self.params.iter().enumerate() {
             if on_cuda[i] {
@@ -151,6 +154,9 @@ impl Optimizer for Adam {
     fn load_state(&mut self, state: &std::collections::HashMap<String, Tensor>) -> Result<()> {
         let t = state.get("adam.t").ok_or_else(|| Error::shape("load_state", "checkpoint has no `adam.t`"))?;
         self.t = t.item()? as u64;
+        // A table built later (by the first step's norm launch or the step itself) starts from
+        // this count; one that exists takes it now.
+        self.fused.host_steps = self.t;
         if let Some(table) = &mut self.fused.table {
             table.set_step_scalars(StepScalars { lr: self.lr as f32, t: step_count(self.t)?, ticket: 0, pad: 0 })?;
         }
@@ -177,5 +183,56 @@ impl Optimizer for Adam {
     }
     fn prepare_replay(&mut self) -> Result<()> {
         self.fused.write_lr(self.lr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn param(v: &[f64]) -> Tensor {
+        Tensor::from_f64(v, [v.len()], DType::F64).unwrap().requires_grad()
+    }
+    fn set_grad(p: &Tensor, g: &[f64]) {
+        p.zero_grad();
+        p.mul(&Tensor::from_f64(g, [g.len()], DType::F64).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+    }
+
+    /// The device count of a table built after a resume: `gpu::gpt::resume_on_cuda_matches_cpu`
+    /// once failed because the first launch after `load_state` (the clip's norm launch) built the
+    /// table from a count of 0, so the resumed step took step 1's bias corrections.
+    #[test]
+    fn a_table_built_after_load_state_starts_at_the_loaded_count() {
+        let p = param(&[1.0, -2.0, 3.0]);
+        let mut a = Adam::adamw(vec![("w".into(), p.clone())], 1e-2, 0.1);
+        assert_eq!(a.fused.seed_scalars().unwrap(), None, "a fresh optimizer's table starts at 0");
+        for g in [[0.5, -1.0, 2.0], [1.0, 1.0, -1.0], [0.1, 0.2, 0.3]] {
+            set_grad(&p, &g);
+            a.clip_grad_norm(1.0).unwrap();
+            a.step().unwrap();
+        }
+        assert_eq!(a.steps().unwrap(), 3);
+        let want = StepScalars { lr: 0.0, t: 3, ticket: 0, pad: 0 };
+        assert_eq!(a.fused.seed_scalars().unwrap(), Some(want), "after steps: the count taken");
+        let state: std::collections::HashMap<String, Tensor> = a.state().unwrap().into_iter().collect();
+
+        let q = param(&p.to_vec_f64());
+        let mut b = Adam::adamw(vec![("w".into(), q.clone())], 1e-2, 0.1);
+        b.load_state(&state).unwrap();
+        assert_eq!(b.steps().unwrap(), 3);
+        assert_eq!(b.fused.seed_scalars().unwrap(), Some(want), "after load_state: the loaded count");
+        // the first step after the resume: the clip comes first (on CUDA its launch builds the
+        // table), then the step, which takes step 4's corrections and leaves 4 behind
+        set_grad(&q, &[0.3, 0.3, -0.3]);
+        b.clip_grad_norm(1.0).unwrap();
+        assert_eq!(b.fused.seed_scalars().unwrap(), Some(want), "the clip does not count a step");
+        b.step().unwrap();
+        assert_eq!(b.steps().unwrap(), 4);
+        assert_eq!(b.fused.seed_scalars().unwrap(), Some(StepScalars { t: 4, ..want }));
+        // and it is the step the uninterrupted run takes
+        set_grad(&p, &[0.3, 0.3, -0.3]);
+        a.clip_grad_norm(1.0).unwrap();
+        a.step().unwrap();
+        assert_eq!(p.to_vec_f64(), q.to_vec_f64());
     }
 }

@@ -68,8 +68,11 @@ pub(super) struct Fused {
     pub(super) dirty: bool,
     pub(super) clip: PendingClip,
     last_norm: LastNorm,
-    /// Steps taken before the coming one (Adam's host count): a newly built table starts its
-    /// device step count here.
+    /// Adam's host count of steps taken (before the coming one, while a step runs): a newly built
+    /// table starts its device step count here. The owner keeps it equal to its count at all
+    /// times (construction, `load_state`, each step), because the table may be built by any launch
+    /// over it: the norm launch of `clip_grad_norm` / `unscale_grads` before the first step after
+    /// a resume builds it, and the step then runs on that table.
     pub(super) host_steps: u64,
 }
 
@@ -194,8 +197,8 @@ impl Fused {
                 Some(t) if same_device => t.set_tensors(&slots)?,
                 _ => {
                     let mut t = MultiTensorTable::new(&dev, &slots)?;
-                    if self.host_steps > 0 {
-                        t.set_step_scalars(StepScalars { t: step_count(self.host_steps)?, ..StepScalars::default() })?;
+                    if let Some(s) = self.seed_scalars()? {
+                        t.set_step_scalars(s)?;
                     }
                     self.table = Some(t);
                 }
@@ -204,6 +207,16 @@ impl Fused {
             self.dirty = false;
         }
         Ok(Some(Gathered { grads, _keep: keep }))
+    }
+
+    /// The step scalars a newly built table starts from: the host's count (`host_steps`), where it
+    /// is not 0 (a new table's scalars are all 0). The learning rate stays 0 there: the step writes
+    /// it ([`MultiTensorTable::write_lr`] sees the 0 the table holds).
+    pub(super) fn seed_scalars(&self) -> Result<Option<StepScalars>> {
+        if self.host_steps == 0 {
+            return Ok(None);
+        }
+        Ok(Some(StepScalars { t: step_count(self.host_steps)?, ..StepScalars::default() }))
     }
 
     /// Runs `launch` over the CUDA parameters (with the clip scale when the last clip left one on
