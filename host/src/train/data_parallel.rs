@@ -252,6 +252,8 @@ pub fn train_data_parallel_with(
                 let last = step + 1 == total;
                 r.record_timeline(dp.timeline && last);
                 opt.set_lr(schedule.lr(cfg.lr, step));
+                // the rate's copy to the device now, not in the step behind this step's collectives
+                opt.prepare_replay()?;
                 let rows = &chunk[shard(chunk.len(), world, r.rank)];
                 if rows.is_empty() {
                     if fail == Some((r.rank, step)) {

@@ -148,6 +148,8 @@ pub fn train_gpt_data_parallel(
                 timer = Instant::now();
             }
             opt.set_lr(sched.lr(cfg.lr, step));
+            // the rate's copy to the device now, not in the step behind this step's collectives
+            opt.prepare_replay()?;
             opt.zero_grad();
             let mut loss_sum = 0.0;
             for micro in 0..cfg.grad_accum {
