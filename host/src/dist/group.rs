@@ -6,9 +6,13 @@
 //! event of its compute stream, so they overlap whatever the compute stream does next; the
 //! compute stream waits for them (on the GPU) where it reads their results
 //! ([`Rank::then_compute`]), and the host checks they finished by polling ([`Rank::settle`]).
-//! A rank that fails (an error, a panic, a planted failure) records its failure; the other ranks
-//! of the process see it at their next launch or poll, abort their communicators (which ends the
-//! NCCL kernels that wait for the failed rank) and stop with [`Error::RankFailed`]. A peer in
+//! A rank's host never blocks in the driver while its streams may wait for a collective: it waits
+//! by polling ([`Rank::wait_event`], [`Rank::synchronize`]), and downloads only after a settle
+//! (a blocking download behind a collective that a failed peer never joins would never return).
+//! A rank that fails (an error, a panic, a planted failure: [`Rank::fail`] shares it at once)
+//! records its failure; the other ranks of the process see it at their next launch or poll, abort
+//! their communicators (which ends the NCCL kernels that wait for the failed rank; abort, never
+//! destroy, which would wait for them) and stop with [`Error::RankFailed`]. A peer in
 //! another process that is gone shows as NCCL's asynchronous error or as the timeout
 //! ([`Error::CommTimeout`], `KILN_DIST_TIMEOUT` seconds), never as a hang.
 
@@ -120,6 +124,78 @@ impl Shared {
     }
 }
 
+/// How a [`poll_until`] ended other than by completion.
+#[derive(Debug)]
+pub(crate) enum WaitEnd<E> {
+    /// The query itself failed (a driver error).
+    Query(E),
+    /// The check between polls ended the wait (a peer failed, NCCL's asynchronous error).
+    Stopped(Error),
+    /// The timeout passed first.
+    TimedOut,
+}
+
+/// Polls `query` (an event or stream query: `Ok(true)` once the work is done) until it reports
+/// completion, calling `check(polls)` after every unfinished poll (the poll count, so that costly
+/// checks can run every so many polls): an error from `check` ends the wait, and so does
+/// `timeout`. Yields for the first 2 ms, then sleeps 50 us between polls. The host never blocks
+/// in the driver, so a wait behind a collective that never completes still ends.
+pub(crate) fn poll_until<E>(
+    timeout: Duration,
+    mut query: impl FnMut() -> std::result::Result<bool, E>,
+    mut check: impl FnMut(u64) -> Result<()>,
+) -> std::result::Result<(), WaitEnd<E>> {
+    let start = Instant::now();
+    let mut polls = 0u64;
+    loop {
+        match query() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(WaitEnd::Query(e)),
+        }
+        polls += 1;
+        check(polls).map_err(WaitEnd::Stopped)?;
+        let waited = start.elapsed();
+        if waited > timeout {
+            return Err(WaitEnd::TimedOut);
+        }
+        if waited < Duration::from_millis(2) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+/// The global ranks of this process whose threads (in [`run_with`]) have not ended yet: a
+/// diagnostic for tests of failure handling (which rank is still blocked).
+pub fn running_ranks() -> Vec<usize> {
+    let mut v = RUNNING.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    v.sort_unstable();
+    v
+}
+
+static RUNNING: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// Lists a rank in [`running_ranks`] while alive.
+struct Running(usize);
+
+impl Running {
+    fn new(rank: usize) -> Running {
+        RUNNING.lock().unwrap_or_else(|p| p.into_inner()).push(rank);
+        Running(rank)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut v = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = v.iter().position(|&r| r == self.0) {
+            v.swap_remove(i);
+        }
+    }
+}
+
 /// A collective in flight on a rank's communication stream.
 pub struct Pending {
     done: CudaEvent,
@@ -219,43 +295,75 @@ impl Rank {
 
     /// Polls `p` until done (see [`Rank::settle`]).
     pub fn wait(&self, p: &Pending) -> Result<()> {
-        let start = Instant::now();
-        let mut polls = 0u64;
-        loop {
-            match p.done.try_is_complete() {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => {
-                    self.comm.abort();
-                    return Err(Error::Driver {
-                        context: format!("waiting for {} on rank {}", p.what, self.rank),
-                        source: e,
-                    });
+        self.wait_event(&p.done, &p.what)
+    }
+
+    /// Waits on the host for `event` (recorded on one of this rank's streams; `what` names it in
+    /// errors) by polling it ([`poll_until`]), never by a blocking call: another rank of this
+    /// process failing, NCCL's asynchronous error, or the timeout ends the wait with an error and
+    /// aborts the communicator (a blocking wait behind a collective that a failed peer never
+    /// joins would never return).
+    pub fn wait_event(&self, event: &CudaEvent, what: &str) -> Result<()> {
+        let end = poll_until(
+            self.timeout,
+            || event.try_is_complete(),
+            |polls| {
+                self.check_peers()?;
+                if polls.is_multiple_of(64) {
+                    self.comm.async_error()?;
                 }
+                Ok(())
+            },
+        );
+        match end {
+            Ok(()) => Ok(()),
+            Err(WaitEnd::Query(e)) => {
+                self.comm.abort();
+                Err(Error::Driver { context: format!("waiting for {what} on rank {}", self.rank), source: e })
             }
-            self.check_peers()?;
-            polls += 1;
-            if polls.is_multiple_of(64) {
-                if let Err(e) = self.comm.async_error() {
-                    self.comm.abort();
-                    return Err(e);
-                }
-                if start.elapsed() > self.timeout {
-                    self.comm.abort();
-                    self.shared.fail(self.rank, format!("{} timed out", p.what));
-                    return Err(Error::CommTimeout {
-                        rank: self.rank,
-                        what: p.what.clone(),
-                        seconds: self.timeout.as_secs(),
-                    });
-                }
+            Err(WaitEnd::Stopped(e)) => {
+                self.comm.abort();
+                Err(e)
             }
-            if start.elapsed() < Duration::from_millis(2) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
+            Err(WaitEnd::TimedOut) => {
+                self.comm.abort();
+                self.shared.fail(self.rank, format!("{what} timed out"));
+                Err(Error::CommTimeout { rank: self.rank, what: what.to_string(), seconds: self.timeout.as_secs() })
             }
         }
+    }
+
+    /// Waits on the host, polling ([`Rank::wait_event`]), for everything enqueued so far on the
+    /// compute stream (and, first, for the collectives it was told to wait for): the polled
+    /// counterpart of [`Device::synchronize`], for the points where a rank must wait for its GPU
+    /// while its compute stream may wait for a collective.
+    pub fn synchronize(&self) -> Result<()> {
+        self.settle()?;
+        let done = self.device.stream().record_event(None).map_err(Error::driver("recording a compute event"))?;
+        self.wait_event(&done, "the compute stream")
+    }
+
+    /// Records `e` as this rank's failure at once, so that the other ranks of this process stop
+    /// at their next launch or poll (before this rank's thread has unwound), aborts this rank's
+    /// communicator, and hands `e` back to be returned.
+    pub fn fail(&self, e: Error) -> Error {
+        if !matches!(e, Error::RankFailed { .. }) {
+            self.shared.fail(self.rank, e.to_string());
+        }
+        self.comm.abort();
+        e
+    }
+
+    /// In-place broadcast of CUDA tensors (f32 or bf16) from `root` on the communication stream
+    /// ([`Rank::launch`]), waited for by polling ([`Rank::settle`]): a peer that fails before it
+    /// joins ends this rank with an error instead of leaving its next download waiting.
+    pub fn broadcast_tensors(&self, tensors: &[crate::tensor::Tensor], root: usize) -> Result<()> {
+        let p = self.launch("parameter broadcast", |s| {
+            // SAFETY: `s` is this rank's communication stream, on the device's context.
+            unsafe { self.comm.broadcast_tensors_on(&self.device, s, tensors, root) }
+        })?;
+        self.then_compute(p)?;
+        self.settle()
     }
 
     /// [`Error::RankFailed`] (and this rank's communicator aborted) when another rank of this
@@ -322,7 +430,7 @@ impl Rank {
         let Some((_, _, first)) = marks.first() else { return Ok(Vec::new()) };
         let mut out = Vec::new();
         for (label, comm, ev) in &marks {
-            ev.synchronize().map_err(Error::driver("waiting for a timeline event"))?;
+            self.wait_event(ev, "a timeline event")?;
             let ms = first.elapsed_ms(ev).map_err(Error::driver("reading a timeline event"))? as f64;
             out.push(TimelineEvent { label: label.clone(), stream: if *comm { "comm" } else { "compute" }, ms });
         }
@@ -373,6 +481,7 @@ pub fn run_with<T: Send>(cfg: &RunConfig, f: impl Fn(&Rank) -> Result<T> + Sync)
                 let ordinal = cfg.first_device + i;
                 let timeout = cfg.timeout;
                 s.spawn(move || -> Result<T> {
+                    let _running = Running::new(rank);
                     // every local GPU opens before any rank joins the communicator: a rank that
                     // cannot open its GPU must not leave the others waiting in NCCL's init
                     let device = Device::new(ordinal).map(Arc::new);
@@ -415,7 +524,7 @@ pub fn run_with<T: Send>(cfg: &RunConfig, f: impl Fn(&Rank) -> Result<T> + Sync)
                             Err(e)
                         }
                         // what the body left in flight finishes before the communicator goes
-                        Ok(v) => match r.settle().and_then(|()| r.device.synchronize()) {
+                        Ok(v) => match r.synchronize() {
                             Ok(()) => Ok(v),
                             Err(e) => {
                                 shared_ref.fail(rank, e.to_string());
@@ -480,6 +589,79 @@ mod tests {
         assert_eq!((c.world(), c.first_rank()), (4, 3));
         c.gpus = 0;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn poll_ends_on_completion() {
+        let mut n = 0;
+        let mut checks = Vec::new();
+        let r = poll_until::<()>(
+            Duration::from_secs(60),
+            || {
+                n += 1;
+                Ok(n == 5)
+            },
+            |polls| {
+                checks.push(polls);
+                Ok(())
+            },
+        );
+        assert!(r.is_ok());
+        // a check after every unfinished poll, counted from 1
+        assert_eq!(checks, [1, 2, 3, 4]);
+        assert!(poll_until::<()>(Duration::ZERO, || Ok(true), |_| Ok(())).is_ok(), "done work never times out");
+    }
+
+    #[test]
+    fn poll_ends_on_the_shared_failure_flag() {
+        // a query that never completes (a collective a failed peer never joins) and a flag that
+        // another thread sets: the wait ends with the check's error, well before the timeout
+        let flag = Arc::new(AtomicBool::new(false));
+        let setter = {
+            let flag = flag.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                flag.store(true, Ordering::SeqCst);
+            })
+        };
+        let t0 = Instant::now();
+        let r = poll_until::<()>(
+            Duration::from_secs(60),
+            || Ok(false),
+            |_| {
+                if flag.load(Ordering::SeqCst) {
+                    return Err(Error::RankFailed { rank: 0, this: 1, msg: "planted".into() });
+                }
+                Ok(())
+            },
+        );
+        setter.join().expect("setter");
+        assert!(matches!(r, Err(WaitEnd::Stopped(Error::RankFailed { rank: 0, this: 1, .. }))), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn poll_ends_on_the_timeout_and_on_a_query_error() {
+        let t0 = Instant::now();
+        let r = poll_until::<()>(Duration::from_millis(30), || Ok(false), |_| Ok(()));
+        assert!(matches!(r, Err(WaitEnd::TimedOut)), "{r:?}");
+        let waited = t0.elapsed();
+        assert!(waited >= Duration::from_millis(30) && waited < Duration::from_secs(10), "{waited:?}");
+        let r = poll_until(Duration::from_secs(60), || Err("lost"), |_| Ok(()));
+        assert!(matches!(r, Err(WaitEnd::Query("lost"))), "{r:?}");
+    }
+
+    #[test]
+    fn running_ranks_list_live_guards() {
+        // ranks far above any test's, so that runs of other tests do not interfere
+        let a = Running::new(9_001);
+        let b = Running::new(9_000);
+        let mine = |v: Vec<usize>| v.into_iter().filter(|&r| r >= 9_000).collect::<Vec<_>>();
+        assert_eq!(mine(running_ranks()), [9_000, 9_001]);
+        drop(a);
+        assert_eq!(mine(running_ranks()), [9_000]);
+        drop(b);
+        assert!(mine(running_ranks()).is_empty());
     }
 
     #[test]

@@ -24,7 +24,8 @@ pub mod plan;
 pub mod rendezvous;
 
 pub use group::{
-    DEFAULT_TIMEOUT, Pending, Rank, RunConfig, TIMEOUT_ENV, TimelineEvent, run, run_with, timeout_from_env,
+    DEFAULT_TIMEOUT, Pending, Rank, RunConfig, TIMEOUT_ENV, TimelineEvent, run, run_with, running_ranks,
+    timeout_from_env,
 };
 
 use crate::cuda::{Device, DeviceBuffer};
@@ -258,6 +259,24 @@ impl Comm {
     /// # Safety
     /// As [`Comm::all_reduce_raw`].
     unsafe fn broadcast_raw(&self, device: &Device, ptr: u64, len: usize, dtype: i32, root: usize) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.broadcast_on(device, Self::stream(device), ptr, len, dtype, root) }
+    }
+
+    /// In-place broadcast of `len` elements of `dtype` at `ptr` from `root`, enqueued on `stream`
+    /// (a stream of `device`'s context).
+    ///
+    /// # Safety
+    /// As [`Comm::all_reduce_on`].
+    unsafe fn broadcast_on(
+        &self,
+        device: &Device,
+        stream: *mut c_void,
+        ptr: u64,
+        len: usize,
+        dtype: i32,
+        root: usize,
+    ) -> Result<()> {
         if root >= self.world {
             return Err(Error::Index { op: "broadcast", msg: format!("root {root} is not a rank of {}", self.world) });
         }
@@ -265,7 +284,7 @@ impl Comm {
         device.context().bind_to_thread().map_err(Error::driver("binding the context for NCCL"))?;
         let p = ptr as *mut c_void;
         // SAFETY: in-place broadcast of `len` elements at `p`.
-        let code = unsafe { (self.nccl.broadcast)(p, p, len, dtype, root as i32, self.raw, Self::stream(device)) };
+        let code = unsafe { (self.nccl.broadcast)(p, p, len, dtype, root as i32, self.raw, stream) };
         self.nccl.check(code, || format!("broadcast of {len} elements on rank {}", self.rank))
     }
 
@@ -339,20 +358,39 @@ impl Comm {
         Ok(())
     }
 
-    /// In-place broadcast of CUDA tensors (f32 or bf16) from `root`, one NCCL group.
+    /// In-place broadcast of CUDA tensors (f32 or bf16) from `root`, one NCCL group, on the
+    /// device's stream. A host wait behind it blocks while a peer never joins: in training use
+    /// [`Rank::broadcast_tensors`] (polled).
     pub fn broadcast_tensors(&self, device: &Device, tensors: &[Tensor], root: usize) -> Result<()> {
+        // SAFETY: the device's own stream.
+        unsafe { self.broadcast_tensors_on(device, Self::stream(device), tensors, root) }
+    }
+
+    /// [`Comm::broadcast_tensors`] enqueued on `stream`.
+    ///
+    /// # Safety
+    /// `stream` is a stream of `device`'s context, and the tensors' memory stays alive until it
+    /// passes the broadcast (kiln frees in the compute stream's order: make the compute stream
+    /// wait for `stream`).
+    pub(crate) unsafe fn broadcast_tensors_on(
+        &self,
+        device: &Device,
+        stream: *mut c_void,
+        tensors: &[Tensor],
+        root: usize,
+    ) -> Result<()> {
         let guards: Vec<_> = tensors.iter().map(|t| t.storage_mut()).collect();
-        // SAFETY: as in `all_reduce_tensors`.
+        // SAFETY: as in `all_reduce_tensors`; the caller's contract for `stream`.
         unsafe {
             self.nccl.check((self.nccl.group_start)(), || "starting an NCCL group".into())?;
             let mut first_err = Ok(());
             for (g, t) in guards.iter().zip(tensors) {
                 let r = match &**g {
                     Storage::Cuda(c) if c.dtype() == DType::F32 => {
-                        self.broadcast_raw(device, c.addr(), t.elem_count(), NCCL_FLOAT32, root)
+                        self.broadcast_on(device, stream, c.addr(), t.elem_count(), NCCL_FLOAT32, root)
                     }
                     Storage::Cuda(c) if c.dtype() == DType::BF16 => {
-                        self.broadcast_raw(device, c.addr(), t.elem_count(), NCCL_BFLOAT16, root)
+                        self.broadcast_on(device, stream, c.addr(), t.elem_count(), NCCL_BFLOAT16, root)
                     }
                     _ => Err(Error::Unsupported {
                         op: "broadcast_tensors",
@@ -444,7 +482,8 @@ pub fn bench_all_reduce(gpus: usize, bytes: usize, reps: usize, warmup: usize) -
         for _ in 0..warmup {
             r.comm.all_reduce_f32(&r.device, &mut buf, ReduceOp::Sum)?;
         }
-        r.device.synchronize()?;
+        // polled: a rank that failed before its warm-up collectives does not leave this one waiting
+        r.synchronize()?;
         barrier.wait();
         let t0 = std::time::Instant::now();
         for _ in 0..reps {

@@ -204,7 +204,7 @@ pub fn train_data_parallel_with(
             p.move_to(&device)?;
         }
         let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.clone()).collect();
-        r.comm.broadcast_tensors(&r.device, &tensors, 0)?;
+        r.broadcast_tensors(&tensors, 0)?;
         let sharding = if dp.zero1 { Sharding::Zero1 } else { Sharding::Replicated };
         let mut sync = GradSync::new(r, &tensors, dp.bucket_bytes, sharding, dp.overlap)?;
         if r.rank == 0 {
@@ -252,10 +252,12 @@ pub fn train_data_parallel_with(
                 let last = step + 1 == total;
                 r.record_timeline(dp.timeline && last);
                 opt.set_lr(schedule.lr(cfg.lr, step));
+                // the rate's copy to the device now, not in the step behind this step's collectives
+                opt.prepare_replay()?;
                 let rows = &chunk[shard(chunk.len(), world, r.rank)];
                 if rows.is_empty() {
                     if fail == Some((r.rank, step)) {
-                        return Err(Error::PlantedFailure { rank: r.rank, step });
+                        return Err(r.fail(Error::PlantedFailure { rank: r.rank, step }));
                     }
                     sync.backward_without_loss(r)?;
                 } else {
@@ -268,12 +270,16 @@ pub fn train_data_parallel_with(
                     if !lv.is_finite() {
                         return Err(Error::NonFinite { what: "the training loss".into(), value: lv, step });
                     }
+                    // downloaded before the backward pass: after it the compute stream waits for the
+                    // gradients' collectives, and a blocking download there would never return
+                    // if a peer failed before joining them
+                    correct += logits.argmax_last()?.iter().zip(&y).filter(|(p, t)| p == t).count();
                     if fail == Some((r.rank, step)) {
-                        return Err(Error::PlantedFailure { rank: r.rank, step });
+                        // shared at once (the other ranks may be waiting in this step's collectives)
+                        return Err(r.fail(Error::PlantedFailure { rank: r.rank, step }));
                     }
                     let scaled = loss.mul_scalar(rows.len() as f64 / chunk.len() as f64)?;
                     sync.backward(r, &scaled)?;
-                    correct += logits.argmax_last()?.iter().zip(&y).filter(|(p, t)| p == t).count();
                     step_losses[step] = lv * rows.len() as f64;
                 }
                 if let Some(max_norm) = cfg.clip_grad_norm {
@@ -291,8 +297,7 @@ pub fn train_data_parallel_with(
                 }
                 step += 1;
             }
-            r.settle()?;
-            r.device.synchronize()?;
+            r.synchronize()?;
             let elapsed = started.elapsed().as_secs_f64();
             // this epoch's per-step loss sums and the correct count, summed over ranks
             let mut stats: Vec<f64> = step_losses[first_step..step].to_vec();

@@ -154,7 +154,7 @@ fn rank_loop(cfg: &DistBenchConfig, r: Option<&Rank>, device: &Device) -> Result
     let (x, y) = batch(cfg, r.map_or(0, |r| r.rank), device)?;
     let mut sync = match r {
         Some(r) => {
-            r.comm.broadcast_tensors(&r.device, &params, 0)?;
+            r.broadcast_tensors(&params, 0)?;
             let sharding = if cfg.zero1 { Sharding::Zero1 } else { Sharding::Replicated };
             Some(GradSync::new(r, &params, cfg.bucket_bytes, sharding, cfg.overlap)?)
         }

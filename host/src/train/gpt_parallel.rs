@@ -108,7 +108,7 @@ pub fn train_gpt_data_parallel(
         model.move_to(&device)?;
         let params = model.named_parameters();
         let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.clone()).collect();
-        r.comm.broadcast_tensors(&r.device, &tensors, 0)?;
+        r.broadcast_tensors(&tensors, 0)?;
         let decay: Vec<bool> = params.iter().map(|(n, _)| Gpt::decays(n)).collect();
         let mut opt = Adam::adamw(params, cfg.lr, cfg.weight_decay);
         opt.beta2 = 0.95;
@@ -143,12 +143,13 @@ pub fn train_gpt_data_parallel(
         let mut last = Instant::now();
         for step in 0..end {
             if step == timed_from {
-                r.settle()?;
-                r.device.synchronize()?;
+                r.synchronize()?;
                 r.barrier()?;
                 timer = Instant::now();
             }
             opt.set_lr(sched.lr(cfg.lr, step));
+            // the rate's copy to the device now, not in the step behind this step's collectives
+            opt.prepare_replay()?;
             opt.zero_grad();
             let mut loss_sum = 0.0;
             for micro in 0..cfg.grad_accum {
@@ -168,7 +169,7 @@ pub fn train_gpt_data_parallel(
                     loss.backward()?;
                 } else {
                     if fail == Some((r.rank, step)) {
-                        return Err(Error::PlantedFailure { rank: r.rank, step });
+                        return Err(r.fail(Error::PlantedFailure { rank: r.rank, step }));
                     }
                     sync.backward(r, &loss)?;
                 }
@@ -202,8 +203,7 @@ pub fn train_gpt_data_parallel(
                 }
             }
         }
-        r.settle()?;
-        r.device.synchronize()?;
+        r.synchronize()?;
         let timed = end - timed_from;
         let secs = timer.elapsed().as_secs_f64();
         report.ms_per_step = 1e3 * secs / timed as f64;
