@@ -66,6 +66,7 @@ const LAYERS: &[&[&str]] = &[
     &["nn", "optim", "checkpoint", "data", "corpus", "dist"],
     &["megakernel", "tools"],
     &["train"],
+    &["cli"],
 ];
 
 fn layer(module: &str) -> Option<usize> {
