@@ -107,7 +107,22 @@ pub fn broadcast_binary(dev: &Device) {
         compare(&format!("div n={n}"), &a.div(&b).unwrap().to_vec_f32(), &want(|p, q| p / q), Tol::EXACT).unwrap();
         let relu: Vec<f64> = x.iter().map(|&v| f32_of(v.max(0.0))).collect();
         compare(&format!("relu n={n}"), &a.relu().unwrap().to_vec_f32(), &relu, Tol::EXACT).unwrap();
+        // ReLU's backward in one pass: the bits of the product with the step mask it replaces
+        let fused = a.relu_grad(&b).unwrap().to_vec_f32();
+        let step: Vec<f64> = y.iter().map(|&q| if q > 0.0 { 1.0 } else { 0.0 }).collect();
+        let composed = a.mul(&t(&step, &[n], dev)).unwrap().to_vec_f32();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fused), bits(&composed), "relu_grad n={n}: not the bits of a * step(b)");
     }
+    // signed zeros, a NaN and infinities on either side, and a broadcast mask
+    let a = t(&[-1.5, 2.0, f64::NAN, -0.0, f64::INFINITY, 3.0], &[2, 3], dev);
+    let m = t(&[0.0, -2.0, 1.0, 5.0, f64::NAN, f64::NEG_INFINITY], &[2, 3], dev);
+    let got: Vec<u32> = a.relu_grad(&m).unwrap().to_vec_f32().iter().map(|x| x.to_bits()).collect();
+    let step = t(&[0.0, 0.0, 1.0, 1.0, 0.0, 0.0], &[2, 3], dev);
+    let want: Vec<u32> = a.mul(&step).unwrap().to_vec_f32().iter().map(|x| x.to_bits()).collect();
+    assert_eq!(got, want, "relu_grad on signed zeros, NaN and infinities");
+    let rowmask = t(&[1.0, -1.0, 0.5], &[3], dev);
+    assert_eq!(a.relu_grad(&rowmask).unwrap().to_vec_f64()[..2], [-1.5, 0.0]);
 }
 
 pub fn reductions_and_max(dev: &Device) {

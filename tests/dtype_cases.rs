@@ -168,6 +168,12 @@ pub fn elementwise(dev: &Device, dt: DType) -> Outcome {
         c.check(&format!("sub [{n}]"), &x.sub(&y).unwrap(), &pairs(|a, b| a - b), tol)?;
         c.check(&format!("mul [{n}]"), &x.mul(&y).unwrap(), &pairs(|a, b| a * b), tol)?;
         c.check(
+            &format!("relu_grad [{n}]"),
+            &x.relu_grad(&y).unwrap(),
+            &pairs(|a, b| if b > 0.0 { a } else { 0.0 }),
+            tol,
+        )?;
+        c.check(
             &format!("div [{n}]"),
             &x.div(&p).unwrap(),
             &v.iter().zip(&pv).map(|(a, b)| a / b).collect::<Vec<_>>(),

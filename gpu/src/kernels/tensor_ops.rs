@@ -60,6 +60,9 @@ pub mod binary {
     pub const MUL: u32 = 2;
     /// a / b
     pub const DIV: u32 = 3;
+    /// a * step(b): `a` where `b > 0`, else `a * 0` (ReLU's backward from its output `b`; the
+    /// bits of `a * (b > 0 ? 1 : 0)`, the composition it replaces).
+    pub const RELU_GRAD: u32 = 4;
 }
 
 /// An output of `n` elements with dimensions `dims` (row-major, padded on the left with 1s to
@@ -284,6 +287,7 @@ pub(crate) fn apply_binary(op: u32, x: f32, y: f32) -> f32 {
         binary::SUB => x - y,
         binary::MUL => x * y,
         binary::DIV => x / y,
+        binary::RELU_GRAD => x * if y > 0.0 { 1.0 } else { 0.0 },
         _ => thread::trap(),
     }
 }

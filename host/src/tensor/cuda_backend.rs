@@ -209,6 +209,7 @@ fn binary_code(b: Binary) -> u32 {
         Binary::Sub => k::binary::SUB,
         Binary::Mul => k::binary::MUL,
         Binary::Div => k::binary::DIV,
+        Binary::ReluGrad => k::binary::RELU_GRAD,
     }
 }
 

@@ -41,6 +41,9 @@ pub enum Binary {
     Mul,
     /// a / b
     Div,
+    /// a * step(b) (`a` where `b > 0`, else `a * 0`): ReLU's backward from its output, one pass
+    /// instead of a step mask and a product (the same bits).
+    ReluGrad,
 }
 
 impl Binary {
@@ -51,6 +54,7 @@ impl Binary {
             Binary::Sub => "sub",
             Binary::Mul => "mul",
             Binary::Div => "div",
+            Binary::ReluGrad => "relu_grad",
         }
     }
 }

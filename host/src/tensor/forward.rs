@@ -38,6 +38,11 @@ impl Tensor {
     pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
         self.binary(other, Binary::Mul)
     }
+    /// `self * step(other)`, broadcasting: `self` where `other > 0`, else `self * 0` (the bits of
+    /// `self` times the step mask of `other` in one pass: ReLU's backward from its output).
+    pub fn relu_grad(&self, other: &Tensor) -> Result<Tensor> {
+        self.binary(other, Binary::ReluGrad)
+    }
     /// `self / other`, broadcasting.
     pub fn div(&self, other: &Tensor) -> Result<Tensor> {
         self.binary(other, Binary::Div)

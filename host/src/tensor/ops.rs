@@ -235,7 +235,7 @@ impl Op {
                     Unary::Exp => g.mul(out)?,
                     Unary::Log => g.div(x)?,
                     Unary::Sqrt => g.div(&out.mul_scalar(2.0)?)?,
-                    Unary::Relu => g.mul(&x.unary(Unary::Step)?)?,
+                    Unary::Relu => g.relu_grad(x)?,
                     Unary::Gelu => g.mul(&x.unary(Unary::GeluGrad)?)?,
                     Unary::Tanh => g.mul(&out.mul(out)?.neg()?.add_scalar(1.0)?)?,
                     Unary::Sigmoid => g.mul(&out.mul(&out.neg()?.add_scalar(1.0)?)?)?,
@@ -253,6 +253,8 @@ impl Op {
                     Binary::Sub => (g.clone(), g.neg()?),
                     Binary::Mul => (g.mul(b)?, g.mul(a)?),
                     Binary::Div => (g.div(b)?, g.mul(a)?.div(&b.mul(b)?)?.neg()?),
+                    // the step's derivative is 0 wherever it is defined
+                    Binary::ReluGrad => (g.relu_grad(b)?, b.zeros_like()?),
                 };
                 vec![(a.clone(), ga.sum_to(a.shape())?), (b.clone(), gb.sum_to(b.shape())?)]
             }
@@ -392,7 +394,7 @@ fn linear_backward(
     g: &Tensor,
 ) -> Result<Vec<(Tensor, Tensor)>> {
     let gpre = match act {
-        Some(crate::cuda::gemm::Activation::Relu) => g.mul(&out.unary(Unary::Step)?)?,
+        Some(crate::cuda::gemm::Activation::Relu) => g.relu_grad(out)?,
         Some(crate::cuda::gemm::Activation::Gelu) => {
             return Err(Error::Unsupported {
                 op: "backward",

@@ -263,6 +263,7 @@ impl Map2 for BroadcastBinary<'_> {
             Binary::Sub => x - y,
             Binary::Mul => x * y,
             Binary::Div => x / y,
+            Binary::ReluGrad => x * if y > T::ZERO { T::ONE } else { T::ZERO },
         };
         if self.a == self.b {
             return Ok(a.iter().zip(b).map(|(&x, &y)| apply(x, y)).collect());
