@@ -59,7 +59,9 @@ impl FlashBwdKernel {
         match k {
             FlashKernel::Simt => FlashBwdKernel::Simt,
             // the Hopper rung has no backward of its own yet: mma.sync's takes its O and LSE
-            FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2 => FlashBwdKernel::MmaSync,
+            FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2 | FlashKernel::WgmmaPingPong => {
+                FlashBwdKernel::MmaSync
+            }
         }
     }
     /// Whether this kernel runs `dtype` at head dim `head_dim`.
