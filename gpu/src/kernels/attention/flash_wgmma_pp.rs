@@ -20,8 +20,12 @@
 //!   producer: it drops to [`FLASH_WGMMA_PP_PRODUCER_REGS`] registers per thread
 //!   (`setmaxnreg.dec`) and its thread 0 issues the copies; warpgroups 1 and 2 are consumers that
 //!   rise to [`FLASH_WGMMA_PP_CONSUMER_REGS`] (`setmaxnreg.inc`): 128 x 40 + 256 x 232 = 64 512 of
-//!   the SM's 65 536 registers. The launch bound (384 threads, one block per SM) fixes the kernel's
-//!   allocation at entry, which `setmaxnreg` requires. Consumer `c` owns query rows `q0 + 64 c ..
+//!   the SM's 65 536 registers. The launch bound (`max_threads = 384, min_blocks = 1`: `.maxntid
+//!   384` and `.minnctapersm 1`) makes ptxas allocate exactly [`FLASH_WGMMA_PP_ENTRY_REGS`] = 168 per
+//!   thread at entry. That matters: `setmaxnreg.inc` takes registers only from the block's own pool,
+//!   which holds what `setmaxnreg.dec` released, and blocks until enough are there; without
+//!   `.minnctapersm 1` ptxas allocated 124 at head dim 64, and the consumers' increase to 232 could
+//!   never be met. Consumer `c` owns query rows `q0 + 64 c ..
 //!   + 64`; grid `(ceil(q_len / 128), batch * heads)`, query tiles taken last first.
 //! - **Ring.** [`FLASH_WGMMA_PP_STAGES`] stages of K and V (64 x D each); `full[s]`: the producer's
 //!   `arrive.expect_tx` plus the TMA bytes; `empty[s]`: 256 arrivals (every consumer thread, once
@@ -58,6 +62,17 @@ pub const FLASH_WGMMA_PP_STAGES: u32 = 3;
 pub const FLASH_WGMMA_PP_PRODUCER_REGS: u32 = 40;
 /// Registers per thread the consumer warpgroups take (`setmaxnreg.inc`).
 pub const FLASH_WGMMA_PP_CONSUMER_REGS: u32 = 232;
+/// Registers per thread ptxas allocates at entry under the launch bound (384 threads, one block per
+/// SM: 65 536 / 384 rounded down to a multiple of 8).
+pub const FLASH_WGMMA_PP_ENTRY_REGS: u32 = 168;
+
+// `setmaxnreg.inc` blocks until the block's pool holds the registers it asks for, and the pool
+// holds only what the producer released: the consumers may not take more than that.
+const _: () = assert!(
+    256 * (FLASH_WGMMA_PP_CONSUMER_REGS - FLASH_WGMMA_PP_ENTRY_REGS)
+        <= 128 * (FLASH_WGMMA_PP_ENTRY_REGS - FLASH_WGMMA_PP_PRODUCER_REGS)
+);
+
 /// The named barrier consumer 0 waits on before issuing `S = Q K^T`; consumer 1 waits on the next
 /// id (id 0 is the block barrier).
 pub const FLASH_WGMMA_PP_BARRIER: u32 = 1;
@@ -405,7 +420,7 @@ macro_rules! flash_wgmma_pp_kernels {
         /// heads)`; block 384 threads (warpgroup 0 produces, warpgroups 1 and 2 consume 64 query
         /// rows each); dynamic shared memory `flash_wgmma_pp_smem_bytes(head_dim)`. Tiling, thread
         /// mapping and the ping-pong schedule: the module docs.
-        #[kernel(arch = "sm_90a", max_threads = 384)]
+        #[kernel(arch = "sm_90a", max_threads = 384, min_blocks = 1)]
         pub unsafe fn $name(
             q_map: DevicePtr<TensorMap>,
             k_map: DevicePtr<TensorMap>,
