@@ -68,6 +68,17 @@ pub(crate) fn tests() -> Vec<GpuTest> {
             available: hopper,
             run: |d| matches_f64(d, "flash_fwd_wgmma2_f16"),
         },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma_pp_bf16_matches_f64_sm90",
+            available: hopper,
+            run: |d| matches_f64(d, "flash_fwd_wgmma_pp_bf16"),
+        },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma_pp_f16_matches_f64_sm90",
+            available: hopper,
+            run: |d| matches_f64(d, "flash_fwd_wgmma_pp_f16"),
+        },
+        GpuTest { name: "gpu::flash_fwd_wgmma_pp_refused_off_sm90", available: any, run: wgmma_pp_refusals },
         GpuTest { name: "gpu::flash_fwd_wgmma_refusals", available: any, run: wgmma_refusals },
         GpuTest { name: "gpu::flash_forward_same_bits_on_repeat", available: any, run: same_bits },
         GpuTest {
@@ -216,6 +227,21 @@ fn wgmma_refusals(dev: &Device) -> Outcome {
     match flash_forward(dev, FlashKernel::Wgmma, &q, &k, &k, &mut o, &mut lse, s96, true, 0.1) {
         Err(Error::Unsupported { what, .. }) if what.contains("head dim 96") => Ok(()),
         other => Err(format!("Wgmma at head dim 96 gave {other:?}")),
+    }
+}
+
+/// The ping-pong kernel off sm_90a: a typed error that names the module and what to use; on sm_90a
+/// it runs a small causal problem (two consumers, one of them past the last query row).
+fn wgmma_pp_refusals(dev: &Device) -> Outcome {
+    let s = AttentionShape { batch: 1, heads: 2, q_len: 17, kv_len: 33, head_dim: 128 };
+    let mut lse = dev.zeros::<f32>(s.lse_elems()).map_err(err)?;
+    let (q, k) = (dev.zeros::<f16>(s.q_elems()).map_err(err)?, dev.zeros::<f16>(s.kv_elems()).map_err(err)?);
+    let mut o = dev.zeros::<f16>(s.q_elems()).map_err(err)?;
+    let r = flash_forward(dev, FlashKernel::WgmmaPingPong, &q, &k, &k, &mut o, &mut lse, s, true, 0.125);
+    match (hopper(dev), r) {
+        (true, r) => r.map_err(err),
+        (false, Err(Error::Unsupported { what, .. })) if what.contains("sm_90a") && what.contains("MmaSync") => Ok(()),
+        (false, other) => Err(format!("WgmmaPingPong off sm_90a gave {other:?}")),
     }
 }
 

@@ -33,6 +33,8 @@ pub mod flash_mma;
 pub mod flash_simt;
 #[path = "attention/flash_wgmma.rs"]
 pub mod flash_wgmma;
+#[path = "attention/flash_wgmma_pp.rs"]
+pub mod flash_wgmma_pp;
 #[path = "gemm/gemm_tcgen05.rs"]
 pub mod gemm_tcgen05;
 #[path = "gemm/gemm_wgmma.rs"]

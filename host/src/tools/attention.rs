@@ -40,10 +40,10 @@ pub fn forward_bound(kernel: FlashKernel, dtype: DType, p: &AttentionParams) -> 
         DType::F32 | DType::F64 => 0.0,
     };
     let p_rounding = match (kernel, dtype) {
-        (FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2, DType::F16) => {
+        (FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2 | FlashKernel::WgmmaPingPong, DType::F16) => {
             unit + p.kv_len as f64 * 2f64.powi(-25)
         }
-        (FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2, _) => unit,
+        (FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2 | FlashKernel::WgmmaPingPong, _) => unit,
         (FlashKernel::Simt, _) => 0.0,
     };
     (f32_part + p_rounding + unit, f32_part)

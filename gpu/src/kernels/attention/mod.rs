@@ -8,6 +8,9 @@
 //!   tiles, swizzled shared memory, P kept in registers.
 //! - [`flash_wgmma`]: the Hopper rung (sm_90a): TMA K/V ring with mbarriers, a producer warp, `wgmma`
 //!   for `Q K^T` (shared operands) and `P V` (P from registers).
+//! - [`flash_wgmma_pp`]: the Hopper rung with warp specialization: a producer warpgroup that gives
+//!   its registers to two consumer warpgroups (`setmaxnreg`), which take turns on the tensor cores
+//!   (named-barrier ping-pong) so one's softmax overlaps the other's products; 3-stage K/V ring.
 //! - [`flash_bwd_simt`]: the backward (dQ, dK, dV from the saved log-sum-exp) on CUDA cores,
 //!   deterministic.
 //! - [`flash_bwd_mma`]: the backward on `mma.sync` (bf16 / f16): delta, dK / dV, dQ kernels,
@@ -27,7 +30,7 @@
 
 use crate::KernelParam;
 
-pub use super::{flash_bwd_mma, flash_bwd_simt, flash_bwd_wgmma, flash_mma, flash_simt, flash_wgmma};
+pub use super::{flash_bwd_mma, flash_bwd_simt, flash_bwd_wgmma, flash_mma, flash_simt, flash_wgmma, flash_wgmma_pp};
 
 /// The problem an attention kernel solves, passed by value.
 #[repr(C)]

@@ -12,6 +12,9 @@ use kiln_gpu::kernels::flash_wgmma::{
     self as fwg, FLASH_WGMMA_BOX_COLS, FLASH_WGMMA_BOX_ROWS, FLASH_WGMMA_BQ, FLASH_WGMMA_THREADS, FLASH_WGMMA2_BQ,
     FLASH_WGMMA2_THREADS, flash_wgmma_smem_bytes, flash_wgmma2_smem_bytes,
 };
+use kiln_gpu::kernels::flash_wgmma_pp::{
+    self as fpp, FLASH_WGMMA_PP_BQ, FLASH_WGMMA_PP_THREADS, flash_wgmma_pp_smem_bytes,
+};
 use kiln_gpu::{DevicePtr, DevicePtrMut, Kernel};
 
 /// The flash forward kernels, rung by rung.
@@ -26,11 +29,19 @@ pub enum FlashKernel {
     /// Rung 3 with two consumer warpgroups sharing each K/V tile (`flash_fwd_wgmma2_*`, sm_90a
     /// only), bf16 or f16.
     Wgmma2,
+    /// Rung 3 with warp specialization (`flash_fwd_wgmma_pp_*`, sm_90a only): a producer warpgroup
+    /// that gives its registers to two consumer warpgroups (`setmaxnreg`), which take turns on the
+    /// tensor cores (named-barrier ping-pong), over a 3-stage K/V ring; bf16 or f16.
+    WgmmaPingPong,
 }
 
 /// Whether [`flash_forward_kernel`] picks [`FlashKernel::Wgmma`] on sm_90a: on since its GPU tests
 /// passed on an H200 (run 220), where it ran 1.8-1.9x faster than `MmaSync`.
 pub const FLASH_WGMMA_DISPATCH: bool = true;
+
+/// Whether [`flash_forward_kernel`] picks [`FlashKernel::WgmmaPingPong`] (ahead of `Wgmma`) on
+/// sm_90a: off until its GPU tests pass and it measures faster than `Wgmma`.
+pub const FLASH_WGMMA_PP_DISPATCH: bool = false;
 
 /// The forward kernel the attention op should run for `dtype` at `head_dim` on a device whose
 /// module is `arch`: the best verified one (`MmaSync` for bf16 / f16, `Wgmma` instead on sm_90a
@@ -40,7 +51,10 @@ pub fn flash_forward_kernel(dtype: DType, head_dim: u32, arch: kiln_gpu::Arch) -
         return None;
     }
     let wgmma = FLASH_WGMMA_DISPATCH && arch == kiln_gpu::Arch::Sm90a;
-    let order: &[FlashKernel] = if wgmma {
+    let pp = FLASH_WGMMA_PP_DISPATCH && arch == kiln_gpu::Arch::Sm90a;
+    let order: &[FlashKernel] = if pp {
+        &[FlashKernel::WgmmaPingPong, FlashKernel::MmaSync, FlashKernel::Simt]
+    } else if wgmma {
         &[FlashKernel::Wgmma, FlashKernel::MmaSync, FlashKernel::Simt]
     } else {
         &[FlashKernel::MmaSync, FlashKernel::Simt]
@@ -101,6 +115,8 @@ pub const FLASH_KERNELS: &[FlashEntry] = &[
     FlashEntry { name: "flash_fwd_wgmma_f16", kernel: FlashKernel::Wgmma, dtype: DType::F16, rung: 3 },
     FlashEntry { name: "flash_fwd_wgmma2_bf16", kernel: FlashKernel::Wgmma2, dtype: DType::BF16, rung: 3 },
     FlashEntry { name: "flash_fwd_wgmma2_f16", kernel: FlashKernel::Wgmma2, dtype: DType::F16, rung: 3 },
+    FlashEntry { name: "flash_fwd_wgmma_pp_bf16", kernel: FlashKernel::WgmmaPingPong, dtype: DType::BF16, rung: 3 },
+    FlashEntry { name: "flash_fwd_wgmma_pp_f16", kernel: FlashKernel::WgmmaPingPong, dtype: DType::F16, rung: 3 },
 ];
 
 /// Head dims every flash kernel is built for.
@@ -118,6 +134,7 @@ impl FlashKernel {
             FlashKernel::MmaSync => FLASH_MMA_THREADS,
             FlashKernel::Wgmma => FLASH_WGMMA_THREADS,
             FlashKernel::Wgmma2 => FLASH_WGMMA2_THREADS,
+            FlashKernel::WgmmaPingPong => FLASH_WGMMA_PP_THREADS,
         }
     }
     /// Query rows per block.
@@ -127,6 +144,7 @@ impl FlashKernel {
             FlashKernel::MmaSync => FLASH_MMA_BQ,
             FlashKernel::Wgmma => FLASH_WGMMA_BQ,
             FlashKernel::Wgmma2 => FLASH_WGMMA2_BQ,
+            FlashKernel::WgmmaPingPong => FLASH_WGMMA_PP_BQ,
         }
     }
     /// Dynamic shared memory per block at head dim `d`.
@@ -136,16 +154,17 @@ impl FlashKernel {
             FlashKernel::MmaSync => flash_mma_smem_bytes(d),
             FlashKernel::Wgmma => flash_wgmma_smem_bytes(d),
             FlashKernel::Wgmma2 => flash_wgmma2_smem_bytes(d),
+            FlashKernel::WgmmaPingPong => flash_wgmma_pp_smem_bytes(d),
         }
     }
     /// Whether the kernel copies rows in 16-byte chunks or through TMA (buffers 16-byte aligned,
     /// rows of a multiple of 8 elements).
     pub fn needs_16_byte_alignment(self) -> bool {
-        matches!(self, FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2)
+        matches!(self, FlashKernel::MmaSync | FlashKernel::Wgmma | FlashKernel::Wgmma2 | FlashKernel::WgmmaPingPong)
     }
     /// Whether the kernel is a Hopper one (sm_90a module only, Q / K / V through tensor maps).
     pub fn is_hopper(self) -> bool {
-        matches!(self, FlashKernel::Wgmma | FlashKernel::Wgmma2)
+        matches!(self, FlashKernel::Wgmma | FlashKernel::Wgmma2 | FlashKernel::WgmmaPingPong)
     }
 }
 
@@ -380,6 +399,18 @@ fn flash_forward_wgmma<T: FlashElement>(
     // SAFETY: `check_forward` matched the buffers' sizes to the shape and their alignment to TMA,
     // `check_arch` the device to sm_90a; the maps describe exactly these buffers.
     unsafe {
+        if kernel == FlashKernel::WgmmaPingPong {
+            return match (T::DTYPE, shape.head_dim == 128) {
+                (DType::BF16, false) => dev.launch(fpp::FlashFwdWgmmaPpBf16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
+                (DType::BF16, true) => dev.launch(fpp::FlashFwdWgmmaPpBf16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+                (DType::F16, false) => dev.launch(fpp::FlashFwdWgmmaPpF16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
+                (DType::F16, true) => dev.launch(fpp::FlashFwdWgmmaPpF16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+                (dtype, _) => Err(Error::Unsupported {
+                    op: "flash_forward",
+                    what: format!("{dtype:?} with {kernel:?}: not in the kernel table"),
+                }),
+            };
+        }
         let pair = kernel == FlashKernel::Wgmma2;
         match (T::DTYPE, shape.head_dim == 128, pair) {
             (DType::BF16, false, false) => dev.launch(fwg::FlashFwdWgmmaBf16D64, cfg, (qm, km, vm, op.cast(), lp, p)),

@@ -5,6 +5,7 @@
 //!   FlashKernel::MmaSync  rung 2: FlashAttention-2 on mma.sync           bf16, f16   D 64, 128
 //!   FlashKernel::Wgmma    rung 3: TMA + wgmma, producer warp (sm_90a)    bf16, f16   D 64, 128
 //!   FlashKernel::Wgmma2   rung 3, two consumer warpgroups (sm_90a)        bf16, f16   D 64, 128
+//!   FlashKernel::WgmmaPingPong  rung 3, setmaxnreg + ping-pong (sm_90a)  bf16, f16   D 64, 128
 //! ```
 //!
 //! The backward ([`flash_backward`]) has its own table, [`FlashBwdKernel`]:
@@ -21,11 +22,11 @@
 //! [`flash_backward_with`] runs a chosen one (`Wgmma` only on sm_90a: [`check_backward_arch`]).
 //! All are deterministic (no atomics).
 //!
-//! Every kernel but `Wgmma` and `Wgmma2` runs on every module (sm_80 and newer); those two run
+//! Every kernel but `Wgmma`, `Wgmma2` and `WgmmaPingPong` runs on every module (sm_80 and newer); those three run
 //! only on the sm_90a module (compute capability 9.0) and are refused elsewhere ([`check_arch`]).
 //! They read Q, K and V through tensor maps ([`wgmma_qkv_spec`]), made and cached as the wgmma
 //! GEMM's are. The forward's best-kernel choice ([`flash_forward_kernel`]) picks `Wgmma` on sm_90a
-//! ([`FLASH_WGMMA_DISPATCH`]) and `MmaSync` elsewhere. [`flash_forward`] checks the buffers
+//! ([`FLASH_WGMMA_DISPATCH`]; `WgmmaPingPong` instead once [`FLASH_WGMMA_PP_DISPATCH`] is on) and `MmaSync` elsewhere. [`flash_forward`] checks the buffers
 //! against the shape, the dtype and head dim against the kernel, the alignment the kernel's
 //! 16-byte copies need, the grid and the shared memory, and refuses the rest with an error that
 //! says what to change. The layout and the causal mask (bottom-right aligned) are
