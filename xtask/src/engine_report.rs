@@ -84,7 +84,8 @@ pub fn markdown(device: &str, date: &str, commit: &str, command: &str, rows: &[V
     s
 }
 
-/// Writes `engine_step.json` and `engine_step.md` into `out_dir`.
+/// Writes `engine_step.json` and `engine_step.md` into `out_dir` (the table, then the hand-written
+/// analysis in `engine_step.notes.md` there, if any).
 pub fn engine_report(kiln: &Path, torch: &Path, out_dir: &Path, command: &str, date: &str, commit: &str) -> Res<()> {
     let (k, t) = (read(kiln)?, read(torch)?);
     let rows = join(&k, &t)?;
@@ -96,7 +97,11 @@ pub fn engine_report(kiln: &Path, torch: &Path, out_dir: &Path, command: &str, d
     std::fs::write(&j, serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())? + "\n")
         .map_err(|e| format!("{}: {e}", j.display()))?;
     let m = out_dir.join("engine_step.md");
-    std::fs::write(&m, markdown(&device, date, commit, command, &rows)).map_err(|e| format!("{}: {e}", m.display()))?;
+    // the measured analysis of where the time goes, written by hand beside the table, follows it
+    let notes = std::fs::read_to_string(out_dir.join("engine_step.notes.md")).unwrap_or_default();
+    let text = markdown(&device, date, commit, command, &rows);
+    let text = if notes.is_empty() { text } else { format!("{text}\n{notes}") };
+    std::fs::write(&m, text).map_err(|e| format!("{}: {e}", m.display()))?;
     println!("wrote {} and {}", j.display(), m.display());
     Ok(())
 }
