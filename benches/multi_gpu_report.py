@@ -185,14 +185,14 @@ def main():
         if "kiln_busbw_gbs" in r:
             kiln += f", busbw {r['kiln_busbw_gbs']} GB/s"
         if "kiln_scaling" in r:
-            kiln = f"{r['kiln_scaling']:.2f}x ({fmt(r['kiln_ms'])} a step)"
+            kiln = f"{r['kiln_scaling']:.3f}x ({fmt(r['kiln_ms'])} a step)"
         if "comm_hidden_ms" in r:
             kiln = f"{r['backward_ms']:.3f} / {r['comm_ms']:.3f} / {r['comm_hidden_ms']:.3f} ms"
         ref = fmt(r["reference_ms"])
         if "reference_busbw_gbs" in r:
             ref += f", busbw {r['reference_busbw_gbs']} GB/s ({r['ratio_bandwidth']:.3f} of it)"
         if "reference_scaling" in r:
-            ref = f"{r['reference_scaling']:.2f}x ({fmt(r['reference_ms'])} a step)"
+            ref = f"{r['reference_scaling']:.3f}x ({fmt(r['reference_ms'])} a step)"
         if r.get("ratio") is not None:
             ref += f" (kiln {r['ratio']:.3f}x of it)"
         md.append(f"| {r['case']} | {kiln} | {r['reference'] or '-'} | {ref} |")
