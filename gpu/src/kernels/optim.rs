@@ -594,7 +594,7 @@ pub unsafe fn multi_patch_grads(tensors: DevicePtrMut<OptimTensor>, patch: GradP
 
 /// An optimizer's per-step scalars on the device, so that its update can be replayed in a CUDA
 /// graph: the learning rate (written by the host before each step or replay) and the step count
-/// (Adam: advanced on the device by the update launch itself, [`multi_adam_scalars_f32`]).
+/// (Adam: advanced on the device by the update launch itself, `multi_adam_scalars_f32`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepScalars {

@@ -299,7 +299,7 @@ impl Rank {
     }
 
     /// Waits on the host for `event` (recorded on one of this rank's streams; `what` names it in
-    /// errors) by polling it ([`poll_until`]), never by a blocking call: another rank of this
+    /// errors) by polling it (`poll_until`), never by a blocking call: another rank of this
     /// process failing, NCCL's asynchronous error, or the timeout ends the wait with an error and
     /// aborts the communicator (a blocking wait behind a collective that a failed peer never
     /// joins would never return).
