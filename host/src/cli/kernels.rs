@@ -138,9 +138,7 @@ pub(crate) fn attention(
         "attention {}x{}x{}x{} (inputs, outputs and their f64 copies)",
         shape.batch, shape.heads, shape.q_len, shape.head_dim
     );
-    kiln::train::check_memory(&what, need, None, "lower --shape")?;
-    let Some(dev) = gemm_device() else { return Ok(false) };
-    kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
+    let Some(dev) = kernel_device(&what, need)? else { return Ok(false) };
     say!("device: {} ({})", dev.name(), dev.arch().name());
     let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed, backward)?;
     say!("{r}");
@@ -180,9 +178,7 @@ pub(crate) fn attention_naive(
         "naive attention {}x{}x{}x{} (inputs, scores, probabilities, outputs)",
         shape.batch, shape.heads, shape.q_len, shape.head_dim
     );
-    kiln::train::check_memory(&what, need, None, "lower --shape")?;
-    let Some(dev) = gemm_device() else { return Ok(false) };
-    kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
+    let Some(dev) = kernel_device(&what, need)? else { return Ok(false) };
     say!("device: {} ({})", dev.name(), dev.arch().name());
     let r = kiln::tools::attention::run_naive(name, shape, causal, reps, seed)?;
     say!("{r}");
@@ -220,18 +216,23 @@ pub(crate) fn gemm_memory(s: kiln::gpu::kernels::mma_tile::GemmShape, ladder: bo
     need().unwrap_or(kiln::train::MemoryNeed { host: u64::MAX, device: u64::MAX })
 }
 
-/// Device 0 for `kiln gemm`, or why there is none, said as such.
-pub(crate) fn gemm_device() -> Option<Device> {
-    match Device::new(0) {
-        Ok(dev) => Some(dev),
+/// Device 0 for `kiln gemm` and `kiln attention`, once `need` (of the work `what`) fits the host's
+/// memory and then the device's (an error saying to lower `--shape` otherwise); `None`, said as
+/// such, where there is no usable GPU.
+pub(crate) fn kernel_device(what: &str, need: kiln::train::MemoryNeed) -> kiln::Result<Option<Device>> {
+    kiln::train::check_memory(what, need, None, "lower --shape")?;
+    let dev = match Device::new(0) {
+        Ok(dev) => dev,
         Err(e) => {
             eprintln!(
                 "error: no usable GPU: {e}. `kiln gemm` and `kiln attention` run their kernels on a CUDA GPU of \
                  compute capability 8.0 or newer"
             );
-            None
+            return Ok(None);
         }
-    }
+    };
+    kiln::train::check_memory(what, need, Some(&dev), "lower --shape")?;
+    Ok(Some(dev))
 }
 
 /// `kiln gemm --ladder`: every kernel on the same inputs, cuBLAS around each, as the guide's table.
@@ -244,9 +245,7 @@ pub(crate) fn gemm_ladder(
     let kiln::gpu::kernels::mma_tile::GemmShape { m, n, k } = shape;
     let what = format!("gemm --ladder {m}x{n}x{k} (operands, output, their f64 reference and cuBLAS's copies)");
     let need = gemm_memory(shape, true);
-    kiln::train::check_memory(&what, need, None, "lower --shape")?;
-    let Some(dev) = gemm_device() else { return Ok(false) };
-    kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
+    let Some(dev) = kernel_device(&what, need)? else { return Ok(false) };
     // the JSON's file is created before the ladder runs, so a bad path fails at once
     let file_error = |path: &PathBuf, e: std::io::Error| kiln::Error::File { path: path.clone(), msg: e.to_string() };
     let json_file = match &json {
@@ -307,9 +306,7 @@ pub(crate) fn gemm(
     let kiln::gpu::kernels::mma_tile::GemmShape { m, n, k } = shape;
     let what = format!("gemm {m}x{n}x{k} (operands, output and their f64 reference)");
     let need = gemm_memory(shape, false);
-    kiln::train::check_memory(&what, need, None, "lower --shape")?;
-    let Some(dev) = gemm_device() else { return Ok(false) };
-    kiln::train::check_memory(&what, need, Some(&dev), "lower --shape")?;
+    let Some(dev) = kernel_device(&what, need)? else { return Ok(false) };
     say!("device: {} ({})", dev.name(), dev.arch().name());
     let r = kiln::tools::gemm_ladder::run(&dev, &name, shape, reps, seed, split_k)?;
     say!("{r}");

@@ -205,6 +205,28 @@ pub(super) fn run_metadata(cfg: &GptTrainConfig) -> Vec<(&'static str, String)> 
     ]
 }
 
+/// A run's checkpoint metadata: the model's configuration, the vocabulary, the settings a resume
+/// must share ([`run_metadata`]), the window sampler's state and the loss histories.
+pub(super) fn checkpoint_metadata(
+    cfg: &GptTrainConfig,
+    config: &GptConfig,
+    corpus: &Corpus,
+    rng: &WindowRng,
+    report: &GptReport,
+) -> HashMap<String, String> {
+    let mut meta: HashMap<String, String> = config.to_metadata();
+    meta.extend(corpus.vocab.to_metadata());
+    meta.insert("model".into(), "gpt".into());
+    for (k, v) in run_metadata(cfg) {
+        meta.insert(k.into(), v);
+    }
+    meta.insert("gpt.rng".into(), rng.state().to_string());
+    meta.insert("gpt.train_losses".into(), history(&report.train_losses));
+    meta.insert("gpt.val_losses".into(), history(&report.val_losses));
+    meta.insert("data".into(), cfg.data.display().to_string());
+    meta
+}
+
 /// Trains per `cfg`, one line per validation to `log`.
 pub fn train_gpt(cfg: &GptTrainConfig, mut log: impl FnMut(&str)) -> Result<GptReport> {
     if cfg.steps == 0 {
@@ -423,16 +445,7 @@ pub fn train_gpt(cfg: &GptTrainConfig, mut log: impl FnMut(&str)) -> Result<GptR
         return Ok(report);
     }
     if let Some(path) = &cfg.checkpoint {
-        let mut meta: HashMap<String, String> = config.to_metadata();
-        meta.extend(corpus.vocab.to_metadata());
-        meta.insert("model".into(), "gpt".into());
-        for (k, v) in run_metadata(cfg) {
-            meta.insert(k.into(), v);
-        }
-        meta.insert("gpt.rng".into(), rng.state().to_string());
-        meta.insert("gpt.train_losses".into(), history(&report.train_losses));
-        meta.insert("gpt.val_losses".into(), history(&report.val_losses));
-        meta.insert("data".into(), cfg.data.display().to_string());
+        let meta = checkpoint_metadata(cfg, &config, &corpus, &rng, &report);
         let state = TrainingState { step: end as u64, epoch: 0, config: meta };
         checkpoint::save_training(path, &model, &opt, &state)?;
         let svg = path.with_extension("svg");

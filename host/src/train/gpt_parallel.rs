@@ -13,7 +13,7 @@
 //! parameter), the CPU, f64.
 
 use super::data_parallel::{DataParallel, planted_failure, shard};
-use super::gpt::{GptReport, GptTrainConfig, history, invalid, run_metadata, schedule, validation_loss};
+use super::gpt::{GptReport, GptTrainConfig, checkpoint_metadata, invalid, schedule, validation_loss};
 use crate::checkpoint::{self, TrainingState};
 use crate::corpus::{Corpus, WindowRng, windows};
 use crate::dist::ddp::{GradSync, Sharding};
@@ -22,7 +22,6 @@ use crate::error::{Error, Result};
 use crate::nn::{Gpt, Module, autocast};
 use crate::optim::{Adam, Optimizer, attach_compute_copies};
 use crate::tensor::{DType, Device, Tensor};
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -213,16 +212,7 @@ pub fn train_gpt_data_parallel(
             && cfg.bench_steps.is_none()
             && let Some(path) = &cfg.checkpoint
         {
-            let mut meta: HashMap<String, String> = config.to_metadata();
-            meta.extend(corpus.vocab.to_metadata());
-            meta.insert("model".into(), "gpt".into());
-            for (k, v) in run_metadata(cfg) {
-                meta.insert(k.into(), v);
-            }
-            meta.insert("gpt.rng".into(), rng.state().to_string());
-            meta.insert("gpt.train_losses".into(), history(&report.train_losses));
-            meta.insert("gpt.val_losses".into(), history(&report.val_losses));
-            meta.insert("data".into(), cfg.data.display().to_string());
+            let mut meta = checkpoint_metadata(cfg, &config, &corpus, &rng, &report);
             meta.insert("gpt.gpus".into(), world.to_string());
             let state = TrainingState { step: end as u64, epoch: 0, config: meta };
             checkpoint::save_training(path, &model, &opt, &state)?;

@@ -327,7 +327,7 @@ fn mma_backward<T: FlashElement>(
     };
     /// Launches the three kernels of `B` (element type `U`, which is `T`'s by the dtype match).
     #[allow(clippy::too_many_arguments)]
-    unsafe fn three<B: MmaBwdKernels, U, T: cudarc::driver::DeviceRepr>(
+    unsafe fn three<B: ThreePassKernels, U, T: cudarc::driver::DeviceRepr>(
         dev: &Device,
         cfgs: [LaunchConfig; 3],
         shape: AttentionShape,
@@ -465,7 +465,7 @@ fn wgmma_backward<T: FlashElement>(
     ];
     /// Launches the three kernels of `B` (element type `U`, which is `T`'s by the dtype match).
     #[allow(clippy::too_many_arguments)]
-    unsafe fn three<B: WgmmaBwdKernels, U, T: cudarc::driver::DeviceRepr>(
+    unsafe fn three<B: ThreePassKernels, U, T: cudarc::driver::DeviceRepr>(
         dev: &Device,
         cfgs: [LaunchConfig; 3],
         shape: AttentionShape,
@@ -566,25 +566,26 @@ type WgmmaDqArgs<T> = (
     AttentionParams,
 );
 
-/// The `Wgmma` backward's three kernels for one element type and head dim.
-trait WgmmaBwdKernels {
+/// The three kernels of a tensor-core backward (`MmaSync`, `Wgmma`, `Wgmma2`) for one element
+/// type and head dim: delta, then dK / dV, then dQ.
+trait ThreePassKernels {
     type Delta: Kernel;
     type DkDv: Kernel;
     type Dq: Kernel;
 }
 
-macro_rules! wgmma_bwd_kernels {
-    ($($name:ident: $delta:ident, $dkdv:ident, $dq:ident;)*) => {$(
+macro_rules! three_pass_kernels {
+    ($module:ident; $($name:ident: $delta:ident, $dkdv:ident, $dq:ident;)*) => {$(
         struct $name;
-        impl WgmmaBwdKernels for $name {
+        impl ThreePassKernels for $name {
             type Delta = bwd_mma::$delta;
-            type DkDv = bwd_wg::$dkdv;
-            type Dq = bwd_wg::$dq;
+            type DkDv = $module::$dkdv;
+            type Dq = $module::$dq;
         }
     )*};
 }
 
-wgmma_bwd_kernels! {
+three_pass_kernels! { bwd_wg;
     WgBf16D64: FlashBwdDeltaBf16D64, FlashBwdDkdvWgmmaBf16D64, FlashBwdDqWgmmaBf16D64;
     WgBf16D128: FlashBwdDeltaBf16D128, FlashBwdDkdvWgmmaBf16D128, FlashBwdDqWgmmaBf16D128;
     WgF16D64: FlashBwdDeltaF16D64, FlashBwdDkdvWgmmaF16D64, FlashBwdDqWgmmaF16D64;
@@ -619,25 +620,7 @@ type MmaDqArgs<T> = (
     AttentionParams,
 );
 
-/// The `MmaSync` backward's three kernels for one element type and head dim.
-trait MmaBwdKernels {
-    type Delta: Kernel;
-    type DkDv: Kernel;
-    type Dq: Kernel;
-}
-
-macro_rules! mma_bwd_kernels {
-    ($($name:ident: $delta:ident, $dkdv:ident, $dq:ident;)*) => {$(
-        struct $name;
-        impl MmaBwdKernels for $name {
-            type Delta = bwd_mma::$delta;
-            type DkDv = bwd_mma::$dkdv;
-            type Dq = bwd_mma::$dq;
-        }
-    )*};
-}
-
-mma_bwd_kernels! {
+three_pass_kernels! { bwd_mma;
     MmaBf16D64: FlashBwdDeltaBf16D64, FlashBwdDkdvMmaBf16D64, FlashBwdDqMmaBf16D64;
     MmaBf16D128: FlashBwdDeltaBf16D128, FlashBwdDkdvMmaBf16D128, FlashBwdDqMmaBf16D128;
     MmaF16D64: FlashBwdDeltaF16D64, FlashBwdDkdvMmaF16D64, FlashBwdDqMmaF16D64;
