@@ -19,6 +19,13 @@ Modes (run from the repository root; KILN is the kiln binary, default target/rel
 
       python3 benches/torch_gpt.py speed [--cases char-mini,gpt2-small] [--steps 20]
 
+  ddp     PyTorch DDP on the speed cases' model: one process per GPU (NCCL, DDP's default buckets
+          overlapping the backward), --batch windows per GPU, bf16 autocast, fused AdamW, clipping;
+          rank 0 prints one JSON line {"case", "gpus", "batch_per_gpu", "ms", "tokens_per_s"}
+          (tokens summed over ranks). `--gpus 1` runs the same model without DDP.
+
+      python3 benches/torch_gpt.py ddp --cases gpt2-small --gpus 2 --batch 16 [--steps 10]
+
   check   no PyTorch needed: recomputes kiln's first-step loss from its initial checkpoint in pure
           Python (f64) on the first batch, checking the name mapping, the head layout, the
           tokenizer, the split and the window generator (a tiny model only: it is slow).
@@ -327,6 +334,69 @@ def torch_speed(case, steps, compiled):
     return ms, B * block / (ms / 1e3), torch.cuda.max_memory_allocated()
 
 
+def ddp_worker(rank, args, case):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29531")
+    torch.cuda.set_device(rank)
+    if args.gpus > 1:
+        dist.init_process_group("nccl", rank=rank, world_size=args.gpus)
+    block, width, layers, heads = SIZES[case["preset"]]
+    cfg = {"vocab": case["vocab"], "block": block, "width": width, "layers": layers, "heads": heads,
+           "tie": True, "bias": True}
+    torch.manual_seed(0)
+    model = torch_model(cfg, None, "cuda")
+    net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank]) if args.gpus > 1 else model
+    opt = adamw(model, 1e-4, 0.1, fused=True)
+    g = torch.Generator(device="cuda").manual_seed(rank)
+    B = args.batch
+
+    def step():
+        x = torch.randint(0, 256, (B, block), device="cuda", generator=g)
+        y = torch.randint(0, 256, (B, block), device="cuda", generator=g)
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = net(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    if args.gpus > 1:
+        dist.barrier()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(args.steps):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end) / args.steps
+    if rank == 0:
+        tokens = args.gpus * B * block / (ms / 1e3)
+        print(json.dumps({"case": case["preset"], "gpus": args.gpus, "batch_per_gpu": B, "ms": round(ms, 3),
+                          "tokens_per_s": round(tokens), "device": torch.cuda.get_device_name(0)}), flush=True)
+    if args.gpus > 1:
+        dist.destroy_process_group()
+
+
+def ddp(args):
+    import torch.multiprocessing as mp
+
+    for name in args.cases.split(","):
+        case = CASES[name]
+        if args.gpus > 1:
+            mp.spawn(ddp_worker, args=(args, case), nprocs=args.gpus, join=True)
+        else:
+            ddp_worker(0, args, case)
+    return 0
+
+
 def kiln_speed(args, name, case, data):
     out = run_kiln(args, ["--data", data, "--preset", case["preset"], "--batch", str(case["batch"]),
                           "--vocab", str(case["vocab"]), "--dropout", "0", "--dtype", "bf16", "--device", "cuda",
@@ -482,7 +552,8 @@ def check(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["parity", "speed", "check"])
+    ap.add_argument("mode", choices=["parity", "speed", "ddp", "check"])
+    ap.add_argument("--gpus", type=int, default=2, help="ddp: processes, one per GPU")
     ap.add_argument("--kiln", help="the kiln binary (default $KILN or target/release/kiln)")
     ap.add_argument("--data", help="text file (parity, check)")
     ap.add_argument("--tokens", default="bytes", choices=["bytes", "chars"])
@@ -511,6 +582,9 @@ def main():
     if args.mode == "speed":
         args.steps = args.steps or 20
         sys.exit(speed(args))
+    if args.mode == "ddp":
+        args.steps = args.steps or 10
+        sys.exit(ddp(args))
     args.batch = min(args.batch, 2)
     sys.exit(check(args))
 

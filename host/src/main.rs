@@ -99,9 +99,15 @@ enum Command {
         #[arg(long)]
         causal: bool,
         /// Also run the backward (dQ, dK, dV) of the kernel's rung (flash_fwd_simt_*: CUDA cores;
-        /// flash_fwd_mma_*: mma.sync; flash_fwd_wgmma*_*: TMA + wgmma, sm_90a), checked against the f64 reference where B H Sq Skv D is at most 2^30, and timed.
+        /// flash_fwd_mma_*: mma.sync; flash_fwd_wgmma*_*: TMA + wgmma with two consumer
+        /// warpgroups, sm_90a), checked against the f64 reference where B H Sq Skv D is at most
+        /// 2^30, and timed.
         #[arg(long)]
         backward: bool,
+        /// The backward kernel to run (implies --backward): simt, mma, wgmma (one consumer
+        /// warpgroup) or wgmma2 (two); it must take the forward's dtype.
+        #[arg(long, value_name = "NAME")]
+        backward_kernel: Option<String>,
         /// Timed launches, 1 or more (the median is reported).
         #[arg(long, default_value_t = 10, value_parser = parse::count, allow_negative_numbers = true)]
         reps: usize,
@@ -187,8 +193,8 @@ fn main() -> std::process::ExitCode {
                 .exit()
         }
         Some(Command::Gemm { kernel, shape, reps, seed, split_k, .. }) => gemm(kernel, shape, reps, seed, split_k),
-        Some(Command::Attention { kernel, shape, kv_len, causal, backward, reps, seed }) => {
-            attention(kernel, shape, kv_len, causal, backward, reps, seed)
+        Some(Command::Attention { kernel, shape, kv_len, causal, backward, backward_kernel, reps, seed }) => {
+            attention(kernel, shape, kv_len, causal, (backward, backward_kernel), reps, seed)
         }
         Some(Command::Allreduce { bytes, gpus, reps, warmup, json }) => allreduce(bytes, gpus, reps, warmup, json),
         Some(Command::DistBench { gpus, batch, width, layers, steps, warmup, bucket_mb, no_overlap, zero1, json }) => {

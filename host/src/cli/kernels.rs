@@ -101,11 +101,13 @@ pub(crate) fn attention(
     shape: kiln::cuda::attention::AttentionShape,
     kv_len: Option<u32>,
     causal: bool,
-    backward: bool,
+    (backward, backward_kernel): (bool, Option<String>),
     reps: usize,
     seed: u64,
 ) -> kiln::Result<bool> {
-    use kiln::cuda::attention::{FLASH_KERNELS, flash_entry};
+    use kiln::cuda::attention::{FLASH_KERNELS, FlashBwdKernel, flash_entry};
+    let backward_kernel = backward_kernel.as_deref().map(FlashBwdKernel::from_name).transpose()?;
+    let backward = backward || backward_kernel.is_some();
     let Some(name) = kernel else {
         say!("kernels (--kernel NAME), rung by rung (head dims 64 and 128):");
         for &(n, dtype) in kiln::tools::attention::NAIVE_KERNELS {
@@ -140,7 +142,8 @@ pub(crate) fn attention(
     );
     let Some(dev) = kernel_device(&what, need)? else { return Ok(false) };
     say!("device: {} ({})", dev.name(), dev.arch().name());
-    let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed, backward)?;
+    let bwd = backward.then(|| backward_kernel.unwrap_or(FlashBwdKernel::of_forward(entry.kernel)));
+    let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed, bwd)?;
     say!("{r}");
     Ok(r.passed())
 }

@@ -86,8 +86,9 @@ pub struct AttentionRun {
 /// The backward's outcome (`kiln attention --backward`).
 #[derive(Clone, Debug)]
 pub struct BackwardRun {
-    /// The backward kernel ([`FlashBwdKernel::of_forward`] of the forward rung: `Wgmma` for the
-    /// Hopper rungs, `MmaSync` for `mma.sync`'s, `Simt` for the CUDA cores').
+    /// The backward kernel (`--backward-kernel`, or [`FlashBwdKernel::of_forward`] of the forward
+    /// rung: `Wgmma2` after the Hopper rungs, `MmaSync` after `mma.sync`'s, `Simt` after the CUDA
+    /// cores').
     pub kernel: FlashBwdKernel,
     /// Median milliseconds per backward (its three launches).
     pub ms: f64,
@@ -176,8 +177,9 @@ impl std::fmt::Display for AttentionRun {
 pub const FULL_CHECK_ROWS: usize = 1024;
 
 /// Runs kernel `name` on `s` (scale `1 / sqrt(head_dim)`) with random inputs from `seed`: once on
-/// poisoned outputs for the check, then `reps` timed launches (median). With `backward`, also the
-/// backward (from a random output gradient), checked where [`BACKWARD_CHECK_LIMIT`] allows.
+/// poisoned outputs for the check, then `reps` timed launches (median). With `backward` (a backward
+/// kernel, e.g. [`FlashBwdKernel::of_forward`] of the entry's rung), also the backward (from a
+/// random output gradient), checked where [`BACKWARD_CHECK_LIMIT`] allows.
 pub fn run(
     dev: &Device,
     name: &str,
@@ -185,17 +187,17 @@ pub fn run(
     causal: bool,
     reps: usize,
     seed: u64,
-    backward: bool,
+    backward: Option<FlashBwdKernel>,
 ) -> Result<AttentionRun> {
     let entry = flash_entry(name)?;
     let (q32, k32, v32) = inputs(s, seed);
     let scale = 1.0 / (s.head_dim as f32).sqrt();
     let p = s.params(causal, scale);
-    let bwd = backward.then(|| {
+    let bwd = backward.map(|_| {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_00d0);
         (0..s.q_elems()).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>()
     });
-    let d_o = bwd.as_deref();
+    let d_o = bwd.as_deref().zip(backward);
     let (o, lse, q, k, v, ms, grads) = match entry.dtype {
         DType::F32 => launch::<f32>(dev, entry.kernel, [&q32, &k32, &v32], d_o, s, causal, scale, reps, |x| x, |x| x)?,
         DType::BF16 => launch::<bf16>(
@@ -274,7 +276,7 @@ pub fn run(
                 [rel(&got[0], &want.dq), rel(&got[1], &want.dk), rel(&got[2], &want.dv)]
             });
             Some(BackwardRun {
-                kernel: FlashBwdKernel::of_forward(entry.kernel),
+                kernel: backward.unwrap_or(FlashBwdKernel::of_forward(entry.kernel)),
                 ms: bms,
                 tflops: 2.5 * p.forward_flops() / bms / 1e9,
                 errors,
@@ -433,13 +435,13 @@ type Grads = ([Vec<f32>; 3], f64);
 type Launched = (Vec<f32>, Vec<f32>, Vec<f64>, Vec<f64>, Vec<f64>, f64, Option<Grads>);
 
 /// Rounds the inputs to `T`, launches once on poisoned outputs (read back), then times `reps`
-/// launches; with `d_o`, the same for the backward.
+/// launches; with `d_o` (and the backward kernel), the same for the backward.
 #[allow(clippy::too_many_arguments)]
 fn launch<T: FlashElement>(
     dev: &Device,
     kernel: FlashKernel,
     [q32, k32, v32]: [&[f32]; 3],
-    d_o: Option<&[f32]>,
+    d_o: Option<(&[f32], FlashBwdKernel)>,
     s: AttentionShape,
     causal: bool,
     scale: f32,
@@ -458,12 +460,11 @@ fn launch<T: FlashElement>(
         timing::median_ms(dev, reps, 1, || flash_forward(dev, kernel, &q, &k, &v, &mut o, &mut lse, s, causal, scale))?;
     let grads = match d_o {
         None => None,
-        Some(d_o) => {
+        Some((d_o, bwd)) => {
             let d_o = dev.upload(&round(d_o))?;
             let poison = |n: usize| dev.upload(&vec![to(f32::NAN); n]);
             let (mut dq, mut dk, mut dv) = (poison(s.q_elems())?, poison(s.kv_elems())?, poison(s.kv_elems())?);
             let go = |dq: &mut _, dk: &mut _, dv: &mut _| {
-                let bwd = FlashBwdKernel::of_forward(kernel);
                 flash_backward_with(dev, bwd, (&q, &k, &v, &o, &d_o), &lse, (dq, dk, dv), s, causal, scale)
             };
             go(&mut dq, &mut dk, &mut dv)?;

@@ -51,7 +51,7 @@
 //! - **Block.** [`FLASH_BWD_WGMMA_THREADS`] threads: warps 0-3 are the consumer warpgroup (warp
 //!   `w` owns rows `16 w .. 16 w + 16` of every 64-row product; a thread holds rows `g = lane / 4`
 //!   and `g + 8` and columns `8 n + 2 (lane % 4) + {0, 1}` of each n8 block, the `mma.m16n8` C
-//!   layout, [`crate::wgmma::acc_m64`]); warp 4's lane 0 issues every TMA copy.
+//!   layout, [`crate::wgmma::acc_m64`]); warp 4 produces (its lane 0 issues every TMA copy).
 //! - **Tiles.** Every tile is 64 rows x D, stored as `D / 64` boxes of 64 rows of 128 bytes,
 //!   128-byte swizzled (the forward's tensor maps, box 64 x 64). K-major operands use the GEMM's
 //!   `tile_descriptor`, MN-major ones its `mn_descriptor`.
@@ -59,7 +59,11 @@
 //!   then the barriers: `own_full` (one arrival plus both owned tiles' bytes), `full[s]` (one
 //!   arrival plus the stage's bytes), `empty[s]` (128 arrivals: every consumer thread, after the
 //!   products that read the stage have been waited for). Use `j` of stage `j % 2` is phase `j / 2`.
-//!   Every wait is bounded and traps on a stall.
+//!   Every wait is bounded and traps on a stall. In the dK / dV kernel each stage also holds its
+//!   query block's log-sum-exps (times log2 e) and deltas, 64 f32 each: the producer warp loads
+//!   them from global memory (lane `l` queries `2 l`, `2 l + 1`) and stores them before lane 0's
+//!   arrival on `full[s]`, so the consumers read them from shared memory instead of waiting on 32
+//!   global loads per tile (the stall that kept the tensor pipe 30% busy, ncu in run 230).
 //! - **Edges.** The tensor maps are 2-D over all heads' rows, so a tile that crosses a head's end
 //!   reads the next head's rows (zeros past the tensor's end): every product term with a query past
 //!   `q_len` or a key a query does not see (past `kv_len`, or above the causal diagonal) gets P = 0
@@ -78,9 +82,9 @@
 //!   to [`FLASH_BWD_WGMMA2_PRODUCER_REGS`] registers, the consumers rise to
 //!   [`FLASH_BWD_WGMMA2_CONSUMER_REGS`].
 //!
-//! Shared memory: [`flash_bwd_wgmma_smem_bytes`] (6 tiles and 5 barriers: 48 KiB + 40 bytes at
-//! D = 64, 96 KiB + 40 bytes at D = 128), [`flash_bwd_wgmma2_smem_bytes`] (8 tiles: 64 KiB + 40,
-//! 128 KiB + 40).
+//! Shared memory: [`flash_bwd_wgmma_smem_bytes`] (6 tiles, 5 barriers padded to 48 bytes, 2 x 512
+//! bytes of per-query values: 48 KiB + 1072 bytes at D = 64, 96 KiB + 1072 at D = 128),
+//! [`flash_bwd_wgmma2_smem_bytes`] (8 tiles: 64 KiB + 1072, 128 KiB + 1072).
 
 use super::attention::AttentionParams;
 use super::flash_bwd_mma::flash_bwd_query_blocks;
@@ -126,9 +130,16 @@ pub const fn flash_bwd_wgmma2_smem_bytes(d: u32) -> u32 {
     flash_bwd_wgmma_smem_bytes_for(d, 2)
 }
 
-/// Shared memory with `cons` consumer warpgroups.
+/// Bytes of one stage's per-query values in the dK / dV kernel: the log-sum-exp (in log2 units) and
+/// delta of each of the stage's [`FLASH_BWD_WGMMA_BQ`] queries, f32.
+pub const FLASH_BWD_WGMMA_ROW_STATS_BYTES: u32 = 2 * FLASH_BWD_WGMMA_BQ * 4;
+
+/// Shared memory with `cons` consumer warpgroups: the tiles, the barriers (padded to 16 bytes),
+/// each stage's per-query values.
 const fn flash_bwd_wgmma_smem_bytes_for(d: u32, cons: u32) -> u32 {
-    (2 * cons + 2 * FLASH_BWD_WGMMA_STAGES) * flash_bwd_wgmma_tile_bytes(d) + (1 + 2 * FLASH_BWD_WGMMA_STAGES) * 8
+    (2 * cons + 2 * FLASH_BWD_WGMMA_STAGES) * flash_bwd_wgmma_tile_bytes(d)
+        + ((1 + 2 * FLASH_BWD_WGMMA_STAGES) * 8).next_multiple_of(16)
+        + FLASH_BWD_WGMMA_STAGES * FLASH_BWD_WGMMA_ROW_STATS_BYTES
 }
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
@@ -170,6 +181,20 @@ pub(crate) mod device {
         fn empty(self, st: u32) -> u32 {
             self.own_full() + 8 * (1 + ST + st)
         }
+        /// Stage `st`'s per-query log-sum-exp (log2 units), then at `+ 4 BQ` its deltas.
+        fn row_stats(self, st: u32) -> u32 {
+            self.own_full() + ((1 + 2 * ST) * 8).next_multiple_of(16) + st * FLASH_BWD_WGMMA_ROW_STATS_BYTES
+        }
+    }
+
+    /// Where the dK / dV kernel's producer finds each streamed query block's per-query values:
+    /// `lse` and `delta` of the head (`len` rows), the first streamed block's first row `q0`.
+    #[derive(Clone, Copy)]
+    struct RowStats {
+        lse: *const f32,
+        delta: *const f32,
+        len: u32,
+        q0: u32,
     }
 
     // `wait`, `load_tile` and `kmajor` are the forward's (`flash_wgmma`'s private ones, the same
@@ -229,40 +254,40 @@ pub(crate) mod device {
         sync::sync_threads();
     }
 
-    /// The producer (one thread): the owned tiles of `own` at global rows `own_row + 64 c` for
-    /// each consumer warpgroup `c` whose rows start before `own_rows` (the tensor's end: a tile
-    /// wholly past it is not loaded, and its rows are never stored), then `n` streamed tile pairs
-    /// of `streamed` at rows `row0 + 64 j`, each into stage `j % 2` once the consumers have
-    /// released it.
+    /// The producer (one warp; lane 0 issues every copy): the owned tiles of `own` at global rows
+    /// `own_row + 64 c` for each consumer warpgroup `c` whose rows start before `own_rows` (the
+    /// tensor's end: a tile wholly past it is not loaded, and its rows are never stored), then `n`
+    /// streamed tile pairs of `streamed` at rows `row0 + 64 j`, each into stage `j % 2` once the
+    /// consumers have released it. With `stats`, the warp first writes the stage's per-query
+    /// values ([`Ring::row_stats`]: lane `l` those of queries `2 l`, `2 l + 1` of the block, 0
+    /// past `len`), so that they are in place when `full[s]` completes.
     ///
     /// # Safety
-    /// The maps must be valid tensor maps over 16-bit `[rows, D]` matrices (box 64 x 64, 128-byte
-    /// swizzle), every streamed row inside them; the ring initialized by [`init`].
+    /// The whole warp calls it, converged. The maps must be valid tensor maps over 16-bit
+    /// `[rows, D]` matrices (box 64 x 64, 128-byte swizzle), every streamed row inside them;
+    /// `stats`' pointers valid for `len` rows; the ring initialized by [`init`].
     #[inline(always)]
     unsafe fn produce<const D: u32>(
         ring: Ring,
         own: [*const TensorMap; 2],
         (own_row, own_rows): (u32, u32),
         streamed: [*const TensorMap; 2],
-        row0: u32,
-        n: u32,
+        (row0, n): (u32, u32),
+        stats: Option<RowStats>,
     ) {
+        let lane = thread::thread_idx_x() % 32;
         let mut loads = 0;
         while loads < ring.cons && own_row + 64 * loads < own_rows {
             loads += 1;
         }
-        unsafe {
-            tma::prefetch(own[0]);
-            tma::prefetch(own[1]);
-            tma::prefetch(streamed[0]);
-            tma::prefetch(streamed[1]);
-            mbarrier::arrive_expect_tx(ring.own_full(), 2 * loads * ring.tile);
-            let mut c = 0;
-            while c < loads {
-                load_tile::<D>(ring.own(2 * c), own[0], own_row + 64 * c, ring.own_full());
-                load_tile::<D>(ring.own(2 * c + 1), own[1], own_row + 64 * c, ring.own_full());
-                c += 1;
+        if lane == 0 {
+            unsafe {
+                tma::prefetch(streamed[0]);
+                tma::prefetch(streamed[1]);
+                produce_owned::<D>(ring, own, own_row, loads);
             }
+        } else if stats.is_none() {
+            return;
         }
         let mut j = 0;
         while j < n {
@@ -270,13 +295,54 @@ pub(crate) mod device {
             if j >= ST {
                 unsafe { wait(ring.empty(st), ((j / ST) + 1) & 1) };
             }
-            let row = row0 + j * 64;
-            unsafe {
-                mbarrier::arrive_expect_tx(ring.full(st), 2 * ring.tile);
-                load_tile::<D>(ring.streamed(st, 0), streamed[0], row, ring.full(st));
-                load_tile::<D>(ring.streamed(st, 1), streamed[1], row, ring.full(st));
+            if let Some(rs) = stats {
+                let mut v = [[0u32; 2]; 2];
+                let mut e = 0;
+                while e < 2 {
+                    let q = rs.q0 + j * BQ + 2 * lane + e;
+                    if q < rs.len {
+                        let l = unsafe { *rs.lse.add(q as usize) };
+                        v[0][e as usize] = (l * core::f32::consts::LOG2_E).to_bits();
+                        v[1][e as usize] = unsafe { *rs.delta.add(q as usize) }.to_bits();
+                    }
+                    e += 1;
+                }
+                let at = ring.row_stats(st) + 8 * lane;
+                unsafe {
+                    shared::st_shared_v2(at, v[0]);
+                    shared::st_shared_v2(at + 4 * BQ, v[1]);
+                }
+                // the lanes' stores precede lane 0's arrival (a release) below
+                sync::sync_warp(u32::MAX);
+            }
+            if lane == 0 {
+                let row = row0 + j * 64;
+                unsafe {
+                    mbarrier::arrive_expect_tx(ring.full(st), 2 * ring.tile);
+                    load_tile::<D>(ring.streamed(st, 0), streamed[0], row, ring.full(st));
+                    load_tile::<D>(ring.streamed(st, 1), streamed[1], row, ring.full(st));
+                }
             }
             j += 1;
+        }
+    }
+
+    /// The owned tiles' copies (`loads` consumer warpgroups' pairs), completing on `own_full`.
+    ///
+    /// # Safety
+    /// One thread calls it; as [`produce`].
+    #[inline(always)]
+    unsafe fn produce_owned<const D: u32>(ring: Ring, own: [*const TensorMap; 2], own_row: u32, loads: u32) {
+        unsafe {
+            tma::prefetch(own[0]);
+            tma::prefetch(own[1]);
+            mbarrier::arrive_expect_tx(ring.own_full(), 2 * loads * ring.tile);
+            let mut c = 0;
+            while c < loads {
+                load_tile::<D>(ring.own(2 * c), own[0], own_row + 64 * c, ring.own_full());
+                load_tile::<D>(ring.own(2 * c + 1), own[1], own_row + 64 * c, ring.own_full());
+                c += 1;
+            }
         }
     }
 
@@ -408,9 +474,9 @@ pub(crate) mod device {
     /// The tensor maps of Q, K, V and dO, in that order.
     pub(super) type Maps = [*const TensorMap; 4];
 
-    /// Splits the block into its roles: threads `128 CONS ..` produce (thread `128 CONS` issues
-    /// the copies; with two consumers the producer warpgroup first gives registers away), the
-    /// consumer warpgroups run `consume` (with two, after taking those registers).
+    /// Splits the block into its roles: threads `128 CONS ..` produce (the warp of thread
+    /// `128 CONS` runs `produce`; with two consumers the producer warpgroup first gives registers
+    /// away), the consumer warpgroups run `consume` (with two, after taking those registers).
     ///
     /// # Safety
     /// All threads call it, converged; `produce` and `consume` as their callers require.
@@ -420,7 +486,7 @@ pub(crate) mod device {
             if CONS == 2 {
                 unsafe { wgmma::setmaxnreg_dec::<FLASH_BWD_WGMMA2_PRODUCER_REGS>() };
             }
-            if thread::thread_idx_x() == 128 * CONS {
+            if thread::thread_idx_x() < 128 * CONS + 32 {
                 produce();
             }
         } else {
@@ -452,21 +518,61 @@ pub(crate) mod device {
         let produce = || {
             let own = (bh * kv_len + k0, p.heads_total() * kv_len);
             let row0 = bh * q_len + i0 * BQ;
-            unsafe { produce::<D>(ring, [k_map, v_map], own, [q_map, do_map], row0, n_blocks) };
+            let lb = bh as usize * q_len as usize;
+            let stats =
+                RowStats { lse: unsafe { lse.add(lb) }, delta: unsafe { delta.add(lb) }, len: q_len, q0: i0 * BQ };
+            unsafe { produce::<D>(ring, [k_map, v_map], own, [q_map, do_map], (row0, n_blocks), Some(stats)) };
         };
         let consume = || unsafe {
-            dkdv_consumer::<F16, D, NO>(
-                ring,
-                k0 + BKV * (thread::thread_idx_x() / 128),
-                (i0, n_blocks),
-                lse,
-                delta,
-                dk,
-                dv,
-                p,
-            )
+            dkdv_consumer::<F16, D, NO>(ring, k0 + BKV * (thread::thread_idx_x() / 128), (i0, n_blocks), dk, dv, p)
         };
         unsafe { roles::<CONS>(produce, consume) };
+    }
+
+    /// A consumer thread's view of one streamed query block in the dK / dV kernel: its key rows
+    /// `keys` (`g` and `g + 8` of its warp's 16), its quad index `tq`, the block's first query
+    /// `q0`, the scale in log2 units, and the stage's per-query values ([`Ring::row_stats`]).
+    #[derive(Clone, Copy)]
+    struct KeyTile {
+        keys: [u32; 2],
+        tq: u32,
+        q0: u32,
+        scale_log2: f32,
+        stats: u32,
+    }
+
+    impl KeyTile {
+        /// Turns the scores `S^T` into `P^T = e^(scale S - lse)` in place; with `MASKED`, 0 where
+        /// the query is past `q_len` or does not see the key. Element `4 nt + 2 h + e` is key row
+        /// `keys[h]`, query column `8 nt + 2 tq + e`.
+        ///
+        /// # Safety
+        /// `stats` must hold the stage's values (the stage's `full` barrier waited for).
+        #[inline(always)]
+        unsafe fn probabilities<const MASKED: bool>(self, s: &mut [f32; 32], p: AttentionParams) {
+            let mut nt = 0;
+            while nt < 8 {
+                let col = 8 * nt as u32 + 2 * self.tq;
+                let l2 = unsafe { shared::ld_shared_v2(self.stats + 4 * col) };
+                let mut e = 0;
+                while e < 2 {
+                    let query = self.q0 + col + e as u32;
+                    let vis = if !MASKED || query >= p.q_len { 0 } else { p.visible_keys(query) };
+                    let mut h = 0;
+                    while h < 2 {
+                        let i = 4 * nt + 2 * h + e;
+                        s[i] = if !MASKED || self.keys[h] < vis {
+                            math::exp2_fast(math::fma(s[i], self.scale_log2, -f32::from_bits(l2[e])))
+                        } else {
+                            0.0
+                        };
+                        h += 1;
+                    }
+                    e += 1;
+                }
+                nt += 1;
+            }
+        }
     }
 
     /// One consumer warpgroup of the dK / dV kernel: keys `k0 .. k0 + 64` (its tiles `own(2 c)`,
@@ -480,8 +586,6 @@ pub(crate) mod device {
         ring: Ring,
         k0: u32,
         (i0, n_blocks): (u32, u32),
-        lse: *const f32,
-        delta: *const f32,
         dk: *mut u16,
         dv: *mut u16,
         p: AttentionParams,
@@ -495,7 +599,6 @@ pub(crate) mod device {
         let (g, tq) = (lane / 4, lane % 4);
         let keys = [k0 + 16 * w + g, k0 + 16 * w + g + 8];
         let scale_log2 = p.scale * core::f32::consts::LOG2_E;
-        let lb = bh as usize * q_len as usize;
         let (k_tile, v_tile) = (ring.own(2 * cw), ring.own(2 * cw + 1));
         let mut dk_acc = [0.0f32; NO];
         let mut dv_acc = [0.0f32; NO];
@@ -513,32 +616,14 @@ pub(crate) mod device {
             let mut dp = [0.0f32; 32];
             unsafe { two_scores::<F16, D>(k_tile, q_t, v_tile, do_t, &mut s, &mut dp) };
 
-            // P^T (0 where masked: queries past q_len, keys a query does not see); element
-            // 4 nt + 2 h + e is key row g + 8 h, query column 8 nt + 2 tq + e. Then dV += P^T dO,
-            // in flight while dS^T is computed.
-            let masked = p.tile_needs_mask(q0, k0, BKV) || q0 + BQ > q_len;
-            let mut nt = 0;
-            while nt < 8 {
-                let mut e = 0;
-                while e < 2 {
-                    let query = q0 + 8 * nt as u32 + 2 * tq + e as u32;
-                    let inside = query < q_len;
-                    let l = if inside { unsafe { *lse.add(lb + query as usize) } } else { 0.0 };
-                    let l2 = l * core::f32::consts::LOG2_E;
-                    let vis = if inside { p.visible_keys(query) } else { 0 };
-                    let mut h = 0;
-                    while h < 2 {
-                        let i = 4 * nt + 2 * h + e;
-                        s[i] = if !masked || keys[h] < vis {
-                            math::exp2_fast(math::fma(s[i], scale_log2, -l2))
-                        } else {
-                            0.0
-                        };
-                        h += 1;
-                    }
-                    e += 1;
-                }
-                nt += 1;
+            // P^T (0 where masked: queries past q_len, keys a query does not see), then
+            // dV += P^T dO, in flight while dS^T is computed.
+            let stats = ring.row_stats(st);
+            let view = KeyTile { keys, tq, q0, scale_log2, stats };
+            if p.tile_needs_mask(q0, k0, BKV) || q0 + BQ > q_len {
+                unsafe { view.probabilities::<true>(&mut s, p) };
+            } else {
+                unsafe { view.probabilities::<false>(&mut s, p) };
             }
             let pa = fragments::<F16>(&s);
             wgmma::fence();
@@ -547,14 +632,13 @@ pub(crate) mod device {
             // dS^T = P^T (dP^T - delta) (0 where P is), then dK += dS^T Q
             let mut nt = 0;
             while nt < 8 {
+                let dl = unsafe { shared::ld_shared_v2(stats + 4 * (BQ + 8 * nt as u32 + 2 * tq)) };
                 let mut e = 0;
                 while e < 2 {
-                    let query = q0 + 8 * nt as u32 + 2 * tq + e as u32;
-                    let dl = if query < q_len { unsafe { *delta.add(lb + query as usize) } } else { 0.0 };
                     let mut h = 0;
                     while h < 2 {
                         let i = 4 * nt + 2 * h + e;
-                        dp[i] = s[i] * (dp[i] - dl);
+                        dp[i] = s[i] * (dp[i] - f32::from_bits(dl[e]));
                         h += 1;
                     }
                     e += 1;
@@ -599,7 +683,7 @@ pub(crate) mod device {
         init(ring);
         let produce = || {
             let own = (bh * q_len + q0, p.heads_total() * q_len);
-            unsafe { produce::<D>(ring, [q_map, do_map], own, [k_map, v_map], bh * kv_len, n_tiles) };
+            unsafe { produce::<D>(ring, [q_map, do_map], own, [k_map, v_map], (bh * kv_len, n_tiles), None) };
         };
         let consume = || unsafe {
             dq_consumer::<F16, D, NO>(ring, q0 + BQ * (thread::thread_idx_x() / 128), n_tiles, lse, delta, dq, p)

@@ -57,12 +57,31 @@ pub enum FlashBwdKernel {
     Wgmma2,
 }
 
-/// Whether [`flash_backward_kernel`] picks [`FlashBwdKernel::Wgmma`] on sm_90a, and
+/// Whether [`flash_backward_kernel`] picks [`FlashBwdKernel::Wgmma2`] on sm_90a, and
 /// [`FlashBwdKernel::of_forward`] pairs it with the Hopper forward rungs. On since the kernels were
 /// written; the lead turns it off if their GPU tests fail (then sm_90a runs `MmaSync` again).
 pub const FLASH_BWD_WGMMA_DISPATCH: bool = true;
 
 impl FlashBwdKernel {
+    /// Every backward kernel, rung by rung.
+    pub const ALL: [FlashBwdKernel; 4] =
+        [FlashBwdKernel::Simt, FlashBwdKernel::MmaSync, FlashBwdKernel::Wgmma, FlashBwdKernel::Wgmma2];
+    /// The kernel's name on the command line (`kiln attention --backward-kernel NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            FlashBwdKernel::Simt => "simt",
+            FlashBwdKernel::MmaSync => "mma",
+            FlashBwdKernel::Wgmma => "wgmma",
+            FlashBwdKernel::Wgmma2 => "wgmma2",
+        }
+    }
+    /// The kernel named `name` ([`FlashBwdKernel::name`]); an unknown name is refused with the list.
+    pub fn from_name(name: &str) -> Result<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| Error::Unsupported {
+            op: "flash_backward",
+            what: format!("no backward kernel named {name:?}: use one of {}", Self::ALL.map(|k| k.name()).join(", ")),
+        })
+    }
     /// The forward kernel of the same rung (the one whose dtype table this kernel shares).
     pub fn forward(self) -> FlashKernel {
         match self {
@@ -72,15 +91,14 @@ impl FlashBwdKernel {
             FlashBwdKernel::Wgmma2 => FlashKernel::Wgmma2,
         }
     }
-    /// The backward kernel of the forward rung `k` (what `kiln attention --kernel NAME --backward`
-    /// runs): while [`FLASH_BWD_WGMMA_DISPATCH`] is on `Wgmma2` for the two-consumer forward
-    /// (`Wgmma2`) and `Wgmma` for the other Hopper forwards; `MmaSync` otherwise (it takes any
-    /// forward's O and log-sum-exp).
+    /// The backward kernel `kiln attention --kernel NAME --backward` runs after the forward rung
+    /// `k` (without `--backward-kernel`): while [`FLASH_BWD_WGMMA_DISPATCH`] is on `Wgmma2` (the
+    /// fastest, the one [`flash_backward_kernel`] picks on sm_90a) after every Hopper forward;
+    /// `MmaSync` otherwise (it takes any forward's O and log-sum-exp), `Simt` after `Simt`.
     pub fn of_forward(k: FlashKernel) -> Self {
         match k {
             FlashKernel::Simt => FlashBwdKernel::Simt,
-            FlashKernel::Wgmma2 if FLASH_BWD_WGMMA_DISPATCH => FlashBwdKernel::Wgmma2,
-            k if k.is_hopper() && FLASH_BWD_WGMMA_DISPATCH => FlashBwdKernel::Wgmma,
+            k if k.is_hopper() && FLASH_BWD_WGMMA_DISPATCH => FlashBwdKernel::Wgmma2,
             _ => FlashBwdKernel::MmaSync,
         }
     }
@@ -109,12 +127,12 @@ impl FlashBwdKernel {
 }
 
 /// The backward kernel [`flash_backward`] runs for `dtype` at `head_dim` on a device whose module
-/// is `arch`: the best one (`MmaSync` for bf16 / f16, `Wgmma` instead on sm_90a while
+/// is `arch`: the best one (`MmaSync` for bf16 / f16, `Wgmma2` instead on sm_90a while
 /// [`FLASH_BWD_WGMMA_DISPATCH`] is on, `Simt` for f32), or `None` where no kernel takes the pair.
 pub fn flash_backward_kernel(dtype: DType, head_dim: u32, arch: kiln_gpu::Arch) -> Option<FlashBwdKernel> {
     let wgmma = FLASH_BWD_WGMMA_DISPATCH && arch == kiln_gpu::Arch::Sm90a;
     let order: &[FlashBwdKernel] = if wgmma {
-        &[FlashBwdKernel::Wgmma, FlashBwdKernel::MmaSync, FlashBwdKernel::Simt]
+        &[FlashBwdKernel::Wgmma2, FlashBwdKernel::MmaSync, FlashBwdKernel::Simt]
     } else {
         &[FlashBwdKernel::MmaSync, FlashBwdKernel::Simt]
     };

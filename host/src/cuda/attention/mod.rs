@@ -18,8 +18,9 @@
 //! ```
 //!
 //! [`flash_backward`] picks the best one for the dtype, head dim and module
-//! ([`flash_backward_kernel`]: `Wgmma` on sm_90a while [`FLASH_BWD_WGMMA_DISPATCH`] is on);
-//! [`flash_backward_with`] runs a chosen one (`Wgmma` only on sm_90a: [`check_backward_arch`]).
+//! ([`flash_backward_kernel`]: `Wgmma2` on sm_90a while [`FLASH_BWD_WGMMA_DISPATCH`] is on);
+//! [`flash_backward_with`] runs a chosen one (`Wgmma` and `Wgmma2` only on sm_90a:
+//! [`check_backward_arch`]).
 //! All are deterministic (no atomics).
 //!
 //! Every kernel but `Wgmma`, `Wgmma2` and `WgmmaPingPong` runs on every module (sm_80 and newer); those three run
