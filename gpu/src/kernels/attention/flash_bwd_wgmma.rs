@@ -31,6 +31,9 @@
 //!    dK  += dS^T Q   wgmma m64nDk16, A = dS^T (registers), B = Q tile read MN-major
 //!    ```
 //!
+//!    The four products are issued as groups in that order and waited for one at a time: `P^T` is
+//!    computed while `dP^T`'s product runs, `dS^T` while `dV`'s does.
+//!
 //!    Computing the transposed scores (keys as the warpgroup's 64 rows) puts `P^T` and `dS^T` in
 //!    the accumulator layout of the rows dV and dK need, so they go to the next products straight
 //!    from registers, as the forward's P does; no shared-memory round trip. Grid
@@ -61,9 +64,10 @@
 //!   products that read the stage have been waited for). Use `j` of stage `j % 2` is phase `j / 2`.
 //!   Every wait is bounded and traps on a stall. In the dK / dV kernel each stage also holds its
 //!   query block's log-sum-exps (times log2 e) and deltas, 64 f32 each: the producer warp loads
-//!   them from global memory (lane `l` queries `2 l`, `2 l + 1`) and stores them before lane 0's
-//!   arrival on `full[s]`, so the consumers read them from shared memory instead of waiting on 32
-//!   global loads per tile (the stall that kept the tensor pipe 30% busy, ncu in run 230).
+//!   them from global memory (lane `l` queries `2 l`, `2 l + 1`), each lane arriving on `full[s]`
+//!   after its stores (`full[s]` counts 32 arrivals there), so the consumers read them from shared
+//!   memory instead of waiting on 32 global loads per tile (the stall that kept the tensor pipe
+//!   30% busy, ncu in run 230).
 //! - **Edges.** The tensor maps are 2-D over all heads' rows, so a tile that crosses a head's end
 //!   reads the next head's rows (zeros past the tensor's end): every product term with a query past
 //!   `q_len` or a key a query does not see (past `kv_len`, or above the causal diagonal) gets P = 0
@@ -232,10 +236,11 @@ pub(crate) mod device {
         tile_descriptor(tile + (ks / 4) * BOX_BYTES, ks % 4)
     }
 
-    /// Checks the alignment 128-byte swizzling needs and has thread 0 initialize the barriers;
-    /// then a block barrier. All threads call it.
+    /// Checks the alignment 128-byte swizzling needs and has thread 0 initialize the barriers
+    /// (`full[s]` expecting `full_arrivals`: 1, or the producer warp's 32 when every lane writes
+    /// the stage's per-query values); then a block barrier. All threads call it.
     #[inline(always)]
-    fn init(ring: Ring) {
+    fn init(ring: Ring, full_arrivals: u32) {
         if ring.base % 1024 != 0 {
             thread::trap();
         }
@@ -244,7 +249,7 @@ pub(crate) mod device {
                 mbarrier::init(ring.own_full(), 1);
                 let mut st = 0;
                 while st < ST {
-                    mbarrier::init(ring.full(st), 1);
+                    mbarrier::init(ring.full(st), full_arrivals);
                     mbarrier::init(ring.empty(st), 128 * ring.cons);
                     st += 1;
                 }
@@ -260,7 +265,8 @@ pub(crate) mod device {
     /// streamed tile pairs of `streamed` at rows `row0 + 64 j`, each into stage `j % 2` once the
     /// consumers have released it. With `stats`, the warp first writes the stage's per-query
     /// values ([`Ring::row_stats`]: lane `l` those of queries `2 l`, `2 l + 1` of the block, 0
-    /// past `len`), so that they are in place when `full[s]` completes.
+    /// past `len`) and every lane arrives on `full[s]` after its own stores (a release each, so a
+    /// consumer's wait orders every store before its reads; `full[s]` counts 32 arrivals).
     ///
     /// # Safety
     /// The whole warp calls it, converged. The maps must be valid tensor maps over 16-bit
@@ -311,9 +317,10 @@ pub(crate) mod device {
                 unsafe {
                     shared::st_shared_v2(at, v[0]);
                     shared::st_shared_v2(at + 4 * BQ, v[1]);
+                    if lane != 0 {
+                        mbarrier::arrive(ring.full(st));
+                    }
                 }
-                // the lanes' stores precede lane 0's arrival (a release) below
-                sync::sync_warp(u32::MAX);
             }
             if lane == 0 {
                 let row = row0 + j * 64;
@@ -346,13 +353,15 @@ pub(crate) mod device {
         }
     }
 
-    /// The two 64 x 64 score products `x = A0 B0^T` and `y = A1 B1^T` over D (tiles in shared
-    /// memory, all K-major), issued as two groups and waited for.
+    /// Issues the two 64 x 64 score products `x = A0 B0^T` and `y = A1 B1^T` over D (tiles in
+    /// shared memory, all K-major) as two groups, `x`'s first; the caller waits for them
+    /// (`wgmma::wait_group_m64n64::<1>(x)` is `x` alone).
     ///
     /// # Safety
-    /// The whole consumer warpgroup calls it, converged; the tiles' copies are complete.
+    /// The whole consumer warpgroup calls it, converged; the tiles' copies are complete; `x` and
+    /// `y` stay untouched until their groups are waited for.
     #[inline(always)]
-    unsafe fn two_scores<const F16: bool, const D: u32>(
+    unsafe fn issue_scores<const F16: bool, const D: u32>(
         a0: u32,
         b0: u32,
         a1: u32,
@@ -374,10 +383,6 @@ pub(crate) mod device {
             ks += 1;
         }
         wgmma::commit_group();
-        unsafe {
-            wgmma::wait_group_m64n64::<1>(x);
-            wgmma::wait_group_m64n64::<0>(y);
-        }
     }
 
     /// The A fragments of a 64 x 64 weight tile in accumulator layout (`w`): n8 blocks `2 kk` and
@@ -514,7 +519,7 @@ pub(crate) mod device {
         let ring = Ring { base: shared::dynamic_smem_addr(), tile: flash_bwd_wgmma_tile_bytes(D), cons: CONS };
         // the query blocks that see the block's first key see all its keys
         let (i0, n_blocks) = flash_bwd_query_blocks(p, k0);
-        init(ring);
+        init(ring, 32);
         let produce = || {
             let own = (bh * kv_len + k0, p.heads_total() * kv_len);
             let row0 = bh * q_len + i0 * BQ;
@@ -614,10 +619,13 @@ pub(crate) mod device {
             // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries
             let mut s = [0.0f32; 32];
             let mut dp = [0.0f32; 32];
-            unsafe { two_scores::<F16, D>(k_tile, q_t, v_tile, do_t, &mut s, &mut dp) };
+            unsafe {
+                issue_scores::<F16, D>(k_tile, q_t, v_tile, do_t, &mut s, &mut dp);
+                wgmma::wait_group_m64n64::<1>(&mut s);
+            }
 
-            // P^T (0 where masked: queries past q_len, keys a query does not see), then
-            // dV += P^T dO, in flight while dS^T is computed.
+            // P^T (0 where masked: queries past q_len, keys a query does not see) while dP^T is
+            // in flight, then dV += P^T dO, in flight while dS^T is computed.
             let stats = ring.row_stats(st);
             let view = KeyTile { keys, tq, q0, scale_log2, stats };
             if p.tile_needs_mask(q0, k0, BKV) || q0 + BQ > q_len {
@@ -627,7 +635,11 @@ pub(crate) mod device {
             }
             let pa = fragments::<F16>(&s);
             wgmma::fence();
-            unsafe { weights_times_tile::<F16, D, NO>(&mut dv_acc, &pa, do_t) };
+            unsafe {
+                weights_times_tile::<F16, D, NO>(&mut dv_acc, &pa, do_t);
+                // dP^T's group (dV's may still run)
+                wgmma::wait_group_m64n64::<1>(&mut dp);
+            }
 
             // dS^T = P^T (dP^T - delta) (0 where P is), then dK += dS^T Q
             let mut nt = 0;
@@ -680,7 +692,7 @@ pub(crate) mod device {
         let ring = Ring { base: shared::dynamic_smem_addr(), tile: flash_bwd_wgmma_tile_bytes(D), cons: CONS };
         // the keys the block's last row sees: every row's
         let n_tiles = p.keys_for_rows(q0, BQ * CONS).div_ceil(BKV);
-        init(ring);
+        init(ring, 1);
         let produce = || {
             let own = (bh * q_len + q0, p.heads_total() * q_len);
             unsafe { produce::<D>(ring, [q_map, do_map], own, [k_map, v_map], (bh * kv_len, n_tiles), None) };
@@ -746,7 +758,11 @@ pub(crate) mod device {
             // S = Q K^T and dP = dO V^T: 64 queries x 64 keys
             let mut s = [0.0f32; 32];
             let mut dp = [0.0f32; 32];
-            unsafe { two_scores::<F16, D>(q_tile, k_t, do_tile, v_t, &mut s, &mut dp) };
+            unsafe {
+                issue_scores::<F16, D>(q_tile, k_t, do_tile, v_t, &mut s, &mut dp);
+                wgmma::wait_group_m64n64::<1>(&mut s);
+                wgmma::wait_group_m64n64::<0>(&mut dp);
+            }
 
             // dS (0 where masked); element i is row g + 8 ((i % 4) / 2), key column
             // 8 (i / 4) + 2 tq + i % 2
