@@ -95,7 +95,7 @@ pub const FLASH_WGMMA2_BQ: u32 = 128;
 pub const FLASH_WGMMA2_THREADS: u32 = 288;
 
 /// Dynamic shared memory of the two-consumer kernels at head dim `d`: two Q tiles (one per
-/// consumer), three stages of K and V, and the barriers.
+/// consumer), two stages of K and V, and the barriers.
 pub const fn flash_wgmma2_smem_bytes(d: u32) -> u32 {
     (2 + 2 * FLASH_WGMMA_STAGES) * flash_wgmma_tile_bytes(d) + (1 + 2 * FLASH_WGMMA_STAGES) * 8
 }
