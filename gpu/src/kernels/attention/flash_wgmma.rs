@@ -1,12 +1,11 @@
 //! Flash attention, rung 3 (sm_90a): the forward on TMA + `wgmma` with a producer warp, in the
-//! FlashAttention-3 style: a producer warp, and the softmax of one tile overlapped with the `P V`
-//! product of the tile before (FlashAttention-3's intra-warpgroup pipelining; one consumer
-//! warpgroup, or two). bf16 or f16 in and out, f32 accumulation, head dim 64 or 128.
+//! FlashAttention-3 style (simplified: one consumer warpgroup, no ping-pong yet). bf16 or f16 in and
+//! out, f32 accumulation, head dim 64 or 128.
 //!
 //! ```text
 //!   global Q [B*H*q_len, D]   K, V [B*H*kv_len, D]          (2-D tensor maps, box 64 x 64, 128B swizzle)
 //!        |                      |
-//!        | TMA once             | TMA, producer warp (warp 4, lane 0), 3-stage ring
+//!        | TMA once             | TMA, producer warp (warp 4, lane 0), 2-stage ring
 //!        v                      v
 //!   smem Q tile 64 x D     smem stage s: K tile 64 x D | V tile 64 x D    full[s] / empty[s] mbarriers
 //!        \                    /                 |
@@ -26,12 +25,10 @@
 //!   producer (its lane 0 issues every TMA copy). One block per (batch * head, [`FLASH_WGMMA_BQ`]
 //!   query rows); grid `(ceil(q_len / BQ), batch * heads)`, query tiles taken last first.
 //! - **Tiles.** Q 64 x D, K and V [`FLASH_WGMMA_BKV`] x D, each stored as `D / 64` boxes of 64 rows
-//!   of 128 bytes, 128-byte swizzled (the swizzle span is 64 elements). Three stages of K and V.
-//! - **Ring.** Every wait is bounded and traps on a stall. `full[s]`: one arrival (the producer's
-//!   `arrive.expect_tx` of the stage's bytes) plus the TMA bytes; `empty[s]`: 128 arrivals (every
-//!   consumer thread, after the stage's products have been waited for). Use `j` of stage `j % 3`
-//!   is phase `j / 3`. A consumer holds two stages at a time (tile `j`'s K for `S_j`, tile
-//!   `j - 1`'s V for `P_{j-1} V_{j-1}`), so the third is the one the producer fills ahead.
+//!   of 128 bytes, 128-byte swizzled (the swizzle span is 64 elements). Two stages of K and V.
+//! - **Ring.** Every wait is bounded and traps on a stall. `full[s]`: one arrival (the producer's `arrive.expect_tx` of the stage's bytes) plus
+//!   the TMA bytes; `empty[s]`: 128 arrivals (every consumer thread, after the stage's products
+//!   have been waited for). Use `j` of stage `j % 2` is phase `j / 2`.
 //! - **Edges.** The maps are 2-D over all heads' rows, so a tile that crosses `kv_len` reads the
 //!   next head's rows (zeros past the tensor's end): every score at a key `>= kv_len` is masked to
 //!   `-inf`, so those rows get P = 0 and add nothing (the inputs must be finite). Query rows past
@@ -43,16 +40,12 @@
 //!   C layout of rows `16 w .. 16 w + 16`, a thread holds rows `g` and `g + 8`.
 //! - **O += P V.** 4 wgmma `m64nDk16` with P from registers (two n8 blocks of S are one k16 A
 //!   fragment) and V read MN-major (the GEMM's `mn_descriptor`: 64-column boxes 8192 bytes apart).
-//! - **Pipelining.** Per tile `j >= 1`: `S_j` is issued, then `P_{j-1} V_{j-1}` behind it; the
-//!   warpgroup waits for `S_j` alone and runs its softmax while the tensor cores do `P_{j-1}
-//!   V_{j-1}`, then waits for that, releases stage `j - 1` and rescales O by the new maxima. The
-//!   last tile's `P V` follows the loop.
 //!
 //! - **Two consumers** (`flash_fwd_wgmma2_*`): warps 0-7 are two consumer warpgroups, each with its
 //!   own 64-row Q tile, both reading every K/V stage (`empty[s]` counts 256 arrivals); warp 8
 //!   produces. A block owns 128 query rows, so each K/V tile loaded serves twice the rows.
 //!
-//! Shared memory: [`flash_wgmma_smem_bytes`] (Q, three stages of K and V, seven mbarriers), or
+//! Shared memory: [`flash_wgmma_smem_bytes`] (Q, two stages of K and V, five mbarriers), or
 //! [`flash_wgmma2_smem_bytes`] (two Q tiles).
 
 use super::attention::AttentionParams;
@@ -67,7 +60,7 @@ pub const FLASH_WGMMA_BKV: u32 = 64;
 /// Threads per block: one consumer warpgroup and one producer warp.
 pub const FLASH_WGMMA_THREADS: u32 = 160;
 /// Ring depth (K/V stages).
-pub const FLASH_WGMMA_STAGES: u32 = 3;
+pub const FLASH_WGMMA_STAGES: u32 = 2;
 /// Rows of a TMA box (every tile is loaded in boxes of 64 rows by 64 columns).
 pub const FLASH_WGMMA_BOX_ROWS: u32 = 64;
 /// Columns of a TMA box: 64 16-bit elements, the 128-byte swizzle span.
@@ -83,8 +76,8 @@ pub const fn flash_wgmma_barriers(d: u32) -> u32 {
     (1 + 2 * FLASH_WGMMA_STAGES) * flash_wgmma_tile_bytes(d)
 }
 
-/// Dynamic shared memory of the rung-3 kernel at head dim `d`: Q, three stages of K and V, and the
-/// barriers (`q_full`, `full[3]`, `empty[3]`).
+/// Dynamic shared memory of the rung-3 kernel at head dim `d`: Q, two stages of K and V, and the
+/// barriers (`q_full`, `full[2]`, `empty[2]`).
 pub const fn flash_wgmma_smem_bytes(d: u32) -> u32 {
     flash_wgmma_barriers(d) + (1 + 2 * FLASH_WGMMA_STAGES) * 8
 }
@@ -170,152 +163,6 @@ mod device {
     #[inline(always)]
     fn kmajor(tile: u32, ks: u32) -> u64 {
         tile_descriptor(tile + (ks / 4) * BOX_BYTES, ks % 4)
-    }
-
-    /// Issues `S = Q K^T` (64 x 64 over D, both tiles K-major in shared memory) as one group.
-    ///
-    /// # Safety
-    /// The whole consumer warpgroup calls it, converged; the tiles' copies are complete; `s` stays
-    /// untouched until the group is waited for.
-    #[inline(always)]
-    unsafe fn issue_scores<const F16: bool, const D: u32>(s: &mut [f32; 32], q_tile: u32, k_tile: u32) {
-        wgmma::fence();
-        let mut ks = 0;
-        while ks < D / 16 {
-            unsafe { wgmma::mma_m64n64k16_ss::<F16>(s, kmajor(q_tile, ks), kmajor(k_tile, ks), ks > 0) };
-            ks += 1;
-        }
-        wgmma::commit_group();
-    }
-
-    /// Issues `O += P V` as one group: `pa` the A fragments of P ([`fragments`]), V (64 x D) read
-    /// MN-major from shared memory.
-    ///
-    /// # Safety
-    /// As [`issue_scores`], for `acc` and `pa`; V's copy is complete.
-    #[inline(always)]
-    unsafe fn issue_pv<const F16: bool, const D: u32, const NO: usize>(
-        acc: &mut [f32; NO],
-        pa: &[[u32; 4]; 4],
-        v: u32,
-    ) {
-        wgmma::fence();
-        let mut kk = 0;
-        while kk < 4 {
-            let bd = mn_descriptor(v, kk as u32);
-            if D == 128 {
-                let a = unsafe { &mut *(acc.as_mut_ptr() as *mut [f32; 64]) };
-                unsafe { wgmma::mma_m64n128k16_rs_tb::<F16>(a, pa[kk], bd) };
-            } else {
-                let a = unsafe { &mut *(acc.as_mut_ptr() as *mut [f32; 32]) };
-                unsafe { wgmma::mma_m64n64k16_rs_tb::<F16>(a, pa[kk], bd) };
-            }
-            kk += 1;
-        }
-        wgmma::commit_group();
-    }
-
-    /// Waits for every group in flight, naming O (64 x D) as written.
-    ///
-    /// # Safety
-    /// The whole consumer warpgroup calls it, converged.
-    #[inline(always)]
-    unsafe fn wait_pv<const D: u32, const NO: usize>(acc: &mut [f32; NO]) {
-        if D == 128 {
-            unsafe { wgmma::wait_group_m64n128::<0>(&mut *(acc.as_mut_ptr() as *mut [f32; 64])) };
-        } else {
-            unsafe { wgmma::wait_group_m64n64::<0>(&mut *(acc.as_mut_ptr() as *mut [f32; 32])) };
-        }
-    }
-
-    /// P's A fragments: n8 blocks `2 kk` and `2 kk + 1` of the 64 x 64 tile in accumulator layout
-    /// are the `m64k16` A fragment of k step `kk`, packed to bf16 / f16.
-    #[inline(always)]
-    fn fragments<const F16: bool>(s: &[f32; 32]) -> [[u32; 4]; 4] {
-        let mut pa = [[0u32; 4]; 4];
-        let mut kk = 0;
-        while kk < 4 {
-            let b = 8 * kk;
-            pa[kk] = [
-                pack::<F16>(s[b], s[b + 1]),
-                pack::<F16>(s[b + 2], s[b + 3]),
-                pack::<F16>(s[b + 4], s[b + 5]),
-                pack::<F16>(s[b + 6], s[b + 7]),
-            ];
-            kk += 1;
-        }
-        pa
-    }
-
-    /// A consumer thread's view of its warpgroup's score tiles: the warpgroup's first row `r0`,
-    /// the thread's rows (`g` and `g + 8` of its warp's 16), its quad index `tq`, the scale in
-    /// log2 units.
-    #[derive(Clone, Copy)]
-    struct ScoreTile {
-        r0: u32,
-        rows: [u32; 2],
-        tq: u32,
-        scale_log2: f32,
-    }
-
-    impl ScoreTile {
-        /// The online softmax of the scores `s` of keys `k0 .. k0 + 64`: masked to `-inf` where
-        /// the tile crosses `kv_len` or the diagonal, the running maxima `m` (log2 units) and sums
-        /// `l` updated, `s` replaced by `P = e^(scale s - m)`. Returns each row's factor for O
-        /// (`e^(m_old - m_new)`). Element `i` is row `g + 8 ((i % 4) / 2)`, key column
-        /// `8 (i / 4) + 2 tq + i % 2`; a row's maximum and sum run over the 4 lanes of its quad.
-        /// (With two consumers and the causal mask, the first one's last tiles may be wholly
-        /// masked: its rows keep their state, P = 0.)
-        #[inline(always)]
-        fn softmax(
-            self,
-            s: &mut [f32; 32],
-            k0: u32,
-            p: AttentionParams,
-            m: &mut [f32; 2],
-            l: &mut [f32; 2],
-        ) -> [f32; 2] {
-            if p.tile_needs_mask(self.r0, k0, BKV) {
-                let vis = [p.visible_keys(self.rows[0]), p.visible_keys(self.rows[1])];
-                let mut i = 0;
-                while i < 32 {
-                    let c = k0 + 8 * (i as u32 / 4) + 2 * self.tq + (i as u32 % 2);
-                    if c >= vis[(i % 4) / 2] {
-                        s[i] = f32::NEG_INFINITY;
-                    }
-                    i += 1;
-                }
-            }
-            let mut alpha = [0.0f32; 2];
-            let mut h = 0;
-            while h < 2 {
-                let mut mx = f32::NEG_INFINITY;
-                let mut nt = 0;
-                while nt < 8 {
-                    mx = mx.max(s[4 * nt + 2 * h]).max(s[4 * nt + 2 * h + 1]);
-                    nt += 1;
-                }
-                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
-                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
-                let m_new = m[h].max(mx * self.scale_log2);
-                let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-                alpha[h] = math::exp2_fast(m[h] - m_use);
-                let mut sum = 0.0f32;
-                let mut nt = 0;
-                while nt < 8 {
-                    let e0 = math::exp2_fast(math::fma(s[4 * nt + 2 * h], self.scale_log2, -m_use));
-                    let e1 = math::exp2_fast(math::fma(s[4 * nt + 2 * h + 1], self.scale_log2, -m_use));
-                    s[4 * nt + 2 * h] = e0;
-                    s[4 * nt + 2 * h + 1] = e1;
-                    sum += e0 + e1;
-                    nt += 1;
-                }
-                l[h] = l[h] * alpha[h] + sum;
-                m[h] = m_new;
-                h += 1;
-            }
-            alpha
-        }
     }
 
     #[inline(always)]
@@ -411,58 +258,108 @@ mod device {
         let mut acc = [0.0f32; NO];
         unsafe { wait(lay.q_full(), 0) };
 
-        let view = ScoreTile { r0, rows, tq, scale_log2 };
-        // S_0, its softmax and P_0; then per tile j: S_j issued, P_{j-1} V_{j-1} issued behind it,
-        // the softmax of S_j while that product runs, O rescaled once it is done
-        let mut pa = [[0u32; 4]; 4];
-        if n_tiles > 0 {
-            unsafe { wait(lay.full(0), 0) };
-            let mut s = [0.0f32; 32];
-            unsafe {
-                issue_scores::<F16, D>(&mut s, q_tile, lay.k(0));
-                wgmma::wait_group_m64n64::<0>(&mut s);
-            }
-            // O is still 0: no rescale
-            view.softmax(&mut s, 0, p, &mut m, &mut l);
-            pa = fragments::<F16>(&s);
-        }
-        let mut j = 1;
+        let mut j = 0;
         while j < n_tiles {
-            let (st, prev) = (j % ST, (j - 1) % ST);
+            let st = j % ST;
             unsafe { wait(lay.full(st), (j / ST) & 1) };
+            let k0 = j * BKV;
+
+            // S = Q K^T (64 x 64)
             let mut s = [0.0f32; 32];
-            unsafe {
-                issue_scores::<F16, D>(&mut s, q_tile, lay.k(st));
-                issue_pv::<F16, D, NO>(&mut acc, &pa, lay.v(prev));
-                // S_j's group (P_{j-1} V_{j-1}'s may still run)
-                wgmma::wait_group_m64n64::<1>(&mut s);
+            wgmma::fence();
+            let mut ks = 0;
+            while ks < D / 16 {
+                unsafe { wgmma::mma_m64n64k16_ss::<F16>(&mut s, kmajor(q_tile, ks), kmajor(lay.k(st), ks), ks > 0) };
+                ks += 1;
             }
-            let alpha = view.softmax(&mut s, j * BKV, p, &mut m, &mut l);
-            unsafe {
-                wait_pv::<D, NO>(&mut acc);
-                // this thread is done reading stage `prev`
-                mbarrier::arrive(lay.empty(prev));
-            }
-            let mut n = 0;
-            while n < NO / 4 {
-                let mut h = 0;
-                while h < 2 {
-                    acc[4 * n + 2 * h] *= alpha[h];
-                    acc[4 * n + 2 * h + 1] *= alpha[h];
-                    h += 1;
+            wgmma::commit_group();
+            unsafe { wgmma::wait_group_m64n64::<0>(&mut s) };
+
+            // (with two consumers and the causal mask, the first one's last tiles may be wholly
+            // masked: its rows keep their state, P = 0)
+            if p.tile_needs_mask(r0, k0, BKV) {
+                let vis = [p.visible_keys(rows[0]), p.visible_keys(rows[1])];
+                let mut i = 0;
+                while i < 32 {
+                    // element i: row g + 8 ((i % 4) / 2), column 8 (i / 4) + 2 tq + i % 2
+                    let c = k0 + 8 * (i as u32 / 4) + 2 * tq + (i as u32 % 2);
+                    if c >= vis[(i % 4) / 2] {
+                        s[i] = f32::NEG_INFINITY;
+                    }
+                    i += 1;
                 }
-                n += 1;
             }
-            pa = fragments::<F16>(&s);
+
+            // online softmax, rows g (h = 0) and g + 8 (h = 1)
+            let mut h = 0;
+            while h < 2 {
+                let mut mx = f32::NEG_INFINITY;
+                let mut nt = 0;
+                while nt < 8 {
+                    mx = mx.max(s[4 * nt + 2 * h]).max(s[4 * nt + 2 * h + 1]);
+                    nt += 1;
+                }
+                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
+                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
+                let m_new = m[h].max(mx * scale_log2);
+                let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+                let alpha = math::exp2_fast(m[h] - m_use);
+                let mut sum = 0.0f32;
+                let mut nt = 0;
+                while nt < 8 {
+                    let e0 = math::exp2_fast(math::fma(s[4 * nt + 2 * h], scale_log2, -m_use));
+                    let e1 = math::exp2_fast(math::fma(s[4 * nt + 2 * h + 1], scale_log2, -m_use));
+                    s[4 * nt + 2 * h] = e0;
+                    s[4 * nt + 2 * h + 1] = e1;
+                    sum += e0 + e1;
+                    nt += 1;
+                }
+                l[h] = l[h] * alpha + sum;
+                m[h] = m_new;
+                let mut n = 0;
+                while n < NO / 4 {
+                    acc[4 * n + 2 * h] *= alpha;
+                    acc[4 * n + 2 * h + 1] *= alpha;
+                    n += 1;
+                }
+                h += 1;
+            }
+
+            // O += P V: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of k step kk
+            let mut pa = [[0u32; 4]; 4];
+            let mut kk = 0;
+            while kk < 4 {
+                let b = 8 * kk;
+                pa[kk] = [
+                    pack::<F16>(s[b], s[b + 1]),
+                    pack::<F16>(s[b + 2], s[b + 3]),
+                    pack::<F16>(s[b + 4], s[b + 5]),
+                    pack::<F16>(s[b + 6], s[b + 7]),
+                ];
+                kk += 1;
+            }
+            wgmma::fence();
+            let mut kk = 0;
+            while kk < 4 {
+                let bd = mn_descriptor(lay.v(st), kk as u32);
+                if D == 128 {
+                    let a = unsafe { &mut *(acc.as_mut_ptr() as *mut [f32; 64]) };
+                    unsafe { wgmma::mma_m64n128k16_rs_tb::<F16>(a, pa[kk], bd) };
+                } else {
+                    let a = unsafe { &mut *(acc.as_mut_ptr() as *mut [f32; 32]) };
+                    unsafe { wgmma::mma_m64n64k16_rs_tb::<F16>(a, pa[kk], bd) };
+                }
+                kk += 1;
+            }
+            wgmma::commit_group();
+            if D == 128 {
+                unsafe { wgmma::wait_group_m64n128::<0>(&mut *(acc.as_mut_ptr() as *mut [f32; 64])) };
+            } else {
+                unsafe { wgmma::wait_group_m64n64::<0>(&mut *(acc.as_mut_ptr() as *mut [f32; 32])) };
+            }
+            // this thread is done reading the stage
+            unsafe { mbarrier::arrive(lay.empty(st)) };
             j += 1;
-        }
-        if n_tiles > 0 {
-            let last = (n_tiles - 1) % ST;
-            unsafe {
-                issue_pv::<F16, D, NO>(&mut acc, &pa, lay.v(last));
-                wait_pv::<D, NO>(&mut acc);
-                mbarrier::arrive(lay.empty(last));
-            }
         }
 
         // epilogue: O = o / l, 4-byte stores; LSE by the quad's first lane
