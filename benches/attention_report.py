@@ -9,7 +9,7 @@ kernel the run printed: `flash_fwd_wgmma_bf16 + Wgmma backward`) and kernel; `ra
 PyTorch ms (<= 1.0 meets issue 35's target).
 
 Usage: python3 benches/attention_report.py KILN_TXT TORCH_JSON --date D --commit C --command CMD
-       [--run NAME] [--out benches/results/attention]
+       [--run NAME] [--out benches/results/attention] [--notes benches/results/attention.notes.md]
 """
 import argparse
 import json
@@ -54,6 +54,7 @@ def main():
     ap.add_argument("--command", required=True)
     ap.add_argument("--run", default="")
     ap.add_argument("--out", default="benches/results/attention")
+    ap.add_argument("--notes", help="a Markdown file appended after the table (where the time goes: ncu)")
     a = ap.parse_args()
     torch = json.load(open(a.torch))
     ref = {r["case"]: r for r in torch["rows"]}
@@ -98,6 +99,8 @@ def main():
         for r in rows:
             sd = f"{r['reference_ms']:.3f} | {r['reference_tflops']:.0f} | {r['ratio_time']:.2f}" if r["reference_ms"] else "- | - | -"
             fh.write(f"| {r['case']} | `{r['kernel']}` | {r['kiln_ms']:.3f} | {r['kiln_tflops']:.1f} | {sd} |\n")
+        if a.notes:
+            fh.write("\n" + open(a.notes).read())
     print(f"wrote {a.out}.json and {a.out}.md ({len(rows)} rows)")
 
 

@@ -509,6 +509,26 @@ mod device {
         }
     }
 
+    /// The 64 x 128 x 16 form of [`mma_m64n64k16_ss`] (64 accumulators per thread, B 128 rows of
+    /// N, K-major).
+    ///
+    /// PTX: `wgmma.mma_async.sync.aligned.m64n128k16.f32.{bf16,f16}.{bf16,f16} {d0..d63}, a_desc, b_desc, p, 1, 1, 0, 0;`
+    ///
+    /// # Safety
+    /// As [`mma_m64n64k16_ss`]; results valid after [`wait_group_m64n128`].
+    #[inline(always)]
+    pub unsafe fn mma_m64n128k16_ss<const F16: bool>(d: &mut [f32; 64], a_desc: u64, b_desc: u64, accumulate: bool) {
+        if F16 {
+            unsafe {
+                wgmma_ss_typed!("f16", "m64n128k16", d, a_desc, b_desc, accumulate; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+            };
+        } else {
+            unsafe {
+                wgmma_ss_typed!("bf16", "m64n128k16", d, a_desc, b_desc, accumulate; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+            };
+        }
+    }
+
     /// `D += A B` on a 64 x 64 x 16 tile with A from registers (`a`: the thread's four words of
     /// packed bf16 / f16 pairs, laid out as the `mma.m16n8k16` A fragment of its warp's 16 rows)
     /// and B from shared memory, MN-major (the transpose bit set: B stored k rows of n), f32

@@ -42,11 +42,17 @@
 //!   fragment) and V read MN-major (the GEMM's `mn_descriptor`: 64-column boxes 8192 bytes apart).
 //!
 //! - **Two consumers** (`flash_fwd_wgmma2_*`): warps 0-7 are two consumer warpgroups, each with its
-//!   own 64-row Q tile, both reading every K/V stage (`empty[s]` counts 256 arrivals); warp 8
-//!   produces. A block owns 128 query rows, so each K/V tile loaded serves twice the rows.
+//!   own 64-row Q tile, both reading every K/V stage (`empty[s]` counts 256 arrivals); warpgroup
+//!   2 produces (thread 256 issues the copies) after giving its registers to the consumers
+//!   (`setmaxnreg`: 24 per thread left, 240 for each consumer thread). A block owns 128 query rows, so each K/V tile loaded serves twice the rows. Its K/V
+//!   tiles hold [`FLASH_WGMMA2_BKV`] = 128 keys: K as two 64-row boxes per 64-column box, one
+//!   after the other, so `S = Q K^T` is one `m64n128k16` per k step (64 x 128 scores, 64 per
+//!   thread) and each Q read from shared memory feeds twice the products; V as two 64-key tiles,
+//!   `P V` 8 k steps, 4 on each.
 //!
 //! Shared memory: [`flash_wgmma_smem_bytes`] (Q, two stages of K and V, five mbarriers), or
-//! [`flash_wgmma2_smem_bytes`] (two Q tiles).
+//! [`flash_wgmma2_smem_bytes`] (two Q tiles, two stages of 128-key K and V: 160 KiB + 40 bytes at
+//! D = 128).
 
 use super::attention::AttentionParams;
 use crate::tma::TensorMap;
@@ -84,13 +90,24 @@ pub const fn flash_wgmma_smem_bytes(d: u32) -> u32 {
 
 /// Query rows per block of the two-consumer kernels (`flash_fwd_wgmma2_*`): 64 per warpgroup.
 pub const FLASH_WGMMA2_BQ: u32 = 128;
-/// Threads per block of the two-consumer kernels: two consumer warpgroups and one producer warp.
-pub const FLASH_WGMMA2_THREADS: u32 = 288;
+/// Threads per block of the two-consumer kernels: two consumer warpgroups and a producer
+/// warpgroup (a whole one, so that `setmaxnreg` can move its registers to the consumers).
+pub const FLASH_WGMMA2_THREADS: u32 = 384;
+/// Registers per thread the two-consumer kernels' producer warpgroup keeps (`setmaxnreg.dec`).
+pub const FLASH_WGMMA2_PRODUCER_REGS: u32 = 24;
+/// Registers per thread their consumer warpgroups take (`setmaxnreg.inc`): 64 scores, the 64 x D
+/// output's accumulators and P's fragments; `128 (24 + 2 x 240) = 64512` of the SM's 65536.
+pub const FLASH_WGMMA2_CONSUMER_REGS: u32 = 240;
+
+/// Keys per K/V tile of the two-consumer kernels: two boxes of 64 rows, so that `S = Q K^T` is one
+/// `m64n128k16` per k step (half the shared-memory reads of Q per product of the 64-key form).
+pub const FLASH_WGMMA2_BKV: u32 = 128;
 
 /// Dynamic shared memory of the two-consumer kernels at head dim `d`: two Q tiles (one per
-/// consumer), two stages of K and V, and the barriers.
+/// consumer), two stages of 128-key K and V tiles, and the barriers.
 pub const fn flash_wgmma2_smem_bytes(d: u32) -> u32 {
-    (2 + 2 * FLASH_WGMMA_STAGES) * flash_wgmma_tile_bytes(d) + (1 + 2 * FLASH_WGMMA_STAGES) * 8
+    (2 + 2 * FLASH_WGMMA_STAGES * (FLASH_WGMMA2_BKV / 64)) * flash_wgmma_tile_bytes(d)
+        + (1 + 2 * FLASH_WGMMA_STAGES) * 8
 }
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
@@ -102,14 +119,14 @@ mod device {
     use crate::{fence, math, mbarrier, shared, sync, thread, tma, warp, wgmma};
 
     const BQ: u32 = FLASH_WGMMA_BQ;
-    const BKV: u32 = FLASH_WGMMA_BKV;
     const ST: u32 = FLASH_WGMMA_STAGES;
 
     /// 128 bytes of one 64-column box row, 64 rows per box.
     const BOX_BYTES: u32 = FLASH_WGMMA_BOX_ROWS * FLASH_WGMMA_BOX_COLS * 2;
 
-    /// Shared memory of a block with `cons` consumer warpgroups: `cons` Q tiles, then K and V of
-    /// each stage, then the barriers.
+    /// Shared memory of a block with `cons` consumer warpgroups: `cons` Q tiles (64 x D each),
+    /// then K and V of each stage (`kv` 64-row tiles each: 64 keys per consumer), then the
+    /// barriers.
     #[derive(Clone, Copy)]
     struct Layout {
         base: u32,
@@ -122,11 +139,13 @@ mod device {
         fn q(self, c: u32) -> u32 {
             self.base + c * self.tile
         }
+        /// K of stage `st`: per 64-column box, `64 cons` rows of 128 bytes.
         fn k(self, st: u32) -> u32 {
-            self.base + (self.cons + 2 * st) * self.tile
+            self.base + (self.cons + 2 * self.cons * st) * self.tile
         }
+        /// V of stage `st`: `cons` 64-key tiles, one after the other.
         fn v(self, st: u32) -> u32 {
-            self.base + (self.cons + 1 + 2 * st) * self.tile
+            self.base + (2 * self.cons + 2 * self.cons * st) * self.tile
         }
         fn q_full(self) -> u32 {
             self.bars
@@ -165,8 +184,39 @@ mod device {
         tile_descriptor(tile + (ks / 4) * BOX_BYTES, ks % 4)
     }
 
+    /// Loads K of `bk` keys (64 or 128) from global row `row`: per 64-column box `c`, `bk / 64`
+    /// boxes of 64 rows one after the other (`bk` rows of 128 bytes, the K-major layout of an
+    /// `n = bk` operand), completing on `bar`. Boxes past the tensor's end are filled with zeros.
     #[inline(always)]
-    pub(super) unsafe fn flash_wgmma<const F16: bool, const D: u32, const NO: usize, const CONS: u32>(
+    unsafe fn load_k<const D: u32>(dst: u32, map: *const TensorMap, row: u32, bar: u32, bk: u32) {
+        let mut c = 0;
+        while c < D / 64 {
+            let mut r = 0;
+            while r < bk / 64 {
+                let at = dst + c * (bk / 64) * BOX_BYTES + r * BOX_BYTES;
+                unsafe { tma::load_2d(at, map, (c * 64) as i32, (row + 64 * r) as i32, bar) };
+                r += 1;
+            }
+            c += 1;
+        }
+    }
+
+    /// The K-major descriptor of k step `ks` of a `bk`-key K tile ([`load_k`]).
+    #[inline(always)]
+    fn kmajor_k(tile: u32, ks: u32, bk: u32) -> u64 {
+        tile_descriptor(tile + (ks / 4) * (bk / 64) * BOX_BYTES, ks % 4)
+    }
+
+    /// The forward with `CONS` consumer warpgroups and K/V tiles of `64 CONS` keys (`NS = 32 CONS`
+    /// score accumulators per thread).
+    #[inline(always)]
+    pub(super) unsafe fn flash_wgmma<
+        const F16: bool,
+        const D: u32,
+        const NO: usize,
+        const CONS: u32,
+        const NS: usize,
+    >(
         q_map: *const TensorMap,
         k_map: *const TensorMap,
         v_map: *const TensorMap,
@@ -174,7 +224,9 @@ mod device {
         lse: DevicePtrMut<f32>,
         p: AttentionParams,
     ) {
-        const { assert!(NO as u32 == D / 2 && (D == 64 || D == 128) && (CONS == 1 || CONS == 2)) };
+        const { assert!(NO as u32 == D / 2 && (D == 64 || D == 128) && (CONS == 1 || CONS == 2) && NS as u32 == 32 * CONS) };
+        // keys per K/V tile
+        let bkv = 64 * CONS;
         let tid = thread::thread_idx_x();
         let bh = thread::block_idx_y();
         // the block's first query row (each consumer warpgroup owns 64 rows from q0 + 64 c)
@@ -182,11 +234,11 @@ mod device {
         let (q_len, kv_len) = (p.q_len, p.kv_len);
         let tile = flash_wgmma_tile_bytes(D);
         let base = shared::dynamic_smem_addr();
-        let lay = Layout { base, tile, cons: CONS, bars: base + (CONS + 2 * ST) * tile };
+        let lay = Layout { base, tile, cons: CONS, bars: base + (CONS + 2 * CONS * ST) * tile };
         if lay.base % 1024 != 0 {
             thread::trap();
         }
-        let n_tiles = p.keys_for_rows(q0, BQ * CONS).div_ceil(BKV);
+        let n_tiles = p.keys_for_rows(q0, BQ * CONS).div_ceil(bkv);
         if tid == 0 {
             unsafe {
                 mbarrier::init(lay.q_full(), 1);
@@ -202,7 +254,11 @@ mod device {
         sync::sync_threads();
 
         if tid >= 128 * CONS {
-            // the producer warp: lane 0 issues every copy
+            // the producer: thread 128 CONS issues every copy (with two consumers, its warpgroup
+            // first gives its registers away)
+            if CONS == 2 {
+                unsafe { wgmma::setmaxnreg_dec::<FLASH_WGMMA2_PRODUCER_REGS>() };
+            }
             if tid == 128 * CONS {
                 // a consumer's Q tile that starts past the last head's rows is not loaded (its rows
                 // are never stored): only boxes that start inside the tensor are counted
@@ -232,11 +288,15 @@ mod device {
                     if j >= ST {
                         unsafe { wait(lay.empty(st), ((j / ST) + 1) & 1) };
                     }
-                    let row = bh * kv_len + j * BKV;
+                    let row = bh * kv_len + j * bkv;
                     unsafe {
-                        mbarrier::arrive_expect_tx(lay.full(st), 2 * tile);
-                        load_tile::<D>(lay.k(st), k_map, row, lay.full(st));
-                        load_tile::<D>(lay.v(st), v_map, row, lay.full(st));
+                        mbarrier::arrive_expect_tx(lay.full(st), 2 * CONS * tile);
+                        load_k::<D>(lay.k(st), k_map, row, lay.full(st), bkv);
+                        let mut h = 0;
+                        while h < CONS {
+                            load_tile::<D>(lay.v(st) + h * tile, v_map, row + 64 * h, lay.full(st));
+                            h += 1;
+                        }
                     }
                     j += 1;
                 }
@@ -245,6 +305,9 @@ mod device {
         }
 
         // consumer warpgroup `cw`: rows q0 + 64 cw .. + 64, warp w of it rows 16 w .. 16 w + 16
+        if CONS == 2 {
+            unsafe { wgmma::setmaxnreg_inc::<FLASH_WGMMA2_CONSUMER_REGS>() };
+        }
         let cw = tid / 128;
         let (lane, w) = (tid % 32, (tid % 128) / 32);
         let (g, tq) = (lane / 4, lane % 4);
@@ -262,25 +325,36 @@ mod device {
         while j < n_tiles {
             let st = j % ST;
             unsafe { wait(lay.full(st), (j / ST) & 1) };
-            let k0 = j * BKV;
+            let k0 = j * bkv;
 
-            // S = Q K^T (64 x 64)
-            let mut s = [0.0f32; 32];
+            // S = Q K^T (64 x 64 CONS)
+            let mut s = [0.0f32; NS];
             wgmma::fence();
             let mut ks = 0;
             while ks < D / 16 {
-                unsafe { wgmma::mma_m64n64k16_ss::<F16>(&mut s, kmajor(q_tile, ks), kmajor(lay.k(st), ks), ks > 0) };
+                let (a, b) = (kmajor(q_tile, ks), kmajor_k(lay.k(st), ks, bkv));
+                if CONS == 2 {
+                    let d = unsafe { &mut *(s.as_mut_ptr() as *mut [f32; 64]) };
+                    unsafe { wgmma::mma_m64n128k16_ss::<F16>(d, a, b, ks > 0) };
+                } else {
+                    let d = unsafe { &mut *(s.as_mut_ptr() as *mut [f32; 32]) };
+                    unsafe { wgmma::mma_m64n64k16_ss::<F16>(d, a, b, ks > 0) };
+                }
                 ks += 1;
             }
             wgmma::commit_group();
-            unsafe { wgmma::wait_group_m64n64::<0>(&mut s) };
+            if CONS == 2 {
+                unsafe { wgmma::wait_group_m64n128::<0>(&mut *(s.as_mut_ptr() as *mut [f32; 64])) };
+            } else {
+                unsafe { wgmma::wait_group_m64n64::<0>(&mut *(s.as_mut_ptr() as *mut [f32; 32])) };
+            }
 
             // (with two consumers and the causal mask, the first one's last tiles may be wholly
             // masked: its rows keep their state, P = 0)
-            if p.tile_needs_mask(r0, k0, BKV) {
+            if p.tile_needs_mask(r0, k0, bkv) {
                 let vis = [p.visible_keys(rows[0]), p.visible_keys(rows[1])];
                 let mut i = 0;
-                while i < 32 {
+                while i < NS {
                     // element i: row g + 8 ((i % 4) / 2), column 8 (i / 4) + 2 tq + i % 2
                     let c = k0 + 8 * (i as u32 / 4) + 2 * tq + (i as u32 % 2);
                     if c >= vis[(i % 4) / 2] {
@@ -295,7 +369,7 @@ mod device {
             while h < 2 {
                 let mut mx = f32::NEG_INFINITY;
                 let mut nt = 0;
-                while nt < 8 {
+                while nt < NS / 4 {
                     mx = mx.max(s[4 * nt + 2 * h]).max(s[4 * nt + 2 * h + 1]);
                     nt += 1;
                 }
@@ -306,7 +380,7 @@ mod device {
                 let alpha = math::exp2_fast(m[h] - m_use);
                 let mut sum = 0.0f32;
                 let mut nt = 0;
-                while nt < 8 {
+                while nt < NS / 4 {
                     let e0 = math::exp2_fast(math::fma(s[4 * nt + 2 * h], scale_log2, -m_use));
                     let e1 = math::exp2_fast(math::fma(s[4 * nt + 2 * h + 1], scale_log2, -m_use));
                     s[4 * nt + 2 * h] = e0;
@@ -325,10 +399,11 @@ mod device {
                 h += 1;
             }
 
-            // O += P V: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of k step kk
-            let mut pa = [[0u32; 4]; 4];
+            // O += P V: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of k step kk (keys
+            // 16 kk ..; V's 64-key tile kk / 4)
+            let mut pa = [[0u32; 4]; 8];
             let mut kk = 0;
-            while kk < 4 {
+            while kk < NS / 8 {
                 let b = 8 * kk;
                 pa[kk] = [
                     pack::<F16>(s[b], s[b + 1]),
@@ -340,8 +415,8 @@ mod device {
             }
             wgmma::fence();
             let mut kk = 0;
-            while kk < 4 {
-                let bd = mn_descriptor(lay.v(st), kk as u32);
+            while kk < NS / 8 {
+                let bd = mn_descriptor(lay.v(st) + (kk as u32 / 4) * tile, kk as u32 % 4);
                 if D == 128 {
                     let a = unsafe { &mut *(acc.as_mut_ptr() as *mut [f32; 64]) };
                     unsafe { wgmma::mma_m64n128k16_rs_tb::<F16>(a, pa[kk], bd) };
@@ -400,8 +475,9 @@ macro_rules! flash_wgmma_kernels {
         /// `[batch * heads * q_len, head_dim]` and K, V as `[batch * heads * kv_len, head_dim]`, box
         /// 64 x 64, 128-byte swizzle), `o` (output, the shape of Q, 4-byte aligned), `lse`
         /// (`batch * heads * q_len` f32), `p` (the problem). Grid `(ceil(q_len / (64 C)), batch *
-        /// heads)` for `C` consumer warpgroups; block `128 C + 32` threads (warps `0..4 C`
-        /// consume, 64 query rows per warpgroup; the last warp produces); dynamic shared memory
+        /// heads)` for `C` consumer warpgroups; block [`FLASH_WGMMA_THREADS`] (C = 1: warps 0-3
+        /// consume, warp 4 produces) or [`FLASH_WGMMA2_THREADS`] (C = 2: warpgroups 0 and 1
+        /// consume, 64 query rows each, warpgroup 2 produces); dynamic shared memory
         /// `flash_wgmma_smem_bytes(head_dim)` (C = 1) or `flash_wgmma2_smem_bytes(head_dim)` (C =
         /// 2). Tiling and thread mapping: the module docs.
         #[kernel(arch = "sm_90a", max_threads = $threads)]
@@ -414,7 +490,7 @@ macro_rules! flash_wgmma_kernels {
             p: AttentionParams,
         ) {
             unsafe {
-                device::flash_wgmma::<$f16, $d, { $d / 2 }, $cons>(
+                device::flash_wgmma::<$f16, $d, { $d / 2 }, $cons, { 32 * $cons }>(
                     q_map.as_ptr(),
                     k_map.as_ptr(),
                     v_map.as_ptr(),
@@ -442,11 +518,11 @@ flash_wgmma_kernels! {
     flash_fwd_wgmma_f16_d128: f16, true, 128, 1, 160;
     /// The two-consumer form (128 query rows per block, K/V tiles shared by both warpgroups), bf16,
     /// head dim 64.
-    flash_fwd_wgmma2_bf16_d64: bf16, false, 64, 2, 288;
+    flash_fwd_wgmma2_bf16_d64: bf16, false, 64, 2, 384;
     /// The two-consumer form, bf16, head dim 128.
-    flash_fwd_wgmma2_bf16_d128: bf16, false, 128, 2, 288;
+    flash_fwd_wgmma2_bf16_d128: bf16, false, 128, 2, 384;
     /// The two-consumer form, f16, head dim 64.
-    flash_fwd_wgmma2_f16_d64: f16, true, 64, 2, 288;
+    flash_fwd_wgmma2_f16_d64: f16, true, 64, 2, 384;
     /// The two-consumer form, f16, head dim 128.
-    flash_fwd_wgmma2_f16_d128: f16, true, 128, 2, 288;
+    flash_fwd_wgmma2_f16_d128: f16, true, 128, 2, 384;
 }
