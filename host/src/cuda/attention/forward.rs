@@ -44,8 +44,10 @@ pub const FLASH_WGMMA_DISPATCH: bool = true;
 pub const FLASH_WGMMA_PP_DISPATCH: bool = false;
 
 /// The forward kernel the attention op should run for `dtype` at `head_dim` on a device whose
-/// module is `arch`: the best verified one (`MmaSync` for bf16 / f16, `Wgmma` instead on sm_90a
-/// once [`FLASH_WGMMA_DISPATCH`] is on, `Simt` for f32), or `None` where no kernel takes the pair.
+/// module is `arch`: the best verified one (`MmaSync` for bf16 / f16; on sm_90a once
+/// [`FLASH_WGMMA_DISPATCH`] is on `Wgmma2` at head dim 128 and `Wgmma` at 64, the faster at each
+/// on an H200 (run 235: 0.93-0.96x the time at 128, 1.08x at 64); `Simt` for f32), or `None`
+/// where no kernel takes the pair.
 pub fn flash_forward_kernel(dtype: DType, head_dim: u32, arch: kiln_gpu::Arch) -> Option<FlashKernel> {
     if !FLASH_HEAD_DIMS.contains(&head_dim) {
         return None;
@@ -54,6 +56,8 @@ pub fn flash_forward_kernel(dtype: DType, head_dim: u32, arch: kiln_gpu::Arch) -
     let pp = FLASH_WGMMA_PP_DISPATCH && arch == kiln_gpu::Arch::Sm90a;
     let order: &[FlashKernel] = if pp {
         &[FlashKernel::WgmmaPingPong, FlashKernel::MmaSync, FlashKernel::Simt]
+    } else if wgmma && head_dim == 128 {
+        &[FlashKernel::Wgmma2, FlashKernel::MmaSync, FlashKernel::Simt]
     } else if wgmma {
         &[FlashKernel::Wgmma, FlashKernel::MmaSync, FlashKernel::Simt]
     } else {

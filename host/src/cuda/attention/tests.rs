@@ -15,13 +15,17 @@ fn the_hopper_rung_is_refused_off_sm90a_and_not_dispatched_yet() {
         check_arch(FlashKernel::Simt, arch).unwrap();
     }
     for arch in Arch::ALL {
-        let want = match arch == Arch::Sm90a {
+        // on sm_90a: the two-consumer form (128-key tiles) at head dim 128, the one-consumer one at 64
+        let want = |d: u32| match arch == Arch::Sm90a {
             true if FLASH_WGMMA_PP_DISPATCH => FlashKernel::WgmmaPingPong,
+            true if FLASH_WGMMA_DISPATCH && d == 128 => FlashKernel::Wgmma2,
             true if FLASH_WGMMA_DISPATCH => FlashKernel::Wgmma,
             _ => FlashKernel::MmaSync,
         };
-        assert_eq!(flash_forward_kernel(DType::BF16, 128, arch), Some(want));
-        assert_eq!(flash_forward_kernel(DType::F16, 64, arch), Some(want));
+        assert_eq!(flash_forward_kernel(DType::BF16, 128, arch), Some(want(128)));
+        assert_eq!(flash_forward_kernel(DType::F16, 128, arch), Some(want(128)));
+        assert_eq!(flash_forward_kernel(DType::F16, 64, arch), Some(want(64)));
+        assert_eq!(flash_forward_kernel(DType::BF16, 64, arch), Some(want(64)));
         assert_eq!(flash_forward_kernel(DType::F32, 64, arch), Some(FlashKernel::Simt));
         assert_eq!(flash_forward_kernel(DType::BF16, 96, arch), None);
         assert_eq!(flash_forward_kernel(DType::F64, 64, arch), None);
