@@ -297,6 +297,24 @@ CASES = {
 SIZES = {"char-mini": (256, 384, 6, 6), "gpt2-small": (1024, 768, 12, 12)}
 
 
+def train_step(net, model, opt, batch, block, g):
+    """One training step on random windows: bf16 autocast, clipping at 1.0, the optimizer's step.
+    `net` runs the forward (the model, compiled or wrapped in DDP), `model` holds the parameters."""
+    import torch
+
+    def step():
+        x = torch.randint(0, 256, (batch, block), device="cuda", generator=g)
+        y = torch.randint(0, 256, (batch, block), device="cuda", generator=g)
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = net(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return step
+
+
 def torch_speed(case, steps, compiled):
     import torch
 
@@ -308,16 +326,7 @@ def torch_speed(case, steps, compiled):
     step_fn = torch.compile(model) if compiled else model
     g = torch.Generator(device="cuda").manual_seed(0)
     B = case["batch"]
-
-    def step():
-        x = torch.randint(0, 256, (B, block), device="cuda", generator=g)
-        y = torch.randint(0, 256, (B, block), device="cuda", generator=g)
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-            loss = step_fn(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    step = train_step(step_fn, model, opt, B, block, g)
 
     for _ in range(5 if compiled else 3):
         step()
@@ -353,16 +362,7 @@ def ddp_worker(rank, args, case):
     opt = adamw(model, 1e-4, 0.1, fused=True)
     g = torch.Generator(device="cuda").manual_seed(rank)
     B = args.batch
-
-    def step():
-        x = torch.randint(0, 256, (B, block), device="cuda", generator=g)
-        y = torch.randint(0, 256, (B, block), device="cuda", generator=g)
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-            loss = net(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    step = train_step(net, model, opt, B, block, g)
 
     for _ in range(3):
         step()
