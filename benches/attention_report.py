@@ -5,7 +5,7 @@ Inputs: KILN_TXT, the concatenated output of `kiln attention --kernel K --shape 
 [--backward] --reps N` runs, each preceded by a header line `== K SHAPE [--causal]`; and
 TORCH_JSON, what benches/torch_attention.py wrote in the same call. One row per case, direction
 (forward; forward+backward where kiln ran `--backward`, named by the forward kernel and the backward
-kernel the run printed: `flash_fwd_wgmma_bf16 + Wgmma backward`) and kernel; `ratio_time` is kiln ms over
+kernel the run printed: `flash_fwd_wgmma_bf16 + Wgmma2 backward`) and kernel; `ratio_time` is kiln ms over
 PyTorch ms (<= 1.0 meets issue 35's target).
 
 Usage: python3 benches/attention_report.py KILN_TXT TORCH_JSON --date D --commit C --command CMD
@@ -66,7 +66,7 @@ def main():
         flops = 4 * b * h * s * s * d / (2 if r["causal"] else 1)
         dirs = [("forward", r["fwd_ms"], flops, r.get("check", ""), r["kernel"])]
         if "bwd_ms" in r:
-            # the backward kernel the run printed (Wgmma, MmaSync, Simt), beside the forward's name
+            # the backward kernel the run printed (Wgmma2, Wgmma, MmaSync, Simt), beside the forward's name
             kernel = r["kernel"] + (" + " + r["bwd_kernel"] + " backward" if "bwd_kernel" in r else "")
             dirs.append(("forward+backward", r["fwd_ms"] + r["bwd_ms"], 3.5 * flops, r.get("bwd_check", "not checked (size)"), kernel))
         for direction, ms, fl, check, kernel in dirs:

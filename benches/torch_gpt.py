@@ -20,9 +20,10 @@ Modes (run from the repository root; KILN is the kiln binary, default target/rel
       python3 benches/torch_gpt.py speed [--cases char-mini,gpt2-small] [--steps 20]
 
   ddp     PyTorch DDP on the speed cases' model: one process per GPU (NCCL, DDP's default buckets
-          overlapping the backward), --batch windows per GPU, bf16 autocast, fused AdamW, clipping;
-          rank 0 prints one JSON line {"case", "gpus", "batch_per_gpu", "ms", "tokens_per_s"}
-          (tokens summed over ranks). `--gpus 1` runs the same model without DDP.
+          overlapping the backward), --batch windows per GPU, eager (no torch.compile), bf16
+          autocast, fused AdamW, clipping; rank 0 prints one JSON line {"case", "gpus",
+          "batch_per_gpu", "ms", "tokens_per_s", "device"} (tokens summed over ranks). `--gpus 1`
+          runs the same model without DDP. $MASTER_PORT (default 29531) for the rendezvous.
 
       python3 benches/torch_gpt.py ddp --cases gpt2-small --gpus 2 --batch 16 [--steps 10]
 
@@ -386,7 +387,13 @@ def ddp_worker(rank, args, case):
 
 
 def ddp(args):
+    import torch
     import torch.multiprocessing as mp
+
+    have = torch.cuda.device_count()
+    if not 1 <= args.gpus <= have:
+        print(f"--gpus {args.gpus}: this machine has {have} GPU(s); use 1 to {have}", file=sys.stderr)
+        return 2
 
     for name in args.cases.split(","):
         case = CASES[name]

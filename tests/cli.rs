@@ -456,6 +456,19 @@ fn attention_lists_its_kernels_and_checks_its_arguments_before_the_device() {
     let r = kiln_with_env(&dir, &["attention", "--kernel", "flash_fwd_mma_f16", "--backward"], &no_gpu);
     assert_eq!(r.code, Some(1), "{r:?}");
     assert!(r.err.contains("no usable GPU"), "{r:?}");
+    // a backward kernel by name: an unknown one, or one that does not take the forward's dtype, is
+    // refused before the device opens
+    let r =
+        kiln_with_env(&dir, &["attention", "--kernel", "flash_fwd_mma_f16", "--backward-kernel", "wgmma3"], &no_gpu);
+    assert_refused(&r, &["wgmma3", "simt, mma, wgmma, wgmma2"]);
+    assert!(!r.err.contains("no usable GPU"), "the device was opened first: {r:?}");
+    let r =
+        kiln_with_env(&dir, &["attention", "--kernel", "flash_fwd_simt_f32", "--backward-kernel", "wgmma2"], &no_gpu);
+    assert_refused(&r, &["Wgmma2 backward", "F32"]);
+    assert!(!r.err.contains("no usable GPU"), "the device was opened first: {r:?}");
+    let r = kiln_with_env(&dir, &["attention", "--kernel", "flash_fwd_mma_f16", "--backward-kernel", "mma"], &no_gpu);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.err.contains("no usable GPU"), "{r:?}");
     let big = ["attention", "--kernel", "flash_fwd_simt_f32", "--shape", "64x64x4000000x128"];
     assert_refused(&kiln_with_env(&dir, &big, &no_gpu), &["memory", "--shape"]);
     let r = kiln_with_env(

@@ -127,6 +127,14 @@ pub(crate) fn attention(
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
     let lens = [shape.q_elems(), shape.kv_elems(), shape.kv_elems(), shape.q_elems(), shape.lse_elems()];
     kiln::cuda::attention::check_forward(entry.kernel, entry.dtype, shape, scale, lens, [0; 5])?;
+    // the backward kernel (--backward-kernel, or the one the forward's rung pairs with) takes the
+    // forward's dtype and head dim; its module is checked once the device is open
+    let bwd_kernel = backward.then(|| backward_kernel.unwrap_or(FlashBwdKernel::of_forward(entry.kernel)));
+    if let Some(b) = bwd_kernel {
+        let grads = [shape.q_elems(), shape.q_elems(), shape.kv_elems(), shape.kv_elems()];
+        let all = [lens[0], lens[1], lens[2], lens[3], lens[4], grads[0], grads[1], grads[2], grads[3]];
+        kiln::cuda::attention::check_backward(b, entry.dtype, shape, scale, all, [0; 9])?;
+    }
     // host: f32 inputs, their f64 copies and the outputs read back; device: inputs and outputs
     let (q, kv, l) = (shape.q_elems() as u64, shape.kv_elems() as u64, shape.lse_elems() as u64);
     let elem = entry.dtype.size() as u64;
@@ -142,8 +150,7 @@ pub(crate) fn attention(
     );
     let Some(dev) = kernel_device(&what, need)? else { return Ok(false) };
     say!("device: {} ({})", dev.name(), dev.arch().name());
-    let bwd = backward.then(|| backward_kernel.unwrap_or(FlashBwdKernel::of_forward(entry.kernel)));
-    let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed, bwd)?;
+    let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed, bwd_kernel)?;
     say!("{r}");
     Ok(r.passed())
 }
@@ -164,7 +171,7 @@ pub(crate) fn attention_naive(
         return Err(kiln::Error::Unsupported {
             op: "attention",
             what: format!(
-                "--backward with {name}: the naive rung's gradients come from autograd (tests/attention_op.rs); use flash_fwd_wgmma_bf16 or flash_fwd_mma_bf16 for a timed backward"
+                "--backward (or --backward-kernel) with {name}: the naive rung's gradients come from autograd (tests/attention_op.rs); use flash_fwd_wgmma_bf16 or flash_fwd_mma_bf16 for a timed backward"
             ),
         });
     }

@@ -256,8 +256,8 @@ pub fn run(
         lse_error = worst(lse_error, e);
     }
     let tflops = p.forward_flops() / ms / 1e9;
-    let backward = match (grads, bwd) {
-        (Some((got, bms)), Some(d_o32)) => {
+    let backward = match (grads, bwd, backward) {
+        (Some((got, bms)), Some(d_o32), Some(kernel)) => {
             let work = p.heads_total() as f64 * s.q_len as f64 * s.kv_len as f64 * s.head_dim as f64;
             let errors = (work <= BACKWARD_CHECK_LIMIT).then(|| {
                 // the output gradient as the kernel saw it
@@ -276,7 +276,7 @@ pub fn run(
                 [rel(&got[0], &want.dq), rel(&got[1], &want.dk), rel(&got[2], &want.dv)]
             });
             Some(BackwardRun {
-                kernel: backward.unwrap_or(FlashBwdKernel::of_forward(entry.kernel)),
+                kernel,
                 ms: bms,
                 tflops: 2.5 * p.forward_flops() / bms / 1e9,
                 errors,

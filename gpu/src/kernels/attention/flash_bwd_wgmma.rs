@@ -59,9 +59,10 @@
 //!   128-byte swizzled (the forward's tensor maps, box 64 x 64). K-major operands use the GEMM's
 //!   `tile_descriptor`, MN-major ones its `mn_descriptor`.
 //! - **Ring.** Shared memory holds the two owned tiles, then two stages of two streamed tiles,
-//!   then the barriers: `own_full` (one arrival plus both owned tiles' bytes), `full[s]` (one
-//!   arrival plus the stage's bytes), `empty[s]` (128 arrivals: every consumer thread, after the
-//!   products that read the stage have been waited for). Use `j` of stage `j % 2` is phase `j / 2`.
+//!   then the barriers: `own_full` (one arrival plus both owned tiles' bytes), `full[s]` (1
+//!   arrival in the dQ kernel, 32 in the dK / dV kernel, plus the stage's bytes), `empty[s]` (128
+//!   arrivals: every consumer thread, after the products that read the stage have been waited
+//!   for). Use `j` of stage `j % 2` is phase `j / 2`.
 //!   Every wait is bounded and traps on a stall. In the dK / dV kernel each stage also holds its
 //!   query block's log-sum-exps (times log2 e) and deltas, 64 f32 each: the producer warp loads
 //!   them from global memory (lane `l` queries `2 l`, `2 l + 1`), each lane arriving on `full[s]`
@@ -111,7 +112,8 @@ pub const fn flash_bwd_wgmma_tile_bytes(d: u32) -> u32 {
 }
 
 /// Dynamic shared memory of the dK / dV and dQ kernels at head dim `d`: two owned tiles, two
-/// stages of two streamed tiles, and the barriers (`own_full`, `full[2]`, `empty[2]`).
+/// stages of two streamed tiles, the barriers (`own_full`, `full[2]`, `empty[2]`, padded to 48
+/// bytes) and each stage's per-query values ([`FLASH_BWD_WGMMA_ROW_STATS_BYTES`]).
 pub const fn flash_bwd_wgmma_smem_bytes(d: u32) -> u32 {
     flash_bwd_wgmma_smem_bytes_for(d, 1)
 }
@@ -129,7 +131,8 @@ pub const FLASH_BWD_WGMMA2_PRODUCER_REGS: u32 = 24;
 pub const FLASH_BWD_WGMMA2_CONSUMER_REGS: u32 = 240;
 
 /// Dynamic shared memory of the two-consumer kernels at head dim `d`: two owned tiles per
-/// consumer warpgroup, two stages of two streamed tiles (shared by both), and the barriers.
+/// consumer warpgroup, two stages of two streamed tiles (shared by both), the barriers and the
+/// per-query values, as [`flash_bwd_wgmma_smem_bytes`].
 pub const fn flash_bwd_wgmma2_smem_bytes(d: u32) -> u32 {
     flash_bwd_wgmma_smem_bytes_for(d, 2)
 }

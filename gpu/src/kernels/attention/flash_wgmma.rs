@@ -1,6 +1,6 @@
 //! Flash attention, rung 3 (sm_90a): the forward on TMA + `wgmma` with a producer warp, in the
-//! FlashAttention-3 style (simplified: one consumer warpgroup, no ping-pong yet). bf16 or f16 in and
-//! out, f32 accumulation, head dim 64 or 128.
+//! FlashAttention-3 style (simplified: one or two consumer warpgroups, no ping-pong; that is
+//! [`super::flash_wgmma_pp`]). bf16 or f16 in and out, f32 accumulation, head dim 64 or 128.
 //!
 //! ```text
 //!   global Q [B*H*q_len, D]   K, V [B*H*kv_len, D]          (2-D tensor maps, box 64 x 64, 128B swizzle)
@@ -26,7 +26,8 @@
 //!   query rows); grid `(ceil(q_len / BQ), batch * heads)`, query tiles taken last first.
 //! - **Tiles.** Q 64 x D, K and V [`FLASH_WGMMA_BKV`] x D, each stored as `D / 64` boxes of 64 rows
 //!   of 128 bytes, 128-byte swizzled (the swizzle span is 64 elements). Two stages of K and V.
-//! - **Ring.** Every wait is bounded and traps on a stall. `full[s]`: one arrival (the producer's `arrive.expect_tx` of the stage's bytes) plus
+//! - **Ring.** Every wait is bounded and traps on a stall. `full[s]`: one arrival (the producer's
+//!   `arrive.expect_tx` of the stage's bytes) plus
 //!   the TMA bytes; `empty[s]`: 128 arrivals (every consumer thread, after the stage's products
 //!   have been waited for). Use `j` of stage `j % 2` is phase `j / 2`.
 //! - **Edges.** The maps are 2-D over all heads' rows, so a tile that crosses `kv_len` reads the
@@ -44,11 +45,11 @@
 //! - **Two consumers** (`flash_fwd_wgmma2_*`): warps 0-7 are two consumer warpgroups, each with its
 //!   own 64-row Q tile, both reading every K/V stage (`empty[s]` counts 256 arrivals); warpgroup
 //!   2 produces (thread 256 issues the copies) after giving its registers to the consumers
-//!   (`setmaxnreg`: 24 per thread left, 240 for each consumer thread). A block owns 128 query rows, so each K/V tile loaded serves twice the rows. Its K/V
-//!   tiles hold [`FLASH_WGMMA2_BKV`] = 128 keys: K as two 64-row boxes per 64-column box, one
-//!   after the other, so `S = Q K^T` is one `m64n128k16` per k step (64 x 128 scores, 64 per
-//!   thread) and each Q read from shared memory feeds twice the products; V as two 64-key tiles,
-//!   `P V` 8 k steps, 4 on each.
+//!   (`setmaxnreg`: 24 per thread left, 240 for each consumer thread). A block owns 128 query
+//!   rows, so each K/V tile loaded serves twice the rows. Its K/V tiles hold [`FLASH_WGMMA2_BKV`]
+//!   = 128 keys: K as two 64-row boxes per 64-column box, one after the other, so `S = Q K^T` is
+//!   one `m64n128k16` per k step (64 x 128 scores, 64 per thread) and each Q read from shared
+//!   memory feeds twice the products; V as two 64-key tiles, `P V` 8 k steps, 4 on each.
 //!
 //! Shared memory: [`flash_wgmma_smem_bytes`] (Q, two stages of K and V, five mbarriers), or
 //! [`flash_wgmma2_smem_bytes`] (two Q tiles, two stages of 128-key K and V: 160 KiB + 40 bytes at
@@ -125,7 +126,7 @@ mod device {
     const BOX_BYTES: u32 = FLASH_WGMMA_BOX_ROWS * FLASH_WGMMA_BOX_COLS * 2;
 
     /// Shared memory of a block with `cons` consumer warpgroups: `cons` Q tiles (64 x D each),
-    /// then K and V of each stage (`kv` 64-row tiles each: 64 keys per consumer), then the
+    /// then K and V of each stage (`cons` 64-row tiles each: 64 keys per consumer), then the
     /// barriers.
     #[derive(Clone, Copy)]
     struct Layout {
@@ -186,7 +187,11 @@ mod device {
 
     /// Loads K of `bk` keys (64 or 128) from global row `row`: per 64-column box `c`, `bk / 64`
     /// boxes of 64 rows one after the other (`bk` rows of 128 bytes, the K-major layout of an
-    /// `n = bk` operand), completing on `bar`. Boxes past the tensor's end are filled with zeros.
+    /// `n = bk` operand), completing on `bar`. Boxes past the tensor's end are filled with zeros:
+    /// with 128 keys the second box of the last head's last tile can lie wholly past it
+    /// (`kv_len % 128` in 1..=64), and its copy is still issued and counted in full. That relies
+    /// on the copy engine completing a box with nothing in bounds (it does on the H200: lengths 1
+    /// and 17 in `gpu::flash_fwd_wgmma2_*`); the Q tiles, by contrast, skip such boxes.
     #[inline(always)]
     unsafe fn load_k<const D: u32>(dst: u32, map: *const TensorMap, row: u32, bar: u32, bk: u32) {
         let mut c = 0;

@@ -203,7 +203,7 @@ pub fn check_backward(
 }
 
 /// Attention backward with the best kernel for `T`, the head dim and the device
-/// ([`flash_backward_kernel`]: `MmaSync` for bf16 / f16, `Wgmma` on sm_90a, `Simt` for f32): from
+/// ([`flash_backward_kernel`]: `MmaSync` for bf16 / f16, `Wgmma2` on sm_90a, `Simt` for f32): from
 /// the forward's
 /// inputs, its output `o` and log-sum-exp `lse`, and the output's gradient `d_o`, the gradients
 /// `dq`, `dk`, `dv` (the shapes of q, k, v). `kernel` is the forward kernel that made `o` and
@@ -227,7 +227,8 @@ pub fn flash_backward<T: FlashElement>(
 /// Attention backward with `kernel` (FlashAttention-2: P recomputed from `lse`): see
 /// [`flash_backward`]. `Simt` runs three passes on CUDA cores (dQ with `delta = dO . O`, then dK,
 /// then dV), `MmaSync` three kernels on the tensor cores (delta, then dK and dV together, then dQ),
-/// `Wgmma` the same three passes with the products on `wgmma` (sm_90a); all own every gradient row
+/// `Wgmma` and `Wgmma2` the same three passes with the products on `wgmma` (sm_90a; one and two
+/// consumer warpgroups); all own every gradient row
 /// in one block and sum it in a fixed order (no atomics). Refuses, with a typed error, what
 /// [`check_backward`] and [`check_backward_arch`] refuse and a device without the shared memory.
 #[allow(clippy::too_many_arguments)]

@@ -35,8 +35,9 @@ pub enum FlashKernel {
     WgmmaPingPong,
 }
 
-/// Whether [`flash_forward_kernel`] picks [`FlashKernel::Wgmma`] on sm_90a: on since its GPU tests
-/// passed on an H200 (run 220), where it ran 1.8-1.9x faster than `MmaSync`.
+/// Whether [`flash_forward_kernel`] picks the Hopper forwards on sm_90a ([`FlashKernel::Wgmma2`]
+/// at head dim 128, [`FlashKernel::Wgmma`] at 64): on since their GPU tests passed on an H200
+/// (runs 220 and 235), where they ran 1.8-2.1x faster than `MmaSync`.
 pub const FLASH_WGMMA_DISPATCH: bool = true;
 
 /// Whether [`flash_forward_kernel`] picks [`FlashKernel::WgmmaPingPong`] (ahead of `Wgmma`) on
