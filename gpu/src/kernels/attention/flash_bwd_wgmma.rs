@@ -153,15 +153,13 @@ const fn flash_bwd_wgmma_smem_bytes_for(d: u32, cons: u32) -> u32 {
 pub(crate) mod device {
     use super::*;
     use crate::kernels::flash_mma::pack;
-    use crate::kernels::gemm_wgmma::tile_descriptor;
+    use crate::kernels::flash_wgmma::device::{kmajor, load_tile, wait};
     use crate::kernels::gemm_wgmma_fused::mn_descriptor;
     use crate::{fence, math, mbarrier, shared, sync, thread, tma, wgmma};
 
     const BQ: u32 = FLASH_BWD_WGMMA_BQ;
     const BKV: u32 = FLASH_BWD_WGMMA_BKV;
     const ST: u32 = FLASH_BWD_WGMMA_STAGES;
-    /// Bytes of one TMA box: 64 rows of 64 16-bit elements.
-    const BOX_BYTES: u32 = 64 * 64 * 2;
 
     /// The block's shared memory: the owned tiles (two per consumer warpgroup: `own(2 c)`,
     /// `own(2 c + 1)` of warpgroup `c`), the stages' streamed tiles, the barriers.
@@ -202,41 +200,6 @@ pub(crate) mod device {
         delta: *const f32,
         len: u32,
         q0: u32,
-    }
-
-    // `wait`, `load_tile` and `kmajor` are the forward's (`flash_wgmma`'s private ones, the same
-    // code), crate-visible here so that the Hopper kernels can share one copy.
-
-    /// Waits for the phase of `bar` with `parity`; a phase that does not complete within
-    /// [`mbarrier::DEFAULT_WAIT_NS`] traps, so a miscounted ring fails the launch instead of hanging.
-    ///
-    /// # Safety
-    /// `bar` must be an initialized mbarrier in this block's shared memory.
-    #[inline(always)]
-    pub(crate) unsafe fn wait(bar: u32, parity: u32) {
-        if !unsafe { mbarrier::wait_parity_bounded(bar, parity, mbarrier::DEFAULT_WAIT_NS) } {
-            thread::trap();
-        }
-    }
-
-    /// Loads a 64 x D tile starting at global row `row` as `D / 64` boxes, completing on `bar`.
-    ///
-    /// # Safety
-    /// As [`tma::load_2d`] for each box (`dst` 1024-byte aligned with room for the tile).
-    #[inline(always)]
-    pub(crate) unsafe fn load_tile<const D: u32>(dst: u32, map: *const TensorMap, row: u32, bar: u32) {
-        let mut c = 0;
-        while c < D / 64 {
-            unsafe { tma::load_2d(dst + c * BOX_BYTES, map, (c * 64) as i32, row as i32, bar) };
-            c += 1;
-        }
-    }
-
-    /// The K-major descriptor of k step `ks` (16 elements of D) of a 64 x D tile stored as
-    /// 64-column boxes.
-    #[inline(always)]
-    pub(crate) fn kmajor(tile: u32, ks: u32) -> u64 {
-        tile_descriptor(tile + (ks / 4) * BOX_BYTES, ks % 4)
     }
 
     /// Checks the alignment 128-byte swizzling needs and has thread 0 initialize the barriers

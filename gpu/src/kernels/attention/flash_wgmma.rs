@@ -112,7 +112,7 @@ pub const fn flash_wgmma2_smem_bytes(d: u32) -> u32 {
 }
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-mod device {
+pub(crate) mod device {
     use super::*;
     use crate::kernels::flash_mma::pack;
     use crate::kernels::gemm_wgmma::tile_descriptor;
@@ -159,18 +159,27 @@ mod device {
         }
     }
 
+    // `wait`, `load_tile` and `kmajor` serve every Hopper attention kernel (this one, the
+    // ping-pong forward, the backward).
+
     /// Waits for the phase of `bar` with `parity`; a phase that does not complete within
     /// [`mbarrier::DEFAULT_WAIT_NS`] traps, so a miscounted ring fails the launch instead of hanging.
+    ///
+    /// # Safety
+    /// `bar` must be an initialized mbarrier in this block's shared memory.
     #[inline(always)]
-    unsafe fn wait(bar: u32, parity: u32) {
+    pub(crate) unsafe fn wait(bar: u32, parity: u32) {
         if !unsafe { mbarrier::wait_parity_bounded(bar, parity, mbarrier::DEFAULT_WAIT_NS) } {
             thread::trap();
         }
     }
 
     /// Loads a 64 x D tile starting at global row `row` as `D / 64` boxes, completing on `bar`.
+    ///
+    /// # Safety
+    /// As [`tma::load_2d`] for each box (`dst` 1024-byte aligned with room for the tile).
     #[inline(always)]
-    unsafe fn load_tile<const D: u32>(dst: u32, map: *const TensorMap, row: u32, bar: u32) {
+    pub(crate) unsafe fn load_tile<const D: u32>(dst: u32, map: *const TensorMap, row: u32, bar: u32) {
         let mut c = 0;
         while c < D / 64 {
             unsafe { tma::load_2d(dst + c * BOX_BYTES, map, (c * 64) as i32, row as i32, bar) };
@@ -181,7 +190,7 @@ mod device {
     /// The K-major descriptor of k step `ks` (16 elements) of a 64 x D tile stored as 64-column
     /// boxes.
     #[inline(always)]
-    fn kmajor(tile: u32, ks: u32) -> u64 {
+    pub(crate) fn kmajor(tile: u32, ks: u32) -> u64 {
         tile_descriptor(tile + (ks / 4) * BOX_BYTES, ks % 4)
     }
 

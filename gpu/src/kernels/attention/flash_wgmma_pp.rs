@@ -87,7 +87,7 @@ pub const fn flash_wgmma_pp_smem_bytes(d: u32) -> u32 {
 mod device {
     use super::*;
     use crate::kernels::flash_mma::pack;
-    use crate::kernels::gemm_wgmma::tile_descriptor;
+    use crate::kernels::flash_wgmma::device::{kmajor, load_tile, wait};
     use crate::kernels::gemm_wgmma_fused::mn_descriptor;
     use crate::{fence, math, mbarrier, shared, sync, thread, tma, warp, wgmma};
 
@@ -97,8 +97,6 @@ mod device {
     const CONS: u32 = 2;
     const BAR: u32 = FLASH_WGMMA_PP_BARRIER;
 
-    /// 128 bytes of one 64-column box row, 64 rows per box.
-    const BOX_BYTES: u32 = 64 * 64 * 2;
 
     /// Shared memory: the two Q tiles, then K and V of each stage, then the barriers.
     #[derive(Clone, Copy)]
@@ -127,32 +125,6 @@ mod device {
         fn empty(self, st: u32) -> u32 {
             self.bars + 8 * (1 + ST + st)
         }
-    }
-
-    /// Waits for the phase of `bar` with `parity`; a phase that does not complete within
-    /// [`mbarrier::DEFAULT_WAIT_NS`] traps, so a miscounted ring fails the launch instead of hanging.
-    #[inline(always)]
-    unsafe fn wait(bar: u32, parity: u32) {
-        if !unsafe { mbarrier::wait_parity_bounded(bar, parity, mbarrier::DEFAULT_WAIT_NS) } {
-            thread::trap();
-        }
-    }
-
-    /// Loads a 64 x D tile starting at global row `row` as `D / 64` boxes, completing on `bar`.
-    #[inline(always)]
-    unsafe fn load_tile<const D: u32>(dst: u32, map: *const TensorMap, row: u32, bar: u32) {
-        let mut c = 0;
-        while c < D / 64 {
-            unsafe { tma::load_2d(dst + c * BOX_BYTES, map, (c * 64) as i32, row as i32, bar) };
-            c += 1;
-        }
-    }
-
-    /// The K-major descriptor of k step `ks` (16 elements) of a 64 x D tile stored as 64-column
-    /// boxes.
-    #[inline(always)]
-    fn kmajor(tile: u32, ks: u32) -> u64 {
-        tile_descriptor(tile + (ks / 4) * BOX_BYTES, ks % 4)
     }
 
     /// The producer (thread 0 of warpgroup 0): both Q tiles, then every K/V tile of the block.
