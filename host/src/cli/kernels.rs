@@ -80,13 +80,17 @@ pub(crate) fn allreduce(
     Ok(true)
 }
 
-pub(crate) fn parse_attention_shape(s: &str) -> Result<kiln::cuda::attention::AttentionShape, String> {
-    let form = "write the shape as BxHxSxD, e.g. 4x16x4096x128, each of B, H, S and D 1 or more";
-    let v: Vec<u32> = s
-        .split('x')
+/// The `x`-separated sizes of a shape argument, each 1 or more; `form` says how to write it.
+fn parse_dims(s: &str, form: &str) -> Result<Vec<u32>, String> {
+    s.split('x')
         .map(|x| x.trim().parse::<u32>().ok().filter(|&d| d >= 1))
         .collect::<Option<_>>()
-        .ok_or_else(|| format!("{form} (and at most {})", u32::MAX))?;
+        .ok_or_else(|| format!("{form} (and at most {})", u32::MAX))
+}
+
+pub(crate) fn parse_attention_shape(s: &str) -> Result<kiln::cuda::attention::AttentionShape, String> {
+    let form = "write the shape as BxHxSxD, e.g. 4x16x4096x128, each of B, H, S and D 1 or more";
+    let v = parse_dims(s, form)?;
     match v[..] {
         [batch, heads, seq, head_dim] => {
             Ok(kiln::cuda::attention::AttentionShape { batch, heads, q_len: seq, kv_len: seq, head_dim })
@@ -197,11 +201,7 @@ pub(crate) fn attention_naive(
 
 pub(crate) fn parse_shape(s: &str) -> Result<kiln::gpu::kernels::mma_tile::GemmShape, String> {
     let form = "write the shape as MxNxK, e.g. 4096x4096x4096, each of M, N and K 1 or more";
-    let v: Vec<u32> = s
-        .split('x')
-        .map(|x| x.trim().parse::<u32>().ok().filter(|&d| d >= 1))
-        .collect::<Option<_>>()
-        .ok_or_else(|| format!("{form} (and at most {})", u32::MAX))?;
+    let v = parse_dims(s, form)?;
     match v[..] {
         [m, n, k] => Ok(kiln::gpu::kernels::mma_tile::GemmShape { m, n, k }),
         _ => Err(form.into()),
