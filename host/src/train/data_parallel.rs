@@ -58,6 +58,23 @@ pub struct DataParallel {
 }
 
 impl DataParallel {
+    /// The run this process takes part in (its GPUs, its first device, the rendezvous, the
+    /// collectives' timeout from the environment), checked; in a single-process run also that the
+    /// GPUs are there, before any data is read, so that too few GPUs is the first thing to hear.
+    pub(crate) fn run_config(&self) -> Result<RunConfig> {
+        let run_cfg = RunConfig {
+            gpus: self.gpus,
+            first_device: self.local_rank,
+            rendezvous: self.rendezvous.clone(),
+            timeout: dist::timeout_from_env()?,
+        };
+        run_cfg.validate()?;
+        if run_cfg.rendezvous.is_none() {
+            dist::check_gpus(run_cfg.gpus)?;
+        }
+        Ok(run_cfg)
+    }
+
     /// `gpus` GPUs of this process, overlapped, replicated, 25 MiB buckets.
     pub fn local(gpus: usize) -> DataParallel {
         DataParallel {
@@ -155,17 +172,7 @@ pub fn train_data_parallel_with(
             what: "--clip-grad-norm (each rank holds only its shard of the gradients); drop one of them".into(),
         });
     }
-    let run_cfg = RunConfig {
-        gpus: dp.gpus,
-        first_device: dp.local_rank,
-        rendezvous: dp.rendezvous.clone(),
-        timeout: dist::timeout_from_env()?,
-    };
-    run_cfg.validate()?;
-    if run_cfg.rendezvous.is_none() {
-        // before the data is read: too few GPUs is the first thing to hear
-        dist::check_gpus(run_cfg.gpus)?;
-    }
+    let run_cfg = dp.run_config()?;
     let world = dp.world();
     if cfg.batch < world {
         return Err(Error::InvalidSetting {

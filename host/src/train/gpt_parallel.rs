@@ -16,8 +16,8 @@ use super::data_parallel::{DataParallel, planted_failure, shard};
 use super::gpt::{GptReport, GptTrainConfig, checkpoint_metadata, invalid, schedule, validation_loss};
 use crate::checkpoint::{self, TrainingState};
 use crate::corpus::{Corpus, WindowRng, windows};
+use crate::dist;
 use crate::dist::ddp::{GradSync, Sharding};
-use crate::dist::{self, RunConfig};
 use crate::error::{Error, Result};
 use crate::nn::{Gpt, Module, autocast};
 use crate::optim::{Adam, Optimizer, attach_compute_copies};
@@ -70,17 +70,7 @@ pub fn train_gpt_data_parallel(
     log: impl FnMut(&str) + Send,
 ) -> Result<GptReport> {
     refuse(cfg, dp)?;
-    let run_cfg = RunConfig {
-        gpus: dp.gpus,
-        first_device: dp.local_rank,
-        rendezvous: dp.rendezvous.clone(),
-        timeout: dist::timeout_from_env()?,
-    };
-    run_cfg.validate()?;
-    if run_cfg.rendezvous.is_none() {
-        // before the data is read: too few GPUs is the first thing to hear
-        dist::check_gpus(run_cfg.gpus)?;
-    }
+    let run_cfg = dp.run_config()?;
     let world = dp.world();
     if let Some(path) = &cfg.checkpoint
         && run_cfg.first_rank() == 0

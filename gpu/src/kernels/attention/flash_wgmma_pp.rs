@@ -97,7 +97,6 @@ mod device {
     const CONS: u32 = 2;
     const BAR: u32 = FLASH_WGMMA_PP_BARRIER;
 
-
     /// Shared memory: the two Q tiles, then K and V of each stage, then the barriers.
     #[derive(Clone, Copy)]
     struct Layout {
