@@ -442,6 +442,7 @@ fn attention_lists_its_kernels_and_checks_its_arguments_before_the_device() {
         (&["--kv-len", "0"], &["--kv-len", "1 or more"]),
         (&["--shape", "1x2x0x64"], &["--shape", "1 or more"]),
         (&["--shape", "2x64x64"], &["--shape", "BxHxSxD"]),
+        (&["--blocks", "0"], &["--blocks", "1 or more"]),
     ];
     for (args, needles) in cases {
         let mut a = vec!["attention", "--kernel", "flash_fwd_simt_f32"];
@@ -467,6 +468,13 @@ fn attention_lists_its_kernels_and_checks_its_arguments_before_the_device() {
     assert_refused(&r, &["Wgmma2 backward", "F32"]);
     assert!(!r.err.contains("no usable GPU"), "the device was opened first: {r:?}");
     let r = kiln_with_env(&dir, &["attention", "--kernel", "flash_fwd_mma_f16", "--backward-kernel", "mma"], &no_gpu);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.err.contains("no usable GPU"), "{r:?}");
+    // a block count: only the Hopper forwards take one, checked before the device opens
+    let r = kiln_with_env(&dir, &["attention", "--kernel", "flash_fwd_mma_bf16", "--blocks", "4"], &no_gpu);
+    assert_refused(&r, &["block count", "MmaSync", "Wgmma2"]);
+    assert!(!r.err.contains("no usable GPU"), "the device was opened first: {r:?}");
+    let r = kiln_with_env(&dir, &["attention", "--kernel", "flash_fwd_wgmma2_bf16", "--blocks", "4"], &no_gpu);
     assert_eq!(r.code, Some(1), "{r:?}");
     assert!(r.err.contains("no usable GPU"), "{r:?}");
     let big = ["attention", "--kernel", "flash_fwd_simt_f32", "--shape", "64x64x4000000x128"];

@@ -108,6 +108,11 @@ enum Command {
         /// warpgroup) or wgmma2 (two); it must take the forward's dtype.
         #[arg(long, value_name = "NAME")]
         backward_kernel: Option<String>,
+        /// Blocks of the Hopper forwards (flash_fwd_wgmma*_*), 1 or more: fewer than the query
+        /// tiles make each block run several (the persistent form). Default: one block per
+        /// multiprocessor for flash_fwd_wgmma2_* without --causal, a block per tile otherwise.
+        #[arg(long, value_parser = parse::parts, allow_negative_numbers = true)]
+        blocks: Option<u32>,
         /// Timed launches, 1 or more (the median is reported).
         #[arg(long, default_value_t = 10, value_parser = parse::count, allow_negative_numbers = true)]
         reps: usize,
@@ -193,8 +198,8 @@ fn main() -> std::process::ExitCode {
                 .exit()
         }
         Some(Command::Gemm { kernel, shape, reps, seed, split_k, .. }) => gemm(kernel, shape, reps, seed, split_k),
-        Some(Command::Attention { kernel, shape, kv_len, causal, backward, backward_kernel, reps, seed }) => {
-            attention(kernel, shape, kv_len, causal, (backward, backward_kernel), reps, seed)
+        Some(Command::Attention { kernel, shape, kv_len, causal, backward, backward_kernel, blocks, reps, seed }) => {
+            attention(kernel, shape, kv_len, causal, (backward, backward_kernel), blocks, reps, seed)
         }
         Some(Command::Allreduce { bytes, gpus, reps, warmup, json }) => allreduce(bytes, gpus, reps, warmup, json),
         Some(Command::DistBench { gpus, batch, width, layers, steps, warmup, bucket_mb, no_overlap, zero1, json }) => {

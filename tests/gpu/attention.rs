@@ -21,7 +21,7 @@ use kiln::attention::{self as reference, AttentionParams};
 use kiln::cuda::Device;
 use kiln::cuda::attention::{
     AttentionShape, FLASH_KERNELS, FlashBwdKernel, FlashElement, FlashEntry, FlashKernel, flash_backward,
-    flash_backward_kernel, flash_backward_with, flash_forward,
+    flash_backward_kernel, flash_backward_with, flash_forward, flash_forward_blocks,
 };
 use kiln::testing::{self, POISON_F32, Tol, compare};
 use kiln::{DType, Error};
@@ -67,6 +67,21 @@ pub(crate) fn tests() -> Vec<GpuTest> {
             name: "gpu::flash_fwd_wgmma2_f16_matches_f64_sm90",
             available: hopper,
             run: |d| matches_f64(d, "flash_fwd_wgmma2_f16"),
+        },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma_bf16_persistent_matches_f64_sm90",
+            available: hopper,
+            run: |d| persistent_matches_f64(d, "flash_fwd_wgmma_bf16"),
+        },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma2_bf16_persistent_matches_f64_sm90",
+            available: hopper,
+            run: |d| persistent_matches_f64(d, "flash_fwd_wgmma2_bf16"),
+        },
+        GpuTest {
+            name: "gpu::flash_fwd_wgmma2_f16_persistent_matches_f64_sm90",
+            available: hopper,
+            run: |d| persistent_matches_f64(d, "flash_fwd_wgmma2_f16"),
         },
         GpuTest {
             name: "gpu::flash_fwd_wgmma_pp_bf16_matches_f64_sm90",
@@ -297,7 +312,7 @@ fn launch<T: Elem>(
     dev: &Device,
     kernel: FlashKernel,
     s: AttentionShape,
-    causal: bool,
+    (causal, blocks): (bool, Option<u32>),
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Run, String> {
     let round = |n: usize, rng: &mut rand::rngs::StdRng| -> Vec<T> {
@@ -308,7 +323,7 @@ fn launch<T: Elem>(
     let mut o = dev.upload(&vec![T::POISON; s.q_elems()]).map_err(err)?;
     let mut lse = dev.upload(&vec![POISON_F32; s.lse_elems()]).map_err(err)?;
     let scale = 1.0 / (s.head_dim as f32).sqrt();
-    flash_forward(dev, kernel, &q, &k, &v, &mut o, &mut lse, s, causal, scale).map_err(err)?;
+    flash_forward_blocks(dev, kernel, &q, &k, &v, &mut o, &mut lse, s, causal, scale, blocks).map_err(err)?;
     let wide = |x: &[T]| -> Vec<f64> { x.iter().map(|&e| e.to_f64()).collect() };
     let o = dev.download(&o).map_err(err)?;
     Ok(Run { q: wide(&qh), k: wide(&kh), v: wide(&vh), o: wide(&o), lse: dev.download(&lse).map_err(err)? })
@@ -321,10 +336,21 @@ fn run_entry(
     causal: bool,
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Run, String> {
+    run_entry_blocks(dev, e, s, (causal, None), rng)
+}
+
+/// [`run_entry`] on a chosen number of blocks (the Hopper forwards; `None`: the default).
+fn run_entry_blocks(
+    dev: &Device,
+    e: FlashEntry,
+    s: AttentionShape,
+    launch_as: (bool, Option<u32>),
+    rng: &mut rand::rngs::StdRng,
+) -> Result<Run, String> {
     match e.dtype {
-        DType::F32 => launch::<f32>(dev, e.kernel, s, causal, rng),
-        DType::BF16 => launch::<bf16>(dev, e.kernel, s, causal, rng),
-        DType::F16 => launch::<f16>(dev, e.kernel, s, causal, rng),
+        DType::F32 => launch::<f32>(dev, e.kernel, s, launch_as, rng),
+        DType::BF16 => launch::<bf16>(dev, e.kernel, s, launch_as, rng),
+        DType::F16 => launch::<f16>(dev, e.kernel, s, launch_as, rng),
         DType::F64 => Err("no f64 kernel".into()),
     }
 }
@@ -361,6 +387,33 @@ fn matches_f64(dev: &Device, name: &str) -> Outcome {
                 let p = s.params(causal, 1.0 / (d as f32).sqrt());
                 let r = run_entry(dev, e, s, causal, &mut rng)?;
                 check(&format!("{name} {s:?} causal {causal} (seed {seed})"), e, &p, &r)?;
+                cases += 1;
+            }
+        }
+    }
+    if cases != 2 * LENGTHS.len() * 2 {
+        return Err(format!("{cases} cases ran"));
+    }
+    Ok(())
+}
+
+/// The Hopper forwards run persistent: on 1, 3 and 7 blocks for problems of up to 64 query tiles,
+/// so that each block walks many tiles of several heads (the Q buffers and the K/V ring carrying
+/// on from tile to tile, the causal tiles of unequal length), every length pair, both head dims,
+/// causal and not, against the f64 reference on poisoned outputs.
+fn persistent_matches_f64(dev: &Device, name: &str) -> Outcome {
+    let e = kiln::cuda::attention::flash_entry(name).map_err(err)?;
+    let (mut rng, seed) = testing::rng();
+    let mut cases = 0;
+    for &d in &[64u32, 128] {
+        for &(sq, skv) in LENGTHS {
+            for causal in [false, true] {
+                let (batch, heads) = if sq.max(skv) >= 1000 { (1, 2) } else { (2, 3) };
+                let s = AttentionShape { batch, heads, q_len: sq, kv_len: skv, head_dim: d };
+                let p = s.params(causal, 1.0 / (d as f32).sqrt());
+                let blocks = [1, 3, 7][cases % 3];
+                let r = run_entry_blocks(dev, e, s, (causal, Some(blocks)), &mut rng)?;
+                check(&format!("{name} {s:?} causal {causal} on {blocks} blocks (seed {seed})"), e, &p, &r)?;
                 cases += 1;
             }
         }
@@ -461,7 +514,7 @@ fn command(dev: &Device) -> Outcome {
             // every rung runs the backward `kiln attention --backward` pairs with it too, checked
             // against the f64 reference
             let bwd = FlashBwdKernel::of_forward(e.kernel);
-            let r = kiln::tools::attention::run(dev, e.name, s, causal, 2, 7, Some(bwd))
+            let r = kiln::tools::attention::run(dev, e.name, s, causal, 2, 7, Some(bwd), None)
                 .map_err(|x| format!("{}: {x}", e.name))?;
             let bwd_checked = r.backward.as_ref().is_some_and(|b| b.errors.is_some() && b.kernel == bwd);
             if !r.passed() || r.rows_checked != 2 * 2 * 129 || r.tflops.is_nan() || r.tflops <= 0.0 {
@@ -472,7 +525,7 @@ fn command(dev: &Device) -> Outcome {
             }
         }
     }
-    match kiln::tools::attention::run(dev, "flash_fwd_nope", s, false, 1, 7, None) {
+    match kiln::tools::attention::run(dev, "flash_fwd_nope", s, false, 1, 7, None, None) {
         Err(Error::Unsupported { .. }) => Ok(()),
         other => Err(format!("an unknown kernel gave {other:?}")),
     }

@@ -96,7 +96,7 @@ pub(crate) mod parse {
     pub fn seed(s: &str) -> Result<u64, String> {
         whole(s, 0)
     }
-    /// `--split-k`: at least 1.
+    /// A u32 of at least 1 (`--split-k`, `--kv-len`, `--blocks`).
     pub fn parts(s: &str) -> Result<u32, String> {
         let v = whole(s, 1)?;
         u32::try_from(v).map_err(|_| format!("must be a whole number, 1 or more, at most {}", u32::MAX))

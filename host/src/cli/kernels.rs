@@ -106,6 +106,7 @@ pub(crate) fn attention(
     kv_len: Option<u32>,
     causal: bool,
     (backward, backward_kernel): (bool, Option<String>),
+    blocks: Option<u32>,
     reps: usize,
     seed: u64,
 ) -> kiln::Result<bool> {
@@ -131,6 +132,7 @@ pub(crate) fn attention(
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
     let lens = [shape.q_elems(), shape.kv_elems(), shape.kv_elems(), shape.q_elems(), shape.lse_elems()];
     kiln::cuda::attention::check_forward(entry.kernel, entry.dtype, shape, scale, lens, [0; 5])?;
+    kiln::cuda::attention::check_blocks(entry.kernel, blocks)?;
     // the backward kernel (--backward-kernel, or the one the forward's rung pairs with) takes the
     // forward's dtype and head dim; its module is checked once the device is open
     let bwd_kernel = backward.then(|| backward_kernel.unwrap_or(FlashBwdKernel::of_forward(entry.kernel)));
@@ -154,7 +156,7 @@ pub(crate) fn attention(
     );
     let Some(dev) = kernel_device(&what, need)? else { return Ok(false) };
     say!("device: {} ({})", dev.name(), dev.arch().name());
-    let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed, bwd_kernel)?;
+    let r = kiln::tools::attention::run(&dev, &name, shape, causal, reps, seed, bwd_kernel, blocks)?;
     say!("{r}");
     Ok(r.passed())
 }

@@ -37,7 +37,13 @@ pub struct Device {
     clusters: Mutex<HashMap<(&'static str, u32, u32), u32>>,
     /// Kernels launched through [`Device::launch`]: see [`Device::launch_count`].
     launches: std::sync::atomic::AtomicU64,
+    /// The tile counter of the kernels that hand out their tiles as blocks free up: see
+    /// [`Device::tile_counter`].
+    tile_counter: DeviceBuffer<u32>,
 }
+
+/// u32 words of [`Device::tile_counter`].
+pub const TILE_COUNTER_WORDS: usize = 2;
 
 /// How the matrix products of f32 CUDA tensors are computed (`Tensor::matmul`, `matmul_t` and
 /// their gradients), set per thread like PyTorch's autocast state: [`matmul_precision_scope`] sets
@@ -164,6 +170,9 @@ impl Device {
         let stream = ctx.new_stream().map_err(Error::driver("creating the device's stream"))?;
         let sync_launches = std::env::var(SYNC_LAUNCHES_ENV).is_ok_and(|v| v == "1");
         keep_pool_memory(&ctx)?;
+        let tile_counter = DeviceBuffer::from_slice(
+            stream.alloc_zeros::<u32>(TILE_COUNTER_WORDS).map_err(Error::driver("allocating the tile counter"))?,
+        );
         Ok(Device {
             ctx,
             stream,
@@ -178,6 +187,7 @@ impl Device {
             captured_maps: Mutex::new(Vec::new()),
             clusters: Mutex::new(HashMap::new()),
             launches: std::sync::atomic::AtomicU64::new(0),
+            tile_counter,
         })
     }
 
@@ -541,6 +551,15 @@ impl Device {
                 .map_err(Error::driver("poisoning a new allocation"))?;
         }
         Ok(buf)
+    }
+
+    /// [`TILE_COUNTER_WORDS`] u32 on the device, zero when a kernel that uses them starts: the
+    /// counter from which a persistent kernel's blocks take their next tile (the flash forward's).
+    /// Such a kernel leaves it at zero when it ends (its last block out resets it), and kernels of
+    /// the one stream run one after another, so every launch, captured graphs' too, finds it zero.
+    /// Allocated with the device, so that a graph captured with it stays valid.
+    pub fn tile_counter(&self) -> kiln_gpu::DevicePtrMut<u32> {
+        kiln_gpu::DevicePtrMut::from_addr(self.tile_counter.addr())
     }
 
     /// Allocates `len` zeroed elements.

@@ -15,8 +15,8 @@ pub mod timing;
 pub use buffer::DeviceBuffer;
 pub use cudarc::driver::LaunchConfig;
 pub use device::{
-    CapturedGraph, Device, MatmulPrecision, MatmulPrecisionScope, SYNC_LAUNCHES_ENV, matmul_precision,
-    matmul_precision_scope,
+    CapturedGraph, Device, MatmulPrecision, MatmulPrecisionScope, SYNC_LAUNCHES_ENV, TILE_COUNTER_WORDS,
+    matmul_precision, matmul_precision_scope,
 };
 pub use module_load::{ModuleLoadTime, jit_cache_disabled};
 pub use tensor_map::{DeviceTensorMap, MapCache, MapCacheStats, TensorMapSpec, TmaDtype};

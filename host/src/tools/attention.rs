@@ -4,7 +4,7 @@
 use crate::attention::{self as reference, AttentionParams};
 use crate::cuda::attention::{
     AttentionShape, FlashBwdKernel, FlashElement, FlashEntry, FlashKernel, flash_backward_with, flash_entry,
-    flash_forward,
+    flash_forward_blocks,
 };
 use crate::cuda::{Device, timing};
 use crate::dtype::DType;
@@ -179,7 +179,8 @@ pub const FULL_CHECK_ROWS: usize = 1024;
 /// Runs kernel `name` on `s` (scale `1 / sqrt(head_dim)`) with random inputs from `seed`: once on
 /// poisoned outputs for the check, then `reps` timed launches (median). With `backward` (a backward
 /// kernel, e.g. [`FlashBwdKernel::of_forward`] of the entry's rung), also the backward (from a
-/// random output gradient), checked where [`BACKWARD_CHECK_LIMIT`] allows.
+/// random output gradient), checked where [`BACKWARD_CHECK_LIMIT`] allows. `blocks`: the Hopper
+/// forwards' block count ([`flash_forward_blocks`]; `None` for the default).
 pub fn run(
     dev: &Device,
     name: &str,
@@ -188,6 +189,7 @@ pub fn run(
     reps: usize,
     seed: u64,
     backward: Option<FlashBwdKernel>,
+    blocks: Option<u32>,
 ) -> Result<AttentionRun> {
     let entry = flash_entry(name)?;
     let (q32, k32, v32) = inputs(s, seed);
@@ -199,7 +201,9 @@ pub fn run(
     });
     let d_o = bwd.as_deref().zip(backward);
     let (o, lse, q, k, v, ms, grads) = match entry.dtype {
-        DType::F32 => launch::<f32>(dev, entry.kernel, [&q32, &k32, &v32], d_o, s, causal, scale, reps, |x| x, |x| x)?,
+        DType::F32 => {
+            launch::<f32>(dev, entry.kernel, [&q32, &k32, &v32], d_o, s, causal, scale, (reps, blocks), |x| x, |x| x)?
+        }
         DType::BF16 => launch::<bf16>(
             dev,
             entry.kernel,
@@ -208,7 +212,7 @@ pub fn run(
             s,
             causal,
             scale,
-            reps,
+            (reps, blocks),
             bf16::from_f32,
             bf16::to_f32,
         )?,
@@ -220,7 +224,7 @@ pub fn run(
             s,
             causal,
             scale,
-            reps,
+            (reps, blocks),
             f16::from_f32,
             f16::to_f32,
         )?,
@@ -445,7 +449,7 @@ fn launch<T: FlashElement>(
     s: AttentionShape,
     causal: bool,
     scale: f32,
-    reps: usize,
+    (reps, blocks): (usize, Option<u32>),
     to: impl Fn(f32) -> T,
     back: impl Fn(T) -> f32,
 ) -> Result<Launched> {
@@ -454,10 +458,10 @@ fn launch<T: FlashElement>(
     let (q, k, v) = (dev.upload(&qh)?, dev.upload(&kh)?, dev.upload(&vh)?);
     let mut o = dev.upload(&vec![to(f32::NAN); s.q_elems()])?;
     let mut lse = dev.upload(&vec![crate::testing::POISON_F32; s.lse_elems()])?;
-    flash_forward(dev, kernel, &q, &k, &v, &mut o, &mut lse, s, causal, scale)?;
+    let fwd = |o: &mut _, lse: &mut _| flash_forward_blocks(dev, kernel, &q, &k, &v, o, lse, s, causal, scale, blocks);
+    fwd(&mut o, &mut lse)?;
     let (got, got_lse) = (dev.download(&o)?, dev.download(&lse)?);
-    let ms =
-        timing::median_ms(dev, reps, 1, || flash_forward(dev, kernel, &q, &k, &v, &mut o, &mut lse, s, causal, scale))?;
+    let ms = timing::median_ms(dev, reps, 1, || fwd(&mut o, &mut lse))?;
     let grads = match d_o {
         None => None,
         Some((d_o, bwd)) => {

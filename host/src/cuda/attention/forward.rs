@@ -9,8 +9,9 @@ use kiln_gpu::kernels::attention::AttentionParams;
 use kiln_gpu::kernels::flash_mma::{self as mma, FLASH_MMA_BQ, FLASH_MMA_THREADS, flash_mma_smem_bytes};
 use kiln_gpu::kernels::flash_simt::{self as simt, FLASH_SIMT_BQ, FLASH_SIMT_THREADS, flash_simt_smem_bytes};
 use kiln_gpu::kernels::flash_wgmma::{
-    self as fwg, FLASH_WGMMA_BOX_COLS, FLASH_WGMMA_BOX_ROWS, FLASH_WGMMA_BQ, FLASH_WGMMA_THREADS, FLASH_WGMMA2_BQ,
-    FLASH_WGMMA2_THREADS, flash_wgmma_smem_bytes, flash_wgmma2_smem_bytes,
+    self as fwg, FLASH_WGMMA_BOX_COLS, FLASH_WGMMA_BOX_ROWS, FLASH_WGMMA_BQ, FLASH_WGMMA_SCHED_WORDS,
+    FLASH_WGMMA_THREADS, FLASH_WGMMA2_BQ, FLASH_WGMMA2_THREADS, flash_wgmma_smem_bytes, flash_wgmma_tiles,
+    flash_wgmma2_smem_bytes,
 };
 use kiln_gpu::kernels::flash_wgmma_pp::{
     self as fpp, FLASH_WGMMA_PP_BQ, FLASH_WGMMA_PP_THREADS, flash_wgmma_pp_smem_bytes,
@@ -294,9 +295,32 @@ pub fn flash_forward<T: FlashElement>(
     causal: bool,
     scale: f32,
 ) -> Result<()> {
+    flash_forward_blocks(dev, kernel, q, k, v, o, lse, shape, causal, scale, None)
+}
+
+/// [`flash_forward`] with the number of blocks of a `Wgmma` or `Wgmma2` launch chosen by the
+/// caller (`None`: [`wgmma_forward_blocks`]'s): with fewer blocks than query tiles each block runs
+/// several tiles one after the other (the kernels' persistent form). The tests use it to make
+/// blocks walk many tiles on small problems, `kiln attention --blocks` to time a choice. Other
+/// kernels take `None` only.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_forward_blocks<T: FlashElement>(
+    dev: &Device,
+    kernel: FlashKernel,
+    q: &DeviceBuffer<T>,
+    k: &DeviceBuffer<T>,
+    v: &DeviceBuffer<T>,
+    o: &mut DeviceBuffer<T>,
+    lse: &mut DeviceBuffer<f32>,
+    shape: AttentionShape,
+    causal: bool,
+    scale: f32,
+    blocks: Option<u32>,
+) -> Result<()> {
     let lens = [q.len(), k.len(), v.len(), o.len(), lse.len()];
     let addrs = [q.addr(), k.addr(), v.addr(), o.addr(), lse.addr()];
     check_forward(kernel, T::DTYPE, shape, scale, lens, addrs)?;
+    check_blocks(kernel, blocks)?;
     check_arch(kernel, dev.arch())?;
     if shape.q_len == 0 || shape.batch == 0 || shape.heads == 0 {
         return Ok(());
@@ -346,7 +370,7 @@ pub fn flash_forward<T: FlashElement>(
         unsafe { dev.launch(K::default(), cfg, args::<T, U>(q, k, v, o, lse, p)) }
     }
     if kernel.is_hopper() {
-        return flash_forward_wgmma(dev, kernel, cfg, (q, k, v, o, lse), shape, p);
+        return flash_forward_wgmma(dev, kernel, cfg, (q, k, v, o, lse), shape, p, blocks);
     }
     let bufs = (q, k, v, o, lse);
     let d128 = shape.head_dim == 128;
@@ -370,6 +394,40 @@ pub fn flash_forward<T: FlashElement>(
     }
 }
 
+/// Blocks of a `Wgmma` or `Wgmma2` forward on a device of `sms` multiprocessors. The kernels
+/// hand out the query tiles of [`flash_wgmma_tiles`] (a head's tiles one after the other, its last
+/// rows first) in order, each block taking the next from the device's tile counter
+/// ([`Device::tile_counter`]) when it is done with one. `Wgmma2` runs persistent, one block per
+/// multiprocessor (it needs 192 KiB of shared memory at head dim 128, so one fits), each loading
+/// its next tile's Q and K/V while it finishes the current one. `Wgmma` (small blocks, several per
+/// multiprocessor, whose products and start-ups overlap each other's) gets a block per tile.
+pub fn wgmma_forward_blocks(kernel: FlashKernel, p: AttentionParams, sms: u32) -> u32 {
+    let tiles = flash_wgmma_tiles(p, kernel.block_rows());
+    if kernel == FlashKernel::Wgmma2 { tiles.min(sms.max(1)) } else { tiles }
+}
+
+// the forwards' tile counter fits the device's
+const _: () = assert!(FLASH_WGMMA_SCHED_WORDS <= crate::cuda::TILE_COUNTER_WORDS);
+
+/// Checks a block count given to [`flash_forward_blocks`]: only the `Wgmma` and `Wgmma2` forwards
+/// take one, and it must be at least 1.
+pub fn check_blocks(kernel: FlashKernel, blocks: Option<u32>) -> Result<()> {
+    match blocks {
+        None => Ok(()),
+        Some(_) if !matches!(kernel, FlashKernel::Wgmma | FlashKernel::Wgmma2) => Err(Error::Unsupported {
+            op: "flash_forward",
+            what: format!(
+                "a block count with {kernel:?}: only the Wgmma and Wgmma2 forwards run a chosen number of blocks; leave it out"
+            ),
+        }),
+        Some(0) => Err(Error::Unsupported {
+            op: "flash_forward",
+            what: "0 blocks: give at least 1 (a block runs query tiles until none is left)".into(),
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
 /// Launches `flash_fwd_wgmma_*` (the caller checked the problem and the device): the tensor maps of
 /// Q, K and V from the device's cache, then the kernel for `T` and the head dim.
 fn flash_forward_wgmma<T: FlashElement>(
@@ -379,6 +437,7 @@ fn flash_forward_wgmma<T: FlashElement>(
     bufs: Bufs<'_, T>,
     shape: AttentionShape,
     p: AttentionParams,
+    blocks: Option<u32>,
 ) -> Result<()> {
     let (q, k, v, o, lse) = bufs;
     let bh = shape.batch as u64 * shape.heads as u64;
@@ -400,7 +459,21 @@ fn flash_forward_wgmma<T: FlashElement>(
         (dev.tensor_map_cached(k.addr(), &kv_spec)?, dev.tensor_map_cached(v.addr(), &kv_spec)?)
     };
     let (qm, km, vm) = (q_map.ptr(), k_map.ptr(), v_map.ptr());
-    let (op, lp) = (o.ptr_mut(), lse.ptr_mut());
+    let (op, lp, sched) = (o.ptr_mut(), lse.ptr_mut(), dev.tile_counter());
+    let cfg = match kernel {
+        FlashKernel::Wgmma | FlashKernel::Wgmma2 => LaunchConfig {
+            grid_dim: (
+                match blocks {
+                    Some(b) => b,
+                    None => wgmma_forward_blocks(kernel, p, dev.sm_count()? as u32),
+                },
+                1,
+                1,
+            ),
+            ..cfg
+        },
+        _ => cfg,
+    };
     // SAFETY: `check_forward` matched the buffers' sizes to the shape and their alignment to TMA,
     // `check_arch` the device to sm_90a; the maps describe exactly these buffers.
     unsafe {
@@ -418,14 +491,30 @@ fn flash_forward_wgmma<T: FlashElement>(
         }
         let pair = kernel == FlashKernel::Wgmma2;
         match (T::DTYPE, shape.head_dim == 128, pair) {
-            (DType::BF16, false, false) => dev.launch(fwg::FlashFwdWgmmaBf16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (DType::BF16, true, false) => dev.launch(fwg::FlashFwdWgmmaBf16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (DType::F16, false, false) => dev.launch(fwg::FlashFwdWgmmaF16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (DType::F16, true, false) => dev.launch(fwg::FlashFwdWgmmaF16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (DType::BF16, false, true) => dev.launch(fwg::FlashFwdWgmma2Bf16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (DType::BF16, true, true) => dev.launch(fwg::FlashFwdWgmma2Bf16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (DType::F16, false, true) => dev.launch(fwg::FlashFwdWgmma2F16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
-            (DType::F16, true, true) => dev.launch(fwg::FlashFwdWgmma2F16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+            (DType::BF16, false, false) => {
+                dev.launch(fwg::FlashFwdWgmmaBf16D64, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+            }
+            (DType::BF16, true, false) => {
+                dev.launch(fwg::FlashFwdWgmmaBf16D128, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+            }
+            (DType::F16, false, false) => {
+                dev.launch(fwg::FlashFwdWgmmaF16D64, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+            }
+            (DType::F16, true, false) => {
+                dev.launch(fwg::FlashFwdWgmmaF16D128, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+            }
+            (DType::BF16, false, true) => {
+                dev.launch(fwg::FlashFwdWgmma2Bf16D64, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+            }
+            (DType::BF16, true, true) => {
+                dev.launch(fwg::FlashFwdWgmma2Bf16D128, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+            }
+            (DType::F16, false, true) => {
+                dev.launch(fwg::FlashFwdWgmma2F16D64, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+            }
+            (DType::F16, true, true) => {
+                dev.launch(fwg::FlashFwdWgmma2F16D128, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+            }
             (dtype, _, _) => Err(Error::Unsupported {
                 op: "flash_forward",
                 what: format!("{dtype:?} with {kernel:?}: not in the kernel table"),
