@@ -35,6 +35,8 @@ pub struct Device {
     pub(super) captured_maps: Mutex<Vec<Arc<super::DeviceTensorMap>>>,
     /// [`Device::max_active_clusters`] answers by (kernel, threads, shared memory).
     clusters: Mutex<HashMap<(&'static str, u32, u32), u32>>,
+    /// [`Device::max_active_blocks`] answers by (kernel, threads, shared memory).
+    blocks: Mutex<HashMap<(&'static str, u32, u32), u32>>,
     /// Kernels launched through [`Device::launch`]: see [`Device::launch_count`].
     launches: std::sync::atomic::AtomicU64,
     /// The tile counter of the kernels that hand out their tiles as blocks free up: see
@@ -186,6 +188,7 @@ impl Device {
             tensor_map_cache: Mutex::new(super::tensor_map::MapCache::new(super::tensor_map::TENSOR_MAP_CACHE)),
             captured_maps: Mutex::new(Vec::new()),
             clusters: Mutex::new(HashMap::new()),
+            blocks: Mutex::new(HashMap::new()),
             launches: std::sync::atomic::AtomicU64::new(0),
             tile_counter,
         })
@@ -462,6 +465,24 @@ impl Device {
             .occupancy_max_active_clusters(cfg, &self.stream)
             .map_err(Error::driver(format!("querying how many clusters of `{}` fit", K::NAME)))?;
         self.clusters.lock().unwrap_or_else(|p| p.into_inner()).insert(key, n);
+        Ok(n)
+    }
+
+    /// How many blocks of kernel `K` (of `block_threads` threads with `dynamic_smem` bytes each) can
+    /// be resident on the whole device at once (the per-multiprocessor occupancy times the
+    /// multiprocessors): the size of a persistent grid that never waits for a second wave. Asked
+    /// once per (kernel, threads, shared memory) and remembered.
+    pub fn max_active_blocks<K: Kernel>(&self, block_threads: u32, dynamic_smem: u32) -> Result<u32> {
+        let key = (K::NAME, block_threads, dynamic_smem);
+        if let Some(&n) = self.blocks.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(n);
+        }
+        let f = self.function::<K>(dynamic_smem)?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(block_threads, dynamic_smem as usize, None)
+            .map_err(Error::driver(format!("querying how many blocks of `{}` fit", K::NAME)))?;
+        let n = per_sm * self.sm_count()? as u32;
+        self.blocks.lock().unwrap_or_else(|p| p.into_inner()).insert(key, n);
         Ok(n)
     }
 

@@ -299,10 +299,13 @@ pub fn flash_forward<T: FlashElement>(
 }
 
 /// [`flash_forward`] with the number of blocks of a `Wgmma` or `Wgmma2` launch chosen by the
-/// caller (`None`: [`wgmma_forward_blocks`]'s): with fewer blocks than query tiles each block runs
-/// several tiles one after the other (the kernels' persistent form). The tests use it to make
-/// blocks walk many tiles on small problems, `kiln attention --blocks` to time a choice. Other
-/// kernels take `None` only.
+/// caller. Those kernels are persistent: their blocks take the query tiles of
+/// [`flash_wgmma_tiles`] (a head's tiles one after the other, its last rows first) in order from
+/// the device's tile counter ([`Device::tile_counter`]), each loading its next tile's Q and K/V
+/// while it finishes the current one. `None` launches as many blocks as the device holds at once
+/// (one per multiprocessor for `Wgmma2`, two or three for `Wgmma`; at most one per tile). The tests
+/// use a count to make blocks walk many tiles on small problems, `kiln attention --blocks` to time
+/// a choice. Other kernels take `None` only.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_forward_blocks<T: FlashElement>(
     dev: &Device,
@@ -394,18 +397,6 @@ pub fn flash_forward_blocks<T: FlashElement>(
     }
 }
 
-/// Blocks of a `Wgmma` or `Wgmma2` forward on a device of `sms` multiprocessors. The kernels
-/// hand out the query tiles of [`flash_wgmma_tiles`] (a head's tiles one after the other, its last
-/// rows first) in order, each block taking the next from the device's tile counter
-/// ([`Device::tile_counter`]) when it is done with one. `Wgmma2` runs persistent, one block per
-/// multiprocessor (it needs 192 KiB of shared memory at head dim 128, so one fits), each loading
-/// its next tile's Q and K/V while it finishes the current one. `Wgmma` (small blocks, several per
-/// multiprocessor, whose products and start-ups overlap each other's) gets a block per tile.
-pub fn wgmma_forward_blocks(kernel: FlashKernel, p: AttentionParams, sms: u32) -> u32 {
-    let tiles = flash_wgmma_tiles(p, kernel.block_rows());
-    if kernel == FlashKernel::Wgmma2 { tiles.min(sms.max(1)) } else { tiles }
-}
-
 // the forwards' tile counter fits the device's
 const _: () = assert!(FLASH_WGMMA_SCHED_WORDS <= crate::cuda::TILE_COUNTER_WORDS);
 
@@ -460,20 +451,24 @@ fn flash_forward_wgmma<T: FlashElement>(
     };
     let (qm, km, vm) = (q_map.ptr(), k_map.ptr(), v_map.ptr());
     let (op, lp, sched) = (o.ptr_mut(), lse.ptr_mut(), dev.tile_counter());
-    let cfg = match kernel {
-        FlashKernel::Wgmma | FlashKernel::Wgmma2 => LaunchConfig {
-            grid_dim: (
-                match blocks {
-                    Some(b) => b,
-                    None => wgmma_forward_blocks(kernel, p, dev.sm_count()? as u32),
-                },
-                1,
-                1,
-            ),
-            ..cfg
-        },
-        _ => cfg,
-    };
+    let tiles = flash_wgmma_tiles(p, kernel.block_rows());
+    /// Launches `K` on `blocks` blocks, or (`None`) on as many as the device holds at once, at most
+    /// one per query tile: a persistent grid whose blocks take tiles from the device's tile counter.
+    unsafe fn persistent<K: Kernel>(
+        dev: &Device,
+        k: K,
+        cfg: LaunchConfig,
+        (blocks, tiles): (Option<u32>, u32),
+        args: K::Args,
+    ) -> Result<()> {
+        let n = match blocks {
+            Some(b) => b,
+            None => dev.max_active_blocks::<K>(cfg.block_dim.0, cfg.shared_mem_bytes)?.clamp(1, tiles.max(1)),
+        };
+        // SAFETY: as the caller's.
+        unsafe { dev.launch(k, LaunchConfig { grid_dim: (n, 1, 1), ..cfg }, args) }
+    }
+    let grid = (blocks, tiles);
     // SAFETY: `check_forward` matched the buffers' sizes to the shape and their alignment to TMA,
     // `check_arch` the device to sm_90a; the maps describe exactly these buffers.
     unsafe {
@@ -492,28 +487,28 @@ fn flash_forward_wgmma<T: FlashElement>(
         let pair = kernel == FlashKernel::Wgmma2;
         match (T::DTYPE, shape.head_dim == 128, pair) {
             (DType::BF16, false, false) => {
-                dev.launch(fwg::FlashFwdWgmmaBf16D64, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+                persistent(dev, fwg::FlashFwdWgmmaBf16D64, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
             }
             (DType::BF16, true, false) => {
-                dev.launch(fwg::FlashFwdWgmmaBf16D128, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+                persistent(dev, fwg::FlashFwdWgmmaBf16D128, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
             }
             (DType::F16, false, false) => {
-                dev.launch(fwg::FlashFwdWgmmaF16D64, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+                persistent(dev, fwg::FlashFwdWgmmaF16D64, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
             }
             (DType::F16, true, false) => {
-                dev.launch(fwg::FlashFwdWgmmaF16D128, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+                persistent(dev, fwg::FlashFwdWgmmaF16D128, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
             }
             (DType::BF16, false, true) => {
-                dev.launch(fwg::FlashFwdWgmma2Bf16D64, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+                persistent(dev, fwg::FlashFwdWgmma2Bf16D64, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
             }
             (DType::BF16, true, true) => {
-                dev.launch(fwg::FlashFwdWgmma2Bf16D128, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+                persistent(dev, fwg::FlashFwdWgmma2Bf16D128, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
             }
             (DType::F16, false, true) => {
-                dev.launch(fwg::FlashFwdWgmma2F16D64, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+                persistent(dev, fwg::FlashFwdWgmma2F16D64, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
             }
             (DType::F16, true, true) => {
-                dev.launch(fwg::FlashFwdWgmma2F16D128, cfg, (qm, km, vm, op.cast(), lp, sched, p))
+                persistent(dev, fwg::FlashFwdWgmma2F16D128, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
             }
             (dtype, _, _) => Err(Error::Unsupported {
                 op: "flash_forward",

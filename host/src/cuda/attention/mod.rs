@@ -28,7 +28,9 @@
 //! They read Q, K and V through tensor maps ([`wgmma_qkv_spec`]), made and cached as the wgmma
 //! GEMM's are. The forward's best-kernel choice ([`flash_forward_kernel`]) picks `Wgmma2` at head
 //! dim 128 and `Wgmma` at 64 on sm_90a ([`FLASH_WGMMA_DISPATCH`]; `WgmmaPingPong` instead once
-//! [`FLASH_WGMMA_PP_DISPATCH`] is on) and `MmaSync` elsewhere. [`flash_forward`] checks the buffers
+//! [`FLASH_WGMMA_PP_DISPATCH`] is on) and `MmaSync` elsewhere. `Wgmma` and `Wgmma2` launch
+//! persistent grids whose blocks take query tiles from the device's tile counter
+//! ([`flash_forward_blocks`]). [`flash_forward`] checks the buffers
 //! against the shape, the dtype and head dim against the kernel, the alignment the kernel's
 //! 16-byte copies need, the grid and the shared memory, and refuses the rest with an error that
 //! says what to change. The layout and the causal mask (bottom-right aligned) are
