@@ -104,7 +104,7 @@ impl B16 for bf16 {
         CpuStorage::BF16(v)
     }
     fn bits(v: f64) -> u16 {
-        bf16::from_f64(v).to_bits()
+        crate::dtype::bf16_from_f64(v).to_bits()
     }
 }
 
@@ -131,7 +131,7 @@ impl B16 for f16 {
         CpuStorage::F16(v)
     }
     fn bits(v: f64) -> u16 {
-        f16::from_f64(v).to_bits()
+        crate::dtype::f16_from_f64(v).to_bits()
     }
 }
 
@@ -720,11 +720,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn format_table_rounds_like_half() {
-        for v in [0.0, -0.0, 1.0, 1.0 + 1.0 / 256.0, 3.140625, 65504.0, 1e-8, -2.5e38, f64::INFINITY] {
-            assert_eq!(<bf16 as B16>::bits(v), bf16::from_f64(v).to_bits());
-            assert_eq!(<f16 as B16>::bits(v), f16::from_f64(v).to_bits());
+    fn format_table_rounds_to_nearest_even() {
+        // values exact in f32 (where `half`'s f32 conversions are the reference), ties among them
+        for v in [
+            0.0,
+            -0.0,
+            1.0,
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            3.140625,
+            65504.0,
+            2f64.powi(-27) * 1.5,
+            -2f64.powi(127) * 1.5,
+        ] {
+            assert_eq!(v as f32 as f64, v);
+            assert_eq!(<bf16 as B16>::bits(v), bf16::from_f32(v as f32).to_bits());
+            assert_eq!(<f16 as B16>::bits(v), f16::from_f32(v as f32).to_bits());
         }
+        assert_eq!(<bf16 as B16>::bits(f64::INFINITY), bf16::INFINITY.to_bits());
         assert_eq!(<bf16 as B16>::FORMAT, format::BF16);
         assert_eq!(<f16 as B16>::FORMAT, format::F16);
         assert_eq!(<bf16 as B16>::DTYPE, DType::BF16);

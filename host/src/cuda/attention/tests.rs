@@ -34,11 +34,13 @@ fn the_hopper_rung_is_refused_off_sm90a_and_not_dispatched_yet() {
     assert_eq!(FlashBwdKernel::of_forward(FlashKernel::Wgmma), hopper_bwd);
     assert!(FlashKernel::Wgmma.needs_16_byte_alignment());
     assert_eq!(FlashKernel::Wgmma.dtypes(), vec![DType::BF16, DType::F16]);
-    // Q, two stages of K and V, five barriers; under the 227 KiB opt-in of Hopper
-    assert_eq!(FlashKernel::Wgmma.smem_bytes(64), 5 * 8192 + 40);
-    assert_eq!(FlashKernel::Wgmma.smem_bytes(128), 5 * 16384 + 40);
-    // two Q tiles, two stages of 128-key K and V (four 64-row tiles each)
-    assert_eq!(FlashKernel::Wgmma2.smem_bytes(128), 10 * 16384 + 40);
+    // Q, two stages of K and V, six barriers and the Q buffer's tile number; under the 227 KiB
+    // opt-in of Hopper
+    assert_eq!(FlashKernel::Wgmma.smem_bytes(64), 5 * 8192 + 56);
+    assert_eq!(FlashKernel::Wgmma.smem_bytes(128), 5 * 16384 + 56);
+    // two buffers of two Q tiles, two stages of 128-key K and V (four 64-row tiles each), eight
+    // barriers and two tile numbers
+    assert_eq!(FlashKernel::Wgmma2.smem_bytes(128), 12 * 16384 + 80);
     assert!(FlashKernel::Wgmma2.smem_bytes(128) <= 227 * 1024);
     assert!(check_arch(FlashKernel::Wgmma2, Arch::Sm80).is_err());
     assert_eq!(FlashKernel::Wgmma2.threads(), 384);

@@ -196,8 +196,8 @@ impl CpuStorage {
         match d {
             DType::F32 => CpuStorage::F32(v.iter().map(|&x| x as f32).collect()),
             DType::F64 => CpuStorage::F64(v.to_vec()),
-            DType::BF16 => CpuStorage::BF16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
-            DType::F16 => CpuStorage::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
+            DType::BF16 => CpuStorage::BF16(v.iter().map(|&x| crate::dtype::bf16_from_f64(x)).collect()),
+            DType::F16 => CpuStorage::F16(v.iter().map(|&x| crate::dtype::f16_from_f64(x)).collect()),
         }
     }
     /// Converts to another dtype (f32 <-> bf16/f16 round to nearest even).
