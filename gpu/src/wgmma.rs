@@ -55,6 +55,14 @@ pub const fn acc_m64n128(t: u32, i: u32) -> (u32, u32) {
     acc_m64(t, i)
 }
 
+/// Whether a block of one producer warpgroup and `consumers` consumer warpgroups, allocated
+/// `entry` registers per thread at launch, can run its producer on `producer` and its consumers on
+/// `consumer` (`setmaxnreg`): `setmaxnreg.inc` blocks until the block's own pool holds the
+/// registers it asks for, and the pool holds only what the producer's `setmaxnreg.dec` released.
+pub const fn setmaxnreg_split_fits(entry: u32, producer: u32, consumer: u32, consumers: u32) -> bool {
+    producer <= entry && (consumer <= entry || consumers * (consumer - entry) <= entry - producer)
+}
+
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 mod device {
     use core::arch::asm;

@@ -375,6 +375,20 @@ fn check(what: &str, e: FlashEntry, p: &AttentionParams, r: &Run) -> Outcome {
 }
 
 fn matches_f64(dev: &Device, name: &str) -> Outcome {
+    cases_match_f64(dev, name, |_| None)
+}
+
+/// The Hopper forwards run persistent: on 1, 3 and 7 blocks for problems of up to 64 query tiles,
+/// so that each block walks many tiles of several heads (the Q buffers and the K/V ring carrying
+/// on from tile to tile, the causal tiles of unequal length), every length pair, both head dims,
+/// causal and not, against the f64 reference on poisoned outputs.
+fn persistent_matches_f64(dev: &Device, name: &str) -> Outcome {
+    cases_match_f64(dev, name, |case| Some([1, 3, 7][case % 3]))
+}
+
+/// Kernel `name` on every length pair of [`LENGTHS`], both head dims, causal and not, against the
+/// f64 reference; `blocks(case)`: the block count of the case-th launch (`None`: the default).
+fn cases_match_f64(dev: &Device, name: &str, blocks: impl Fn(usize) -> Option<u32>) -> Outcome {
     let e = kiln::cuda::attention::flash_entry(name).map_err(err)?;
     let (mut rng, seed) = testing::rng();
     let mut cases = 0;
@@ -385,35 +399,10 @@ fn matches_f64(dev: &Device, name: &str) -> Outcome {
                 let (batch, heads) = if sq.max(skv) >= 1000 { (1, 2) } else { (2, 3) };
                 let s = AttentionShape { batch, heads, q_len: sq, kv_len: skv, head_dim: d };
                 let p = s.params(causal, 1.0 / (d as f32).sqrt());
-                let r = run_entry(dev, e, s, causal, &mut rng)?;
-                check(&format!("{name} {s:?} causal {causal} (seed {seed})"), e, &p, &r)?;
-                cases += 1;
-            }
-        }
-    }
-    if cases != 2 * LENGTHS.len() * 2 {
-        return Err(format!("{cases} cases ran"));
-    }
-    Ok(())
-}
-
-/// The Hopper forwards run persistent: on 1, 3 and 7 blocks for problems of up to 64 query tiles,
-/// so that each block walks many tiles of several heads (the Q buffers and the K/V ring carrying
-/// on from tile to tile, the causal tiles of unequal length), every length pair, both head dims,
-/// causal and not, against the f64 reference on poisoned outputs.
-fn persistent_matches_f64(dev: &Device, name: &str) -> Outcome {
-    let e = kiln::cuda::attention::flash_entry(name).map_err(err)?;
-    let (mut rng, seed) = testing::rng();
-    let mut cases = 0;
-    for &d in &[64u32, 128] {
-        for &(sq, skv) in LENGTHS {
-            for causal in [false, true] {
-                let (batch, heads) = if sq.max(skv) >= 1000 { (1, 2) } else { (2, 3) };
-                let s = AttentionShape { batch, heads, q_len: sq, kv_len: skv, head_dim: d };
-                let p = s.params(causal, 1.0 / (d as f32).sqrt());
-                let blocks = [1, 3, 7][cases % 3];
-                let r = run_entry_blocks(dev, e, s, (causal, Some(blocks)), &mut rng)?;
-                check(&format!("{name} {s:?} causal {causal} on {blocks} blocks (seed {seed})"), e, &p, &r)?;
+                let b = blocks(cases);
+                let r = run_entry_blocks(dev, e, s, (causal, b), &mut rng)?;
+                let on = b.map(|b| format!(" on {b} blocks")).unwrap_or_default();
+                check(&format!("{name} {s:?} causal {causal}{on} (seed {seed})"), e, &p, &r)?;
                 cases += 1;
             }
         }

@@ -122,12 +122,12 @@ pub const FLASH_WGMMA2_CONSUMER_REGS: u32 = 232;
 /// per SM: 65 536 / 384 rounded down to a multiple of 8).
 pub const FLASH_WGMMA2_ENTRY_REGS: u32 = 168;
 
-// `setmaxnreg.inc` blocks until the block's pool holds the registers it asks for, and the pool
-// holds only what the producer released: the consumers may not take more than that.
-const _: () = assert!(
-    256 * (FLASH_WGMMA2_CONSUMER_REGS - FLASH_WGMMA2_ENTRY_REGS)
-        <= 128 * (FLASH_WGMMA2_ENTRY_REGS - FLASH_WGMMA2_PRODUCER_REGS)
-);
+const _: () = assert!(crate::wgmma::setmaxnreg_split_fits(
+    FLASH_WGMMA2_ENTRY_REGS,
+    FLASH_WGMMA2_PRODUCER_REGS,
+    FLASH_WGMMA2_CONSUMER_REGS,
+    2
+));
 
 /// Keys per K/V tile of the two-consumer kernels: two boxes of 64 rows, so that `S = Q K^T` is one
 /// `m64n128k16` per k step (half the shared-memory reads of Q per product of the 64-key form).
@@ -211,6 +211,142 @@ pub(crate) mod device {
         /// `q_full[b]`; `tiles` or more: none, the block is done).
         fn tile_id(self, b: u32) -> u32 {
             self.bars() + 8 * (2 * self.qbuf + 2 * ST + b)
+        }
+    }
+
+    /// The online softmax of one score tile in the `wgmma` accumulator layout: for rows `g`
+    /// (`h = 0`) and `g + 8` (`h = 1`) of the thread's quad, the new running maximum `m` (base 2,
+    /// scaled), `S` replaced by `P = 2^(scale_log2 S - m)`, the running sum `l` and the output
+    /// accumulators `acc` rescaled by `2^(m_old - m)`. A row that has seen only masked keys keeps
+    /// `m = -inf` and gets `P = 0`.
+    #[inline(always)]
+    pub(crate) fn softmax_rows<const NS: usize, const NO: usize>(
+        s: &mut [f32; NS],
+        (m, l): (&mut [f32; 2], &mut [f32; 2]),
+        acc: &mut [f32; NO],
+        scale_log2: f32,
+    ) {
+        let mut h = 0;
+        while h < 2 {
+            let mut mx = f32::NEG_INFINITY;
+            let mut nt = 0;
+            while nt < NS / 4 {
+                mx = mx.max(s[4 * nt + 2 * h]).max(s[4 * nt + 2 * h + 1]);
+                nt += 1;
+            }
+            mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
+            mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
+            let m_new = m[h].max(mx * scale_log2);
+            let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+            let alpha = math::exp2_fast(m[h] - m_use);
+            let mut sum = 0.0f32;
+            let mut nt = 0;
+            while nt < NS / 4 {
+                let e0 = math::exp2_fast(math::fma(s[4 * nt + 2 * h], scale_log2, -m_use));
+                let e1 = math::exp2_fast(math::fma(s[4 * nt + 2 * h + 1], scale_log2, -m_use));
+                s[4 * nt + 2 * h] = e0;
+                s[4 * nt + 2 * h + 1] = e1;
+                sum += e0 + e1;
+                nt += 1;
+            }
+            l[h] = l[h] * alpha + sum;
+            m[h] = m_new;
+            let mut n = 0;
+            while n < NO / 4 {
+                acc[4 * n + 2 * h] *= alpha;
+                acc[4 * n + 2 * h + 1] *= alpha;
+                n += 1;
+            }
+            h += 1;
+        }
+    }
+
+    /// Masks the scores of a tile (keys `k0 .. k0 + bkv`, the thread's rows `rows` of the
+    /// consumer's block starting at `r0`) to `-inf` where a row does not see the key (past `kv_len`,
+    /// or above the causal diagonal); a tile no row needs masked is left alone.
+    #[inline(always)]
+    pub(crate) fn mask_scores<const NS: usize>(
+        s: &mut [f32; NS],
+        p: AttentionParams,
+        (r0, rows): (u32, [u32; 2]),
+        (k0, bkv): (u32, u32),
+        tq: u32,
+    ) {
+        if p.tile_needs_mask(r0, k0, bkv) {
+            let vis = [p.visible_keys(rows[0]), p.visible_keys(rows[1])];
+            let mut i = 0;
+            while i < NS {
+                // element i: row g + 8 ((i % 4) / 2), column 8 (i / 4) + 2 tq + i % 2
+                let c = k0 + 8 * (i as u32 / 4) + 2 * tq + (i as u32 % 2);
+                if c >= vis[(i % 4) / 2] {
+                    s[i] = f32::NEG_INFINITY;
+                }
+                i += 1;
+            }
+        }
+    }
+
+    /// P (the softmax's output in `s`) packed to bf16 / f16 as the A fragments of `O += P V`: n8
+    /// blocks `2 kk` and `2 kk + 1` of the scores are k step `kk` (16 keys); `NK >= NS / 8` slots,
+    /// the first `NS / 8` filled.
+    #[inline(always)]
+    pub(crate) fn p_fragments<const F16: bool, const NS: usize, const NK: usize>(s: &[f32; NS]) -> [[u32; 4]; NK] {
+        let mut pa = [[0u32; 4]; NK];
+        let mut kk = 0;
+        while kk < NS / 8 {
+            let b = 8 * kk;
+            pa[kk] = [
+                pack::<F16>(s[b], s[b + 1]),
+                pack::<F16>(s[b + 2], s[b + 3]),
+                pack::<F16>(s[b + 4], s[b + 5]),
+                pack::<F16>(s[b + 6], s[b + 7]),
+            ];
+            kk += 1;
+        }
+        pa
+    }
+
+    /// The epilogue of a forward tile: rows `rows` (the thread's `g` and `g + 8`) of O as
+    /// `acc / l`, rounded, in 4-byte stores (rows below `q_len` only) of head `bh` (of rows
+    /// `bh q_len ..`), and their log-sum-exps (natural log; `-inf` for a
+    /// row that saw no key) by the quad's first lane (`tq == 0`).
+    ///
+    /// # Safety
+    /// `o` must hold the head's rows (`D` elements each) and `lse` one f32 per row.
+    #[inline(always)]
+    pub(crate) unsafe fn store_rows<const F16: bool, const D: u32, const NO: usize>(
+        o: *mut u16,
+        lse: DevicePtrMut<f32>,
+        acc: &[f32; NO],
+        (m, l): ([f32; 2], [f32; 2]),
+        (bh, rows, q_len): (u32, [u32; 2], u32),
+        tq: u32,
+    ) {
+        let mut h = 0;
+        while h < 2 {
+            let mut lt = l[h];
+            lt += warp::shfl_xor_f32(warp::FULL_MASK, lt, 1);
+            lt += warp::shfl_xor_f32(warp::FULL_MASK, lt, 2);
+            let inv = if lt > 0.0 { 1.0 / lt } else { 0.0 };
+            if rows[h] < q_len {
+                let orow = (bh as usize * q_len as usize + rows[h] as usize) * D as usize;
+                let mut n = 0;
+                while n < NO / 4 {
+                    let col = n as u32 * 8 + 2 * tq;
+                    let word = pack::<F16>(acc[4 * n + 2 * h] * inv, acc[4 * n + 2 * h + 1] * inv);
+                    unsafe { (o.add(orow + col as usize) as *mut u32).write(word) };
+                    n += 1;
+                }
+                if tq == 0 {
+                    let v = if lt > 0.0 {
+                        (m[h] + math::ln(lt) * core::f32::consts::LOG2_E) * core::f32::consts::LN_2
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                    unsafe { lse.write(bh as usize * q_len as usize + rows[h] as usize, v) };
+                }
+            }
+            h += 1;
         }
     }
 
@@ -486,68 +622,13 @@ pub(crate) mod device {
 
                 // (with two consumers and the causal mask, the first one's last tiles may be wholly
                 // masked: its rows keep their state, P = 0)
-                if p.tile_needs_mask(r0, k0, bkv) {
-                    let vis = [p.visible_keys(rows[0]), p.visible_keys(rows[1])];
-                    let mut i = 0;
-                    while i < NS {
-                        // element i: row g + 8 ((i % 4) / 2), column 8 (i / 4) + 2 tq + i % 2
-                        let c = k0 + 8 * (i as u32 / 4) + 2 * tq + (i as u32 % 2);
-                        if c >= vis[(i % 4) / 2] {
-                            s[i] = f32::NEG_INFINITY;
-                        }
-                        i += 1;
-                    }
-                }
+                mask_scores(&mut s, p, (r0, rows), (k0, bkv), tq);
 
-                // online softmax, rows g (h = 0) and g + 8 (h = 1)
-                let mut h = 0;
-                while h < 2 {
-                    let mut mx = f32::NEG_INFINITY;
-                    let mut nt = 0;
-                    while nt < NS / 4 {
-                        mx = mx.max(s[4 * nt + 2 * h]).max(s[4 * nt + 2 * h + 1]);
-                        nt += 1;
-                    }
-                    mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
-                    mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
-                    let m_new = m[h].max(mx * scale_log2);
-                    let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-                    let alpha = math::exp2_fast(m[h] - m_use);
-                    let mut sum = 0.0f32;
-                    let mut nt = 0;
-                    while nt < NS / 4 {
-                        let e0 = math::exp2_fast(math::fma(s[4 * nt + 2 * h], scale_log2, -m_use));
-                        let e1 = math::exp2_fast(math::fma(s[4 * nt + 2 * h + 1], scale_log2, -m_use));
-                        s[4 * nt + 2 * h] = e0;
-                        s[4 * nt + 2 * h + 1] = e1;
-                        sum += e0 + e1;
-                        nt += 1;
-                    }
-                    l[h] = l[h] * alpha + sum;
-                    m[h] = m_new;
-                    let mut n = 0;
-                    while n < NO / 4 {
-                        acc[4 * n + 2 * h] *= alpha;
-                        acc[4 * n + 2 * h + 1] *= alpha;
-                        n += 1;
-                    }
-                    h += 1;
-                }
+                softmax_rows(&mut s, (&mut m, &mut l), &mut acc, scale_log2);
 
                 // O += P V: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of k step kk (keys
                 // 16 kk ..; V's 64-key tile kk / 4)
-                let mut pa = [[0u32; 4]; 8];
-                let mut kk = 0;
-                while kk < NS / 8 {
-                    let b = 8 * kk;
-                    pa[kk] = [
-                        pack::<F16>(s[b], s[b + 1]),
-                        pack::<F16>(s[b + 2], s[b + 3]),
-                        pack::<F16>(s[b + 4], s[b + 5]),
-                        pack::<F16>(s[b + 6], s[b + 7]),
-                    ];
-                    kk += 1;
-                }
+                let pa = p_fragments::<F16, NS, 8>(&s);
                 wgmma::fence();
                 let mut kk = 0;
                 while kk < NS / 8 {
@@ -575,33 +656,7 @@ pub(crate) mod device {
             // and with the tile's Q: the producer may load a later tile's into the buffer
             unsafe { mbarrier::arrive(lay.q_empty(b)) };
 
-            // epilogue: O = o / l, 4-byte stores; LSE by the quad's first lane
-            let mut h = 0;
-            while h < 2 {
-                let mut lt = l[h];
-                lt += warp::shfl_xor_f32(warp::FULL_MASK, lt, 1);
-                lt += warp::shfl_xor_f32(warp::FULL_MASK, lt, 2);
-                let inv = if lt > 0.0 { 1.0 / lt } else { 0.0 };
-                if rows[h] < q_len {
-                    let orow = (bh as usize * q_len as usize + rows[h] as usize) * D as usize;
-                    let mut n = 0;
-                    while n < NO / 4 {
-                        let col = n as u32 * 8 + 2 * tq;
-                        let word = pack::<F16>(acc[4 * n + 2 * h] * inv, acc[4 * n + 2 * h + 1] * inv);
-                        unsafe { (o.add(orow + col as usize) as *mut u32).write(word) };
-                        n += 1;
-                    }
-                    if tq == 0 {
-                        let v = if lt > 0.0 {
-                            (m[h] + math::ln(lt) * core::f32::consts::LOG2_E) * core::f32::consts::LN_2
-                        } else {
-                            f32::NEG_INFINITY
-                        };
-                        unsafe { lse.write(bh as usize * q_len as usize + rows[h] as usize, v) };
-                    }
-                }
-                h += 1;
-            }
+            unsafe { store_rows::<F16, D, NO>(o, lse, &acc, (m, l), (bh, rows, q_len), tq) };
             it += 1;
         }
     }

@@ -66,12 +66,12 @@ pub const FLASH_WGMMA_PP_CONSUMER_REGS: u32 = 232;
 /// SM: 65 536 / 384 rounded down to a multiple of 8).
 pub const FLASH_WGMMA_PP_ENTRY_REGS: u32 = 168;
 
-// `setmaxnreg.inc` blocks until the block's pool holds the registers it asks for, and the pool
-// holds only what the producer released: the consumers may not take more than that.
-const _: () = assert!(
-    256 * (FLASH_WGMMA_PP_CONSUMER_REGS - FLASH_WGMMA_PP_ENTRY_REGS)
-        <= 128 * (FLASH_WGMMA_PP_ENTRY_REGS - FLASH_WGMMA_PP_PRODUCER_REGS)
-);
+const _: () = assert!(crate::wgmma::setmaxnreg_split_fits(
+    FLASH_WGMMA_PP_ENTRY_REGS,
+    FLASH_WGMMA_PP_PRODUCER_REGS,
+    FLASH_WGMMA_PP_CONSUMER_REGS,
+    2
+));
 
 /// The named barrier consumer 0 waits on before issuing `S = Q K^T`; consumer 1 waits on the next
 /// id (id 0 is the block barrier).
@@ -87,7 +87,9 @@ pub const fn flash_wgmma_pp_smem_bytes(d: u32) -> u32 {
 mod device {
     use super::*;
     use crate::kernels::flash_mma::pack;
-    use crate::kernels::flash_wgmma::device::{kmajor, load_tile, wait};
+    use crate::kernels::flash_wgmma::device::{
+        kmajor, load_tile, mask_scores, p_fragments, softmax_rows, store_rows, wait,
+    };
     use crate::kernels::gemm_wgmma_fused::mn_descriptor;
     use crate::{fence, math, mbarrier, shared, sync, thread, tma, warp, wgmma};
 
@@ -265,67 +267,12 @@ mod device {
 
             // (with two consumers and the causal mask, the first one's last tiles may be wholly
             // masked: its rows keep their state, P = 0)
-            if p.tile_needs_mask(r0, k0, BKV) {
-                let vis = [p.visible_keys(rows[0]), p.visible_keys(rows[1])];
-                let mut i = 0;
-                while i < 32 {
-                    // element i: row g + 8 ((i % 4) / 2), column 8 (i / 4) + 2 tq + i % 2
-                    let c = k0 + 8 * (i as u32 / 4) + 2 * tq + (i as u32 % 2);
-                    if c >= vis[(i % 4) / 2] {
-                        s[i] = f32::NEG_INFINITY;
-                    }
-                    i += 1;
-                }
-            }
+            mask_scores(&mut s, p, (r0, rows), (k0, BKV), tq);
 
-            // online softmax, rows g (h = 0) and g + 8 (h = 1)
-            let mut h = 0;
-            while h < 2 {
-                let mut mx = f32::NEG_INFINITY;
-                let mut nt = 0;
-                while nt < 8 {
-                    mx = mx.max(s[4 * nt + 2 * h]).max(s[4 * nt + 2 * h + 1]);
-                    nt += 1;
-                }
-                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
-                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
-                let m_new = m[h].max(mx * scale_log2);
-                let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-                let alpha = math::exp2_fast(m[h] - m_use);
-                let mut sum = 0.0f32;
-                let mut nt = 0;
-                while nt < 8 {
-                    let e0 = math::exp2_fast(math::fma(s[4 * nt + 2 * h], scale_log2, -m_use));
-                    let e1 = math::exp2_fast(math::fma(s[4 * nt + 2 * h + 1], scale_log2, -m_use));
-                    s[4 * nt + 2 * h] = e0;
-                    s[4 * nt + 2 * h + 1] = e1;
-                    sum += e0 + e1;
-                    nt += 1;
-                }
-                l[h] = l[h] * alpha + sum;
-                m[h] = m_new;
-                let mut n = 0;
-                while n < NO / 4 {
-                    acc[4 * n + 2 * h] *= alpha;
-                    acc[4 * n + 2 * h + 1] *= alpha;
-                    n += 1;
-                }
-                h += 1;
-            }
+            softmax_rows(&mut s, (&mut m, &mut l), &mut acc, scale_log2);
 
             // O += P V: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of k step kk
-            let mut pa = [[0u32; 4]; 4];
-            let mut kk = 0;
-            while kk < 4 {
-                let b = 8 * kk;
-                pa[kk] = [
-                    pack::<F16>(s[b], s[b + 1]),
-                    pack::<F16>(s[b + 2], s[b + 3]),
-                    pack::<F16>(s[b + 4], s[b + 5]),
-                    pack::<F16>(s[b + 6], s[b + 7]),
-                ];
-                kk += 1;
-            }
+            let pa = p_fragments::<F16, 32, 4>(&s);
             wgmma::fence();
             let mut kk = 0;
             while kk < 4 {
@@ -350,33 +297,7 @@ mod device {
             j += 1;
         }
 
-        // epilogue: O = o / l, 4-byte stores; LSE by the quad's first lane
-        let mut h = 0;
-        while h < 2 {
-            let mut lt = l[h];
-            lt += warp::shfl_xor_f32(warp::FULL_MASK, lt, 1);
-            lt += warp::shfl_xor_f32(warp::FULL_MASK, lt, 2);
-            let inv = if lt > 0.0 { 1.0 / lt } else { 0.0 };
-            if rows[h] < q_len {
-                let orow = (bh as usize * q_len as usize + rows[h] as usize) * D as usize;
-                let mut n = 0;
-                while n < NO / 4 {
-                    let col = n as u32 * 8 + 2 * tq;
-                    let word = pack::<F16>(acc[4 * n + 2 * h] * inv, acc[4 * n + 2 * h + 1] * inv);
-                    unsafe { (o.add(orow + col as usize) as *mut u32).write(word) };
-                    n += 1;
-                }
-                if tq == 0 {
-                    let v = if lt > 0.0 {
-                        (m[h] + math::ln(lt) * core::f32::consts::LOG2_E) * core::f32::consts::LN_2
-                    } else {
-                        f32::NEG_INFINITY
-                    };
-                    unsafe { lse.write(bh as usize * q_len as usize + rows[h] as usize, v) };
-                }
-            }
-            h += 1;
-        }
+        unsafe { store_rows::<F16, D, NO>(o, lse, &acc, (m, l), (bh, rows, q_len), tq) };
     }
 }
 

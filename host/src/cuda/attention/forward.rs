@@ -472,12 +472,24 @@ fn flash_forward_wgmma<T: FlashElement>(
     // SAFETY: `check_forward` matched the buffers' sizes to the shape and their alignment to TMA,
     // `check_arch` the device to sm_90a; the maps describe exactly these buffers.
     unsafe {
+        // one launch per table row: the ping-pong kernels take a grid of their own, the others
+        // a persistent one and the tile counter
+        macro_rules! pp {
+            ($k:expr) => {
+                dev.launch($k, cfg, (qm, km, vm, op.cast(), lp, p))
+            };
+        }
+        macro_rules! tiles {
+            ($k:expr) => {
+                persistent(dev, $k, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
+            };
+        }
         if kernel == FlashKernel::WgmmaPingPong {
             return match (T::DTYPE, shape.head_dim == 128) {
-                (DType::BF16, false) => dev.launch(fpp::FlashFwdWgmmaPpBf16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
-                (DType::BF16, true) => dev.launch(fpp::FlashFwdWgmmaPpBf16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
-                (DType::F16, false) => dev.launch(fpp::FlashFwdWgmmaPpF16D64, cfg, (qm, km, vm, op.cast(), lp, p)),
-                (DType::F16, true) => dev.launch(fpp::FlashFwdWgmmaPpF16D128, cfg, (qm, km, vm, op.cast(), lp, p)),
+                (DType::BF16, false) => pp!(fpp::FlashFwdWgmmaPpBf16D64),
+                (DType::BF16, true) => pp!(fpp::FlashFwdWgmmaPpBf16D128),
+                (DType::F16, false) => pp!(fpp::FlashFwdWgmmaPpF16D64),
+                (DType::F16, true) => pp!(fpp::FlashFwdWgmmaPpF16D128),
                 (dtype, _) => Err(Error::Unsupported {
                     op: "flash_forward",
                     what: format!("{dtype:?} with {kernel:?}: not in the kernel table"),
@@ -486,30 +498,14 @@ fn flash_forward_wgmma<T: FlashElement>(
         }
         let pair = kernel == FlashKernel::Wgmma2;
         match (T::DTYPE, shape.head_dim == 128, pair) {
-            (DType::BF16, false, false) => {
-                persistent(dev, fwg::FlashFwdWgmmaBf16D64, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
-            }
-            (DType::BF16, true, false) => {
-                persistent(dev, fwg::FlashFwdWgmmaBf16D128, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
-            }
-            (DType::F16, false, false) => {
-                persistent(dev, fwg::FlashFwdWgmmaF16D64, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
-            }
-            (DType::F16, true, false) => {
-                persistent(dev, fwg::FlashFwdWgmmaF16D128, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
-            }
-            (DType::BF16, false, true) => {
-                persistent(dev, fwg::FlashFwdWgmma2Bf16D64, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
-            }
-            (DType::BF16, true, true) => {
-                persistent(dev, fwg::FlashFwdWgmma2Bf16D128, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
-            }
-            (DType::F16, false, true) => {
-                persistent(dev, fwg::FlashFwdWgmma2F16D64, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
-            }
-            (DType::F16, true, true) => {
-                persistent(dev, fwg::FlashFwdWgmma2F16D128, cfg, grid, (qm, km, vm, op.cast(), lp, sched, p))
-            }
+            (DType::BF16, false, false) => tiles!(fwg::FlashFwdWgmmaBf16D64),
+            (DType::BF16, true, false) => tiles!(fwg::FlashFwdWgmmaBf16D128),
+            (DType::F16, false, false) => tiles!(fwg::FlashFwdWgmmaF16D64),
+            (DType::F16, true, false) => tiles!(fwg::FlashFwdWgmmaF16D128),
+            (DType::BF16, false, true) => tiles!(fwg::FlashFwdWgmma2Bf16D64),
+            (DType::BF16, true, true) => tiles!(fwg::FlashFwdWgmma2Bf16D128),
+            (DType::F16, false, true) => tiles!(fwg::FlashFwdWgmma2F16D64),
+            (DType::F16, true, true) => tiles!(fwg::FlashFwdWgmma2F16D128),
             (dtype, _, _) => Err(Error::Unsupported {
                 op: "flash_forward",
                 what: format!("{dtype:?} with {kernel:?}: not in the kernel table"),
