@@ -69,7 +69,7 @@ mod tests {
                 continue;
             }
             let e = (v - x).abs();
-            if e < best.0 || (e == best.0 && b % 2 == 0) {
+            if e < best.0 || (e == best.0 && b.is_multiple_of(2)) {
                 best = (e, b);
             }
         }

@@ -100,6 +100,7 @@ pub(crate) fn parse_attention_shape(s: &str) -> Result<kiln::cuda::attention::At
 }
 
 /// `kiln attention`: one flash forward kernel on random inputs, checked and timed.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     kernel: Option<String>,
     shape: kiln::cuda::attention::AttentionShape,

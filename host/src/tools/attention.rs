@@ -181,6 +181,7 @@ pub const FULL_CHECK_ROWS: usize = 1024;
 /// kernel, e.g. [`FlashBwdKernel::of_forward`] of the entry's rung), also the backward (from a
 /// random output gradient), checked where [`BACKWARD_CHECK_LIMIT`] allows. `blocks`: the Hopper
 /// forwards' block count ([`flash_forward_blocks`]; `None` for the default).
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     dev: &Device,
     name: &str,

@@ -115,7 +115,5 @@ impl FlashElement for f16 {
     const DTYPE: DType = DType::F16;
 }
 
-/// A forward launch's buffers: q, k, v, o and the log-sum-exp.
-
 #[cfg(test)]
 mod tests;
