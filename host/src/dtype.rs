@@ -25,9 +25,10 @@ impl DType {
 }
 
 /// `x` rounded once to the nearest bf16, ties to even. `half`'s `bf16::from_f64` and
-/// `f16::from_f64` (2.7) can round a value near a tie the wrong way (through an f32 that lands on
-/// the tie: 1.17578125 + 2^-26 becomes the bf16 below it, -638.74999999 the f16 -639); these
-/// round to f32 to odd first, which keeps the side of the tie, then to the 16-bit type.
+/// `f16::from_f64` (2.7) can round a value near a tie the wrong way (the bf16 one drops the f64's
+/// low bits first, the f16 one rounds through an f32 where the CPU converts f16 in hardware:
+/// 1.17578125 + 2^-26 became the bf16 below it, -638.74999999 the f16 -639); these round to f32
+/// to odd first, which keeps the side of the tie, then to the 16-bit type.
 pub(crate) fn bf16_from_f64(x: f64) -> half::bf16 {
     half::bf16::from_f32(f32_round_to_odd(x))
 }

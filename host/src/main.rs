@@ -108,8 +108,9 @@ enum Command {
         /// warpgroup) or wgmma2 (two); it must take the forward's dtype.
         #[arg(long, value_name = "NAME")]
         backward_kernel: Option<String>,
-        /// Blocks of the Hopper forwards (flash_fwd_wgmma*_*), 1 or more: their blocks take query
-        /// tiles until none is left (persistent). Default: as many as the GPU holds at once.
+        /// Blocks of the persistent Hopper forwards (flash_fwd_wgmma_*, flash_fwd_wgmma2_*), 1 or
+        /// more: their blocks take query tiles until none is left. Default: as many as the GPU
+        /// holds at once.
         #[arg(long, value_parser = parse::parts, allow_negative_numbers = true)]
         blocks: Option<u32>,
         /// Timed launches, 1 or more (the median is reported).

@@ -5,7 +5,7 @@
 //! ```text
 //!   global Q [B*H*q_len, D]   K, V [B*H*kv_len, D]          (2-D tensor maps, box 64 x 64, 128B swizzle)
 //!        |                      |
-//!        | TMA once             | TMA, producer warp (warp 4, lane 0), 2-stage ring
+//!        | TMA, once per tile   | TMA, producer warp (warp 4, lane 0), 2-stage ring
 //!        v                      v
 //!   smem Q tile 64 x D     smem stage s: K tile 64 x D | V tile 64 x D    full[s] / empty[s] mbarriers
 //!        \                    /                 |
@@ -23,9 +23,10 @@
 //!
 //! - **Block.** [`FLASH_WGMMA_THREADS`] threads: warps 0-3 are the consumer warpgroup, warp 4 the
 //!   producer (its lane 0 issues every TMA copy). A query tile is (batch * head, [`FLASH_WGMMA_BQ`]
-//!   query rows), numbered head by head, a head's last rows first ([`flash_wgmma_tiles`]); block
-//!   `b` of a grid of `n` runs tiles `b, b + n, ..`. The one-consumer kernels are launched with a
-//!   block per tile.
+//!   query rows), numbered head by head, a head's last rows first ([`flash_wgmma_tiles`]). Block
+//!   `b` of a grid of `n` runs tile `b`, then takes tiles from the tile counter `sched` (tile `n
+//!   +` the count drawn) until none is left; the host launches as many blocks as the GPU holds at
+//!   once (at most one per tile).
 //! - **Persistent blocks.** The Q buffers (`q_full[b]` / `q_empty[b]`, `QB` of them) and the K/V
 //!   ring carry on from one tile to the next: use `u` of Q buffer `u % QB` is its phase `u / QB`,
 //!   and the ring counts K/V tiles over all the block's query tiles. With two Q buffers the
@@ -58,12 +59,11 @@
 //!   = 128 keys: K as two 64-row boxes per 64-column box, one after the other, so `S = Q K^T` is
 //!   one `m64n128k16` per k step (64 x 128 scores, 64 per thread) and each Q read from shared
 //!   memory feeds twice the products; V as two 64-key tiles, `P V` 8 k steps, 4 on each. Two Q
-//!   buffers: the host runs them persistent (one block per multiprocessor) without the causal
-//!   mask.
+//!   buffers; one block per multiprocessor.
 //!
-//! Shared memory: [`flash_wgmma_smem_bytes`] (Q, two stages of K and V, six mbarriers), or
-//! [`flash_wgmma2_smem_bytes`] (two buffers of two Q tiles, two stages of 128-key K and V: 192 KiB +
-//! 64 bytes at D = 128).
+//! Shared memory: [`flash_wgmma_smem_bytes`] (Q, two stages of K and V, six mbarriers and the Q
+//! buffer's tile number: 56 bytes), or [`flash_wgmma2_smem_bytes`] (two buffers of two Q tiles, two
+//! stages of 128-key K and V: 192 KiB + 80 bytes at D = 128).
 
 use super::attention::AttentionParams;
 use crate::tma::TensorMap;
@@ -88,7 +88,8 @@ pub const fn flash_wgmma_tile_bytes(d: u32) -> u32 {
     64 * d * 2
 }
 
-/// Q buffers of the one-consumer kernels (a block runs one query tile: nothing to prefetch).
+/// Q buffers of the one-consumer kernels (two or three blocks share an SM, and overlap each
+/// other's start-up).
 pub const FLASH_WGMMA_QBUF: u32 = 1;
 /// Q buffers of the two-consumer kernels: a persistent block loads the next tile's Q while its
 /// consumers finish the current one.
@@ -134,8 +135,8 @@ const _: () = assert!(crate::wgmma::setmaxnreg_split_fits(
 pub const FLASH_WGMMA2_BKV: u32 = 128;
 
 /// Dynamic shared memory of the two-consumer kernels at head dim `d`: two buffers of two Q tiles
-/// (one per consumer), two stages of 128-key K and V tiles, and the barriers (192 KiB + 64 bytes
-/// at D = 128).
+/// (one per consumer), two stages of 128-key K and V tiles, and the barriers and tile numbers (192
+/// KiB + 80 bytes at D = 128).
 pub const fn flash_wgmma2_smem_bytes(d: u32) -> u32 {
     (2 * FLASH_WGMMA2_QBUF + 2 * FLASH_WGMMA_STAGES * (FLASH_WGMMA2_BKV / 64)) * flash_wgmma_tile_bytes(d)
         + flash_wgmma_barrier_bytes(FLASH_WGMMA2_QBUF)

@@ -243,7 +243,8 @@ pub fn check_forward(
             ),
         ));
     }
-    // the kernels index a head's rows in 32 bits and put batch * heads on the grid's y
+    // the kernels index a head's rows in 32 bits, and the mma.sync, CUDA-core and ping-pong ones put
+    // batch * heads on the grid's y
     let per_head = shape.q_len.max(shape.kv_len) as u64 * shape.head_dim as u64;
     if per_head > u32::MAX as u64 {
         return Err(Error::Unsupported {
@@ -408,12 +409,18 @@ pub fn check_blocks(kernel: FlashKernel, blocks: Option<u32>) -> Result<()> {
         Some(_) if !matches!(kernel, FlashKernel::Wgmma | FlashKernel::Wgmma2) => Err(Error::Unsupported {
             op: "flash_forward",
             what: format!(
-                "a block count with {kernel:?}: only the Wgmma and Wgmma2 forwards run a chosen number of blocks; leave it out"
+                "a block count (--blocks) with {kernel:?}: only the Wgmma and Wgmma2 forwards (flash_fwd_wgmma_*, flash_fwd_wgmma2_*) run a chosen number of blocks; leave it out"
             ),
         }),
         Some(0) => Err(Error::Unsupported {
             op: "flash_forward",
             what: "0 blocks: give at least 1 (a block runs query tiles until none is left)".into(),
+        }),
+        Some(b) if b > i32::MAX as u32 => Err(Error::Unsupported {
+            op: "flash_forward",
+            what: format!(
+                "{b} blocks: a grid holds at most 2^31 - 1; give fewer (one per query tile is the most that works)"
+            ),
         }),
         Some(_) => Ok(()),
     }
